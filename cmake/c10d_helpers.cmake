@@ -1,0 +1,23 @@
+# One helper per kind of target, so every component is declared the same way.
+
+# c10d_library(<component> SOURCES ... [DEPS ...])
+# Declares the static library c10d_<component> (alias c10d::<component>). Sources live in
+# src/c10d/<component>/ and are included as "c10d/<component>/<file>.h".
+function(c10d_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  string(REPLACE "/" "_" target "c10d_${name}")
+  add_library(${target} STATIC ${ARG_SOURCES})
+  add_library(c10d::${name} ALIAS ${target})
+  target_include_directories(${target} PUBLIC
+    ${PROJECT_SOURCE_DIR}/src ${PROJECT_BINARY_DIR}/include)
+  target_link_libraries(${target} PUBLIC ${ARG_DEPS} Threads::Threads)
+endfunction()
+
+# c10d_test(<name> SOURCES ... [DEPS ...])
+# A GoogleTest executable registered with CTest (one CTest entry per test case).
+function(c10d_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)
+endfunction()

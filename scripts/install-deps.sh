@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages c10d needs. Idempotent: does nothing (quietly) when every
+# package is already present, and runs `apt-get update` only when something is missing.
+# Set C10D_WITH_PEERS=1 to also install the benchmark comparison peers (PyTorch, mpi4py).
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libgloo-dev libuv1-dev pybind11-dev libdlpack-dev libcpp-httplib-dev nlohmann-json3-dev
+  libopenmpi-dev openmpi-bin
+  python3 python3-dev python3-numpy python3-pytest
+  googletest libgtest-dev libgmock-dev libbenchmark-dev
+)
+if [[ "${C10D_WITH_PEERS:-0}" == "1" ]]; then
+  packages+=(python3-torch python3-mpi4py python3-matplotlib)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+sudo=""
+[[ $(id -u) -ne 0 ]] && sudo="sudo"
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+# Update the package lists only when they are absent or an install fails for lack of them.
+if ! $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

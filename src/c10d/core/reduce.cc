@@ -1,0 +1,1 @@
+#include "c10d/core/reduce.h"

@@ -1,0 +1,13 @@
+// Entry points of the pieces of the c10d._C module, one per component, called by module.cc.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace c10d::python {
+
+void init_core(pybind11::module_& m);       // core_bindings.cc: errors, dtypes, Tensor, Work
+void init_reduce(pybind11::module_& m);     // reduce_bindings.cc: ReduceOp, reduction kernels
+void init_store(pybind11::module_& m);      // store_bindings.cc: Store, HashStore, FileStore, PrefixStore
+void init_tcp_store(pybind11::module_& m);  // tcp_store_bindings.cc: TCPStore
+
+}  // namespace c10d::python

@@ -1,0 +1,1 @@
+#include "c10d/store/file_store.h"

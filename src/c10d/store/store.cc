@@ -1,0 +1,71 @@
+#include "c10d/store/store.h"
+
+#include <charconv>
+
+#include "c10d/core/exception.h"
+
+namespace c10d::store {
+
+using core::detail::str_cat;
+
+void Store::append(const std::string& key, const Bytes& value) {
+  // Optimistic read-modify-write on compare_set; retries while other writers interleave.
+  Bytes current;
+  if (check({key})) current = get(key);
+  while (true) {
+    Bytes desired = current;
+    desired.insert(desired.end(), value.begin(), value.end());
+    Bytes now = compare_set(key, current, desired);
+    if (now == desired) return;
+    current = now;
+  }
+}
+
+std::vector<Bytes> Store::multi_get(const std::vector<std::string>& keys) {
+  std::vector<Bytes> values;
+  values.reserve(keys.size());
+  for (const auto& key : keys) values.push_back(get(key));
+  return values;
+}
+
+void Store::multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
+  C10D_CHECK_ARG_EQ(keys.size(), values.size(), "multi_set: keys and values differ in length");
+  for (size_t i = 0; i < keys.size(); ++i) set(keys[i], values[i]);
+}
+
+void Store::queue_push(const std::string&, const Bytes&) { throw_not_supported("queue_push"); }
+Bytes Store::queue_pop(const std::string&, bool) { throw_not_supported("queue_pop"); }
+int64_t Store::queue_len(const std::string&) { throw_not_supported("queue_len"); }
+std::vector<std::string> Store::list_keys() { throw_not_supported("list_keys"); }
+std::shared_ptr<Store> Store::clone() { throw_not_supported("clone"); }
+
+void Store::throw_not_supported(const char* op) const {
+  throw core::NotSupported(str_cat(describe(), " does not support ", op));
+}
+
+void throw_wait_timeout(const std::string& store, const std::vector<std::string>& keys,
+                        Millis timeout) {
+  std::string list;
+  for (const auto& key : keys) {
+    if (!list.empty()) list += ", ";
+    list += "'" + key + "'";
+  }
+  throw core::DistStoreTimeoutError(str_cat(store, ": timed out after ",
+                                            core::format_timeout(timeout),
+                                            " waiting for key(s) [", list, "]"));
+}
+
+int64_t parse_counter(const std::string& key, const Bytes& value) {
+  int64_t result = 0;
+  const char* first = reinterpret_cast<const char*>(value.data());
+  const char* last = first + value.size();
+  auto [ptr, ec] = std::from_chars(first, last, result);
+  if (ec != std::errc() || ptr != last || value.empty()) {
+    throw core::DistStoreError(str_cat("add: the value of key '", key,
+                                       "' is not an integer counter (", value.size(),
+                                       " bytes)"));
+  }
+  return result;
+}
+
+}  // namespace c10d::store

@@ -1,0 +1,1 @@
+#include "c10d/store/tcp_server.h"
