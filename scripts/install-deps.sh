@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake ninja-build pkg-config
   libgloo-dev libuv1-dev pybind11-dev libdlpack-dev libcpp-httplib-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
   python3 python3-dev python3-numpy python3-pytest

@@ -1,0 +1,42 @@
+# Thin layer over CMake. `make` installs missing Debian packages, configures and builds;
+# `make test` runs every C++ and Python test; `make run` runs the main demo on local ranks.
+BUILD ?= build
+PYTHON ?= /usr/bin/python3
+JOBS ?= $(shell nproc)
+NPROC ?= 2
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test test-cpp test-python run bench clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt | deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS) >/dev/null
+
+configure: $(BUILD)/build.ninja
+
+build: deps configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	@$(MAKE) --no-print-directory test-cpp test-python
+
+test-cpp:
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300
+
+test-python:
+	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
+
+run: build
+	@PYTHONPATH=python $(PYTHON) examples/store_demo.py --nproc $(NPROC)
+
+bench: build
+	@$(BUILD)/bench/reduce_bench --benchmark_min_time=0.2 || true
+	@PYTHONPATH=python $(PYTHON) bench/store_bench.py
+
+clean:
+	@rm -rf $(BUILD) python/c10d/_C*.so

@@ -1,0 +1,68 @@
+// The one registry of environment variables c10d reads, and the debug level.
+// Every variable is declared once here, with its default and a line of documentation; code
+// reads it through env_string/env_int/env_bool, never through a bare getenv.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace c10d::core {
+
+struct EnvVar {
+  const char* name;
+  const char* default_value;
+  const char* doc;
+};
+
+// X(identifier, "NAME", "default", "documentation")
+#define C10D_ENV_VARS(X)                                                                       \
+  X(kEnvDebug, "TORCH_DISTRIBUTED_DEBUG", "OFF",                                               \
+    "Debug level: OFF, INFO (log collectives and init) or DETAIL (also check collectives "    \
+    "match across ranks).")                                                                    \
+  X(kEnvMasterAddr, "MASTER_ADDR", "", "Host of the rank-0 TCPStore for env:// rendezvous.")   \
+  X(kEnvMasterPort, "MASTER_PORT", "", "Port of the rank-0 TCPStore for env:// rendezvous.")   \
+  X(kEnvRank, "RANK", "", "This process's global rank for env:// rendezvous.")                 \
+  X(kEnvWorldSize, "WORLD_SIZE", "", "Number of processes for env:// rendezvous.")             \
+  X(kEnvLocalRank, "LOCAL_RANK", "", "This process's rank on its node (set by the launcher).") \
+  X(kEnvStoreMaxKeyBytes, "C10D_STORE_MAX_KEY_BYTES", "8192",                                 \
+    "Largest key the TCPStore server accepts; longer keys drop the client.")                  \
+  X(kEnvStoreMaxValueBytes, "C10D_STORE_MAX_VALUE_BYTES", "8388608",                          \
+    "Largest value the TCPStore server accepts; larger values drop the client.")              \
+  X(kEnvStoreUseLibuv, "USE_LIBUV", "1",                                                        \
+    "Accepted for compatibility with torch; the TCPStore server always runs on libuv.")       \
+  X(kEnvLogLevel, "C10D_LOG_LEVEL", "WARNING",                                                  \
+    "Least severe log message printed to stderr: DEBUG, INFO, WARNING or ERROR.")
+
+#define C10D_DECLARE_ENV(id, name, def, doc) inline constexpr EnvVar id{name, def, doc};
+C10D_ENV_VARS(C10D_DECLARE_ENV)
+#undef C10D_DECLARE_ENV
+
+// Every registered variable, in declaration order.
+const std::vector<EnvVar>& env_registry();
+
+// The value of the variable, or its default when unset or empty.
+std::string env_string(const EnvVar& var);
+// Parsed as an integer; a malformed value throws InvalidArgument naming the variable.
+int64_t env_int(const EnvVar& var);
+// "1", "true", "yes", "on" (any case) are true; "0", "false", "no", "off", "" are false.
+bool env_bool(const EnvVar& var);
+// True when the variable is set to a non-empty value.
+bool env_is_set(const EnvVar& var);
+
+enum class DebugLevel : int { kOff = 0, kInfo = 1, kDetail = 2 };
+
+DebugLevel debug_level();
+void set_debug_level(DebugLevel level);
+// Reads TORCH_DISTRIBUTED_DEBUG; an unknown value throws InvalidArgument listing the choices.
+void set_debug_level_from_env();
+std::string_view debug_level_name(DebugLevel level);
+
+// Minimal leveled logging to stderr with a "[c10d <level>]" prefix.
+enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+bool log_enabled(LogLevel level);
+void log(LogLevel level, std::string_view message);
+
+}  // namespace c10d::core

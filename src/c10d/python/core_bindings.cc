@@ -1,0 +1,257 @@
+// Bindings of c10d::core: the exception classes, debug level, environment registry, Future
+// and Work.
+#include <pybind11/chrono.h>
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include "c10d/core/env.h"
+#include "c10d/core/exception.h"
+#include "c10d/core/work.h"
+#include "c10d/python/bindings.h"
+#include "c10d/python/tensor_convert.h"
+
+namespace py = pybind11;
+
+namespace c10d::python {
+namespace {
+
+using core::Future;
+using core::FutureValue;
+using core::Millis;
+using core::Work;
+
+// Python exception classes, created once at import.
+PyObject* g_dist_error = nullptr;
+PyObject* g_store_error = nullptr;
+PyObject* g_network_error = nullptr;
+PyObject* g_backend_error = nullptr;
+PyObject* g_timeout_error = nullptr;
+PyObject* g_store_timeout_error = nullptr;
+PyObject* g_queue_empty_error = nullptr;
+
+PyObject* new_exception(py::module_& m, const char* name, PyObject* bases, const char* doc) {
+  std::string qualified = std::string("c10d.") + name;
+  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
+  if (type == nullptr) throw py::error_already_set();
+  m.add_object(name, py::handle(type));  // the module keeps a reference
+  return type;
+}
+
+void translate_exception(std::exception_ptr p);
+
+void register_exceptions(py::module_& m) {
+  g_dist_error = new_exception(m, "DistError", PyExc_RuntimeError,
+                               "Base class of every error raised by c10d's distributed calls.");
+  g_store_error = new_exception(m, "DistStoreError", g_dist_error, "A store operation failed.");
+  g_network_error = new_exception(m, "DistNetworkError", g_dist_error,
+                                  "A connection failed, was reset, or a peer went away.");
+  g_backend_error = new_exception(m, "DistBackendError", g_dist_error,
+                                  "A collective or point-to-point operation failed.");
+  g_timeout_error = new_exception(m, "DistTimeoutError", g_dist_error,
+                                  "A blocking call reached its timeout.");
+  py::tuple store_timeout_bases =
+      py::make_tuple(py::handle(g_store_error), py::handle(g_timeout_error));
+  g_store_timeout_error =
+      new_exception(m, "DistStoreTimeoutError", store_timeout_bases.ptr(),
+                    "A store wait or get reached its timeout (a DistStoreError and a "
+                    "DistTimeoutError).");
+  g_queue_empty_error = new_exception(m, "DistQueueEmptyError", g_store_error,
+                                      "queue_pop found the queue empty and was told not to block.");
+
+  py::register_exception_translator(&translate_exception);
+}
+
+// Sets the Python error for c10d's C++ exceptions; rethrows anything else so the next
+// translator sees it.
+void translate_exception(std::exception_ptr p) {
+  {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const core::DistStoreTimeoutError& e) {
+      PyErr_SetString(g_store_timeout_error, e.what());
+    } catch (const core::DistQueueEmptyError& e) {
+      PyErr_SetString(g_queue_empty_error, e.what());
+    } catch (const core::DistStoreError& e) {
+      PyErr_SetString(g_store_error, e.what());
+    } catch (const core::DistNetworkError& e) {
+      PyErr_SetString(g_network_error, e.what());
+    } catch (const core::DistBackendError& e) {
+      PyErr_SetString(g_backend_error, e.what());
+    } catch (const core::DistTimeoutError& e) {
+      PyErr_SetString(g_timeout_error, e.what());
+    } catch (const core::DistError& e) {
+      PyErr_SetString(g_dist_error, e.what());
+    } catch (const core::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  }
+}
+
+// A Python object held by a C++ FutureValue; released under the GIL.
+std::shared_ptr<void> hold_object(py::object obj) {
+  return std::shared_ptr<void>(new py::object(std::move(obj)), [](void* p) {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      delete static_cast<py::object*>(p);
+    }
+  });
+}
+
+py::object value_to_python(const FutureValue& value) {
+  if (value.object) return *static_cast<py::object*>(value.object.get());
+  py::list out;
+  for (const auto& t : value.tensors) out.append(from_tensor(t));
+  return out;
+}
+
+FutureValue value_from_python(py::handle obj) {
+  FutureValue value;
+  value.object = hold_object(py::reinterpret_borrow<py::object>(obj));
+  return value;
+}
+
+// Turns the Python exception `exc` into a C++ exception_ptr that rethrows as itself.
+std::exception_ptr exception_from_python(py::handle exc) {
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  try {
+    throw py::error_already_set();
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+}  // namespace
+
+void init_core(py::module_& m) {
+  register_exceptions(m);
+  init_tensor(m);
+
+  py::enum_<core::DebugLevel>(m, "DebugLevel", "How much c10d logs and checks.")
+      .value("OFF", core::DebugLevel::kOff)
+      .value("INFO", core::DebugLevel::kInfo)
+      .value("DETAIL", core::DebugLevel::kDetail);
+  m.def("get_debug_level", &core::debug_level, "The current debug level.");
+  m.def("set_debug_level", &core::set_debug_level, py::arg("level"), "Sets the debug level.");
+  m.def("set_debug_level_from_env", &core::set_debug_level_from_env,
+        "Sets the debug level from TORCH_DISTRIBUTED_DEBUG (OFF, INFO or DETAIL).");
+  m.def(
+      "_env_registry",
+      [] {
+        py::list out;
+        for (const auto& var : core::env_registry()) {
+          out.append(py::make_tuple(var.name, var.default_value, var.doc));
+        }
+        return out;
+      },
+      "Every environment variable c10d reads: (name, default, documentation).");
+
+  py::class_<Future, std::shared_ptr<Future>>(m, "Future",
+                                              "The eventual result of an asynchronous operation.")
+      .def(py::init<>())
+      .def("done", &Future::completed, "True once the future has a result or an error.")
+      .def(
+          "wait",
+          [](Future& f) {
+            {
+              py::gil_scoped_release release;
+              f.wait();
+            }
+            return value_to_python(f.value_now());
+          },
+          "Blocks until done, then returns the value or raises the error.")
+      .def(
+          "value", [](Future& f) { return value_to_python(f.value_now()); },
+          "The value of a completed future (raises its error, or if not done).")
+      .def(
+          "set_result", [](Future& f, py::object value) { f.mark_completed(value_from_python(value)); },
+          py::arg("result"))
+      .def(
+          "set_exception",
+          [](Future& f, py::object exc) {
+            if (PyType_Check(exc.ptr())) exc = exc();
+            f.set_error(exception_from_python(exc));
+          },
+          py::arg("result"))
+      .def(
+          "then",
+          [](const std::shared_ptr<Future>& f, py::function callback) {
+            return f->then([self = f, callback](Future&) -> FutureValue {
+              py::gil_scoped_acquire gil;
+              return value_from_python(callback(self));
+            });
+          },
+          py::arg("callback"),
+          "A new future completed with callback(this future)'s return value; an exception in "
+          "the callback becomes the new future's error.")
+      .def(
+          "add_done_callback",
+          [](const std::shared_ptr<Future>& f, py::function callback) {
+            f->add_callback([self = f, callback](Future&) {
+              py::gil_scoped_acquire gil;
+              try {
+                callback(self);
+              } catch (py::error_already_set& e) {
+                e.discard_as_unraisable("c10d.Future done-callback");
+              }
+            });
+          },
+          py::arg("callback"));
+
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work", "An operation in flight.")
+      .def(py::init<>())
+      .def("is_completed", &Work::is_completed)
+      .def("is_success", &Work::is_success)
+      .def("exception",
+           [](const Work& w) -> py::object {
+             auto error = w.exception();
+             if (!error) return py::none();
+             try {
+               std::rethrow_exception(error);
+             } catch (py::error_already_set& e) {
+               return e.value();
+             } catch (...) {
+             }
+             // Build the Python exception object the same way a raising call would.
+             try {
+               translate_exception(error);
+             } catch (const std::exception& e) {
+               PyErr_SetString(PyExc_RuntimeError, e.what());
+             } catch (...) {
+               PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+             }
+             py::error_already_set python_error;
+             return python_error.value();
+           })
+      .def("source_rank", &Work::source_rank)
+      .def("_source_rank", &Work::source_rank)
+      .def("result",
+           [](const Work& w) {
+             py::list out;
+             std::vector<core::Tensor> tensors;
+             {
+               py::gil_scoped_release release;
+               tensors = w.result();
+             }
+             for (const auto& t : tensors) out.append(from_tensor(t));
+             return out;
+           })
+      .def("synchronize", [](Work&) {})
+      .def("wait", &Work::wait, py::arg("timeout") = Millis(0),
+           py::call_guard<py::gil_scoped_release>(),
+           "Blocks until the operation finishes and raises its error. With a timeout, raises "
+           "DistTimeoutError if it has not finished by then.")
+      .def("abort", &Work::abort)
+      .def("get_future", &Work::get_future,
+           "A Future completed when this operation is (with its output tensors).")
+      .def_property_readonly("op_type",
+                             [](const Work& w) { return std::string(core::op_type_name(w.op_type())); })
+      .def("__repr__", [](const Work& w) {
+        return "<c10d.Work " + w.description() +
+               (w.is_completed() ? (w.is_success() ? " completed>" : " failed>") : " pending>");
+      });
+  m.def(
+      "_create_work_from_future", [](std::shared_ptr<Future> f) { return Work::from_future(std::move(f)); },
+      py::arg("future"), "A Work that completes when the future does.");
+}
+
+}  // namespace c10d::python

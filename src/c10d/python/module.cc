@@ -1,0 +1,12 @@
+// The c10d._C extension module: every component adds its bindings here, in dependency order.
+#include "c10d/config.h"
+#include "c10d/python/bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "c10d: distributed communication for CPU programs (compiled core).";
+  m.attr("__version__") = C10D_VERSION;
+  c10d::python::init_core(m);
+  c10d::python::init_reduce(m);
+  c10d::python::init_store(m);
+  c10d::python::init_tcp_store(m);
+}

@@ -1,0 +1,169 @@
+#include "c10d/python/tensor_convert.h"
+
+#include <dlpack/dlpack.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "c10d/core/exception.h"
+
+namespace py = pybind11;
+
+namespace c10d::python {
+namespace {
+
+using core::detail::str_cat;
+
+std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
+
+core::Tensor from_buffer(py::handle obj, bool writable, std::string_view what) {
+  auto view = std::make_unique<Py_buffer>();
+  int flags = PyBUF_RECORDS_RO;  // strides + format
+  if (writable) flags |= PyBUF_WRITABLE;
+  if (PyObject_GetBuffer(obj.ptr(), view.get(), flags) != 0) {
+    PyErr_Clear();
+    if (writable && PyObject_GetBuffer(obj.ptr(), view.get(), PyBUF_RECORDS_RO) == 0) {
+      PyBuffer_Release(view.get());
+      throw py::value_error(str_cat(what, ": the ", type_name(obj),
+                                    " is read-only, but this operation writes into it"));
+    }
+    PyErr_Clear();
+    throw py::type_error(str_cat(what, ": cannot read a buffer from ", type_name(obj)));
+  }
+  // From here the buffer is released by the owner, whichever thread drops the last reference.
+  std::shared_ptr<void> owner(view.release(), [](void* p) {
+    auto* buffer = static_cast<Py_buffer*>(p);
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      PyBuffer_Release(buffer);
+    }
+    delete buffer;
+  });
+  auto* buffer = static_cast<Py_buffer*>(owner.get());
+  const std::string format = buffer->format != nullptr ? buffer->format : "B";
+  auto dtype = core::from_buffer_format(format, static_cast<size_t>(buffer->itemsize));
+  if (!dtype) {
+    throw py::type_error(str_cat(what, ": unsupported element type '", format, "' (itemsize ",
+                                 buffer->itemsize, ") of ", type_name(obj)));
+  }
+  std::vector<int64_t> sizes(buffer->shape, buffer->shape + buffer->ndim);
+  std::vector<int64_t> strides;
+  for (int i = 0; i < buffer->ndim; ++i) {
+    if (buffer->strides[i] % buffer->itemsize != 0) {
+      throw py::value_error(str_cat(what, ": strides of the ", type_name(obj),
+                                    " are not a multiple of its element size"));
+    }
+    strides.push_back(buffer->strides[i] / buffer->itemsize);
+  }
+  if (buffer->ndim == 0 && buffer->shape == nullptr) sizes.clear();
+  return core::Tensor(buffer->buf, *dtype, std::move(sizes), std::move(strides), std::move(owner));
+}
+
+core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
+  py::object capsule = obj.attr("__dlpack__")();
+  PyObject* raw = capsule.ptr();
+  if (!PyCapsule_IsValid(raw, "dltensor")) {
+    throw py::type_error(str_cat(what, ": __dlpack__ of ", type_name(obj),
+                                 " did not return an unused 'dltensor' capsule"));
+  }
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(raw, "dltensor"));
+  // Mark the capsule consumed: from here the tensor's owner calls the deleter.
+  PyCapsule_SetName(raw, "used_dltensor");
+  try {
+    return core::Tensor::from_dlpack(managed);
+  } catch (const core::InvalidArgument& e) {
+    throw py::type_error(str_cat(what, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
+  if (obj.is_none()) throw py::type_error(str_cat(what, ": expected a tensor, got None"));
+  // numpy arrays answer both protocols; the buffer protocol also covers read-only arrays and
+  // bool, so it goes first. Torch tensors have only __dlpack__.
+  if (PyObject_CheckBuffer(obj.ptr()) && !py::isinstance<py::str>(obj)) {
+    return from_buffer(obj, writable, what);
+  }
+  if (py::hasattr(obj, "__dlpack__")) return from_dlpack_object(obj, what);
+  throw py::type_error(str_cat(what, ": expected a tensor (numpy array, buffer or object with "
+                                     "__dlpack__), got ", type_name(obj)));
+}
+
+std::vector<core::Tensor> to_tensors(py::handle seq, bool writable, std::string_view what) {
+  if (!py::isinstance<py::sequence>(seq) || py::isinstance<py::str>(seq) ||
+      PyObject_CheckBuffer(seq.ptr()) || py::hasattr(seq, "__dlpack__")) {
+    throw py::type_error(str_cat(what, ": expected a list of tensors, got ", type_name(seq)));
+  }
+  std::vector<core::Tensor> out;
+  size_t i = 0;
+  for (py::handle item : seq) {
+    out.push_back(to_tensor(item, writable, str_cat(what, "[", i++, "]")));
+  }
+  return out;
+}
+
+py::capsule to_dlpack_capsule(const core::Tensor& tensor) {
+  DLManagedTensor* managed = tensor.to_dlpack();
+  return py::capsule(managed, "dltensor", [](PyObject* capsule) {
+    // Only a capsule nobody consumed still owns its tensor.
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+      if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+    }
+  });
+}
+
+py::object from_tensor(const core::Tensor& tensor) {
+  if (tensor.dtype() == core::DType::kBFloat16 ||
+      tensor.device().type != core::DeviceType::kCPU) {
+    return to_dlpack_capsule(tensor);
+  }
+  const size_t elem = tensor.element_size();
+  std::vector<py::ssize_t> shape(tensor.sizes().begin(), tensor.sizes().end());
+  std::vector<py::ssize_t> strides;
+  for (int64_t s : tensor.strides()) strides.push_back(static_cast<py::ssize_t>(s * elem));
+  auto* keep = new core::Tensor(tensor);
+  py::capsule base(keep, [](void* p) { delete static_cast<core::Tensor*>(p); });
+  py::dtype dtype(std::string(core::dtype_name(tensor.dtype())));
+  return py::array(dtype, shape, strides, tensor.data(), base);
+}
+
+void init_tensor(py::module_& m) {
+  m.def(
+      "_tensor_info",
+      [](py::handle obj) {
+        core::Tensor t = to_tensor(obj, false, "_tensor_info");
+        py::dict info;
+        info["dtype"] = std::string(core::dtype_name(t.dtype()));
+        info["sizes"] = t.sizes();
+        info["strides"] = t.strides();
+        info["contiguous"] = t.is_contiguous();
+        info["nbytes"] = t.nbytes();
+        info["numel"] = t.numel();
+        info["data_ptr"] = reinterpret_cast<uintptr_t>(t.data());
+        info["device"] = t.device().str();
+        return info;
+      },
+      py::arg("tensor"), "Describes how c10d sees a tensor-like object (for tests).");
+  m.def(
+      "_as_numpy",
+      [](py::handle obj) { return from_tensor(to_tensor(obj, false, "_as_numpy")); },
+      py::arg("tensor"), "A zero-copy numpy (or DLPack) view of a tensor-like object.");
+  m.def(
+      "_to_dlpack",
+      [](py::handle obj) { return to_dlpack_capsule(to_tensor(obj, false, "_to_dlpack")); },
+      py::arg("tensor"), "A zero-copy DLPack capsule of a tensor-like object.");
+  m.def(
+      "_empty",
+      [](std::vector<int64_t> sizes, const std::string& dtype) {
+        auto parsed = core::dtype_from_name(dtype);
+        if (!parsed) throw py::value_error("unknown dtype '" + dtype + "'");
+        return from_tensor(core::Tensor::empty(std::move(sizes), *parsed));
+      },
+      py::arg("sizes"), py::arg("dtype") = "float32",
+      "Uninitialised, 64-byte aligned storage allocated by c10d.");
+}
+
+}  // namespace c10d::python

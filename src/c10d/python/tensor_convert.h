@@ -1,0 +1,31 @@
+// Conversions between Python objects and core::Tensor, shared by every binding that takes or
+// returns tensors. Zero-copy in both directions.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <string_view>
+#include <vector>
+
+#include "c10d/core/tensor.h"
+
+namespace c10d::python {
+
+// Wraps `obj` without copying. Accepts objects with the buffer protocol (numpy arrays,
+// bytearray, memoryview, array.array) and objects with `__dlpack__` (PyTorch tensors, numpy).
+// With `writable`, a read-only buffer is rejected. Errors are TypeError/ValueError naming
+// `what` (e.g. "all_reduce: tensor").
+core::Tensor to_tensor(pybind11::handle obj, bool writable, std::string_view what);
+std::vector<core::Tensor> to_tensors(pybind11::handle seq, bool writable, std::string_view what);
+
+// A Python view of a tensor's memory: a numpy array when the dtype exists in numpy, otherwise
+// a DLPack capsule. The array keeps the memory alive.
+pybind11::object from_tensor(const core::Tensor& tensor);
+
+// A DLPack capsule ("dltensor") sharing the tensor's memory.
+pybind11::capsule to_dlpack_capsule(const core::Tensor& tensor);
+
+// Registers the conversion test helpers (_tensor_info, _as_numpy, _to_dlpack).
+void init_tensor(pybind11::module_& m);
+
+}  // namespace c10d::python

@@ -1,0 +1,91 @@
+#include "c10d/core/work.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "c10d/core/exception.h"
+
+namespace c10d::core {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Future, CompletesOnAnotherThreadAndRunsCallbacks) {
+  auto f = std::make_shared<Future>();
+  int calls = 0;
+  f->add_callback([&](Future& done) {
+    EXPECT_TRUE(done.completed());
+    ++calls;
+  });
+  std::thread t([&] { f->mark_completed({{Tensor::empty({4}, DType::kFloat32)}, nullptr}); });
+  EXPECT_EQ(f->value().tensors.size(), 1u);
+  t.join();
+  EXPECT_EQ(calls, 1);
+  // Late callbacks run at once.
+  f->add_callback([&](Future&) { ++calls; });
+  EXPECT_EQ(calls, 2);
+  EXPECT_THROW(f->mark_completed({}), DistError);
+}
+
+TEST(Future, ThenChainsValuesAndErrors) {
+  auto f = std::make_shared<Future>();
+  auto child = f->then([](Future& parent) {
+    FutureValue v = parent.value_now();
+    v.tensors.push_back(Tensor::empty({1}, DType::kInt8));
+    return v;
+  });
+  auto failing = f->then([](Future&) -> FutureValue { throw DistBackendError("boom"); });
+  f->mark_completed({});
+  EXPECT_EQ(child->value().tensors.size(), 1u);
+  EXPECT_THROW(failing->wait(), DistBackendError);
+
+  auto g = std::make_shared<Future>();
+  auto g_child = g->then([](Future&) { return FutureValue{}; });
+  g->set_error(std::make_exception_ptr(DistNetworkError("peer 3 went away")));
+  EXPECT_THROW(g_child->wait(), DistNetworkError);
+}
+
+TEST(Future, WaitTimeoutNamesWhat) {
+  Future f;
+  try {
+    f.wait(50ms, "allreduce seq 7");
+    FAIL();
+  } catch (const DistTimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("allreduce seq 7"), std::string::npos);
+  }
+}
+
+TEST(Work, ErrorSetOnBackgroundThreadIsRethrownByWait) {
+  auto work = std::make_shared<Work>(OpType::kAllreduce, "allreduce #3");
+  EXPECT_FALSE(work->is_completed());
+  std::thread t([&] { work->finish_with_error(std::make_exception_ptr(DistBackendError("rank 1 died"))); });
+  EXPECT_THROW(work->wait(), DistBackendError);
+  t.join();
+  EXPECT_TRUE(work->is_completed());
+  EXPECT_FALSE(work->is_success());
+  EXPECT_NE(work->exception(), nullptr);
+}
+
+TEST(Work, SuccessResultSourceRankAndFromFuture) {
+  Work w(OpType::kRecv);
+  EXPECT_THROW(w.source_rank(), DistError);
+  w.set_source_rank(2);
+  w.finish({Tensor::empty({3}, DType::kInt64)});
+  EXPECT_TRUE(w.wait(1s));
+  EXPECT_TRUE(w.is_success());
+  EXPECT_EQ(w.source_rank(), 2);
+  EXPECT_EQ(w.result().size(), 1u);
+  EXPECT_EQ(w.get_future()->value().tensors.size(), 1u);
+  EXPECT_EQ(op_type_name(w.op_type()), "RECV");
+
+  auto f = std::make_shared<Future>();
+  auto from = Work::from_future(f);
+  EXPECT_FALSE(from->is_completed());
+  EXPECT_THROW(from->wait(20ms), DistTimeoutError);
+  f->mark_completed({});
+  EXPECT_TRUE(from->is_success());
+}
+
+}  // namespace
+}  // namespace c10d::core
