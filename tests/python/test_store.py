@@ -1,0 +1,250 @@
+"""One conformance suite for every store, driven through the Python API."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+import c10d
+
+
+class DictStore(c10d.Store):
+    """A store written in Python, to check the C++ side can drive Python subclasses."""
+
+    def __init__(self):
+        super().__init__()
+        self._data = {}
+        self._cv = threading.Condition()
+
+    def set(self, key, value):
+        with self._cv:
+            self._data[key] = value if isinstance(value, bytes) else value.encode()
+            self._cv.notify_all()
+
+    def get(self, key):
+        self.wait([key], timedelta(seconds=5))
+        with self._cv:
+            return self._data[key]
+
+    def add(self, key, amount):
+        with self._cv:
+            value = int(self._data.get(key, b"0")) + amount
+            self._data[key] = str(value).encode()
+            self._cv.notify_all()
+            return value
+
+    def compare_set(self, key, expected, desired):
+        with self._cv:
+            if key not in self._data:
+                if expected:
+                    return expected
+                self._data[key] = desired
+            elif self._data[key] == expected:
+                self._data[key] = desired
+            self._cv.notify_all()
+            return self._data[key]
+
+    def check(self, keys):
+        with self._cv:
+            return all(k in self._data for k in keys)
+
+    def delete_key(self, key):
+        with self._cv:
+            return self._data.pop(key, None) is not None
+
+    def num_keys(self):
+        with self._cv:
+            return len(self._data)
+
+    def wait(self, keys, timeout=None):
+        seconds = timeout.total_seconds() if timeout else 5
+        with self._cv:
+            if not self._cv.wait_for(lambda: all(k in self._data for k in keys), seconds):
+                raise c10d.DistStoreError(f"DictStore: timed out waiting for {keys}")
+
+
+def _tcp_server():
+    return c10d.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=10))
+
+
+def _tcp_client():
+    server = _tcp_server()
+    client = c10d.TCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=10))
+    client._keepalive = server  # the server lives as long as the client under test
+    return client
+
+
+def _file(tmp_path):
+    return c10d.FileStore(str(tmp_path / "store"), 1)
+
+
+FACTORIES = {
+    "hash": lambda tmp: c10d.HashStore(),
+    "file": _file,
+    "tcp-server": lambda tmp: _tcp_server(),
+    "tcp-client": lambda tmp: _tcp_client(),
+    "prefix-hash": lambda tmp: c10d.PrefixStore("p", c10d.HashStore()),
+    "prefix-file": lambda tmp: c10d.PrefixStore("p", _file(tmp)),
+    "prefix-tcp": lambda tmp: c10d.PrefixStore("p", _tcp_client()),
+}
+
+
+@pytest.fixture(params=sorted(FACTORIES))
+def store(request, tmp_path):
+    s = FACTORIES[request.param](tmp_path)
+    s.set_timeout(timedelta(seconds=10))
+    return s
+
+
+def test_set_get(store):
+    store.set("k", "v1")
+    assert store.get("k") == b"v1"
+    store.set("k", b"\x00\xffbin")
+    assert store.get("k") == b"\x00\xffbin"
+    store.set("empty", "")
+    assert store.get("empty") == b""
+
+
+def test_add_accumulates(store):
+    assert store.add("c", 1) == 1
+    assert store.add("c", 6) == 7
+    assert store.add("c", -8) == -1
+    assert store.get("c") == b"-1"
+
+
+def test_compare_set_cases(store):
+    assert store.compare_set("cs", "", "first") == b"first"
+    assert store.compare_set("cs", "first", "second") == b"second"
+    assert store.compare_set("cs", "nope", "third") == b"second"
+    assert store.get("cs") == b"second"
+    assert store.compare_set("missing", "exp", "des") == b"exp"
+    assert not store.check(["missing"])
+
+
+def test_check_delete_num_keys(store):
+    base = store.num_keys()
+    store.set("a", "1")
+    store.set("b", "2")
+    assert store.check(["a", "b"])
+    assert not store.check(["a", "zz"])
+    assert store.num_keys() == base + 2
+    assert store.delete_key("a") is True
+    assert store.delete_key("a") is False
+    assert store.num_keys() == base + 1
+
+
+def test_append_multi(store):
+    store.append("ap", "po")
+    store.append("ap", b"tato")
+    assert store.get("ap") == b"potato"
+    store.multi_set(["x", "y"], ["1", b"2"])
+    assert store.multi_get(["y", "x"]) == [b"2", b"1"]
+    assert store.has_extended_api()
+
+
+def test_wait_timeout_names_keys_and_store_survives(store):
+    store.set("here", "1")
+    start = time.monotonic()
+    with pytest.raises(c10d.DistStoreError, match="absent_key") as info:
+        store.wait(["here", "absent_key"], timedelta(milliseconds=200))
+    assert isinstance(info.value, c10d.DistTimeoutError)
+    assert isinstance(info.value, RuntimeError)
+    assert 0.15 <= time.monotonic() - start < 5
+    store.set("after", "ok")
+    assert store.get("after") == b"ok"
+
+
+def test_get_missing_times_out(store):
+    store.set_timeout(timedelta(milliseconds=200))
+    assert store.timeout == timedelta(milliseconds=200)
+    with pytest.raises(c10d.DistStoreError, match="never_set"):
+        store.get("never_set")
+
+
+@pytest.mark.parametrize("write", ["set", "add", "append", "compare_set", "multi_set"])
+def test_wait_woken_by_write(store, write):
+    done = threading.Event()
+
+    def waiter():
+        store.wait(["wk"], timedelta(seconds=10))
+        done.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.02)  # covers both orders; the assertion does not depend on which happened
+    {
+        "set": lambda: store.set("wk", "v"),
+        "add": lambda: store.add("wk", 1),
+        "append": lambda: store.append("wk", "v"),
+        "compare_set": lambda: store.compare_set("wk", "", "v"),
+        "multi_set": lambda: store.multi_set(["wk"], ["v"]),
+    }[write]()
+    t.join(10)
+    assert done.is_set()
+
+
+def test_bad_value_type(store):
+    with pytest.raises(TypeError):
+        store.set("k", 12)
+
+
+def test_python_store_driven_from_cpp():
+    s = DictStore()
+    c10d._C._test_python_store(s)  # raises if any step misbehaves
+    assert s.get("_cpp/x") == b"xz"
+    # And through a C++ PrefixStore wrapping the Python store.
+    p = c10d.PrefixStore("pre", s)
+    p.set("k", "v")
+    assert s.get("pre/k") == b"v"
+    assert p.add("n", 3) == 3
+    assert p.underlying_store is s
+    c10d._C._test_python_store(p)
+
+
+def test_prefix_store_accessors():
+    inner = c10d.HashStore()
+    outer = c10d.PrefixStore("a", c10d.PrefixStore("b", inner))
+    outer.set("k", "v")
+    assert inner.get("b/a/k") == b"v"
+    assert outer._underlying_non_prefix_store is inner
+    assert isinstance(outer.underlying_store, c10d.PrefixStore)
+
+
+def test_hash_store_honours_timeout():
+    s = c10d.HashStore()
+    s.set_timeout(timedelta(milliseconds=100))
+    start = time.monotonic()
+    with pytest.raises(c10d.DistStoreTimeoutError):
+        s.get("nothing")
+    assert time.monotonic() - start < 5
+
+
+def test_queue_ops_hash():
+    s = c10d.HashStore()
+    s.set_timeout(timedelta(milliseconds=100))
+    s.queue_push("q", "a")
+    s.queue_push("q", b"b")
+    assert s.queue_len("q") == 2
+    assert s.queue_pop("q") == b"a"
+    assert s.queue_pop("q", block=False) == b"b"
+    with pytest.raises(c10d.DistQueueEmptyError):
+        s.queue_pop("q", block=False)
+
+
+def test_gil_released_during_blocking_wait():
+    s = c10d.HashStore()
+    ticks = []
+
+    def ticker():
+        for _ in range(5):
+            ticks.append(1)
+            time.sleep(0.01)
+        s.set("go", "1")
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    s.wait(["go"], timedelta(seconds=10))  # would deadlock if the GIL were held
+    t.join()
+    assert len(ticks) == 5
