@@ -1,1 +1,694 @@
+// Reduction kernels.
+//
+// How the code is arranged, and why:
+//   - One switch on (dtype, op) per call picks a function pointer; the loop it points at is a
+//     template instantiation that knows its element type and operation at compile time, so
+//     nothing is decided per element.
+//   - Every kernel exists twice: once for the baseline x86-64 target and once compiled with
+//     target("avx2,f16c"). The loops are written once as always_inline templates; GCC inlines
+//     a baseline function into an AVX2 caller and vectorises it with 256-bit registers there.
+//     The CPU is probed once.
+//   - The loops carry `#pragma GCC ivdep` rather than __restrict pointers: element i of the
+//     output depends only on element i of the inputs, so there is no loop-carried dependence
+//     even when out == a (which callers are allowed to do); ivdep says exactly that and lets
+//     the vectoriser drop its runtime overlap checks, while __restrict would be a false promise.
+//   - float16 and bfloat16 go through float32. The AVX2 path converts eight lanes at a time
+//     (F16C for float16, shifts for bfloat16); the portable path converts with integer bit
+//     manipulation. Both round to nearest-even, so results do not depend on the CPU.
 #include "c10d/core/reduce.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "c10d/core/exception.h"
+
+#define C10D_INLINE [[gnu::always_inline]] inline
+#define C10D_TARGET_AVX2 [[gnu::target("avx2,f16c")]]
+
+namespace c10d::core {
+
+// ---------------------------------------------------------------------------------------------
+// Scalar half-precision conversions.
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = h & 0x7C00u;
+  const uint32_t mantissa = h & 0x03FFu;
+  uint32_t bits;
+  if (exponent == 0x7C00u) {
+    bits = 0x7F800000u | (mantissa << 13);  // inf, or NaN keeping its payload
+  } else if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, computed exactly in float (the result is a normal
+    // float32, so flush-to-zero modes cannot eat it).
+    bits = std::bit_cast<uint32_t>(static_cast<float>(mantissa) * 0x1p-24f);
+  } else {
+    // Re-bias the exponent from 15 to 127 and widen the mantissa.
+    bits = (static_cast<uint32_t>(h & 0x7FFFu) << 13) + (112u << 23);
+  }
+  return std::bit_cast<float>(sign | bits);
+}
+
+uint16_t float_to_half(float value) {
+  uint32_t x = std::bit_cast<uint32_t>(value);
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7FFFFFFFu;
+  if (x > 0x7F800000u) {  // NaN: keep it quiet and keep the top of the payload
+    return static_cast<uint16_t>(sign | 0x7E00u | (x >> 13));
+  }
+  if (x >= 0x477FF000u) {  // at or past halfway between 65504 and 65536: rounds to inf
+    return static_cast<uint16_t>(sign | 0x7C00u);
+  }
+  if (x < 0x38800000u) {
+    // Below the smallest normal half (2^-14): the result is a multiple of 2^-24. Adding 0.5
+    // puts the value where float32's ulp is exactly 2^-24, so the FPU does the rounding; a
+    // carry into 1024 correctly produces the smallest normal half.
+    const float shifted = std::bit_cast<float>(x) + 0.5f;
+    return static_cast<uint16_t>(sign | (std::bit_cast<uint32_t>(shifted) - 0x3F000000u));
+  }
+  // Normal: round the 13 dropped bits to nearest-even, then re-bias the exponent. A carry out
+  // of the mantissa moves into the exponent, which is the right answer.
+  const uint32_t odd = (x >> 13) & 1u;
+  x += 0x0FFFu + odd;
+  return static_cast<uint16_t>(sign | ((x >> 13) - (112u << 10)));
+}
+
+float bfloat16_to_float(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+uint16_t float_to_bfloat16(float value) {
+  const uint32_t x = std::bit_cast<uint32_t>(value);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<uint16_t>((x >> 16) | 0x0040u);  // NaN stays a quiet NaN
+  }
+  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+namespace detail {
+namespace {
+
+bool probe_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+
+std::atomic<KernelIsa>& isa_slot() {
+  static std::atomic<KernelIsa> slot{probe_avx2() ? KernelIsa::kAvx2 : KernelIsa::kPortable};
+  return slot;
+}
+
+}  // namespace
+
+bool cpu_supports_avx2() {
+  static const bool supported = probe_avx2();
+  return supported;
+}
+
+KernelIsa kernel_isa() { return isa_slot().load(std::memory_order_relaxed); }
+
+void set_kernel_isa(KernelIsa isa) {
+  if (isa == KernelIsa::kAvx2 && !cpu_supports_avx2()) isa = KernelIsa::kPortable;
+  isa_slot().store(isa, std::memory_order_relaxed);
+}
+
+}  // namespace detail
+
+namespace {
+
+// Storage types for the two 16-bit floating formats; only their bits are ever touched.
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
+
+// Integer arithmetic in an unsigned type at least as wide as `unsigned`, so overflow wraps
+// instead of being undefined (uint16 * uint16 would otherwise promote to signed int).
+template <typename T>
+using WrapType = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+
+// ---------------------------------------------------------------------------------------------
+// Element operations. `apply` combines two scalars of the compute type; `vec` combines eight
+// float32 lanes for the AVX2 half-precision loops.
+
+struct Add {
+  template <typename T>
+  C10D_INLINE static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(static_cast<WrapType<T>>(a) + static_cast<WrapType<T>>(b));
+    } else {
+      return a + b;
+    }
+  }
+  C10D_TARGET_AVX2 C10D_INLINE static __m256 vec(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+};
+
+struct Mul {
+  template <typename T>
+  C10D_INLINE static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(static_cast<WrapType<T>>(a) * static_cast<WrapType<T>>(b));
+    } else {
+      return a * b;
+    }
+  }
+  C10D_TARGET_AVX2 C10D_INLINE static __m256 vec(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
+};
+
+// MIN and MAX return NaN when either input is NaN (a NaN `a` is kept; a NaN `b` wins because
+// the comparison is false). Written as selects, which vectorise.
+struct Min {
+  template <typename T>
+  C10D_INLINE static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      return (a < b || a != a) ? a : b;
+    } else {
+      return a < b ? a : b;
+    }
+  }
+  C10D_TARGET_AVX2 C10D_INLINE static __m256 vec(__m256 a, __m256 b) {
+    __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_LT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    return _mm256_blendv_ps(b, a, take_a);
+  }
+};
+
+struct Max {
+  template <typename T>
+  C10D_INLINE static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      return (a > b || a != a) ? a : b;
+    } else {
+      return a > b ? a : b;
+    }
+  }
+  C10D_TARGET_AVX2 C10D_INLINE static __m256 vec(__m256 a, __m256 b) {
+    __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    return _mm256_blendv_ps(b, a, take_a);
+  }
+};
+
+struct BitAnd {
+  template <typename T>
+  C10D_INLINE static T apply(T a, T b) { return static_cast<T>(a & b); }
+};
+struct BitOr {
+  template <typename T>
+  C10D_INLINE static T apply(T a, T b) { return static_cast<T>(a | b); }
+};
+struct BitXor {
+  template <typename T>
+  C10D_INLINE static T apply(T a, T b) { return static_cast<T>(a ^ b); }
+};
+
+// bool buffers are bytes; any nonzero byte is true and results are normalised to 0 or 1.
+struct LogicalAnd {
+  C10D_INLINE static uint8_t apply(uint8_t a, uint8_t b) { return (a != 0) & (b != 0); }
+};
+struct LogicalOr {
+  C10D_INLINE static uint8_t apply(uint8_t a, uint8_t b) { return (a | b) != 0; }
+};
+struct LogicalXor {
+  C10D_INLINE static uint8_t apply(uint8_t a, uint8_t b) { return (a != 0) ^ (b != 0); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Half-precision formats: scalar conversions (portable path) and 8-lane ones (AVX2 path).
+
+struct HalfFormat {
+  C10D_INLINE static float to_float(uint16_t h) { return half_to_float(h); }
+  C10D_INLINE static uint16_t from_float(float f) { return float_to_half(f); }
+  C10D_TARGET_AVX2 C10D_INLINE static __m256 load8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  C10D_TARGET_AVX2 C10D_INLINE static void store8(uint16_t* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+};
+
+struct BFloat16Format {
+  C10D_INLINE static float to_float(uint16_t h) { return bfloat16_to_float(h); }
+  C10D_INLINE static uint16_t from_float(float f) { return float_to_bfloat16(f); }
+  C10D_TARGET_AVX2 C10D_INLINE static __m256 load8(const uint16_t* p) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  C10D_TARGET_AVX2 C10D_INLINE static void store8(uint16_t* p, __m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    // Round to nearest-even: add 0x7FFF plus the lowest kept bit, then drop 16 bits.
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd), 16);
+    // NaN: truncate and set the quiet bit instead, so rounding cannot turn it into inf.
+    const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256i result = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+    // Every lane holds 0..0xFFFF, so the signed-saturating pack is exact; the pack works per
+    // 128-bit half, and the permute puts the four 64-bit pieces back in order.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(result, result), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+};
+
+template <typename T>
+struct FormatOf;
+template <>
+struct FormatOf<Half> {
+  using type = HalfFormat;
+};
+template <>
+struct FormatOf<BFloat16> {
+  using type = BFloat16Format;
+};
+
+template <typename T>
+constexpr bool kIsHalf = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// ---------------------------------------------------------------------------------------------
+// Loops, written once and inlined into both the portable and the AVX2 entry points.
+
+template <typename T, typename Op>
+C10D_INLINE void combine_loop(T* out, const T* a, const T* b, size_t n) {
+#pragma GCC ivdep
+  for (size_t i = 0; i < n; ++i) out[i] = Op::apply(a[i], b[i]);
+}
+
+template <typename Format, typename Op>
+C10D_INLINE void combine_half_portable(uint16_t* out, const uint16_t* a, const uint16_t* b,
+                                       size_t n) {
+#pragma GCC ivdep
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = Format::from_float(Op::apply(Format::to_float(a[i]), Format::to_float(b[i])));
+  }
+}
+
+// Eight-lane float32 function applied to a half-precision buffer: 16 lanes per step, then 8,
+// then a zero-padded remainder, so every element goes through the same vector arithmetic.
+// All loads of a step happen before its stores, which keeps exact aliasing safe.
+template <typename Format, typename Fn>
+C10D_TARGET_AVX2 C10D_INLINE void map_half_avx2(uint16_t* out, const uint16_t* a,
+                                                 const uint16_t* b, size_t n, Fn fn) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a0 = Format::load8(a + i), a1 = Format::load8(a + i + 8);
+    const __m256 b0 = Format::load8(b + i), b1 = Format::load8(b + i + 8);
+    Format::store8(out + i, fn(a0, b0));
+    Format::store8(out + i + 8, fn(a1, b1));
+  }
+  if (i + 8 <= n) {
+    Format::store8(out + i, fn(Format::load8(a + i), Format::load8(b + i)));
+    i += 8;
+  }
+  if (i < n) {
+    const size_t rest = n - i;
+    uint16_t pa[8] = {}, pb[8] = {}, po[8];
+    std::memcpy(pa, a + i, rest * sizeof(uint16_t));
+    std::memcpy(pb, b + i, rest * sizeof(uint16_t));
+    Format::store8(po, fn(Format::load8(pa), Format::load8(pb)));
+    std::memcpy(out + i, po, rest * sizeof(uint16_t));
+  }
+}
+
+// Function objects for map_half_avx2 (named types rather than lambdas, so that their call
+// operators can carry the AVX2 target attribute).
+template <typename Op>
+struct VecBinary {
+  C10D_TARGET_AVX2 C10D_INLINE __m256 operator()(__m256 x, __m256 y) const { return Op::vec(x, y); }
+};
+
+// What a unary step computes per element.
+enum class UnaryKind { kMultiply, kDivide };
+
+template <UnaryKind kKind>
+struct VecUnary {
+  __m256 operand;
+  C10D_TARGET_AVX2 C10D_INLINE __m256 operator()(__m256 x, __m256 /*unused*/) const {
+    if constexpr (kKind == UnaryKind::kMultiply) {
+      return _mm256_mul_ps(x, operand);
+    } else {
+      return _mm256_div_ps(x, operand);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Combine kernels: one instantiation per (ISA, storage type, op).
+
+using CombineFn = void (*)(void* out, const void* a, const void* b, size_t n);
+
+template <typename T, typename Op>
+void combine_portable(void* out, const void* a, const void* b, size_t n) {
+  if constexpr (kIsHalf<T>) {
+    combine_half_portable<typename FormatOf<T>::type, Op>(
+        static_cast<uint16_t*>(out), static_cast<const uint16_t*>(a),
+        static_cast<const uint16_t*>(b), n);
+  } else {
+    combine_loop<T, Op>(static_cast<T*>(out), static_cast<const T*>(a),
+                        static_cast<const T*>(b), n);
+  }
+}
+
+template <typename T, typename Op>
+C10D_TARGET_AVX2 void combine_avx2(void* out, const void* a, const void* b, size_t n) {
+  if constexpr (kIsHalf<T>) {
+    map_half_avx2<typename FormatOf<T>::type>(
+        static_cast<uint16_t*>(out), static_cast<const uint16_t*>(a),
+        static_cast<const uint16_t*>(b), n, VecBinary<Op>{});
+  } else {
+    combine_loop<T, Op>(static_cast<T*>(out), static_cast<const T*>(a),
+                        static_cast<const T*>(b), n);
+  }
+}
+
+template <bool kAvx2, typename T, typename Op>
+CombineFn combine_fn() {
+  if constexpr (kAvx2) {
+    return &combine_avx2<T, Op>;
+  } else {
+    return &combine_portable<T, Op>;
+  }
+}
+
+// Storage type that a (non-bool, non-complex) dtype's kernels work on.
+template <bool kAvx2, typename T>
+CombineFn pick_numeric(ReduceOp::Kind kind) {
+  switch (kind) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG:
+    case ReduceOp::PREMUL_SUM:
+      return combine_fn<kAvx2, T, Add>();
+    case ReduceOp::PRODUCT:
+      return combine_fn<kAvx2, T, Mul>();
+    case ReduceOp::MIN:
+      return combine_fn<kAvx2, T, Min>();
+    case ReduceOp::MAX:
+      return combine_fn<kAvx2, T, Max>();
+    case ReduceOp::BAND:
+    case ReduceOp::BOR:
+    case ReduceOp::BXOR:
+      if constexpr (std::is_integral_v<T>) {
+        if (kind == ReduceOp::BAND) return combine_fn<kAvx2, T, BitAnd>();
+        if (kind == ReduceOp::BOR) return combine_fn<kAvx2, T, BitOr>();
+        return combine_fn<kAvx2, T, BitXor>();
+      }
+      return nullptr;
+    default:
+      return nullptr;
+  }
+}
+
+template <bool kAvx2>
+CombineFn pick_bool(ReduceOp::Kind kind) {
+  switch (kind) {
+    case ReduceOp::SUM:
+    case ReduceOp::MAX:
+    case ReduceOp::BOR:
+      return combine_fn<kAvx2, uint8_t, LogicalOr>();
+    case ReduceOp::PRODUCT:
+    case ReduceOp::MIN:
+    case ReduceOp::BAND:
+      return combine_fn<kAvx2, uint8_t, LogicalAnd>();
+    case ReduceOp::BXOR:
+      return combine_fn<kAvx2, uint8_t, LogicalXor>();
+    default:
+      return nullptr;
+  }
+}
+
+// Complex values combine (SUM only) as twice as many reals; the caller doubles the count.
+template <bool kAvx2>
+CombineFn pick_combine(DType dtype, ReduceOp::Kind kind) {
+  switch (dtype) {
+    case DType::kFloat32: return pick_numeric<kAvx2, float>(kind);
+    case DType::kFloat64: return pick_numeric<kAvx2, double>(kind);
+    case DType::kFloat16: return pick_numeric<kAvx2, Half>(kind);
+    case DType::kBFloat16: return pick_numeric<kAvx2, BFloat16>(kind);
+    case DType::kInt8: return pick_numeric<kAvx2, int8_t>(kind);
+    case DType::kInt16: return pick_numeric<kAvx2, int16_t>(kind);
+    case DType::kInt32: return pick_numeric<kAvx2, int32_t>(kind);
+    case DType::kInt64: return pick_numeric<kAvx2, int64_t>(kind);
+    case DType::kUInt8: return pick_numeric<kAvx2, uint8_t>(kind);
+    case DType::kBool: return pick_bool<kAvx2>(kind);
+    case DType::kComplex64: return pick_numeric<kAvx2, float>(kind);
+    case DType::kComplex128: return pick_numeric<kAvx2, double>(kind);
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unary kernels for the pre- and post-steps.
+
+// Multiplication of an integer by a non-integral factor: float64 product truncated toward zero,
+// saturated to the type's range; NaN becomes 0.
+template <typename T>
+C10D_INLINE T saturating_trunc(double v) {
+  constexpr double kLow = static_cast<double>(std::numeric_limits<T>::min());
+  constexpr double kHigh = static_cast<double>(std::numeric_limits<T>::max()) + 1.0;  // exact
+  if (!(v == v)) return 0;
+  if (v >= kHigh) return std::numeric_limits<T>::max();
+  if (v <= kLow) return std::numeric_limits<T>::min();
+  return static_cast<T>(v);
+}
+
+template <typename T, UnaryKind kKind>
+C10D_INLINE void float_unary_loop(T* data, size_t n, T operand) {
+  if constexpr (kKind == UnaryKind::kMultiply) {
+    for (size_t i = 0; i < n; ++i) data[i] *= operand;
+  } else {
+    for (size_t i = 0; i < n; ++i) data[i] /= operand;
+  }
+}
+
+template <typename Format, UnaryKind kKind>
+C10D_INLINE void half_unary_portable(uint16_t* data, size_t n, float operand) {
+  for (size_t i = 0; i < n; ++i) {
+    float x = Format::to_float(data[i]);
+    x = kKind == UnaryKind::kMultiply ? x * operand : x / operand;
+    data[i] = Format::from_float(x);
+  }
+}
+
+template <typename Format, UnaryKind kKind>
+C10D_TARGET_AVX2 C10D_INLINE void half_unary_avx2(uint16_t* data, size_t n, float operand) {
+  map_half_avx2<Format>(data, data, data, n, VecUnary<kKind>{_mm256_set1_ps(operand)});
+}
+
+// Floating unary step: `operand` is converted to the compute type (float32 for everything
+// but float64), as torch does when it multiplies or divides a tensor by a Python scalar.
+template <UnaryKind kKind>
+C10D_TARGET_AVX2 void float_unary_avx2(void* data, size_t n, DType dtype, double operand) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kComplex64:
+      return float_unary_loop<float, kKind>(static_cast<float*>(data), n, static_cast<float>(operand));
+    case DType::kFloat64:
+    case DType::kComplex128:
+      return float_unary_loop<double, kKind>(static_cast<double*>(data), n, operand);
+    case DType::kFloat16:
+      return half_unary_avx2<HalfFormat, kKind>(static_cast<uint16_t*>(data), n, static_cast<float>(operand));
+    case DType::kBFloat16:
+      return half_unary_avx2<BFloat16Format, kKind>(static_cast<uint16_t*>(data), n,
+                                                    static_cast<float>(operand));
+    default:
+      return;
+  }
+}
+
+template <UnaryKind kKind>
+void float_unary_portable(void* data, size_t n, DType dtype, double operand) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kComplex64:
+      return float_unary_loop<float, kKind>(static_cast<float*>(data), n, static_cast<float>(operand));
+    case DType::kFloat64:
+    case DType::kComplex128:
+      return float_unary_loop<double, kKind>(static_cast<double*>(data), n, operand);
+    case DType::kFloat16:
+      return half_unary_portable<HalfFormat, kKind>(static_cast<uint16_t*>(data), n,
+                                                    static_cast<float>(operand));
+    case DType::kBFloat16:
+      return half_unary_portable<BFloat16Format, kKind>(static_cast<uint16_t*>(data), n,
+                                                        static_cast<float>(operand));
+    default:
+      return;
+  }
+}
+
+template <UnaryKind kKind>
+void run_float_unary(void* data, size_t count, DType dtype, double operand) {
+  const size_t n = is_complex(dtype) ? 2 * count : count;
+  if (detail::kernel_isa() == detail::KernelIsa::kAvx2) {
+    float_unary_avx2<kKind>(data, n, dtype, operand);
+  } else {
+    float_unary_portable<kKind>(data, n, dtype, operand);
+  }
+}
+
+template <typename T>
+void int_scale(T* data, size_t n, double factor) {
+  // An integral factor within int64 range multiplies exactly, modulo 2^bits like SUM does.
+  if (factor == std::trunc(factor) && std::fabs(factor) < 0x1p63) {
+    const auto f = static_cast<WrapType<T>>(static_cast<T>(static_cast<int64_t>(factor)));
+    for (size_t i = 0; i < n; ++i) data[i] = static_cast<T>(static_cast<WrapType<T>>(data[i]) * f);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) data[i] = saturating_trunc<T>(static_cast<double>(data[i]) * factor);
+}
+
+template <typename T>
+void int_divide(T* data, size_t n, int divisor) {
+  if constexpr (sizeof(T) <= 4) {
+    // For |x| < 2^32 the float64 quotient is never rounded across an integer boundary (its
+    // error is below 1/divisor, the smallest distance from a non-integral quotient to an
+    // integer), so truncating it equals integer division, and it vectorises where idiv
+    // does not.
+    const double d = divisor;
+    for (size_t i = 0; i < n; ++i) data[i] = static_cast<T>(static_cast<double>(data[i]) / d);
+  } else {
+    const T d = divisor;
+    for (size_t i = 0; i < n; ++i) data[i] = static_cast<T>(data[i] / d);
+  }
+}
+
+template <typename Fn>
+void visit_int(DType dtype, void* data, Fn&& fn) {
+  switch (dtype) {
+    case DType::kInt8: return fn(static_cast<int8_t*>(data));
+    case DType::kInt16: return fn(static_cast<int16_t*>(data));
+    case DType::kInt32: return fn(static_cast<int32_t*>(data));
+    case DType::kInt64: return fn(static_cast<int64_t*>(data));
+    case DType::kUInt8: return fn(static_cast<uint8_t*>(data));
+    default: C10D_CHECK_ARG(false, "not an integer dtype: ", dtype_name(dtype));
+  }
+}
+
+// Buffers that are not aligned to their element size (a slice at an odd byte offset of a
+// packed message, say) go through aligned scratch space in chunks: the kernels may assume
+// natural alignment, and this keeps that assumption true for every caller.
+void combine_misaligned(CombineFn fn, void* out, const void* a, const void* b, size_t n,
+                        size_t elem) {
+  constexpr size_t kChunkBytes = 4096;
+  alignas(64) unsigned char sa[kChunkBytes];
+  alignas(64) unsigned char sb[kChunkBytes];
+  const size_t per_chunk = kChunkBytes / elem;
+  auto* o = static_cast<unsigned char*>(out);
+  const auto* pa = static_cast<const unsigned char*>(a);
+  const auto* pb = static_cast<const unsigned char*>(b);
+  for (size_t done = 0; done < n; done += per_chunk) {
+    const size_t bytes = std::min(per_chunk, n - done) * elem;
+    std::memcpy(sa, pa + done * elem, bytes);
+    std::memcpy(sb, pb + done * elem, bytes);
+    fn(sa, sa, sb, bytes / elem);
+    std::memcpy(o + done * elem, sa, bytes);
+  }
+}
+
+// The same for the in-place unary steps: runs `step(chunk, chunk_count)` on aligned copies.
+// Returns false (doing nothing) when `data` is already aligned.
+template <typename Step>
+bool unary_misaligned(void* data, size_t count, DType dtype, Step&& step) {
+  const size_t elem = element_size(dtype);
+  const size_t align = is_complex(dtype) ? elem / 2 : elem;
+  if ((reinterpret_cast<uintptr_t>(data) & (align - 1)) == 0) [[likely]] return false;
+  constexpr size_t kChunkBytes = 4096;
+  alignas(64) unsigned char scratch[kChunkBytes];
+  const size_t per_chunk = kChunkBytes / elem;
+  auto* p = static_cast<unsigned char*>(data);
+  for (size_t done = 0; done < count; done += per_chunk) {
+    const size_t bytes = std::min(per_chunk, count - done) * elem;
+    std::memcpy(scratch, p + done * elem, bytes);
+    step(scratch, bytes / elem);
+    std::memcpy(p + done * elem, scratch, bytes);
+  }
+  return true;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Public entry points.
+
+void reduce_into(void* out, const void* a, const void* b, size_t count, DType dtype,
+                 const ReduceOp& op) {
+  check_reduce_op(dtype, op);
+  const bool avx2 = detail::kernel_isa() == detail::KernelIsa::kAvx2;
+  CombineFn fn = avx2 ? pick_combine<true>(dtype, op.kind) : pick_combine<false>(dtype, op.kind);
+  C10D_CHECK(fn != nullptr, "no reduction kernel for ReduceOp ", op.name(), " on ",
+             dtype_name(dtype));
+  if (count == 0) return;
+  const size_t n = is_complex(dtype) ? 2 * count : count;
+  const size_t align = is_complex(dtype) ? element_size(dtype) / 2 : element_size(dtype);
+  const auto addresses = reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(a) |
+                         reinterpret_cast<uintptr_t>(b);
+  if ((addresses & (align - 1)) == 0) [[likely]] {
+    fn(out, a, b, n);
+  } else {
+    combine_misaligned(fn, out, a, b, n, align);
+  }
+}
+
+void reduce(void* dst, const void* src, size_t count, DType dtype, const ReduceOp& op) {
+  reduce_into(dst, dst, src, count, dtype, op);
+}
+
+void scale(void* data, size_t count, DType dtype, double factor) {
+  C10D_CHECK_ARG(dtype != DType::kBool, "scale is not supported for bool");
+  if (count == 0) return;
+  if (unary_misaligned(data, count, dtype,
+                       [&](void* chunk, size_t n) { scale(chunk, n, dtype, factor); })) {
+    return;
+  }
+  if (is_floating(dtype) || is_complex(dtype)) {
+    run_float_unary<UnaryKind::kMultiply>(data, count, dtype, factor);
+    return;
+  }
+  visit_int(dtype, data, [&](auto* p) { int_scale(p, count, factor); });
+}
+
+void finalize_avg(void* data, size_t count, DType dtype, int world_size) {
+  C10D_CHECK_ARG(dtype != DType::kBool, "ReduceOp AVG is not supported for bool");
+  C10D_CHECK_ARG(world_size >= 1, "finalize_avg: world_size must be at least 1, got ",
+                 world_size);
+  if (count == 0 || world_size == 1) return;
+  if (unary_misaligned(data, count, dtype, [&](void* chunk, size_t n) {
+        finalize_avg(chunk, n, dtype, world_size);
+      })) {
+    return;
+  }
+  if (is_floating(dtype) || is_complex(dtype)) {
+    if (std::has_single_bit(static_cast<unsigned>(world_size))) {
+      // Dividing by 2^k and multiplying by the exactly representable 2^-k round the same
+      // real number, so the cheaper multiply gives identical results.
+      run_float_unary<UnaryKind::kMultiply>(data, count, dtype, 1.0 / world_size);
+    } else {
+      run_float_unary<UnaryKind::kDivide>(data, count, dtype, world_size);
+    }
+    return;
+  }
+  visit_int(dtype, data, [&](auto* p) { int_divide(p, count, world_size); });
+}
+
+bool apply_premul(void* data, size_t count, DType dtype, const ReduceOp& op) {
+  if (op.kind != ReduceOp::PREMUL_SUM) return false;
+  check_reduce_op(dtype, op);
+  scale(data, count, dtype, op.premul_factor);
+  return true;
+}
+
+bool apply_postdiv(void* data, size_t count, DType dtype, const ReduceOp& op, int world_size) {
+  if (op.kind != ReduceOp::AVG) return false;
+  check_reduce_op(dtype, op);
+  finalize_avg(data, count, dtype, world_size);
+  return true;
+}
+
+}  // namespace c10d::core
