@@ -354,6 +354,12 @@ void FileStore::apply(const Record& r) {
   }
 }
 
+void FileStore::refresh(bool force) {
+  if (!force && !changed_since_sync()) return;
+  FileLock lock(*this, /*exclusive=*/false);
+  sync(/*exclusive=*/false);
+}
+
 bool FileStore::changed_since_sync() {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) throw_errno("fstat", errno);
@@ -395,9 +401,7 @@ Bytes FileStore::get(const std::string& key) {
   Bytes value;
   const bool found = poll_until(core::Deadline(timeout), [&](bool first) {
     std::lock_guard<std::mutex> guard(mutex_);
-    if (!first && !changed_since_sync()) return false;
-    FileLock lock(*this, false);
-    sync(false);
+    refresh(first);
     auto it = kv_.find(key);
     if (it == kv_.end()) return false;
     value = it->second;
@@ -450,9 +454,7 @@ void FileStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   check_owner();
   const bool found = poll_until(core::Deadline(timeout), [&](bool first) {
     std::lock_guard<std::mutex> guard(mutex_);
-    if (!first && !changed_since_sync()) return false;
-    FileLock lock(*this, false);
-    sync(false);
+    refresh(first);
     return all_present(keys);
   });
   if (!found) throw_wait_timeout(describe(), keys, timeout);
@@ -472,9 +474,7 @@ std::vector<Bytes> FileStore::multi_get(const std::vector<std::string>& keys) {
   std::vector<Bytes> values;
   const bool found = poll_until(core::Deadline(timeout), [&](bool first) {
     std::lock_guard<std::mutex> guard(mutex_);
-    if (!first && !changed_since_sync()) return false;
-    FileLock lock(*this, false);
-    sync(false);
+    refresh(first);
     if (!all_present(keys)) return false;
     values.clear();
     values.reserve(keys.size());
@@ -512,7 +512,12 @@ Bytes FileStore::queue_pop(const std::string& key, bool block) {
   Bytes value;
   auto try_pop = [&](bool first) {
     std::lock_guard<std::mutex> guard(mutex_);
-    if (!first && !changed_since_sync()) return false;
+    if (!first && !changed_since_sync()) {
+      // Nothing new in the file; the cache (which another thread's push on this handle may
+      // have updated) is current, so only an empty queue lets us skip the exclusive lock.
+      auto it = queues_.find(key);
+      if (it == queues_.end() || it->second.empty()) return false;
+    }
     FileLock lock(*this, true);
     sync(true);
     auto it = queues_.find(key);

@@ -92,8 +92,12 @@ class FileStore : public Store {
   // the exclusive file lock held, and the cache synced.
   void write_records(const std::vector<Record>& records);
   void apply(const Record& record);
-  // True when the file grew or shrank since the last sync (cheap fstat, no lock).
+  // True when the file grew or shrank since the last sync (cheap fstat, no lock). When false,
+  // the cache already holds everything in the file, including writes made through this handle
+  // by other threads, so pollers read the cache instead of locking the file.
   bool changed_since_sync();
+  // Syncs under the shared lock when `force` or when the file changed. Expects mutex_ held.
+  void refresh(bool force);
   bool all_present(const std::vector<std::string>& keys) const;
 
   // A handle belongs to the process that opened it: after fork() the child shares the

@@ -114,6 +114,27 @@ TEST_F(FileStoreTest, TwoInstancesSeeEachOther) {
   EXPECT_EQ(c.num_keys(), 3);
 }
 
+// Waiter and writer on the same handle: the write lands in the shared cache and moves the
+// synced size along, so the waiter must look at the cache, not only at the file size.
+TEST_F(FileStoreTest, WaiterWokenByWriteOnSameHandle) {
+  FileStore s(path_, -1, 10s);
+  for (int round = 0; round < 3; ++round) {
+    const std::string key = "k" + std::to_string(round);
+    std::thread waiter([&] {
+      if (round == 0) s.wait({key});
+      if (round == 1) EXPECT_EQ(s.get(key), b("v"));
+      if (round == 2) EXPECT_EQ(s.queue_pop(key, true), b("v"));
+    });
+    std::this_thread::sleep_for(20ms);
+    if (round == 2) {
+      s.queue_push(key, b("v"));
+    } else {
+      s.set(key, b("v"));
+    }
+    waiter.join();
+  }
+}
+
 TEST_F(FileStoreTest, DeleteWritesTombstone) {
   FileStore a(path_);
   FileStore other(path_);
