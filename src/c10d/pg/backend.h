@@ -1,0 +1,99 @@
+// Backend: one implementation of the collectives (gloo, shm, mpi, ...) for one process group.
+//
+// Contract. The ProcessGroup validates every argument (dtypes, sizes, contiguity, ranks, roots,
+// list lengths) before calling a backend, so a backend may assume well-formed input. Every
+// call returns a Work at once or after finishing (sync backends); errors during the operation
+// are stored in the Work and rethrown by wait(). Every operation honours its timeout
+// (kUnsetTimeout = the backend's own) and reports a dead peer as an error naming it.
+// A backend that does not implement an operation inherits the default, which throws
+// core::NotSupported("Backend <name> does not support <op>").
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "c10d/core/tensor.h"
+#include "c10d/core/work.h"
+#include "c10d/pg/options.h"
+
+namespace c10d::pg {
+
+using core::Tensor;
+using core::Work;
+using WorkPtr = std::shared_ptr<Work>;
+
+class Backend {
+ public:
+  Backend(int rank, int size, Millis timeout = kDefaultPgTimeout)
+      : rank_(rank), size_(size), timeout_(timeout) {}
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Millis timeout() const { return timeout_; }
+  // The timeout an operation should use: its own if set, else the backend's.
+  Millis effective_timeout(Millis op_timeout) const {
+    return op_timeout == kUnsetTimeout ? timeout_ : op_timeout;
+  }
+  virtual std::string name() const = 0;
+
+  virtual WorkPtr broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts);
+  virtual WorkPtr allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts);
+  virtual WorkPtr allreduce_coalesced(std::vector<Tensor>& tensors,
+                                      const AllreduceCoalescedOptions& opts);
+  virtual WorkPtr reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts);
+  virtual WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs,
+                            std::vector<Tensor>& inputs, const AllgatherOptions& opts);
+  virtual WorkPtr allgather_base(Tensor& output, Tensor& input, const AllgatherOptions& opts);
+  virtual WorkPtr allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
+                                      std::vector<Tensor>& inputs, const AllgatherOptions& opts);
+  virtual WorkPtr allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                  std::vector<Tensor>& inputs,
+                                                  const AllgatherOptions& opts);
+  virtual WorkPtr gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                         const GatherOptions& opts);
+  virtual WorkPtr scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
+                          const ScatterOptions& opts);
+  virtual WorkPtr reduce_scatter(std::vector<Tensor>& outputs,
+                                 std::vector<std::vector<Tensor>>& inputs,
+                                 const ReduceScatterOptions& opts);
+  virtual WorkPtr reduce_scatter_base(Tensor& output, Tensor& input,
+                                      const ReduceScatterOptions& opts);
+  virtual WorkPtr reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                  std::vector<Tensor>& inputs,
+                                                  const ReduceScatterOptions& opts);
+  // Empty split vectors mean equal splits along dimension 0.
+  virtual WorkPtr alltoall_base(Tensor& output, Tensor& input,
+                                std::vector<int64_t>& output_split_sizes,
+                                std::vector<int64_t>& input_split_sizes,
+                                const AllToAllOptions& opts);
+  virtual WorkPtr alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                           const AllToAllOptions& opts);
+  virtual WorkPtr send(std::vector<Tensor>& tensors, int dst_rank, int tag);
+  virtual WorkPtr recv(std::vector<Tensor>& tensors, int src_rank, int tag);
+  // The Work's source_rank() tells which rank sent.
+  virtual WorkPtr recv_anysource(std::vector<Tensor>& tensors, int tag);
+  virtual WorkPtr barrier(const BarrierOptions& opts);
+  // Reports every rank that did not arrive within the timeout (all of them with
+  // wait_all_ranks, else the first one found).
+  virtual void monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks);
+
+  virtual void start_coalescing() {}
+  virtual WorkPtr end_coalescing();
+
+  // Stops outstanding operations; later calls fail. Never blocks on peers.
+  virtual void shutdown() {}
+
+ protected:
+  [[noreturn]] void throw_not_supported(const char* op) const;
+
+ private:
+  const int rank_;
+  const int size_;
+  const Millis timeout_;
+};
+
+}  // namespace c10d::pg

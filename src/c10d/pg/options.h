@@ -1,0 +1,73 @@
+// Option structs of every collective (names and defaults as in torch.distributed's C++ API).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "c10d/core/deadline.h"
+#include "c10d/core/reduce_op.h"
+
+namespace c10d::pg {
+
+using core::Millis;
+using core::ReduceOp;
+
+// "Use the process group's timeout."
+inline constexpr Millis kUnsetTimeout{-1};
+// Default timeout of a process group (torch: 30 minutes).
+inline constexpr Millis kDefaultPgTimeout = std::chrono::minutes(30);
+
+struct BroadcastOptions {
+  int64_t root_rank = 0;
+  int64_t root_tensor = 0;
+  Millis timeout = kUnsetTimeout;
+  bool async_op = true;
+};
+
+struct AllreduceOptions {
+  ReduceOp reduce_op;
+  Millis timeout = kUnsetTimeout;
+};
+
+struct AllreduceCoalescedOptions : AllreduceOptions {};
+
+struct ReduceOptions {
+  ReduceOp reduce_op;
+  int64_t root_rank = 0;
+  int64_t root_tensor = 0;
+  Millis timeout = kUnsetTimeout;
+};
+
+struct AllgatherOptions {
+  Millis timeout = kUnsetTimeout;
+  bool async_op = true;
+};
+
+struct GatherOptions {
+  int64_t root_rank = 0;
+  Millis timeout = kUnsetTimeout;
+};
+
+struct ScatterOptions {
+  int64_t root_rank = 0;
+  Millis timeout = kUnsetTimeout;
+  bool async_op = true;
+};
+
+struct ReduceScatterOptions {
+  ReduceOp reduce_op;
+  Millis timeout = kUnsetTimeout;
+  bool async_op = true;
+};
+
+struct AllToAllOptions {
+  Millis timeout = kUnsetTimeout;
+};
+
+struct BarrierOptions {
+  std::vector<int64_t> device_ids;
+  Millis timeout = kUnsetTimeout;
+};
+
+}  // namespace c10d::pg

@@ -1,0 +1,342 @@
+#include "c10d/pg/process_group.h"
+
+#include "c10d/core/env.h"
+#include "c10d/core/exception.h"
+#include "c10d/pg/validate.h"
+
+namespace c10d::pg {
+
+using core::DeviceType;
+using core::OpType;
+
+ProcessGroup::ProcessGroup(std::shared_ptr<store::Store> store, int rank, int size,
+                           Options options)
+    : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {
+  C10D_CHECK_ARG(size_ > 0, "ProcessGroup: world size must be positive, got ", size_);
+  check_rank("ProcessGroup", "rank", rank_, size_);
+}
+
+std::string ProcessGroup::group_name() const {
+  std::lock_guard lock(mutex_);
+  return group_name_;
+}
+void ProcessGroup::set_group_name(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  group_name_ = name;
+}
+std::string ProcessGroup::group_desc() const {
+  std::lock_guard lock(mutex_);
+  return group_desc_;
+}
+void ProcessGroup::set_group_desc(const std::string& desc) {
+  std::lock_guard lock(mutex_);
+  group_desc_ = desc;
+}
+
+void ProcessGroup::register_backend(DeviceType device, std::shared_ptr<Backend> backend) {
+  C10D_CHECK_ARG(backend != nullptr, "register_backend: backend is None");
+  std::lock_guard lock(mutex_);
+  backends_[device] = std::move(backend);
+}
+
+std::shared_ptr<Backend> ProcessGroup::get_backend(DeviceType device) const {
+  std::lock_guard lock(mutex_);
+  auto it = backends_.find(device);
+  if (it == backends_.end()) {
+    throw core::InvalidArgument("No backend of process group '" + group_name_ +
+                                "' serves device type " + core::Device{device, 0}.str());
+  }
+  return it->second;
+}
+
+std::vector<DeviceType> ProcessGroup::device_types() const {
+  std::lock_guard lock(mutex_);
+  std::vector<DeviceType> out;
+  for (const auto& [device, backend] : backends_) out.push_back(device);
+  return out;
+}
+
+void ProcessGroup::register_on_completion_hook(Hook hook) {
+  std::lock_guard lock(mutex_);
+  hooks_.push_back(std::move(hook));
+}
+
+bool ProcessGroup::has_hooks() const {
+  std::lock_guard lock(mutex_);
+  return !hooks_.empty();
+}
+
+DeviceType ProcessGroup::device_of(const std::vector<Tensor>& tensors) const {
+  return tensors.empty() ? DeviceType::kCPU : tensors.front().device().type;
+}
+
+template <typename Fn>
+WorkPtr ProcessGroup::dispatch(OpType op, DeviceType device, Fn&& fn) {
+  std::shared_ptr<Backend> backend = get_backend(device);
+  const uint64_t seq = ++seq_;
+  std::vector<Hook> hooks;
+  {
+    std::lock_guard lock(mutex_);
+    hooks = hooks_;
+  }
+  const auto started = core::Clock::now();
+  WorkPtr work = fn(*backend);
+  if (!hooks.empty() && work) {
+    work->get_future()->add_callback([hooks = std::move(hooks), op, seq, started](core::Future&) {
+      auto info = std::make_shared<WorkInfo>();
+      info->op_type = op;
+      info->seq = seq;
+      info->time_started = started;
+      info->time_finished = core::Clock::now();
+      info->active_duration = info->time_finished - started;
+      for (const auto& hook : hooks) {
+        try {
+          hook(info);
+        } catch (const std::exception& e) {
+          core::log(core::LogLevel::kWarning,
+                    std::string("a completion hook raised: ") + e.what());
+        }
+      }
+    });
+  }
+  return work;
+}
+
+WorkPtr ProcessGroup::broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts) {
+  check_tensor_list("broadcast", tensors);
+  check_rank("broadcast", "root rank", opts.root_rank, size_);
+  C10D_CHECK_ARG(opts.root_tensor >= 0 && opts.root_tensor < int64_t(tensors.size()),
+                 "broadcast: invalid root tensor index ", opts.root_tensor);
+  return dispatch(OpType::kBroadcast, device_of(tensors),
+                  [&](Backend& b) { return b.broadcast(tensors, opts); });
+}
+
+WorkPtr ProcessGroup::allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts) {
+  check_tensor_list("allreduce", tensors);
+  check_reduce("allreduce", tensors.front(), opts.reduce_op);
+  return dispatch(OpType::kAllreduce, device_of(tensors),
+                  [&](Backend& b) { return b.allreduce(tensors, opts); });
+}
+
+WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
+                                          const AllreduceCoalescedOptions& opts) {
+  check_tensor_list("allreduce_coalesced", tensors, /*same_shape=*/false);
+  check_reduce("allreduce_coalesced", tensors.front(), opts.reduce_op);
+  return dispatch(OpType::kAllreduceCoalesced, device_of(tensors),
+                  [&](Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+}
+
+WorkPtr ProcessGroup::reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts) {
+  check_tensor_list("reduce", tensors);
+  check_rank("reduce", "root rank", opts.root_rank, size_);
+  check_reduce("reduce", tensors.front(), opts.reduce_op);
+  return dispatch(OpType::kReduce, device_of(tensors),
+                  [&](Backend& b) { return b.reduce(tensors, opts); });
+}
+
+namespace {
+// Checks outputs[i] holds `size` tensors shaped and typed like inputs[i].
+void check_gathered(std::string_view op, std::vector<std::vector<Tensor>>& outputs,
+                    std::vector<Tensor>& inputs, int size) {
+  check_list_length(op, "the output list", outputs.size(), inputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    check_list_length(op, "each output list", outputs[i].size(), static_cast<size_t>(size));
+    check_tensor_list(op, outputs[i]);
+    check_same_dtype(op, outputs[i].front(), inputs[i]);
+    C10D_CHECK_ARG(outputs[i].front().numel() == inputs[i].numel(), op, ": output tensors ",
+                   outputs[i].front().str(), " must have as many elements as the input ",
+                   inputs[i].str());
+  }
+}
+}  // namespace
+
+WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
+                                std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
+  check_tensor_list("allgather", inputs);
+  check_gathered("allgather", outputs, inputs, size_);
+  return dispatch(OpType::kAllgather, device_of(inputs),
+                  [&](Backend& b) { return b.allgather(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroup::allgather_base(Tensor& output, Tensor& input,
+                                     const AllgatherOptions& opts) {
+  check_tensor("_allgather_base", output);
+  check_tensor("_allgather_base", input);
+  check_same_dtype("_allgather_base", output, input);
+  check_numel_ratio("_allgather_base", output, input, size_);
+  return dispatch(OpType::kAllgatherBase, input.device().type,
+                  [&](Backend& b) { return b.allgather_base(output, input, opts); });
+}
+
+WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
+                                          std::vector<Tensor>& inputs,
+                                          const AllgatherOptions& opts) {
+  check_tensor_list("allgather_coalesced", inputs, /*same_shape=*/false);
+  check_list_length("allgather_coalesced", "the output lists", outputs.size(),
+                    static_cast<size_t>(size_));
+  for (auto& per_rank : outputs) {
+    check_list_length("allgather_coalesced", "each output list", per_rank.size(), inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_tensor("allgather_coalesced", per_rank[i]);
+      check_same_dtype("allgather_coalesced", per_rank[i], inputs[i]);
+      check_numel_ratio("allgather_coalesced", per_rank[i], inputs[i], 1);
+    }
+  }
+  return dispatch(OpType::kAllgatherCoalesced, device_of(inputs),
+                  [&](Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                      std::vector<Tensor>& inputs,
+                                                      const AllgatherOptions& opts) {
+  check_list_length("allgather_into_tensor_coalesced", "outputs", outputs.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor("allgather_into_tensor_coalesced", inputs[i]);
+    check_tensor("allgather_into_tensor_coalesced", outputs[i]);
+    check_same_dtype("allgather_into_tensor_coalesced", outputs[i], inputs[i]);
+    check_numel_ratio("allgather_into_tensor_coalesced", outputs[i], inputs[i], size_);
+  }
+  return dispatch(OpType::kAllgatherCoalesced, device_of(inputs), [&](Backend& b) {
+    return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
+  });
+}
+
+WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs,
+                             std::vector<Tensor>& inputs, const GatherOptions& opts) {
+  check_rank("gather", "root rank", opts.root_rank, size_);
+  check_list_length("gather", "the input list", inputs.size(), 1);
+  check_tensor("gather", inputs[0]);
+  if (rank_ == opts.root_rank) {
+    check_gathered("gather", outputs, inputs, size_);
+  } else {
+    C10D_CHECK_ARG(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                   "gather: only the root rank (", opts.root_rank,
+                   ") may pass output tensors; rank ", rank_, " passed some");
+  }
+  return dispatch(OpType::kGather, inputs[0].device().type,
+                  [&](Backend& b) { return b.gather(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroup::scatter(std::vector<Tensor>& outputs,
+                              std::vector<std::vector<Tensor>>& inputs,
+                              const ScatterOptions& opts) {
+  check_rank("scatter", "root rank", opts.root_rank, size_);
+  check_list_length("scatter", "the output list", outputs.size(), 1);
+  check_tensor("scatter", outputs[0]);
+  if (rank_ == opts.root_rank) {
+    check_gathered("scatter", inputs, outputs, size_);
+  } else {
+    C10D_CHECK_ARG(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                   "scatter: only the root rank (", opts.root_rank,
+                   ") may pass input tensors; rank ", rank_, " passed some");
+  }
+  return dispatch(OpType::kScatter, outputs[0].device().type,
+                  [&](Backend& b) { return b.scatter(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroup::reduce_scatter(std::vector<Tensor>& outputs,
+                                     std::vector<std::vector<Tensor>>& inputs,
+                                     const ReduceScatterOptions& opts) {
+  check_tensor_list("reduce_scatter", outputs);
+  check_reduce("reduce_scatter", outputs.front(), opts.reduce_op);
+  check_gathered("reduce_scatter", inputs, outputs, size_);
+  return dispatch(OpType::kReduceScatter, device_of(outputs),
+                  [&](Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroup::reduce_scatter_base(Tensor& output, Tensor& input,
+                                          const ReduceScatterOptions& opts) {
+  check_tensor("_reduce_scatter_base", output);
+  check_tensor("_reduce_scatter_base", input);
+  check_same_dtype("_reduce_scatter_base", output, input);
+  check_numel_ratio("_reduce_scatter_base", input, output, size_);
+  check_reduce("_reduce_scatter_base", output, opts.reduce_op);
+  return dispatch(OpType::kReduceScatterBase, input.device().type,
+                  [&](Backend& b) { return b.reduce_scatter_base(output, input, opts); });
+}
+
+WorkPtr ProcessGroup::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                      std::vector<Tensor>& inputs,
+                                                      const ReduceScatterOptions& opts) {
+  check_list_length("reduce_scatter_tensor_coalesced", "outputs", outputs.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor("reduce_scatter_tensor_coalesced", inputs[i]);
+    check_tensor("reduce_scatter_tensor_coalesced", outputs[i]);
+    check_same_dtype("reduce_scatter_tensor_coalesced", outputs[i], inputs[i]);
+    check_numel_ratio("reduce_scatter_tensor_coalesced", inputs[i], outputs[i], size_);
+    check_reduce("reduce_scatter_tensor_coalesced", outputs[i], opts.reduce_op);
+  }
+  return dispatch(OpType::kReduceScatterBase, device_of(inputs), [&](Backend& b) {
+    return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  });
+}
+
+WorkPtr ProcessGroup::alltoall_base(Tensor& output, Tensor& input,
+                                    std::vector<int64_t>& output_split_sizes,
+                                    std::vector<int64_t>& input_split_sizes,
+                                    const AllToAllOptions& opts) {
+  check_tensor("alltoall_base", output);
+  check_tensor("alltoall_base", input);
+  check_same_dtype("alltoall_base", output, input);
+  check_splits("alltoall_base", "output split sizes", output, output_split_sizes, size_);
+  check_splits("alltoall_base", "input split sizes", input, input_split_sizes, size_);
+  return dispatch(OpType::kAlltoallBase, input.device().type, [&](Backend& b) {
+    return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  });
+}
+
+WorkPtr ProcessGroup::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                               const AllToAllOptions& opts) {
+  check_list_length("alltoall", "the output list", outputs.size(), static_cast<size_t>(size_));
+  check_list_length("alltoall", "the input list", inputs.size(), static_cast<size_t>(size_));
+  check_tensor_list("alltoall", outputs, /*same_shape=*/false);
+  check_tensor_list("alltoall", inputs, /*same_shape=*/false);
+  check_same_dtype("alltoall", outputs.front(), inputs.front());
+  return dispatch(OpType::kAlltoall, device_of(inputs),
+                  [&](Backend& b) { return b.alltoall(outputs, inputs, opts); });
+}
+
+WorkPtr ProcessGroup::send(std::vector<Tensor>& tensors, int dst_rank, int tag) {
+  check_tensor_list("send", tensors, /*same_shape=*/false);
+  check_rank("send", "destination rank", dst_rank, size_);
+  C10D_CHECK_ARG(dst_rank != rank_, "send: rank ", rank_,
+                 " cannot send to itself (destination rank == own rank)");
+  return dispatch(OpType::kSend, device_of(tensors),
+                  [&](Backend& b) { return b.send(tensors, dst_rank, tag); });
+}
+
+WorkPtr ProcessGroup::recv(std::vector<Tensor>& tensors, int src_rank, int tag) {
+  check_tensor_list("recv", tensors, /*same_shape=*/false);
+  check_rank("recv", "source rank", src_rank, size_);
+  C10D_CHECK_ARG(src_rank != rank_, "recv: rank ", rank_,
+                 " cannot receive from itself (source rank == own rank)");
+  return dispatch(OpType::kRecv, device_of(tensors),
+                  [&](Backend& b) { return b.recv(tensors, src_rank, tag); });
+}
+
+WorkPtr ProcessGroup::recv_anysource(std::vector<Tensor>& tensors, int tag) {
+  check_tensor_list("recv_anysource", tensors, /*same_shape=*/false);
+  C10D_CHECK_ARG(size_ > 1, "recv_anysource: a group of one rank has nobody to receive from");
+  return dispatch(OpType::kRecvAnySource, device_of(tensors),
+                  [&](Backend& b) { return b.recv_anysource(tensors, tag); });
+}
+
+WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
+  return dispatch(OpType::kBarrier, DeviceType::kCPU,
+                  [&](Backend& b) { return b.barrier(opts); });
+}
+
+void ProcessGroup::monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks) {
+  get_backend(DeviceType::kCPU)->monitored_barrier(opts, wait_all_ranks);
+}
+
+void ProcessGroup::shutdown() {
+  std::map<DeviceType, std::shared_ptr<Backend>> backends;
+  {
+    std::lock_guard lock(mutex_);
+    backends = backends_;
+  }
+  for (auto& [device, backend] : backends) backend->shutdown();
+}
+
+}  // namespace c10d::pg

@@ -1,0 +1,123 @@
+// ProcessGroup: a set of ranks that run collectives together. It owns one Backend per device
+// type, validates every call once (so no backend has to), numbers the collectives, and runs
+// completion hooks. Thread-safe: collectives may be issued from any thread, but every rank
+// must issue them in the same order, as with torch.distributed.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "c10d/pg/backend.h"
+#include "c10d/store/store.h"
+
+namespace c10d::pg {
+
+// What a completion hook learns about a finished operation.
+struct WorkInfo {
+  core::OpType op_type = core::OpType::kUnknown;
+  uint64_t seq = 0;
+  core::Clock::time_point time_started;
+  core::Clock::time_point time_finished;
+  std::chrono::nanoseconds active_duration{0};
+};
+
+struct ProcessGroupOptions {
+  std::string backend = "undefined";
+  Millis timeout = kDefaultPgTimeout;
+};
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  using Options = ProcessGroupOptions;
+  using Hook = std::function<void(std::shared_ptr<WorkInfo>)>;
+
+  ProcessGroup(std::shared_ptr<store::Store> store, int rank, int size, Options options = {});
+  virtual ~ProcessGroup() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Options& options() const { return options_; }
+  const std::string& backend_name() const { return options_.backend; }
+  const std::shared_ptr<store::Store>& store() const { return store_; }
+  std::string group_name() const;
+  void set_group_name(const std::string& name);
+  std::string group_desc() const;
+  void set_group_desc(const std::string& desc);
+
+  void register_backend(core::DeviceType device, std::shared_ptr<Backend> backend);
+  // Throws InvalidArgument naming the device when no backend serves it.
+  std::shared_ptr<Backend> get_backend(core::DeviceType device) const;
+  std::vector<core::DeviceType> device_types() const;
+
+  // Number of collectives issued so far on this group.
+  uint64_t sequence_number() const { return seq_.load(); }
+  void register_on_completion_hook(Hook hook);
+  bool has_hooks() const;
+  void enable_collectives_timing() { timing_enabled_ = true; }
+  bool collectives_timing_enabled() const { return timing_enabled_; }
+
+  WorkPtr broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts = {});
+  WorkPtr allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts = {});
+  WorkPtr allreduce_coalesced(std::vector<Tensor>& tensors,
+                              const AllreduceCoalescedOptions& opts = {});
+  WorkPtr reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts = {});
+  WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                    const AllgatherOptions& opts = {});
+  WorkPtr allgather_base(Tensor& output, Tensor& input, const AllgatherOptions& opts = {});
+  WorkPtr allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
+                              std::vector<Tensor>& inputs, const AllgatherOptions& opts = {});
+  WorkPtr allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
+                                          std::vector<Tensor>& inputs,
+                                          const AllgatherOptions& opts = {});
+  WorkPtr gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                 const GatherOptions& opts = {});
+  WorkPtr scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
+                  const ScatterOptions& opts = {});
+  WorkPtr reduce_scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
+                         const ReduceScatterOptions& opts = {});
+  WorkPtr reduce_scatter_base(Tensor& output, Tensor& input,
+                              const ReduceScatterOptions& opts = {});
+  WorkPtr reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
+                                          std::vector<Tensor>& inputs,
+                                          const ReduceScatterOptions& opts = {});
+  WorkPtr alltoall_base(Tensor& output, Tensor& input, std::vector<int64_t>& output_split_sizes,
+                        std::vector<int64_t>& input_split_sizes,
+                        const AllToAllOptions& opts = {});
+  WorkPtr alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                   const AllToAllOptions& opts = {});
+  WorkPtr send(std::vector<Tensor>& tensors, int dst_rank, int tag = 0);
+  WorkPtr recv(std::vector<Tensor>& tensors, int src_rank, int tag = 0);
+  WorkPtr recv_anysource(std::vector<Tensor>& tensors, int tag = 0);
+  WorkPtr barrier(const BarrierOptions& opts = {});
+  void monitored_barrier(const BarrierOptions& opts = {}, bool wait_all_ranks = false);
+
+  // Stops every backend; never blocks on peers.
+  void shutdown();
+
+ private:
+  // Numbers the operation, dispatches it to the backend for `device`, and arranges for the
+  // completion hooks to see it.
+  template <typename Fn>
+  WorkPtr dispatch(core::OpType op, core::DeviceType device, Fn&& fn);
+  core::DeviceType device_of(const std::vector<Tensor>& tensors) const;
+
+  const std::shared_ptr<store::Store> store_;
+  const int rank_;
+  const int size_;
+  const Options options_;
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> timing_enabled_{false};
+
+  mutable std::mutex mutex_;
+  std::map<core::DeviceType, std::shared_ptr<Backend>> backends_;  // guarded by mutex_
+  std::vector<Hook> hooks_;                                        // guarded by mutex_
+  std::string group_name_;                                         // guarded by mutex_
+  std::string group_desc_;                                         // guarded by mutex_
+};
+
+}  // namespace c10d::pg

@@ -1,0 +1,70 @@
+#include "c10d/pg/validate.h"
+
+#include <numeric>
+
+#include "c10d/core/exception.h"
+
+namespace c10d::pg {
+
+void check_rank(std::string_view op, std::string_view what, int64_t rank, int size) {
+  C10D_CHECK_ARG(rank >= 0 && rank < size, op, ": invalid ", what, " ", rank,
+                 " (the group has ranks 0..", size - 1, ")");
+}
+
+void check_tensor(std::string_view op, const Tensor& tensor) {
+  core::check_dense_cpu(tensor, op);
+}
+
+void check_tensor_list(std::string_view op, const std::vector<Tensor>& tensors,
+                       bool same_shape) {
+  C10D_CHECK_ARG(!tensors.empty(), op, ": the tensor list is empty");
+  for (const auto& t : tensors) check_tensor(op, t);
+  core::check_same_dtype(tensors, op);
+  if (same_shape) core::check_same_sizes(tensors, op);
+}
+
+void check_reduce(std::string_view op, const Tensor& tensor, const core::ReduceOp& reduce_op) {
+  try {
+    core::check_reduce_op(tensor.dtype(), reduce_op);
+  } catch (const core::InvalidArgument& e) {
+    throw core::InvalidArgument(std::string(op) + ": " + e.what());
+  }
+}
+
+void check_list_length(std::string_view op, std::string_view what, size_t actual,
+                       size_t expected) {
+  C10D_CHECK_ARG(actual == expected, op, ": ", what, " must hold ", expected,
+                 " tensors (one per rank), got ", actual);
+}
+
+void check_same_dtype(std::string_view op, const Tensor& output, const Tensor& input) {
+  C10D_CHECK_ARG(output.dtype() == input.dtype(), op, ": output is ",
+                 core::dtype_name(output.dtype()), " but input is ",
+                 core::dtype_name(input.dtype()), "; they must match");
+}
+
+void check_numel_ratio(std::string_view op, const Tensor& big, const Tensor& small,
+                       int64_t factor) {
+  C10D_CHECK_ARG(big.numel() == small.numel() * factor, op, ": the larger tensor ", big.str(),
+                 " must hold exactly ", factor, " x the elements of ", small.str());
+}
+
+void check_splits(std::string_view op, std::string_view what, const Tensor& tensor,
+                  const std::vector<int64_t>& splits, int size) {
+  const int64_t dim0 = tensor.dim() == 0 ? 1 : tensor.sizes()[0];
+  if (splits.empty()) {
+    C10D_CHECK_ARG(dim0 % size == 0, op, ": ", what, " dimension 0 (", dim0,
+                   ") does not divide evenly among ", size, " ranks; pass split sizes");
+    return;
+  }
+  check_list_length(op, what, splits.size(), static_cast<size_t>(size));
+  int64_t total = 0;
+  for (int64_t s : splits) {
+    C10D_CHECK_ARG(s >= 0, op, ": ", what, " has a negative split size ", s);
+    total += s;
+  }
+  C10D_CHECK_ARG(total == dim0, op, ": ", what, " sum to ", total,
+                 " but the tensor's dimension 0 is ", dim0);
+}
+
+}  // namespace c10d::pg
