@@ -31,6 +31,8 @@
 
 #define C10D_INLINE [[gnu::always_inline]] inline
 #define C10D_TARGET_AVX2 [[gnu::target("avx2,f16c")]]
+// For lambdas, where a GNU attribute after the parameter list applies to the call operator.
+#define C10D_TARGET_AVX2_LAMBDA __attribute__((target("avx2,f16c"), always_inline))
 
 namespace c10d::core {
 
@@ -223,39 +225,55 @@ struct LogicalXor {
 // ---------------------------------------------------------------------------------------------
 // Half-precision formats: scalar conversions (portable path) and 8-lane ones (AVX2 path).
 
+// The AVX2 side works on 16 elements at a time, held as two float32 vectors `lo` and `hi`.
+// Which element sits in which lane is each format's business: the operations are element-wise,
+// so a format only has to make store16 undo exactly what load16 did.
+struct Float32x16 {
+  __m256 lo, hi;
+};
+
 struct HalfFormat {
   C10D_INLINE static float to_float(uint16_t h) { return half_to_float(h); }
   C10D_INLINE static uint16_t from_float(float f) { return float_to_half(f); }
-  C10D_TARGET_AVX2 C10D_INLINE static __m256 load8(const uint16_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  // Elements 0-7 in lo, 8-15 in hi, converted by F16C.
+  C10D_TARGET_AVX2 C10D_INLINE static Float32x16 load16(const uint16_t* p) {
+    const auto* q = reinterpret_cast<const __m128i*>(p);
+    return {_mm256_cvtph_ps(_mm_loadu_si128(q)), _mm256_cvtph_ps(_mm_loadu_si128(q + 1))};
   }
-  C10D_TARGET_AVX2 C10D_INLINE static void store8(uint16_t* p, __m256 v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  C10D_TARGET_AVX2 C10D_INLINE static void store16(uint16_t* p, Float32x16 v) {
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m256i packed = _mm256_set_m128i(_mm256_cvtps_ph(v.hi, kRound), _mm256_cvtps_ph(v.lo, kRound));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
   }
 };
 
 struct BFloat16Format {
   C10D_INLINE static float to_float(uint16_t h) { return bfloat16_to_float(h); }
   C10D_INLINE static uint16_t from_float(float f) { return float_to_bfloat16(f); }
-  C10D_TARGET_AVX2 C10D_INLINE static __m256 load8(const uint16_t* p) {
-    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  // A bfloat16 is the upper half of a float32, so widening is interleaving with zeros: lo gets
+  // elements 0-3 and 8-11, hi gets 4-7 and 12-15 (the unpacks work per 128-bit half).
+  C10D_TARGET_AVX2 C10D_INLINE static Float32x16 load16(const uint16_t* p) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i zero = _mm256_setzero_si256();
+    return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, x)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, x))};
   }
-  C10D_TARGET_AVX2 C10D_INLINE static void store8(uint16_t* p, __m256 v) {
+  // Round to nearest-even: add 0x7FFF plus the lowest kept bit, then keep the upper 16 bits.
+  // NaN needs no special case here, unlike float_to_bfloat16: every value reaching this point
+  // is the result of arithmetic on bfloat16 inputs and finite float scalars, and a NaN from
+  // such arithmetic is either an input's NaN or the default NaN, both with their low 16 bits
+  // zero, which the rounding add leaves alone.
+  C10D_TARGET_AVX2 C10D_INLINE static __m256i round_to_upper(__m256 v) {
     const __m256i bits = _mm256_castps_si256(v);
-    // Round to nearest-even: add 0x7FFF plus the lowest kept bit, then drop 16 bits.
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    const __m256i rounded =
-        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd), 16);
-    // NaN: truncate and set the quiet bit instead, so rounding cannot turn it into inf.
-    const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
-    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    const __m256i result = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-    // Every lane holds 0..0xFFFF, so the signed-saturating pack is exact; the pack works per
-    // 128-bit half, and the permute puts the four 64-bit pieces back in order.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(result, result), 0xD8);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
+    return _mm256_srli_epi32(sum, 16);
+  }
+  // Every lane holds 0..0xFFFF, so the saturating pack is exact, and packing lo with hi per
+  // 128-bit half is the inverse of the unpacks in load16.
+  C10D_TARGET_AVX2 C10D_INLINE static void store16(uint16_t* p, Float32x16 v) {
+    const __m256i packed = _mm256_packus_epi32(round_to_upper(v.lo), round_to_upper(v.hi));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
   }
 };
 
@@ -291,30 +309,25 @@ C10D_INLINE void combine_half_portable(uint16_t* out, const uint16_t* a, const u
   }
 }
 
-// Eight-lane float32 function applied to a half-precision buffer: 16 lanes per step, then 8,
-// then a zero-padded remainder, so every element goes through the same vector arithmetic.
-// All loads of a step happen before its stores, which keeps exact aliasing safe.
+// An eight-lane float32 function applied to half-precision buffers, 16 elements per step and
+// a zero-padded remainder, so every element goes through the same vector arithmetic. All
+// loads of a step happen before its stores, which keeps exact aliasing safe.
 template <typename Format, typename Fn>
 C10D_TARGET_AVX2 C10D_INLINE void map_half_avx2(uint16_t* out, const uint16_t* a,
                                                  const uint16_t* b, size_t n, Fn fn) {
+  auto step = [fn](uint16_t* o, const uint16_t* x, const uint16_t* y) C10D_TARGET_AVX2_LAMBDA {
+    const Float32x16 u = Format::load16(x), v = Format::load16(y);
+    Format::store16(o, {fn(u.lo, v.lo), fn(u.hi, v.hi)});
+  };
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a0 = Format::load8(a + i), a1 = Format::load8(a + i + 8);
-    const __m256 b0 = Format::load8(b + i), b1 = Format::load8(b + i + 8);
-    Format::store8(out + i, fn(a0, b0));
-    Format::store8(out + i + 8, fn(a1, b1));
-  }
-  if (i + 8 <= n) {
-    Format::store8(out + i, fn(Format::load8(a + i), Format::load8(b + i)));
-    i += 8;
-  }
+  for (; i + 16 <= n; i += 16) step(out + i, a + i, b + i);
   if (i < n) {
-    const size_t rest = n - i;
-    uint16_t pa[8] = {}, pb[8] = {}, po[8];
-    std::memcpy(pa, a + i, rest * sizeof(uint16_t));
-    std::memcpy(pb, b + i, rest * sizeof(uint16_t));
-    Format::store8(po, fn(Format::load8(pa), Format::load8(pb)));
-    std::memcpy(out + i, po, rest * sizeof(uint16_t));
+    const size_t bytes = (n - i) * sizeof(uint16_t);
+    uint16_t pa[16] = {}, pb[16] = {}, po[16];
+    std::memcpy(pa, a + i, bytes);
+    std::memcpy(pb, b + i, bytes);
+    step(po, pa, pb);
+    std::memcpy(out + i, po, bytes);
   }
 }
 
