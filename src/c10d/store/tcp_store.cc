@@ -1,1 +1,475 @@
 #include "c10d/store/tcp_store.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "c10d/core/exception.h"
+#include "c10d/store/tcp_server.h"
+#include "c10d/store/wire.h"
+
+namespace c10d::store {
+namespace {
+
+using core::Deadline;
+using core::detail::str_cat;
+using wire::QueryType;
+
+// The key PyTorch's clients use to count registered workers; sent without the "/" prefix.
+constexpr const char* kInitKey = "init/";
+constexpr const char* kKeyPrefix = "/";
+
+constexpr Millis kFirstBackoff{20};
+constexpr Millis kMaxBackoff{1000};
+
+std::string endpoint(const std::string& host, uint16_t port) {
+  if (host.find(':') != std::string::npos) return str_cat("[", host, "]:", port);
+  return str_cat(host, ":", port);
+}
+
+// "2" for 2000 ms, "0.5" for 500 ms: the N of "Timed out after N seconds".
+std::string seconds_text(Millis timeout) {
+  if (timeout.count() % 1000 == 0) return std::to_string(timeout.count() / 1000);
+  std::string s = std::to_string(timeout.count() / 1000.0);
+  s.erase(s.find_last_not_of('0') + 1);
+  return s;
+}
+
+// Process-wide registry of servers shared by multi_tenant stores, keyed by (host, port).
+struct ServerRegistry {
+  std::mutex mu;
+  std::map<std::pair<std::string, uint16_t>, std::weak_ptr<TCPServer>> servers;  // GUARDED_BY(mu)
+
+  static ServerRegistry& instance() {
+    static auto* registry = new ServerRegistry;  // never destroyed: usable during exit
+    return *registry;
+  }
+};
+
+std::shared_ptr<TCPServer> start_server(const std::string& host, const TCPStoreOptions& opts) {
+  TCPServerOptions server_opts;
+  server_opts.port = opts.port;
+  server_opts.listen_fd = opts.master_listen_fd;
+  if (!opts.multi_tenant) return std::make_shared<TCPServer>(server_opts);
+
+  auto& registry = ServerRegistry::instance();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  if (opts.port != 0) {
+    auto it = registry.servers.find({host, opts.port});
+    if (it != registry.servers.end()) {
+      if (auto server = it->second.lock()) return server;
+    }
+  }
+  auto server = std::make_shared<TCPServer>(server_opts);
+  registry.servers[{host, server->port()}] = server;
+  return server;
+}
+
+}  // namespace
+
+// One request/reply exchange: holds the connection's mutex, encodes the request, reads the
+// reply with the store timeout as deadline, and turns socket failures into errors that name
+// the store and the operation. A failure other than a cancelled wait marks the connection
+// unusable, because the reply stream may be out of step with the requests.
+class TCPStore::Call {
+ public:
+  Call(TCPStore& store, const char* op)
+      : store_(store), op_(op), lock_(store.mu_), deadline_(store.timeout()) {
+    if (!store_.broken_.empty()) {
+      throw core::DistNetworkError(str_cat(
+          prefix(), "the connection to the store server at ",
+          endpoint(store_.host_, store_.port_),
+          " is unusable after an earlier error: ", store_.broken_));
+    }
+  }
+
+  std::string prefix() const { return str_cat(store_.describe(), ": ", op_, ": "); }
+  const Deadline& deadline() const { return deadline_; }
+
+  wire::Encoder& request() { return request_; }
+
+  // Prefixes a user key and checks it against the protocol limit.
+  std::string key(const std::string& user_key) const {
+    std::string k = kKeyPrefix + user_key;
+    if (k.size() > wire::kMaxKeyLen) {
+      throw core::InvalidArgument(str_cat(prefix(), "key of ", user_key.size(),
+                                          " bytes exceeds the limit of ",
+                                          wire::kMaxKeyLen - 1, " bytes"));
+    }
+    return k;
+  }
+  void check_value(const Bytes& value) const {
+    if (value.size() > wire::kMaxValueLen) {
+      throw core::InvalidArgument(str_cat(prefix(), "value of ", value.size(),
+                                          " bytes exceeds the limit of ", wire::kMaxValueLen,
+                                          " bytes"));
+    }
+  }
+  void check_count(size_t n) const {
+    if (n > wire::kMaxKeysPerOp) {
+      throw core::InvalidArgument(str_cat(prefix(), n, " keys exceed the limit of ",
+                                          wire::kMaxKeysPerOp, " keys per operation"));
+    }
+  }
+  void keys(const std::vector<std::string>& user_keys) {
+    check_count(user_keys.size());
+    request_.u64(user_keys.size());
+    for (const auto& k : user_keys) request_.str(key(k));
+  }
+
+  void send() {
+    guarded([&] {
+      store_.socket_.send_all(request_.buffer().data(), request_.buffer().size(), deadline_);
+    });
+    request_.clear();
+  }
+
+  bool readable(const Deadline& deadline) {
+    return guarded([&] { return store_.socket_.wait_readable(deadline); });
+  }
+  uint8_t u8() { return read<uint8_t>(); }
+  uint32_t u32() { return read<uint32_t>(); }
+  int64_t i64() { return read<int64_t>(); }
+  Bytes bytes() {
+    auto size = read<uint64_t>();
+    if (size > wire::kMaxReplyLen) protocol_error(str_cat("reply length ", size));
+    Bytes value(size);
+    guarded([&] { store_.socket_.recv_exact(value.data(), value.size(), deadline_); });
+    return value;
+  }
+  std::string str() {
+    Bytes b = bytes();
+    return std::string(b.begin(), b.end());
+  }
+  int64_t count() {
+    int64_t n = i64();
+    if (n < 0 || static_cast<uint64_t>(n) > wire::kMaxReplyLen) {
+      protocol_error(str_cat("count ", n));
+    }
+    return n;
+  }
+
+  [[noreturn]] void protocol_error(const std::string& what) {
+    store_.broken_ = str_cat("unexpected ", what, " in a reply");
+    store_.socket_.close();
+    throw core::DistStoreError(str_cat(prefix(), store_.broken_));
+  }
+
+  // Waits for a WAIT (or BARRIER) reply until `deadline`; on expiry cancels the wait on the
+  // server. Returns true when the keys arrived (STOP_WAITING came first), false when the
+  // wait was cancelled. The connection stays in step either way.
+  bool wait_reply(const Deadline& deadline) {
+    const bool ready = readable(deadline);
+    // The wait may have used up the call's deadline; what follows gets a fresh one.
+    deadline_ = Deadline(store_.timeout());
+    if (ready) {
+      expect_byte(static_cast<uint8_t>(wire::WaitReply::kStopWaiting), "wait reply");
+      return true;
+    }
+    request_.query(QueryType::kCancelWait);
+    send();
+    uint8_t r = u8();
+    bool arrived = false;
+    if (r == static_cast<uint8_t>(wire::WaitReply::kStopWaiting)) {
+      arrived = true;
+      r = u8();
+    }
+    if (r != static_cast<uint8_t>(wire::WaitReply::kWaitCanceled)) {
+      protocol_error(str_cat("byte ", int(r), " after CANCEL_WAIT"));
+    }
+    return arrived;
+  }
+
+  void expect_byte(uint8_t expected, const char* what) {
+    uint8_t got = u8();
+    if (got != expected) protocol_error(str_cat(what, " ", int(got)));
+  }
+
+ private:
+  template <typename T>
+  T read() {
+    T value;
+    guarded([&] { store_.socket_.recv_exact(&value, sizeof value, deadline_); });
+    return value;
+  }
+
+  template <typename F>
+  auto guarded(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const core::DistTimeoutError& e) {
+      store_.broken_ = e.what();
+      store_.socket_.close();
+      throw core::DistStoreTimeoutError(str_cat(prefix(), e.what(), " (store timeout ",
+                                                core::format_timeout(store_.timeout()), ")"));
+    } catch (const core::DistNetworkError& e) {
+      store_.broken_ = e.what();
+      store_.socket_.close();
+      throw core::DistNetworkError(str_cat(prefix(), e.what()));
+    }
+  }
+
+  TCPStore& store_;
+  const char* op_;
+  std::unique_lock<std::mutex> lock_;
+  Deadline deadline_;
+  wire::Encoder request_;
+};
+
+TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
+    : Store(options.timeout), host_(std::move(host)), port_(options.port) {
+  if (options.is_server) {
+    server_ = start_server(host_, options);
+    port_ = server_->port();
+  }
+  connect();
+  if (options.is_server && options.num_workers && options.wait_workers) {
+    wait_for_workers(*options.num_workers);
+  } else {
+    Call call(*this, "register");
+    call.request().query(QueryType::kAdd).str(kInitKey).i64(1);
+    call.send();
+    call.i64();
+  }
+}
+
+TCPStore::TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout)
+    : Store(timeout), host_(std::move(host)), port_(port) {
+  connect();
+}
+
+TCPStore::~TCPStore() {
+  // Close our connection before a server we own shuts down, so it sees an ordinary
+  // disconnect.
+  std::lock_guard<std::mutex> lock(mu_);
+  socket_.close();
+}
+
+std::string TCPStore::describe() const { return str_cat("TCPStore(", endpoint(host_, port_), ")"); }
+
+void TCPStore::connect() {
+  const Millis timeout = this->timeout();
+  const Deadline deadline(timeout);
+  const auto nonce = static_cast<uint32_t>(::getpid());
+  std::minstd_rand rng(std::random_device{}());
+  std::uniform_real_distribution<double> jitter(0.5, 1.5);
+  Millis backoff = kFirstBackoff;
+  std::string last_error;
+  while (true) {
+    net::Socket socket;
+    net::Status status = net::Socket::connect(host_, port_, deadline, socket);
+    if (status.ok()) {
+      socket.set_peer_name(str_cat("the store server at ", endpoint(host_, port_)));
+      try {
+        wire::Encoder hello;
+        hello.query(QueryType::kValidate).u32(wire::kValidationMagic);
+        hello.query(QueryType::kPing).u32(nonce);
+        socket.send_all(hello.buffer().data(), hello.buffer().size(), deadline);
+        uint32_t echo = 0;
+        socket.recv_exact(&echo, sizeof echo, deadline);
+        if (echo == nonce) {
+          std::lock_guard<std::mutex> lock(mu_);
+          socket_ = std::move(socket);
+          broken_.clear();
+          return;
+        }
+        last_error = str_cat("the server answered PING with ", echo, " instead of ", nonce);
+      } catch (const core::DistError& e) {
+        last_error = e.what();
+      }
+    } else {
+      last_error = status.message;
+    }
+    if (deadline.expired()) {
+      throw core::DistNetworkError(str_cat(describe(), ": timed out after ",
+                                           core::format_timeout(timeout),
+                                           " trying to connect to (", host_, ", ", port_,
+                                           "): ", last_error));
+    }
+    auto pause = Millis(static_cast<int64_t>(backoff.count() * jitter(rng)));
+    std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
+    backoff = std::min(Millis(backoff.count() * 3 / 2), kMaxBackoff);
+  }
+}
+
+void TCPStore::wait_for_workers(int num_workers) {
+  // BARRIER adds our registration to init/ and answers once init/ reaches num_workers; every
+  // worker's ADD on init/ re-checks it on the server, so nothing polls.
+  Call call(*this, "wait for workers");
+  call.request().query(QueryType::kBarrier).str(kInitKey).i64(num_workers);
+  call.send();
+  if (call.wait_reply(call.deadline())) return;
+  call.request().query(QueryType::kAdd).str(kInitKey).i64(0);
+  call.send();
+  int64_t joined = call.i64();
+  throw core::DistTimeoutError(str_cat(describe(), ": Timed out after ",
+                                       seconds_text(timeout()),
+                                       " seconds waiting for clients. ", joined, "/",
+                                       num_workers, " clients joined."));
+}
+
+void TCPStore::set(const std::string& key, const Bytes& value) {
+  Call call(*this, "set");
+  call.check_value(value);
+  call.request().query(QueryType::kSet).str(call.key(key)).bytes(value);
+  call.send();
+}
+
+Bytes TCPStore::compare_set(const std::string& key, const Bytes& expected,
+                            const Bytes& desired) {
+  Call call(*this, "compare_set");
+  call.check_value(expected);
+  call.check_value(desired);
+  call.request().query(QueryType::kCompareSet).str(call.key(key)).bytes(expected).bytes(desired);
+  call.send();
+  return call.bytes();
+}
+
+Bytes TCPStore::get(const std::string& key) {
+  Call call(*this, "get");
+  const Millis timeout = this->timeout();
+  std::string k = call.key(key);
+  call.request().query(QueryType::kWait).u64(1).str(k);
+  call.send();
+  if (!call.wait_reply(Deadline(timeout))) throw_wait_timeout(describe(), {key}, timeout);
+  call.request().query(QueryType::kGet).str(k);
+  call.send();
+  return call.bytes();
+}
+
+int64_t TCPStore::add(const std::string& key, int64_t delta) {
+  Call call(*this, "add");
+  call.request().query(QueryType::kAdd).str(call.key(key)).i64(delta);
+  call.send();
+  return call.i64();
+}
+
+bool TCPStore::delete_key(const std::string& key) {
+  Call call(*this, "delete_key");
+  call.request().query(QueryType::kDeleteKey).str(call.key(key));
+  call.send();
+  return call.i64() > 0;
+}
+
+bool TCPStore::check(const std::vector<std::string>& keys) {
+  Call call(*this, "check");
+  call.request().query(QueryType::kCheck);
+  call.keys(keys);
+  call.send();
+  uint8_t r = call.u8();
+  if (r == static_cast<uint8_t>(wire::CheckReply::kReady)) return true;
+  if (r == static_cast<uint8_t>(wire::CheckReply::kNotReady)) return false;
+  call.protocol_error(str_cat("CHECK reply ", int(r)));
+}
+
+int64_t TCPStore::num_keys() {
+  Call call(*this, "num_keys");
+  call.request().query(QueryType::kGetNumKeys);
+  call.send();
+  return call.i64();
+}
+
+void TCPStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+  Call call(*this, "wait");
+  call.request().query(QueryType::kWait);
+  call.keys(keys);
+  call.send();
+  // Our server only answers once every key exists; the deadline is ours to enforce.
+  if (!call.wait_reply(Deadline(timeout))) throw_wait_timeout(describe(), keys, timeout);
+}
+
+void TCPStore::append(const std::string& key, const Bytes& value) {
+  Call call(*this, "append");
+  call.check_value(value);
+  call.request().query(QueryType::kAppend).str(call.key(key)).bytes(value);
+  call.send();
+}
+
+std::vector<Bytes> TCPStore::multi_get(const std::vector<std::string>& keys) {
+  Call call(*this, "multi_get");
+  const Millis timeout = this->timeout();
+  call.request().query(QueryType::kWait);
+  call.keys(keys);
+  call.send();
+  if (!call.wait_reply(Deadline(timeout))) throw_wait_timeout(describe(), keys, timeout);
+  call.request().query(QueryType::kMultiGet);
+  call.keys(keys);
+  call.send();
+  std::vector<Bytes> values;
+  values.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) values.push_back(call.bytes());
+  return values;
+}
+
+void TCPStore::multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
+  C10D_CHECK_ARG_EQ(keys.size(), values.size(), describe(),
+                    ": multi_set: keys and values differ in length");
+  Call call(*this, "multi_set");
+  call.check_count(keys.size());
+  call.request().query(QueryType::kMultiSet).u64(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    call.check_value(values[i]);
+    call.request().str(call.key(keys[i])).bytes(values[i]);
+  }
+  call.send();
+}
+
+void TCPStore::queue_push(const std::string& key, const Bytes& value) {
+  Call call(*this, "queue_push");
+  call.check_value(value);
+  call.request().query(QueryType::kQueuePush).str(call.key(key)).bytes(value);
+  call.send();
+}
+
+Bytes TCPStore::queue_pop(const std::string& key, bool block) {
+  Call call(*this, "queue_pop");
+  const Millis timeout = this->timeout();
+  const Deadline deadline(timeout);
+  std::string k = call.key(key);
+  while (true) {
+    if (block) {
+      // WAIT returns once the queue is non-empty; another popper may still beat us to the
+      // item, in which case we wait again within the same deadline.
+      call.request().query(QueryType::kWait).u64(1).str(k);
+      call.send();
+      if (!call.wait_reply(deadline)) throw_wait_timeout(describe(), {key}, timeout);
+    }
+    call.request().query(QueryType::kQueuePop).str(k);
+    call.send();
+    if (call.i64() > 0) return call.bytes();
+    if (!block) {
+      throw core::DistQueueEmptyError(str_cat(call.prefix(), "queue '", key, "' is empty"));
+    }
+  }
+}
+
+int64_t TCPStore::queue_len(const std::string& key) {
+  Call call(*this, "queue_len");
+  call.request().query(QueryType::kQueueLen).str(call.key(key));
+  call.send();
+  return call.i64();
+}
+
+std::vector<std::string> TCPStore::list_keys() {
+  Call call(*this, "list_keys");
+  call.request().query(QueryType::kListKeys);
+  call.send();
+  int64_t n = call.count();
+  std::vector<std::string> keys;
+  for (int64_t i = 0; i < n; ++i) {
+    std::string k = call.str();
+    // Only user keys: the registration key and other clients' raw keys lack the prefix.
+    if (k.rfind(kKeyPrefix, 0) == 0) keys.push_back(k.substr(1));
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+std::shared_ptr<Store> TCPStore::clone() {
+  return std::make_shared<TCPStore>(CloneTag{}, host_, port_, timeout());
+}
+
+}  // namespace c10d::store

@@ -1,1 +1,99 @@
+// TCPStore: a Store served over TCP, wire-compatible with PyTorch's TCPStore (>= 2.4).
+// One process runs the server (is_server); every participant, the server's own process
+// included, talks to it through a client connection.
 #pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "c10d/store/socket.h"
+#include "c10d/store/store.h"
+
+namespace c10d::store {
+
+class TCPServer;
+
+struct TCPStoreOptions {
+  uint16_t port = 29500;
+  bool is_server = false;
+  std::optional<int> num_workers;  // world size; nullopt = not fixed
+  bool wait_workers = true;
+  Millis timeout = kDefaultStoreTimeout;
+  bool multi_tenant = false;  // share one TCPServer per (host, port) inside a process
+  std::optional<int> master_listen_fd;
+  bool use_libuv = true;  // we always use libuv; kept for API compatibility
+};
+
+// Thread-safe: one connection per TCPStore, guarded by a mutex, so concurrent calls on one
+// instance are serialised (a blocking wait/get holds the connection until it returns; use
+// clone() for an independent connection). Every read from the server has a deadline (the
+// store timeout), so a dead or silent server turns into an error, never a hang. After a
+// network error or a timed-out reply the connection is unusable and every later call fails
+// at once with DistNetworkError; a timed-out wait()/get() is cancelled cleanly and leaves the
+// connection usable.
+//
+// User keys travel with a "/" prefix (as PyTorch's client sends them); each instance except
+// clones registers by adding 1 to the unprefixed key "init/", which num_keys() counts.
+class TCPStore : public Store {
+ public:
+  // Starts the server first when options.is_server, then connects (retrying with backoff
+  // until the timeout) and registers. With is_server, num_workers and wait_workers, waits
+  // until num_workers instances have registered, else throws DistTimeoutError "Timed out
+  // after N seconds waiting for clients. x/y clients joined."
+  explicit TCPStore(std::string host, const TCPStoreOptions& options = {});
+  ~TCPStore() override;
+
+  uint16_t port() const { return port_; }  // the real port, after port 0 was resolved
+  const std::string& host() const { return host_; }
+  bool libuv_backend() const { return true; }
+
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected,
+                    const Bytes& desired) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool delete_key(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t num_keys() override;
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+
+  void append(const std::string& key, const Bytes& value) override;
+  std::vector<Bytes> multi_get(const std::vector<std::string>& keys) override;
+  void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
+  bool has_extended_api() const override { return true; }
+
+  void queue_push(const std::string& key, const Bytes& value) override;
+  Bytes queue_pop(const std::string& key, bool block) override;
+  int64_t queue_len(const std::string& key) override;
+  std::vector<std::string> list_keys() override;
+  std::shared_ptr<Store> clone() override;
+
+  std::string describe() const override;
+
+ private:
+  struct CloneTag {};
+  class Call;
+
+ public:
+  // Used by clone(): a second connection to the same server, without registering.
+  TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout);
+
+ private:
+  void connect();
+  void wait_for_workers(int num_workers);
+
+  const std::string host_;
+  uint16_t port_;
+  std::shared_ptr<TCPServer> server_;  // set when this instance started (or shares) the server
+
+  std::mutex mu_;  // guards socket_ and broken_; held for the whole of each request
+  net::Socket socket_;
+  std::string broken_;  // why the connection became unusable; empty while it is fine
+};
+
+}  // namespace c10d::store

@@ -1,1 +1,648 @@
-// (filled in by its owner)
+// TCPStore client and server: behaviour through the public API, and the server's protocol
+// handling and robustness through raw sockets speaking the wire format directly.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "c10d/core/exception.h"
+#include "c10d/store/socket.h"
+#include "c10d/store/tcp_server.h"
+#include "c10d/store/tcp_store.h"
+#include "c10d/store/wire.h"
+
+namespace c10d::store {
+namespace {
+
+using namespace std::chrono_literals;
+using core::Deadline;
+using wire::Encoder;
+using wire::QueryType;
+
+constexpr const char* kHost = "127.0.0.1";
+
+TCPStoreOptions server_options(Millis timeout = 10s) {
+  TCPStoreOptions o;
+  o.port = 0;
+  o.is_server = true;
+  o.timeout = timeout;
+  return o;
+}
+
+TCPStoreOptions client_options(uint16_t port, Millis timeout = 10s) {
+  TCPStoreOptions o;
+  o.port = port;
+  o.timeout = timeout;
+  return o;
+}
+
+// A raw protocol client for tests that must control the exact bytes.
+struct RawClient {
+  net::Socket sock;
+
+  explicit RawClient(uint16_t port, bool validate = true) {
+    net::Status st = net::Socket::connect(kHost, port, Deadline(5s), sock);
+    EXPECT_TRUE(st.ok()) << st.message;
+    sock.set_peer_name("test server");
+    if (validate) send(Encoder().query(QueryType::kValidate).u32(wire::kValidationMagic));
+  }
+  void send(const Encoder& e) { send(e.buffer()); }
+  void send(const std::string& bytes) { sock.send_all(bytes.data(), bytes.size(), Deadline(5s)); }
+  template <typename T>
+  T read() {
+    T v;
+    sock.recv_exact(&v, sizeof v, Deadline(5s));
+    return v;
+  }
+  // True once the server has closed this connection (within the deadline).
+  bool closed_by_server() {
+    try {
+      char c;
+      sock.recv_exact(&c, 1, Deadline(5s));
+      return false;
+    } catch (const core::DistNetworkError& e) {
+      return std::string(e.what()).find("closed the connection") != std::string::npos;
+    } catch (const core::DistTimeoutError&) {
+      return false;
+    }
+  }
+  // Round trip proving the server is processing this connection and nothing else is queued.
+  void ping(uint32_t nonce = 77) {
+    send(Encoder().query(QueryType::kPing).u32(nonce));
+    EXPECT_EQ(read<uint32_t>(), nonce);
+  }
+};
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+// ---------------------------------------------------------------------------------------
+// Parser
+
+std::string sample_stream() {
+  Encoder e;
+  e.query(QueryType::kValidate).u32(wire::kValidationMagic);
+  e.query(QueryType::kSet).str("/k").bytes(to_bytes("value"));
+  e.query(QueryType::kCompareSet).str("/k").bytes({}).bytes(to_bytes("d"));
+  e.query(QueryType::kAdd).str("/n").i64(-5);
+  e.query(QueryType::kMultiSet).u64(2).str("/a").bytes(to_bytes("1")).str("/b").bytes({});
+  e.query(QueryType::kWait).u64(3).str("x").str("y").str("z");
+  e.query(QueryType::kGetNumKeys);
+  e.query(QueryType::kBarrier).str("bar").i64(8);
+  e.query(QueryType::kPing).u32(1234);
+  return e.buffer();
+}
+
+std::vector<wire::Request> parse_in_chunks(const std::string& stream, size_t chunk) {
+  wire::RequestParser parser;
+  std::vector<wire::Request> out;
+  for (size_t i = 0; i < stream.size(); i += chunk) {
+    parser.feed(stream.data() + i, std::min(chunk, stream.size() - i));
+    wire::Request r;
+    wire::RequestParser::Status st;
+    while ((st = parser.next(r)) == wire::RequestParser::Status::kRequest) out.push_back(r);
+    EXPECT_EQ(st, wire::RequestParser::Status::kNeedMore) << parser.error();
+  }
+  EXPECT_FALSE(parser.mid_request());
+  return out;
+}
+
+TEST(TCPStoreWire, ParsesTheSameRequestsHoweverTheStreamIsSplit) {
+  const std::string stream = sample_stream();
+  auto whole = parse_in_chunks(stream, stream.size());
+  ASSERT_EQ(whole.size(), 9u);
+  EXPECT_EQ(whole[1].keys, std::vector<std::string>{"/k"});
+  EXPECT_EQ(whole[1].values[0], to_bytes("value"));
+  EXPECT_EQ(whole[2].values.size(), 2u);
+  EXPECT_EQ(whole[3].integer, -5);
+  EXPECT_EQ(whole[4].keys, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(whole[5].keys.size(), 3u);
+  EXPECT_EQ(whole[7].integer, 8);
+  EXPECT_EQ(whole[8].u32, 1234u);
+  for (size_t chunk : {1, 2, 3, 7, 64}) {
+    auto parts = parse_in_chunks(stream, chunk);
+    ASSERT_EQ(parts.size(), whole.size()) << "chunk " << chunk;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      EXPECT_EQ(parts[i].type, whole[i].type);
+      EXPECT_EQ(parts[i].keys, whole[i].keys);
+      EXPECT_EQ(parts[i].values, whole[i].values);
+      EXPECT_EQ(parts[i].integer, whole[i].integer);
+      EXPECT_EQ(parts[i].u32, whole[i].u32);
+    }
+  }
+}
+
+TEST(TCPStoreWire, RejectsOversizeLengthsBeforeReadingThem) {
+  struct Case {
+    std::string bytes;
+    const char* error;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Encoder().query(QueryType::kSet).u64(uint64_t{1} << 40).buffer(), "key length"});
+  cases.push_back({Encoder().query(QueryType::kSet).str("k").u64(wire::kMaxValueLen + 1).buffer(),
+                   "value length"});
+  cases.push_back({Encoder().query(QueryType::kWait).u64(wire::kMaxKeysPerOp + 1).buffer(),
+                   "keys, more than"});
+  cases.push_back({std::string(1, '\x7f'), "unknown query type 127"});
+  for (const auto& c : cases) {
+    wire::RequestParser parser;
+    parser.feed(c.bytes.data(), c.bytes.size());
+    wire::Request r;
+    EXPECT_EQ(parser.next(r), wire::RequestParser::Status::kError);
+    EXPECT_NE(parser.error().find(c.error), std::string::npos) << parser.error();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Public API
+
+TEST(TCPStore, BasicOperations) {
+  TCPStore store(kHost, server_options());
+  EXPECT_NE(store.port(), 0);
+  EXPECT_EQ(store.describe(), "TCPStore(127.0.0.1:" + std::to_string(store.port()) + ")");
+  EXPECT_TRUE(store.libuv_backend());
+  EXPECT_TRUE(store.has_extended_api());
+
+  store.set("a", to_bytes("1"));
+  EXPECT_EQ(to_string(store.get("a")), "1");
+  store.set("a", to_bytes("two"));
+  EXPECT_EQ(to_string(store.get("a")), "two");
+  store.set("empty", {});
+  EXPECT_TRUE(store.get("empty").empty());
+
+  EXPECT_EQ(store.add("n", 5), 5);
+  EXPECT_EQ(store.add("n", -7), -2);
+  EXPECT_EQ(to_string(store.get("n")), "-2");  // counters are decimal text
+
+  EXPECT_TRUE(store.check({"a", "n"}));
+  EXPECT_FALSE(store.check({"a", "missing"}));
+
+  store.append("log", to_bytes("ab"));
+  store.append("log", to_bytes("cd"));
+  EXPECT_EQ(to_string(store.get("log")), "abcd");
+
+  store.multi_set({"m1", "m2"}, {to_bytes("x"), to_bytes("y")});
+  auto values = store.multi_get({"m2", "m1"});
+  ASSERT_EQ(values.size(), 2u);
+  EXPECT_EQ(to_string(values[0]), "y");
+  EXPECT_EQ(to_string(values[1]), "x");
+
+  // init/ (registration) + a, empty, n, log, m1, m2
+  EXPECT_EQ(store.num_keys(), 7);
+  EXPECT_TRUE(store.delete_key("a"));
+  EXPECT_FALSE(store.delete_key("a"));
+  EXPECT_EQ(store.num_keys(), 6);
+  EXPECT_FALSE(store.check({"a"}));
+
+  Bytes big(wire::kMaxValueLen, 0xAB);
+  store.set("big", big);
+  EXPECT_EQ(store.get("big"), big);
+}
+
+TEST(TCPStore, CompareSetFollowsTheProtocol) {
+  TCPStore store(kHost, server_options());
+  // Missing key, non-empty expected: nothing stored, expected returned.
+  EXPECT_EQ(to_string(store.compare_set("k", to_bytes("x"), to_bytes("y"))), "x");
+  EXPECT_FALSE(store.check({"k"}));
+  // Missing key, empty expected: created.
+  EXPECT_EQ(to_string(store.compare_set("k", {}, to_bytes("v1"))), "v1");
+  // Existing key, wrong expected: unchanged, current value returned.
+  EXPECT_EQ(to_string(store.compare_set("k", to_bytes("nope"), to_bytes("v2"))), "v1");
+  // Existing key, right expected: replaced.
+  EXPECT_EQ(to_string(store.compare_set("k", to_bytes("v1"), to_bytes("v2"))), "v2");
+  EXPECT_EQ(to_string(store.get("k")), "v2");
+}
+
+TEST(TCPStore, ClientsShareTheServerAndCountRegistrations) {
+  TCPStore server(kHost, server_options());
+  TCPStore client(kHost, client_options(server.port()));
+  client.set("from_client", to_bytes("hi"));
+  EXPECT_EQ(to_string(server.get("from_client")), "hi");
+  EXPECT_FALSE(server.check({"init/"}));  // user keys are prefixed: "/init/" is absent
+  EXPECT_EQ(server.num_keys(), 2);                  // init/ and from_client
+  auto clone = client.clone();
+  EXPECT_EQ(to_string(clone->get("from_client")), "hi");
+  EXPECT_EQ(clone->describe(), client.describe());
+  EXPECT_EQ(server.num_keys(), 2);  // a clone does not register
+  EXPECT_EQ(server.list_keys(), std::vector<std::string>{"from_client"});
+}
+
+TEST(TCPStore, ListKeysReturnsUserKeys) {
+  TCPStore store(kHost, server_options());
+  EXPECT_TRUE(store.list_keys().empty());
+  store.set("b", to_bytes("1"));
+  store.add("a", 1);
+  store.set("dir/c", {});
+  EXPECT_EQ(store.list_keys(), (std::vector<std::string>{"a", "b", "dir/c"}));
+}
+
+std::string thread_key(int t) {
+  std::string key = "t";
+  key += std::to_string(t);
+  return key;
+}
+
+TEST(TCPStore, ManyThreadsOnOwnAndSharedConnections) {
+  TCPStore server(kHost, server_options());
+  constexpr int kThreads = 8;
+  constexpr int kIters = 200;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      TCPStore own(kHost, client_options(server.port()));
+      for (int i = 0; i < kIters; ++i) {
+        own.add("counter", 1);
+        server.add("shared_counter", 1);  // one connection used by every thread
+        own.set(thread_key(t), to_bytes(std::to_string(i)));
+      }
+      own.wait({"t0", "t7"});
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(server.add("counter", 0), kThreads * kIters);
+  EXPECT_EQ(server.add("shared_counter", 0), kThreads * kIters);
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(to_string(server.get(thread_key(t))), std::to_string(kIters - 1));
+  }
+}
+
+TEST(TCPStore, WaitIsWokenByAnotherClient) {
+  TCPStore server(kHost, server_options());
+  TCPStore client(kHost, client_options(server.port()));
+  auto waiter = std::async(std::launch::async, [&] {
+    client.wait({"k1", "k2"}, 20s);
+    return to_string(client.get("k2"));
+  });
+  server.set("k1", to_bytes("a"));
+  server.add("k2", 3);
+  EXPECT_EQ(waiter.get(), "3");
+}
+
+TEST(TCPStore, GetBlocksUntilTheKeyIsSet) {
+  TCPStore server(kHost, server_options());
+  auto clone = server.clone();
+  auto getter = std::async(std::launch::async, [&] { return to_string(clone->get("late")); });
+  server.set("late", to_bytes("here"));
+  EXPECT_EQ(getter.get(), "here");
+}
+
+TEST(TCPStore, WaitTimeoutNamesTheKeysAndTheClientStaysUsable) {
+  TCPStore store(kHost, server_options());
+  store.set("present", to_bytes("1"));
+  std::string msg;
+  try {
+    store.wait({"present", "absent_key", "other_key"}, 100ms);
+    FAIL() << "wait did not time out";
+  } catch (const core::DistStoreTimeoutError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("absent_key"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("other_key"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("100ms"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(store.describe()), std::string::npos) << msg;
+
+  // The cancelled wait left nothing behind: the connection answers in step.
+  store.set("absent_key", to_bytes("x"));
+  EXPECT_EQ(to_string(store.get("absent_key")), "x");
+  EXPECT_EQ(store.add("c", 2), 2);
+
+  store.set_timeout(100ms);
+  EXPECT_THROW(store.get("never"), core::DistStoreTimeoutError);
+  EXPECT_THROW(store.multi_get({"present", "never"}), core::DistStoreTimeoutError);
+  EXPECT_EQ(to_string(store.get("present")), "1");
+}
+
+TEST(TCPStore, CancelWaitOnTheWire) {
+  TCPStore store(kHost, server_options());
+  RawClient raw(store.port());
+  raw.send(Encoder().query(QueryType::kWait).u64(2).str("/w1").str("/w2"));
+  raw.send(Encoder().query(QueryType::kCancelWait));
+  EXPECT_EQ(raw.read<uint8_t>(), static_cast<uint8_t>(wire::WaitReply::kWaitCanceled));
+  // A write after the cancel must not wake the forgotten wait.
+  store.set("w1", {});
+  store.set("w2", {});
+  raw.ping(99);  // the next byte is the PING echo, not a stale STOP_WAITING
+
+  // A wait on present keys answers at once; one key arriving later completes another.
+  raw.send(Encoder().query(QueryType::kWait).u64(2).str("/w1").str("/w3"));
+  store.set("w3", to_bytes("z"));
+  EXPECT_EQ(raw.read<uint8_t>(), static_cast<uint8_t>(wire::WaitReply::kStopWaiting));
+  raw.send(Encoder().query(QueryType::kCheck).u64(1).str("/w3"));
+  EXPECT_EQ(raw.read<uint8_t>(), static_cast<uint8_t>(wire::CheckReply::kReady));
+}
+
+TEST(TCPStore, QueueOperations) {
+  TCPStore store(kHost, server_options(2s));
+  EXPECT_EQ(store.queue_len("q"), 0);
+  store.queue_push("q", to_bytes("first"));
+  store.queue_push("q", to_bytes("second"));
+  EXPECT_EQ(store.queue_len("q"), 2);
+  EXPECT_TRUE(store.check({"q"}));  // a non-empty queue counts as present
+  EXPECT_EQ(to_string(store.queue_pop("q", false)), "first");
+  EXPECT_EQ(to_string(store.queue_pop("q", true)), "second");
+  EXPECT_EQ(store.queue_len("q"), 0);
+  EXPECT_THROW(store.queue_pop("q", false), core::DistQueueEmptyError);
+
+  store.set_timeout(100ms);
+  std::string msg = message_of([&] { store.queue_pop("q", true); });
+  EXPECT_NE(msg.find("'q'"), std::string::npos) << msg;
+  store.set_timeout(10s);
+
+  // Blocking pops are woken by pushes from another connection, one item each.
+  auto other = store.clone();
+  auto p1 = std::async(std::launch::async, [&] { return to_string(store.queue_pop("q2", true)); });
+  auto p2 = std::async(std::launch::async, [&] {
+    auto mine = store.clone();
+    return to_string(mine->queue_pop("q2", true));
+  });
+  other->queue_push("q2", to_bytes("x"));
+  other->queue_push("q2", to_bytes("y"));
+  std::vector<std::string> got{p1.get(), p2.get()};
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(store.queue_len("q2"), 0);
+}
+
+TEST(TCPStore, BarrierReleasesEveryoneWhenTheCountIsReached) {
+  TCPStore store(kHost, server_options());
+  constexpr int kParties = 3;
+  std::vector<std::unique_ptr<RawClient>> raws;
+  for (int i = 0; i < kParties; ++i) raws.push_back(std::make_unique<RawClient>(store.port()));
+  for (int i = 0; i < kParties - 1; ++i) {
+    raws[i]->send(Encoder().query(QueryType::kBarrier).str("/bar").i64(kParties));
+    raws[i]->ping();  // processed: the barrier reply has not come before the PING echo
+  }
+  EXPECT_EQ(store.add("bar", 0), kParties - 1);
+  raws.back()->send(Encoder().query(QueryType::kBarrier).str("/bar").i64(kParties));
+  for (auto& raw : raws) {
+    EXPECT_EQ(raw->read<uint8_t>(), static_cast<uint8_t>(wire::WaitReply::kStopWaiting));
+  }
+}
+
+TEST(TCPStore, ServerWaitsForWorkersAndReportsMissingOnes) {
+  TCPStoreOptions opts = server_options(500ms);
+  opts.num_workers = 3;
+  std::string msg;
+  try {
+    TCPStore store(kHost, opts);
+    FAIL() << "constructor returned without the workers";
+  } catch (const core::DistTimeoutError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("Timed out after 0.5 seconds waiting for clients. 1/3 clients joined."),
+            std::string::npos)
+      << msg;
+}
+
+// A listening socket on a kernel-chosen port, so clients know the port before the server's
+// constructor (which blocks until the workers arrive) returns. Also covers master_listen_fd.
+struct PreboundSocket {
+  int fd = -1;
+  uint16_t port = 0;
+  PreboundSocket() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::listen(fd, 128), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+  }
+  ~PreboundSocket() { ::close(fd); }
+};
+
+TEST(TCPStore, ServerWaitsForWorkersThatJoin) {
+  PreboundSocket listen;
+  constexpr int kWorld = 5;
+  auto server = std::async(std::launch::async, [&] {
+    TCPStoreOptions opts = server_options();
+    opts.port = listen.port;
+    opts.num_workers = kWorld;
+    opts.master_listen_fd = listen.fd;
+    auto store = std::make_unique<TCPStore>(kHost, opts);
+    return store;
+  });
+  std::vector<std::unique_ptr<TCPStore>> workers;
+  for (int i = 1; i < kWorld; ++i) {
+    workers.push_back(std::make_unique<TCPStore>(kHost, client_options(listen.port)));
+  }
+  auto master = server.get();
+  EXPECT_EQ(master->port(), listen.port);
+  EXPECT_EQ(master->add("init/", 0), 0);  // user key, prefixed: not the registration counter
+  EXPECT_EQ(master->num_keys(), 2);       // init/ (= kWorld) and /init/
+}
+
+TEST(TCPStore, MultiTenantStoresShareOneServer) {
+  TCPStoreOptions opts = server_options();
+  opts.multi_tenant = true;
+  TCPStore first(kHost, opts);
+  opts.port = first.port();
+  TCPStore second(kHost, opts);  // would fail with "address already in use" otherwise
+  first.set("k", to_bytes("shared"));
+  EXPECT_EQ(to_string(second.get("k")), "shared");
+
+  // Without multi_tenant the port really is taken.
+  TCPStoreOptions alone = server_options();
+  alone.port = first.port();
+  std::string msg = message_of([&] { TCPStore third(kHost, alone); });
+  EXPECT_NE(msg.find("ddress already in use"), std::string::npos) << msg;
+}
+
+TEST(TCPStore, ClientSideLimitsGiveClearErrors) {
+  TCPStore store(kHost, server_options());
+  EXPECT_THROW(store.set(std::string(wire::kMaxKeyLen, 'k'), {}), core::InvalidArgument);
+  EXPECT_THROW(store.set("k", Bytes(wire::kMaxValueLen + 1)), core::InvalidArgument);
+  store.set("still", to_bytes("fine"));
+  EXPECT_EQ(to_string(store.get("still")), "fine");
+}
+
+// ---------------------------------------------------------------------------------------
+// Failures and robustness
+
+TEST(TCPStore, ConnectTimesOutWithTheAddressAndTheLastError) {
+  // A bound socket that never listens: connects are refused until the client gives up.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  uint16_t port = ntohs(addr.sin_port);
+  auto start = core::Clock::now();
+  std::string msg;
+  try {
+    TCPStore store(kHost, client_options(port, 300ms));
+  } catch (const core::DistNetworkError& e) {
+    msg = e.what();
+  }
+  auto elapsed = core::Clock::now() - start;
+  ::close(fd);
+  EXPECT_NE(msg.find("timed out after 300ms trying to connect to (127.0.0.1, " +
+                     std::to_string(port) + ")"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("refused"), std::string::npos) << msg;
+  EXPECT_LT(elapsed, 5s);
+}
+
+TEST(TCPStore, ServerShutdownFailsClientsFastInsteadOfHanging) {
+  auto server = std::make_unique<TCPStore>(kHost, server_options());
+  TCPStore client(kHost, client_options(server->port(), 60s));
+  TCPStore waiter(kHost, client_options(server->port(), 60s));
+  client.set("k", to_bytes("v"));
+  EXPECT_EQ(to_string(client.get("k")), "v");
+
+  auto blocked = std::async(std::launch::async, [&] {
+    return message_of([&] { waiter.wait({"never"}); });
+  });
+  // Whether the waiter's WAIT reaches the server before the shutdown or not, it must end
+  // with the closed-connection error (on send or on the reply), never hang for 60 s.
+  auto start = core::Clock::now();
+  server.reset();
+  std::string msg = message_of([&] { client.get("k"); });
+  EXPECT_NE(msg.find("closed the connection"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("store server at 127.0.0.1:"), std::string::npos) << msg;
+  // Later calls fail at once, naming the earlier error.
+  EXPECT_THROW(client.add("n", 1), core::DistNetworkError);
+  std::string waited = blocked.get();
+  EXPECT_NE(waited.find("closed the connection"), std::string::npos) << waited;
+  EXPECT_LT(core::Clock::now() - start, 10s);
+}
+
+class TCPStoreRobustness : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<TCPStore>(kHost, server_options());
+    good_ = std::make_unique<TCPStore>(kHost, client_options(server_->port()));
+    good_->set("before", to_bytes("1"));
+  }
+  // The well-behaved client is unaffected by whatever the bad one did.
+  void expect_good_client_works() {
+    EXPECT_EQ(to_string(good_->get("before")), "1");
+    EXPECT_EQ(good_->add("after", 1), 1);
+    good_->wait({"before", "after"});
+  }
+  std::unique_ptr<TCPStore> server_;
+  std::unique_ptr<TCPStore> good_;
+};
+
+TEST_F(TCPStoreRobustness, GarbageBytesDropOnlyThatClient) {
+  RawClient bad(server_->port(), /*validate=*/false);
+  bad.send(std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+  EXPECT_TRUE(bad.closed_by_server());
+  expect_good_client_works();
+}
+
+TEST_F(TCPStoreRobustness, UnknownQueryTypeAfterValidation) {
+  RawClient bad(server_->port());
+  bad.ping();
+  bad.send(std::string(1, '\xee'));
+  EXPECT_TRUE(bad.closed_by_server());
+  expect_good_client_works();
+}
+
+TEST_F(TCPStoreRobustness, BadMagicIsRejected) {
+  RawClient bad(server_->port(), /*validate=*/false);
+  bad.send(Encoder().query(QueryType::kValidate).u32(0xDEADBEEF));
+  EXPECT_TRUE(bad.closed_by_server());
+  expect_good_client_works();
+}
+
+TEST_F(TCPStoreRobustness, OversizeLengthPrefixIsRejectedWithoutAllocating) {
+  RawClient bad(server_->port());
+  bad.send(Encoder().query(QueryType::kSet).u64(uint64_t{1} << 40).raw("abc", 3));
+  EXPECT_TRUE(bad.closed_by_server());
+  RawClient bad_value(server_->port());
+  bad_value.send(Encoder().query(QueryType::kSet).str("/k").u64(uint64_t{1} << 62));
+  EXPECT_TRUE(bad_value.closed_by_server());
+  expect_good_client_works();
+}
+
+TEST_F(TCPStoreRobustness, DisconnectInTheMiddleOfARequest) {
+  {
+    RawClient bad(server_->port());
+    // Half a SET: the value is announced as 100 bytes, only 10 arrive.
+    bad.send(Encoder().query(QueryType::kSet).str("/half").u64(100).raw("0123456789", 10));
+  }
+  expect_good_client_works();
+  EXPECT_FALSE(good_->check({"half"}));
+}
+
+TEST_F(TCPStoreRobustness, SlowClientSendingByteByByteDoesNotBlockOthers) {
+  RawClient slow(server_->port());
+  Encoder e;
+  e.query(QueryType::kSet).str("/slow").bytes(to_bytes("value"));
+  const std::string& bytes = e.buffer();
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    slow.send(bytes.substr(i, 1));
+    // Between every byte another client is served.
+    EXPECT_EQ(good_->add("ticks", 1), static_cast<int64_t>(i + 1));
+  }
+  EXPECT_EQ(to_string(good_->get("slow")), "value");
+}
+
+TEST_F(TCPStoreRobustness, DisconnectedWaitersAreForgotten) {
+  {
+    RawClient gone(server_->port());
+    gone.send(Encoder().query(QueryType::kWait).u64(1).str("/later"));
+    gone.ping();
+  }
+  good_->set("later", to_bytes("x"));  // waking a closed client must not disturb the server
+  expect_good_client_works();
+}
+
+// Our client's first bytes on the wire are exactly what PyTorch's client sends.
+TEST(TCPStoreWireCompat, FirstBytesAreValidateThenPing) {
+  PreboundSocket listen;
+  auto client = std::async(std::launch::async, [&] {
+    return std::make_unique<TCPStore>(kHost, client_options(listen.port, 10s));
+  });
+  int conn = ::accept(listen.fd, nullptr, nullptr);
+  ASSERT_GE(conn, 0);
+  auto read_exact = [&](size_t n) {
+    std::string buf(n, '\0');
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::recv(conn, buf.data() + got, n - got, 0);
+      if (r <= 0) break;
+      got += static_cast<size_t>(r);
+    }
+    buf.resize(got);
+    return buf;
+  };
+  std::string hello = read_exact(10);
+  ASSERT_EQ(hello.size(), 10u);
+  const unsigned char expected[] = {0x00, 0xce, 0xf7, 0x85, 0x3c, 0x0d};
+  EXPECT_EQ(std::memcmp(hello.data(), expected, sizeof expected), 0);
+  uint32_t pid;
+  std::memcpy(&pid, hello.data() + 6, 4);
+  EXPECT_EQ(pid, static_cast<uint32_t>(::getpid()));
+  ASSERT_EQ(::send(conn, &pid, 4, 0), 4);  // PING echo
+
+  // Then the registration: ADD "init/" 1, without the user-key prefix.
+  std::string add = read_exact(1 + 8 + 5 + 8);
+  Encoder want;
+  want.query(QueryType::kAdd).str("init/").i64(1);
+  EXPECT_EQ(add, want.buffer());
+  int64_t one = 1;
+  ASSERT_EQ(::send(conn, &one, 8, 0), 8);
+  auto store = client.get();
+  ::close(conn);
+}
+
+}  // namespace
+}  // namespace c10d::store
