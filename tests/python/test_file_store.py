@@ -1,0 +1,102 @@
+"""FileStore shared by real processes: concurrent adds lose nothing, the last user removes the file."""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import c10d
+
+PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+
+CHILDREN = 8
+ADDS = 1000
+
+# Each child opens its own FileStore as one of world_size workers, signals that it is ready,
+# waits for the parent's "go" so that all adds overlap, then adds ADDS times.
+CHILD = textwrap.dedent(
+    """
+    import sys
+    import c10d
+
+    path, world_size, adds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    store = c10d.FileStore(path, world_size)
+    store.add("ready", 1)
+    store.wait(["go"])
+    for _ in range(adds):
+        store.add("count", 1)
+    del store  # record this worker's leave now rather than at interpreter teardown
+    """
+)
+
+
+def _child_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.abspath(PYTHON_DIR) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_processes_add_concurrently(tmp_path):
+    path = str(tmp_path / "store")
+    world_size = CHILDREN + 1  # the parent is a worker too and keeps the file alive
+    store = c10d.FileStore(path, world_size)
+    assert store.path == path
+
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, path, str(world_size), str(ADDS)], env=_child_env()
+        )
+        for _ in range(CHILDREN)
+    ]
+    try:
+        while store.add("ready", 0) < CHILDREN:
+            assert all(c.poll() is None for c in children), "a child exited early"
+        store.set("go", "1")
+        codes = [c.wait(timeout=120) for c in children]
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.kill()
+                c.wait()
+    assert codes == [0] * CHILDREN
+    assert store.add("count", 0) == CHILDREN * ADDS
+
+    # Every worker has joined: one more is refused with an error naming the path.
+    with pytest.raises(c10d.DistStoreError, match="world_size"):
+        c10d.FileStore(path, world_size)
+
+    del store
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_two_handles_and_basic_semantics(tmp_path):
+    path = str(tmp_path / "store")
+    a = c10d.FileStore(path)
+    b = c10d.FileStore(path)
+    a.set("k", "v")
+    assert b.get("k") == b"v"
+    assert b.add("n", 3) == 3
+    assert a.add("n", 4) == 7
+    assert a.delete_key("k")
+    assert not b.check(["k"])
+    assert a.num_keys() == 1
+    assert "FileStore" in repr(a)
+
+    del a
+    gc.collect()
+    assert os.path.exists(path)
+    del b
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_wait_timeout_names_keys(tmp_path):
+    from datetime import timedelta
+
+    store = c10d.FileStore(str(tmp_path / "store"))
+    with pytest.raises(c10d.DistStoreTimeoutError, match="missing_key"):
+        store.wait(["missing_key"], timedelta(milliseconds=50))
