@@ -7,6 +7,12 @@ exposes the buffer protocol or ``__dlpack__`` (PyTorch CPU tensors included), so
 
 from . import _C
 from ._C import (  # noqa: F401  (re-exported API)
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
     DebugLevel,
     DistBackendError,
     DistError,
@@ -15,34 +21,41 @@ from ._C import (  # noqa: F401  (re-exported API)
     DistStoreError,
     DistStoreTimeoutError,
     DistTimeoutError,
+    FakeProcessGroup,
     FileStore,
     Future,
+    GatherOptions,
     HashStore,
     PrefixStore,
+    ProcessGroup,
+    ReduceOp,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
     Store,
     TCPStore,
     Work,
+    WorkInfo,
     get_debug_level,
     set_debug_level,
     set_debug_level_from_env,
 )
+from .distributed_c10d import *  # noqa: F401,F403
+from .distributed_c10d import (  # noqa: F401  (private names tests and tools use)
+    _get_default_group,
+    _rank_not_in_group,
+    _world,
+    is_available,
+    is_shm_available,
+)
+from .rendezvous import register_rendezvous_handler, rendezvous  # noqa: F401
+
+if hasattr(_C, "ProcessGroupGloo"):
+    from ._C import ProcessGroupGloo  # noqa: F401
 
 __version__ = _C.__version__
-
-
-def is_available() -> bool:
-    """c10d is always available once its extension module imports."""
-    return True
 
 
 def env_variables():
     """Every environment variable c10d reads, as (name, default, documentation) tuples."""
     return list(_C._env_registry())
-
-
-def __getattr__(name):
-    # Names added by components that register later (e.g. ReduceOp) resolve from _C.
-    try:
-        return getattr(_C, name)
-    except AttributeError:
-        raise AttributeError(f"module 'c10d' has no attribute '{name}'") from None

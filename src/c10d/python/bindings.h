@@ -9,5 +9,6 @@ void init_core(pybind11::module_& m);       // core_bindings.cc: errors, dtypes,
 void init_reduce(pybind11::module_& m);     // reduce_bindings.cc: ReduceOp, reduction kernels
 void init_store(pybind11::module_& m);      // store_bindings.cc: Store, HashStore, FileStore, PrefixStore
 void init_tcp_store(pybind11::module_& m);  // tcp_store_bindings.cc: TCPStore
+void init_pg(pybind11::module_& m);         // pg_bindings.cc: options, Backend, ProcessGroup
 
 }  // namespace c10d::python

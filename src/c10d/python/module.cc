@@ -9,4 +9,5 @@ PYBIND11_MODULE(_C, m) {
   c10d::python::init_reduce(m);
   c10d::python::init_store(m);
   c10d::python::init_tcp_store(m);
+  c10d::python::init_pg(m);
 }

@@ -1,0 +1,1092 @@
+"""The torch.distributed API on c10d: process-group state, groups and collectives.
+
+Tensors are numpy arrays or anything with the buffer protocol or ``__dlpack__`` (PyTorch CPU
+tensors included); they are used in place, never copied on the way in.
+"""
+
+import collections
+import io
+import os
+import pickle
+import warnings
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import _C
+from . import rendezvous as _rdzv
+from ._C import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ProcessGroup,
+    ReduceOp,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    Store,
+    Work,
+)
+
+default_pg_timeout = timedelta(minutes=30)
+
+
+class _ArgumentError(ValueError, AssertionError):
+    """A bad argument. A ValueError, and an AssertionError where torch uses assert."""
+
+
+# --------------------------------------------------------------------------------------------
+# Backend names and configuration
+
+
+class Backend(str):
+    """A backend name: ``Backend("GLOO") == "gloo"``. Unknown names pass through lower-cased
+    (they may name a backend registered with :meth:`register_backend`)."""
+
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    UCC = "ucc"
+    MPI = "mpi"
+    XCCL = "xccl"
+    SHM = "shm"
+    FAKE = "fake"
+
+    _BackendPlugin = collections.namedtuple("_BackendPlugin", ["creator_fn", "extended_api"])
+    _plugins: Dict[str, "_BackendPlugin"] = {}
+
+    backend_list = [UNDEFINED, GLOO, NCCL, UCC, MPI, XCCL]
+    default_device_backend_map = {"cpu": GLOO}
+    backend_capability: Dict[str, List[str]] = {GLOO: ["cpu"], FAKE: ["cpu"]}
+    backend_type_map: Dict[str, int] = {UNDEFINED: 0, GLOO: 1, NCCL: 2, UCC: 3, MPI: 4,
+                                        XCCL: 5, FAKE: 6}
+
+    def __new__(cls, name: str):
+        if not isinstance(name, str):
+            raise ValueError(f"Backend name must be a string, got {type(name).__name__}")
+        value = getattr(Backend, name.upper(), Backend.UNDEFINED)
+        if value == Backend.UNDEFINED:
+            value = name.lower()
+        return str.__new__(cls, value)
+
+    @classmethod
+    def register_backend(cls, name: str, func: Callable, extended_api: bool = False,
+                         devices=None):
+        """Registers a backend written outside c10d. ``func(store, rank, world_size, timeout)``
+        (or ``func(backend_options, pg_options)`` with ``extended_api``) returns a
+        ProcessGroup (for example a Python subclass) or a backend object."""
+        if hasattr(Backend, name.upper()):
+            raise ValueError(f"{name.upper()} c10d backend already exists")
+        if name.upper() in Backend._plugins:
+            raise ValueError(f"{name} c10d backend creator function already exists")
+        setattr(Backend, name.upper(), name.lower())
+        Backend.backend_list.append(name.lower())
+        if devices is None:
+            devices = ["cpu"]
+        elif isinstance(devices, str):
+            devices = [devices]
+        Backend.backend_capability[name.lower()] = list(devices)
+        for device in devices:
+            Backend.default_device_backend_map.setdefault(device, name.lower())
+        Backend.backend_type_map[name.lower()] = len(Backend.backend_type_map) + 100
+        Backend._plugins[name.upper()] = Backend._BackendPlugin(func, extended_api)
+
+
+class BackendConfig:
+    """Which backend serves each device type, parsed from "gloo" or "cpu:gloo,cuda:nccl"."""
+
+    def __init__(self, backend):
+        self.device_backend_map: Dict[str, str] = {}
+        backend = str(backend)
+        if backend == Backend.UNDEFINED:
+            self.device_backend_map = {"cpu": Backend.GLOO}
+        elif backend.lower() in Backend.backend_list or backend.upper() in Backend._plugins \
+                or backend.lower() in (Backend.FAKE,):
+            name = Backend(backend)
+            devices = Backend.backend_capability.get(name, ["cpu"])
+            self.device_backend_map = {device: name for device in devices}
+        elif ":" in backend:
+            for pair in backend.lower().split(","):
+                if ":" not in pair:
+                    raise ValueError(f"Invalid backend string {backend!r}: expected entries "
+                                     f"'<device>:<backend>' separated by commas")
+                device, name = (part.strip() for part in pair.split(":", 1))
+                self.device_backend_map[device] = Backend(name)
+        else:
+            raise ValueError(f"Invalid backend: {backend!r}. Use one of "
+                             f"{sorted(set(Backend.backend_list) - {'undefined'})}, a backend "
+                             f"registered with Backend.register_backend, or a string like "
+                             f"'cpu:gloo'.")
+
+    def __repr__(self):
+        return ",".join(f"{device}:{name}" for device, name in self.device_backend_map.items())
+
+    def get_device_backend_map(self) -> Dict[str, str]:
+        return self.device_backend_map
+
+
+def get_default_backend_for_device(device) -> str:
+    device = str(device).split(":")[0]
+    if device not in Backend.default_device_backend_map:
+        raise ValueError(f"Default backend not registered for device: {device}")
+    return Backend.default_device_backend_map[device]
+
+
+def supports_complex(reduceOp) -> bool:
+    """Whether `reduceOp` is defined on complex tensors."""
+    return reduceOp not in (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND,
+                            ReduceOp.BOR, ReduceOp.BXOR)
+
+
+class _ReduceOpAlias:
+    """Deprecated ``reduce_op`` namespace: forwards to ReduceOp with a warning."""
+
+    def __getattribute__(self, name):
+        warnings.warn("c10d.reduce_op is deprecated; use c10d.ReduceOp instead",
+                      FutureWarning, stacklevel=2)
+        return getattr(ReduceOp, name)
+
+
+reduce_op = _ReduceOpAlias()
+
+
+# --------------------------------------------------------------------------------------------
+# Global state
+
+
+class _WorldMeta(type):
+    @property
+    def WORLD(cls) -> Optional[ProcessGroup]:
+        return _world.default_pg
+
+    @WORLD.setter
+    def WORLD(cls, pg):
+        _world.default_pg = pg
+
+
+class GroupMember(metaclass=_WorldMeta):
+    """``GroupMember.WORLD`` is the default group; ``NON_GROUP_MEMBER`` is what new_group
+    returns on ranks outside the new group."""
+
+    NON_GROUP_MEMBER = -100
+
+
+class group(metaclass=_WorldMeta):
+    """``group.WORLD`` is the default process group."""
+
+
+class _World:
+    def __init__(self):
+        self.default_pg: Optional[ProcessGroup] = None
+        self.pg_map: Dict[ProcessGroup, Tuple[str, Store]] = {}
+        self.pg_names: Dict[ProcessGroup, str] = {}
+        self.pg_group_ranks: Dict[ProcessGroup, Dict[int, int]] = {}
+        self.pg_backend_config: Dict[ProcessGroup, str] = {}
+        self.group_count = 0
+        self.pg_default_device: Dict[ProcessGroup, str] = {}
+
+    def reset(self):
+        self.__init__()
+
+
+_world = _World()
+
+
+def _get_default_group() -> ProcessGroup:
+    if _world.default_pg is None:
+        raise ValueError("Default process group has not been initialized, please make sure "
+                         "to call init_process_group.")
+    return _world.default_pg
+
+
+def _resolve_group(group) -> ProcessGroup:
+    return _get_default_group() if group is None else group
+
+
+def _rank_not_in_group(group) -> bool:
+    if group is None:
+        return False
+    return group is GroupMember.NON_GROUP_MEMBER or \
+        (isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER)
+
+
+def _warn_not_in_group(op_name: str) -> None:
+    warnings.warn(f"Running {op_name} on global rank {get_rank()} which does not belong to "
+                  f"the given group.", stacklevel=3)
+
+
+def is_initialized() -> bool:
+    return _world.default_pg is not None
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_gloo_available() -> bool:
+    return hasattr(_C, "ProcessGroupGloo")
+
+
+def is_mpi_available() -> bool:
+    return hasattr(_C, "ProcessGroupMPI")
+
+
+def is_shm_available() -> bool:
+    return hasattr(_C, "ProcessGroupShm")
+
+
+def is_nccl_available() -> bool:
+    return False
+
+
+def is_ucc_available() -> bool:
+    return False
+
+
+def is_xccl_available() -> bool:
+    return False
+
+
+def is_backend_available(backend: str) -> bool:
+    name = str(backend).lower()
+    checks = {"gloo": is_gloo_available, "mpi": is_mpi_available, "shm": is_shm_available,
+              "nccl": is_nccl_available, "ucc": is_ucc_available, "xccl": is_xccl_available,
+              "fake": lambda: True}
+    if name in checks:
+        return checks[name]()
+    return name.upper() in Backend._plugins
+
+
+def is_torchelastic_launched() -> bool:
+    return os.getenv("TORCHELASTIC_RUN_ID") is not None
+
+
+def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError("LOCAL_RANK is not in the environment. Consider passing fallback_rank "
+                       "to allow `get_node_local_rank` to work, assuming you are not running "
+                       "in a multi-device context and want the code to run locally instead.")
+
+
+def get_pg_count() -> int:
+    return _world.group_count
+
+
+def get_rank(group: Optional[ProcessGroup] = None) -> int:
+    """This process's rank in `group` (default: the world), or -1 if it is not a member."""
+    if _rank_not_in_group(group):
+        return -1
+    default = _get_default_group()
+    if group is None or group is GroupMember.WORLD:
+        return default.rank()
+    return get_group_rank(group, default.rank())
+
+
+def get_world_size(group: Optional[ProcessGroup] = None) -> int:
+    if _rank_not_in_group(group):
+        return -1
+    return _resolve_group(group).size()
+
+
+def get_backend(group: Optional[ProcessGroup] = None) -> Backend:
+    pg = _resolve_group(group)
+    if _rank_not_in_group(pg):
+        raise ValueError("Invalid process group specified")
+    entry = _world.pg_map.get(pg)
+    if entry is None:
+        raise ValueError("Invalid process group specified")
+    return Backend(entry[0])
+
+
+def get_backend_config(group: Optional[ProcessGroup] = None) -> str:
+    pg = _resolve_group(group)
+    if _rank_not_in_group(pg):
+        raise ValueError("Invalid process group specified")
+    return str(_world.pg_backend_config[pg])
+
+
+def _group_ranks(group: ProcessGroup) -> Dict[int, int]:
+    if group is None or group is GroupMember.WORLD:
+        group = _get_default_group()
+    if group not in _world.pg_group_ranks:
+        raise ValueError(f"Group {group} is not registered, please create group with "
+                         f"c10d.new_group API")
+    return _world.pg_group_ranks[group]
+
+
+def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
+    """The rank in `group` of the process with global rank `global_rank`."""
+    ranks = _group_ranks(group)
+    if global_rank not in ranks:
+        raise ValueError(f"Global rank {global_rank} is not part of group {group}")
+    return ranks[global_rank]
+
+
+def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
+    """The global rank of the process with rank `group_rank` in `group`."""
+    for global_rank, rank in _group_ranks(group).items():
+        if rank == group_rank:
+            return global_rank
+    raise ValueError(f"Group rank {group_rank} is not part of group {group}")
+
+
+def get_process_group_ranks(group: Optional[ProcessGroup]) -> List[int]:
+    """The global ranks of `group`'s members, ordered by group rank."""
+    ranks = _group_ranks(group)
+    return [g for g, _ in sorted(ranks.items(), key=lambda item: item[1])]
+
+
+def _canonical_rank(group, group_rank, global_rank, name, required=True) -> Optional[int]:
+    """Resolves the pair (group_X, X) of arguments into a rank of `group`."""
+    if group_rank is not None:
+        if global_rank is not None:
+            raise ValueError(f"Can't specify both group_{name} and {name}")
+        return group_rank
+    if global_rank is None:
+        if required:
+            raise ValueError(f"Must specify either group_{name} or {name}")
+        return None
+    if group is None or group is GroupMember.WORLD:
+        return global_rank
+    return get_group_rank(group, global_rank)
+
+
+# --------------------------------------------------------------------------------------------
+# Creating and destroying groups
+
+
+def _timeout_or_default(timeout) -> timedelta:
+    if timeout is None:
+        return default_pg_timeout
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got "
+                        f"{type(timeout).__name__}")
+    return timeout
+
+
+def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, pg_options):
+    if name == Backend.GLOO:
+        if not is_gloo_available():
+            raise RuntimeError("Backend gloo is not available in this build of c10d")
+        return _C.ProcessGroupGloo(store, rank, size, timeout)
+    if name == Backend.FAKE:
+        return _C.FakeProcessGroup(rank, size)
+    if name == Backend.SHM and is_shm_available():
+        return _C.ProcessGroupShm(store, rank, size, timeout)
+    if name == Backend.MPI and is_mpi_available():
+        return _C.ProcessGroupMPI.create([])
+    plugin = Backend._plugins.get(name.upper())
+    if plugin is not None:
+        if plugin.extended_api:
+            options = _C._DistributedBackendOptions() if hasattr(
+                _C, "_DistributedBackendOptions") else _ExtendedBackendOptions()
+            options.store, options.group_rank, options.group_size = store, rank, size
+            options.timeout = timeout
+            return plugin.creator_fn(options, pg_options)
+        return plugin.creator_fn(store, rank, size, timeout)
+    raise RuntimeError(f"Backend {name} is not available in this build of c10d (available: "
+                       f"{', '.join(b for b in ['gloo', 'shm', 'mpi'] if is_backend_available(b))})")
+
+
+class _ExtendedBackendOptions:
+    """What an extended-API backend creator receives."""
+
+    store = None
+    group_rank = -1
+    group_size = -1
+    timeout = default_pg_timeout
+    group_id = ""
+    global_ranks_in_group: List[int] = []
+
+
+def _new_process_group_helper(group_size, group_rank, global_ranks, backend, store,
+                              group_name, pg_options=None, timeout=None):
+    config = BackendConfig(backend)
+    timeout = _timeout_or_default(timeout)
+    prefix_store = _C.PrefixStore(f"{group_name}/", store)
+    pg = None
+    backends = {}
+    for device, name in config.get_device_backend_map().items():
+        created = _create_backend(name, prefix_store, group_rank, group_size, timeout,
+                                  pg_options)
+        if isinstance(created, ProcessGroup):
+            # A complete process group (e.g. a Python subclass of ProcessGroup): use it as is.
+            pg = created
+            break
+        backends[device] = (name, created)
+    if pg is None:
+        pg = ProcessGroup(prefix_store, group_rank, group_size, str(Backend(backend))
+                          if backend else Backend.GLOO, timeout)
+        for device, (name, created) in backends.items():
+            pg._register_backend(device, name, created)
+    try:
+        pg._set_group_name(group_name)
+    except Exception:  # a Python ProcessGroup subclass may not support it
+        pass
+    _world.pg_map[pg] = (str(Backend(backend) if backend else Backend.GLOO), store)
+    _world.pg_names[pg] = group_name
+    _world.pg_backend_config[pg] = str(config)
+    if global_ranks:
+        _world.pg_group_ranks[pg] = {g: i for i, g in enumerate(global_ranks)}
+    else:
+        _world.pg_group_ranks[pg] = {i: i for i in range(group_size)}
+    return pg
+
+
+def init_process_group(backend: Optional[str] = None, init_method: Optional[str] = None,
+                       timeout: Optional[timedelta] = None, world_size: int = -1,
+                       rank: int = -1, store: Optional[Store] = None, group_name: str = "",
+                       pg_options: Optional[Any] = None, device_id: Optional[Any] = None) -> None:
+    """Initialises the default process group. Rendezvous happens through `store` if given,
+    else through `init_method` (default ``env://``: MASTER_ADDR, MASTER_PORT, RANK,
+    WORLD_SIZE). Every rank must call it."""
+    if _world.default_pg is not None:
+        raise ValueError("trying to initialize the default process group twice!")
+    if store is not None and init_method is not None:
+        raise _ArgumentError("Cannot specify both init_method and store.")
+    timeout = _timeout_or_default(timeout)
+    if backend is None:
+        backend = Backend.UNDEFINED
+    BackendConfig(backend)  # validate the name before any rendezvous
+    if store is not None:
+        if world_size is None or world_size <= 0:
+            raise _ArgumentError("world_size must be positive if using store")
+        if rank is None or rank < 0:
+            raise _ArgumentError("rank must be non-negative if using store")
+        if rank >= world_size:
+            raise _ArgumentError(f"rank {rank} must be less than world_size {world_size}")
+    else:
+        store, rank, world_size = _rdzv.rendezvous(init_method or "env://", rank, world_size,
+                                                   timeout)
+        store.set_timeout(timeout)
+    if backend == Backend.UNDEFINED:
+        backend = Backend.GLOO
+    name = group_name or str(_world.group_count)
+    _world.group_count += 1
+    pg = _new_process_group_helper(world_size, rank, [], backend, store, name, pg_options,
+                                   timeout)
+    _world.default_pg = pg
+
+
+def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
+    """Destroys `group`, or every group when None. Never waits on peers."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    if group is None or group is GroupMember.WORLD:
+        if _world.default_pg is None:
+            raise ValueError("Default process group has not been initialized, please make "
+                             "sure to call init_process_group.")
+        for pg in list(_world.pg_map):
+            _shutdown(pg)
+        _world.reset()
+        return
+    if group not in _world.pg_map:
+        raise ValueError("Invalid process group specified")
+    _shutdown(group)
+    for table in (_world.pg_map, _world.pg_names, _world.pg_group_ranks,
+                  _world.pg_backend_config):
+        table.pop(group, None)
+
+
+def _shutdown(pg):
+    shutdown = getattr(pg, "_shutdown", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except Exception as e:  # a failing peer must not stop the teardown
+            warnings.warn(f"shutting down {pg} raised {e!r}")
+
+
+def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = None,
+              backend: Optional[str] = None, pg_options: Optional[Any] = None,
+              use_local_synchronization: bool = False, group_desc: Optional[str] = None,
+              device_id=None):
+    """Creates a group of the given global ranks (all ranks if None). Every rank of the world
+    must call it, in the same order; ranks outside get ``GroupMember.NON_GROUP_MEMBER``."""
+    default = _get_default_group()
+    world_size = default.size()
+    global_rank = default.rank()
+    if ranks is None or len(ranks) == 0:
+        ranks = list(range(world_size))
+    ranks = sorted(int(r) for r in ranks)
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"new_group: ranks contain duplicates: {ranks}")
+    for r in ranks:
+        if r < 0 or r >= world_size:
+            raise ValueError(f"Invalid rank {r} in new_group: ranks must be in [0, "
+                             f"{world_size})")
+    if backend is None:
+        backend = _world.pg_map[default][0]
+    # Every rank advances the counter, members or not, so names stay in step.
+    name = str(_world.group_count)
+    _world.group_count += 1
+    if global_rank not in ranks:
+        return GroupMember.NON_GROUP_MEMBER
+    store = _world.pg_map[default][1]
+    pg = _new_process_group_helper(len(ranks), ranks.index(global_rank), ranks, backend, store,
+                                   name, pg_options,
+                                   timeout if timeout is not None else default._timeout)
+    if group_desc is not None:
+        pg._set_group_desc(group_desc)
+    return pg
+
+
+def new_subgroups(group_size: Optional[int] = None, group=None, timeout=None, backend=None,
+                  pg_options=None, group_desc=None):
+    """Splits the world into consecutive groups of `group_size` ranks (default: the ranks of
+    one node, LOCAL_WORLD_SIZE). Returns (this rank's subgroup, all subgroups)."""
+    world_size = get_world_size()
+    if group_size is None:
+        group_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if group_size <= 0:
+        raise ValueError(f"The arg 'group_size' ({group_size}) must be positive")
+    if group_size > world_size:
+        raise ValueError(f"The arg 'group_size' ({group_size}) must not exceed the world size "
+                         f"({world_size})")
+    if world_size % group_size != 0:
+        raise ValueError("The world size must be divisible by 'group_size'")
+    enumeration = [list(range(start, start + group_size))
+                   for start in range(0, world_size, group_size)]
+    return new_subgroups_by_enumeration(enumeration, timeout, backend, pg_options, group_desc)
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None,
+                                 pg_options=None, group_desc=None):
+    """Creates one group per list of ranks. Returns (this rank's subgroup or None, all)."""
+    if not ranks_per_subgroup_list:
+        raise ValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
+    seen = set()
+    for ranks in ranks_per_subgroup_list:
+        for r in ranks:
+            if r in seen:
+                raise ValueError(f"Rank {r} has appeared in both subgroup "
+                                 f"{[s for s in ranks_per_subgroup_list if r in s][0]} and "
+                                 f"{ranks}")
+            seen.add(r)
+    me = get_rank()
+    current = None
+    subgroups = []
+    for ranks in ranks_per_subgroup_list:
+        sub = new_group(ranks, timeout=timeout, backend=backend, pg_options=pg_options,
+                        group_desc=group_desc)
+        subgroups.append(sub)
+        if me in ranks:
+            current = sub
+    return current, subgroups
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives
+
+
+def _finish(work, async_op: bool):
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduces `tensor` across all ranks of `group`, in place on every rank."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("all_reduce")
+        return None
+    opts = AllreduceOptions()
+    opts.reduceOp = op
+    return _finish(_resolve_group(group).allreduce([tensor], opts), async_op)
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
+    """all_reduce of several tensors (of any shapes, one dtype) as one operation."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("all_reduce_coalesced")
+        return None
+    if not isinstance(tensors, (list, tuple)):
+        tensors = [tensors]
+    opts = AllreduceCoalescedOptions()
+    opts.reduceOp = op
+    return _finish(_resolve_group(group).allreduce_coalesced(list(tensors), opts), async_op)
+
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    """Copies `tensor` from rank `src` to every rank of `group`."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("broadcast")
+        return None
+    if src is None and group_src is None:
+        src = 0
+    opts = BroadcastOptions()
+    opts.rootRank = _canonical_rank(group, group_src, src, "src")
+    opts.rootTensor = 0
+    return _finish(_resolve_group(group).broadcast([tensor], opts), async_op)
+
+
+def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
+    """Reduces `tensor` across ranks into rank `dst`'s tensor."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("reduce")
+        return None
+    if dst is None and group_dst is None:
+        dst = 0
+    opts = ReduceOptions()
+    opts.reduceOp = op
+    opts.rootRank = _canonical_rank(group, group_dst, dst, "dst")
+    return _finish(_resolve_group(group).reduce([tensor], opts), async_op)
+
+
+def _check_list(value, name):
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"Invalid function argument: {name} should be a list of tensors, got "
+                        f"{type(value).__name__}")
+    return list(value)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """Gathers `tensor` from every rank into `tensor_list` (one entry per rank)."""
+    tensor_list = _check_list(tensor_list, "tensor_list")
+    if _rank_not_in_group(group):
+        _warn_not_in_group("all_gather")
+        return None
+    return _finish(_resolve_group(group).allgather([tensor_list], [tensor], AllgatherOptions()),
+                   async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    """Gathers `input_tensor` from every rank into `output_tensor`, concatenated (or stacked)
+    in rank order."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("all_gather_into_tensor")
+        return None
+    return _finish(_resolve_group(group)._allgather_base(output_tensor, input_tensor,
+                                                         AllgatherOptions()), async_op)
+
+
+def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
+    warnings.warn("_all_gather_base is deprecated; use all_gather_into_tensor", FutureWarning)
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
+def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op=False):
+    """all_gather of several tensors as one operation."""
+    output_tensor_lists = _check_list(output_tensor_lists, "output_tensor_lists")
+    input_tensor_list = _check_list(input_tensor_list, "input_tensor_list")
+    if _rank_not_in_group(group):
+        _warn_not_in_group("all_gather_coalesced")
+        return None
+    return _finish(_resolve_group(group).allgather_coalesced(
+        [list(x) for x in output_tensor_lists], input_tensor_list, AllgatherOptions()), async_op)
+
+
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
+    """Gathers `tensor` from every rank into `gather_list` on rank `dst`."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("gather")
+        return None
+    if dst is None and group_dst is None:
+        dst = 0
+    root = _canonical_rank(group, group_dst, dst, "dst")
+    me = get_rank(group)
+    if me == root:
+        if not gather_list:
+            raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
+        outputs = [_check_list(gather_list, "gather_list")]
+    else:
+        if gather_list:
+            raise ValueError("Argument ``gather_list`` must NOT be specified on "
+                             "non-destination ranks.")
+        outputs = []
+    opts = GatherOptions()
+    opts.rootRank = root
+    return _finish(_resolve_group(group).gather(outputs, [tensor], opts), async_op)
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
+    """Sends scatter_list[i] on rank `src` to rank i's `tensor`."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("scatter")
+        return None
+    if src is None and group_src is None:
+        src = 0
+    root = _canonical_rank(group, group_src, src, "src")
+    me = get_rank(group)
+    if me == root:
+        if not scatter_list:
+            raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
+        inputs = [_check_list(scatter_list, "scatter_list")]
+    else:
+        if scatter_list:
+            raise ValueError("Argument ``scatter_list`` must NOT be specified on "
+                             "non-source ranks.")
+        inputs = []
+    opts = ScatterOptions()
+    opts.rootRank = root
+    return _finish(_resolve_group(group).scatter([tensor], inputs, opts), async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduces input_list[i] across ranks into rank i's `output`."""
+    input_list = _check_list(input_list, "input_list")
+    if _rank_not_in_group(group):
+        _warn_not_in_group("reduce_scatter")
+        return None
+    opts = ReduceScatterOptions()
+    opts.reduceOp = op
+    return _finish(_resolve_group(group).reduce_scatter([output], [input_list], opts), async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduces `input` (world_size chunks) across ranks; rank i gets chunk i in `output`."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("reduce_scatter_tensor")
+        return None
+    opts = ReduceScatterOptions()
+    opts.reduceOp = op
+    return _finish(_resolve_group(group)._reduce_scatter_base(output, input, opts), async_op)
+
+
+def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    warnings.warn("_reduce_scatter_base is deprecated; use reduce_scatter_tensor",
+                  FutureWarning)
+    return reduce_scatter_tensor(output, input, op, group, async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False):
+    """Splits `input` along dimension 0 (evenly, or by input_split_sizes), sends split i to
+    rank i, and concatenates what arrives into `output`."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("all_to_all_single")
+        return None
+    out_splits = [] if output_split_sizes is None else [int(s) for s in output_split_sizes]
+    in_splits = [] if input_split_sizes is None else [int(s) for s in input_split_sizes]
+    return _finish(_resolve_group(group).alltoall_base(output, input, out_splits, in_splits,
+                                                       AllToAllOptions()), async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    """Sends input_tensor_list[i] to rank i; output_tensor_list[i] receives from rank i."""
+    output_tensor_list = _check_list(output_tensor_list, "output_tensor_list")
+    input_tensor_list = _check_list(input_tensor_list, "input_tensor_list")
+    if _rank_not_in_group(group):
+        _warn_not_in_group("all_to_all")
+        return None
+    return _finish(_resolve_group(group).alltoall(output_tensor_list, input_tensor_list,
+                                                  AllToAllOptions()), async_op)
+
+
+def barrier(group=None, async_op=False, device_ids=None):
+    """Blocks until every rank of `group` has entered the barrier."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("barrier")
+        return None
+    opts = BarrierOptions()
+    if device_ids is not None:
+        opts.device_ids = list(device_ids)
+    return _finish(_resolve_group(group).barrier(opts), async_op)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """A barrier that, on timeout, names the ranks that did not arrive (all of them with
+    wait_all_ranks, else the first)."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("monitored_barrier")
+        return None
+    pg = _resolve_group(group)
+    if timeout is None:
+        timeout = pg._timeout
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
+# --------------------------------------------------------------------------------------------
+# Point to point
+
+
+def _peer(group, group_peer, peer, name):
+    rank = _canonical_rank(group, group_peer, peer, name)
+    return rank
+
+
+def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+    """Starts sending `tensor` to rank `dst`; returns a Work."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("isend")
+        return None
+    return _resolve_group(group).send([tensor], _peer(group, group_dst, dst, "dst"), tag)
+
+
+def irecv(tensor, src=None, group=None, tag=0, group_src=None):
+    """Starts receiving into `tensor` from rank `src` (any rank if None); returns a Work."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("irecv")
+        return None
+    pg = _resolve_group(group)
+    if src is None and group_src is None:
+        return pg.recv_anysource([tensor], tag)
+    return pg.recv([tensor], _peer(group, group_src, src, "src"), tag)
+
+
+def send(tensor, dst=None, group=None, tag=0, group_dst=None):
+    """Sends `tensor` to rank `dst` and waits until it is sent."""
+    work = isend(tensor, dst, group, tag, group_dst)
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor, src=None, group=None, tag=0, group_src=None):
+    """Receives into `tensor` from rank `src` (any rank if None); returns the sender's rank
+    (global, or in `group` when group_src was given)."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("recv")
+        return -1
+    work = irecv(tensor, src, group, tag, group_src)
+    work.wait()
+    if src is None and group_src is None:
+        sender = work._source_rank()
+    else:
+        sender = _canonical_rank(group, group_src, src, "src")
+    if group_src is not None or group is None or group is GroupMember.WORLD:
+        return sender
+    return get_global_rank(group, sender)
+
+
+class P2POp:
+    """One point-to-point operation for batch_isend_irecv: op is c10d.isend or c10d.irecv."""
+
+    def __init__(self, op: Callable, tensor, peer: Optional[int] = None, group=None,
+                 tag: int = 0, group_peer: Optional[int] = None):
+        if op not in (isend, irecv):
+            raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``c10d.isend`` or "
+                             "``c10d.irecv``.")
+        if (peer is None) == (group_peer is None):
+            raise ValueError("Specify exactly one of peer and group_peer")
+        self.op = op
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+        self.group_peer = group_peer
+
+    def __repr__(self):
+        return (f"P2POp({self.op.__name__}, peer={self.peer}, group_peer={self.group_peer}, "
+                f"tag={self.tag})")
+
+
+def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
+    """Starts every send/receive of the list; returns their Works."""
+    if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
+                         "``c10d.P2POp``.")
+    groups = {id(p.group) for p in p2p_op_list}
+    if len(groups) > 1:
+        raise ValueError("All ops need to use the same group.")
+    works = []
+    # Receives are posted before sends, so two ranks exchanging in either order never wait
+    # on each other.
+    for p in sorted(p2p_op_list, key=lambda p: 0 if p.op is irecv else 1):
+        if p.op is isend:
+            works.append(isend(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+        else:
+            works.append(irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+    return works
+
+
+# --------------------------------------------------------------------------------------------
+# Object collectives (pickle)
+
+
+def _to_bytes_tensor(obj) -> np.ndarray:
+    buffer = io.BytesIO()
+    pickle.Pickler(buffer).dump(obj)
+    return np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy()
+
+
+def _from_bytes_tensor(array: np.ndarray, size: int):
+    return pickle.loads(array[:size].tobytes())
+
+
+def all_gather_object(object_list, obj, group=None):
+    """Gathers a picklable object from every rank into object_list (one entry per rank)."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("all_gather_object")
+        return
+    world = get_world_size(group)
+    if len(object_list) != world:
+        raise ValueError(f"object_list must have {world} entries (the group size), got "
+                         f"{len(object_list)}")
+    data = _to_bytes_tensor(obj)
+    sizes = np.zeros(world, dtype=np.int64)
+    all_gather_into_tensor(sizes, np.array([data.size], dtype=np.int64), group)
+    longest = int(sizes.max())
+    padded = np.zeros(longest, dtype=np.uint8)
+    padded[:data.size] = data
+    gathered = np.zeros(longest * world, dtype=np.uint8)
+    all_gather_into_tensor(gathered, padded, group)
+    for i in range(world):
+        object_list[i] = _from_bytes_tensor(gathered[i * longest:(i + 1) * longest],
+                                            int(sizes[i]))
+
+
+def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
+    """Gathers picklable objects from every rank into object_gather_list on rank `dst`."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("gather_object")
+        return
+    if dst is None and group_dst is None:
+        dst = 0
+    root = _canonical_rank(group, group_dst, dst, "dst")
+    me = get_rank(group)
+    world = get_world_size(group)
+    if me == root:
+        if object_gather_list is None or len(object_gather_list) != world:
+            raise ValueError("Argument ``object_gather_list`` must be specified on the "
+                             "destination rank with one entry per rank.")
+    elif object_gather_list is not None:
+        raise ValueError("Argument ``object_gather_list`` must NOT be specified on "
+                         "non-destination ranks.")
+    data = _to_bytes_tensor(obj)
+    sizes = np.zeros(world, dtype=np.int64)
+    all_gather_into_tensor(sizes, np.array([data.size], dtype=np.int64), group)
+    longest = int(sizes.max())
+    padded = np.zeros(longest, dtype=np.uint8)
+    padded[:data.size] = data
+    outputs = [np.zeros(longest, dtype=np.uint8) for _ in range(world)] if me == root else None
+    gather(padded, outputs, group=group, group_dst=root)
+    if me == root:
+        for i in range(world):
+            object_gather_list[i] = _from_bytes_tensor(outputs[i], int(sizes[i]))
+
+
+def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
+    """Replaces object_list's entries on every rank with those of rank `src`."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("broadcast_object_list")
+        return
+    if src is None and group_src is None:
+        src = 0
+    root = _canonical_rank(group, group_src, src, "src")
+    me = get_rank(group)
+    if me == root:
+        blobs = [_to_bytes_tensor(o) for o in object_list]
+        sizes = np.array([b.size for b in blobs], dtype=np.int64)
+    else:
+        sizes = np.zeros(len(object_list), dtype=np.int64)
+    broadcast(sizes, group=group, group_src=root)
+    payload = np.concatenate(blobs) if me == root and blobs else \
+        np.zeros(int(sizes.sum()), dtype=np.uint8)
+    if payload.size:
+        broadcast(payload, group=group, group_src=root)
+    if me != root:
+        offset = 0
+        for i, size in enumerate(sizes):
+            object_list[i] = _from_bytes_tensor(payload[offset:offset + int(size)], int(size))
+            offset += int(size)
+
+
+def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None,
+                        group=None, group_src=None):
+    """Rank i receives scatter_object_input_list[i] of rank `src` as
+    scatter_object_output_list[0]."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("scatter_object_list")
+        return
+    if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
+        raise ValueError("Expected argument scatter_object_output_list to be a list of size "
+                         "at least 1.")
+    if src is None and group_src is None:
+        src = 0
+    root = _canonical_rank(group, group_src, src, "src")
+    me = get_rank(group)
+    world = get_world_size(group)
+    if me == root:
+        if scatter_object_input_list is None or len(scatter_object_input_list) != world:
+            raise ValueError("Argument ``scatter_object_input_list`` must have one entry per "
+                             "rank on the source rank.")
+        blobs = [_to_bytes_tensor(o) for o in scatter_object_input_list]
+        longest = np.array([max(b.size for b in blobs)], dtype=np.int64)
+    else:
+        longest = np.zeros(1, dtype=np.int64)
+    broadcast(longest, group=group, group_src=root)
+    n = int(longest[0])
+    size_out = np.zeros(1, dtype=np.int64)
+    data_out = np.zeros(n, dtype=np.uint8)
+    if me == root:
+        padded = []
+        for b in blobs:
+            p = np.zeros(n, dtype=np.uint8)
+            p[:b.size] = b
+            padded.append(p)
+        size_in = [np.array([b.size], dtype=np.int64) for b in blobs]
+        scatter(size_out, size_in, group=group, group_src=root)
+        scatter(data_out, padded, group=group, group_src=root)
+    else:
+        scatter(size_out, None, group=group, group_src=root)
+        scatter(data_out, None, group=group, group_src=root)
+    scatter_object_output_list[0] = _from_bytes_tensor(data_out, int(size_out[0]))
+
+
+def send_object_list(object_list, dst=None, group=None, device=None, group_dst=None):
+    """Sends picklable objects to rank `dst` (which calls recv_object_list)."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("send_object_list")
+        return
+    peer = _canonical_rank(group, group_dst, dst, "dst")
+    blobs = [_to_bytes_tensor(o) for o in object_list]
+    sizes = np.array([b.size for b in blobs], dtype=np.int64)
+    send(sizes, group=group, group_dst=peer)
+    payload = np.concatenate(blobs) if blobs else np.zeros(0, dtype=np.uint8)
+    if payload.size:
+        send(payload, group=group, group_dst=peer)
+
+
+def recv_object_list(object_list, src=None, group=None, device=None, group_src=None):
+    """Receives picklable objects sent by send_object_list into object_list; returns the
+    sender's rank."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("recv_object_list")
+        return -1
+    sizes = np.zeros(len(object_list), dtype=np.int64)
+    if src is None and group_src is None:
+        sender = recv(sizes, group=group)
+        peer = _canonical_rank(group, None, sender, "src")
+    else:
+        peer = _canonical_rank(group, group_src, src, "src")
+        recv(sizes, group=group, group_src=peer)
+        sender = peer if group is None else get_global_rank(group, peer)
+    payload = np.zeros(int(sizes.sum()), dtype=np.uint8)
+    if payload.size:
+        recv(payload, group=group, group_src=peer)
+    offset = 0
+    for i, size in enumerate(sizes):
+        object_list[i] = _from_bytes_tensor(payload[offset:offset + int(size)], int(size))
+        offset += int(size)
+    return sender
+
+
+__all__ = [
+    "Backend", "BackendConfig", "GroupMember", "P2POp", "all_gather", "all_gather_coalesced",
+    "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all",
+    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "send_object_list",
+    "recv_object_list", "broadcast_object_list", "destroy_process_group", "gather",
+    "gather_object", "get_backend_config", "get_backend", "get_default_backend_for_device",
+    "get_rank", "get_world_size", "get_pg_count", "group", "init_process_group", "irecv",
+    "is_gloo_available", "is_initialized", "is_mpi_available", "is_backend_available",
+    "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
+    "isend", "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "recv", "reduce", "reduce_scatter", "scatter", "scatter_object_list", "send",
+    "supports_complex", "AllreduceCoalescedOptions", "AllreduceOptions", "AllToAllOptions",
+    "BarrierOptions", "BroadcastOptions", "GatherOptions", "PrefixStore", "ProcessGroup",
+    "ReduceOp", "ReduceOptions", "ReduceScatterOptions", "ScatterOptions", "Store",
+    "DebugLevel", "get_debug_level", "Work", "default_pg_timeout", "get_group_rank",
+    "get_global_rank", "get_process_group_ranks", "reduce_op", "all_gather_into_tensor",
+    "reduce_scatter_tensor", "get_node_local_rank", "is_available",
+]
+
+from ._C import DebugLevel, PrefixStore, get_debug_level  # noqa: E402,F401

@@ -1,0 +1,398 @@
+// Bindings of c10d::pg: option structs, Backend, ProcessGroup, WorkInfo.
+// Attribute and argument names follow torch.distributed's C++ bindings (rootRank, reduceOp,
+// ...), so code written against torch's classes works unchanged.
+#include <pybind11/chrono.h>
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include "c10d/core/exception.h"
+#include "c10d/pg/fake_backend.h"
+#include "c10d/pg/process_group.h"
+#include "c10d/python/bindings.h"
+#include "c10d/python/tensor_convert.h"
+
+namespace py = pybind11;
+
+namespace c10d::python {
+namespace {
+
+using core::ReduceOp;
+using core::Tensor;
+using pg::Backend;
+using pg::ProcessGroup;
+using pg::WorkPtr;
+
+using TensorLists = std::vector<std::vector<Tensor>>;
+
+// A tensor or a list of tensors -> list (torch's single-tensor overloads).
+std::vector<Tensor> tensor_or_list(py::handle obj, bool writable, const char* what) {
+  if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
+    return to_tensors(obj, writable, what);
+  }
+  return {to_tensor(obj, writable, what)};
+}
+
+TensorLists tensor_lists(py::handle obj, bool writable, const char* what) {
+  if (!py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj)) {
+    throw py::type_error(std::string(what) + ": expected a list of lists of tensors");
+  }
+  TensorLists out;
+  for (py::handle inner : obj) out.push_back(to_tensors(inner, writable, what));
+  return out;
+}
+
+std::vector<int64_t> int_list(py::handle obj) {
+  if (obj.is_none()) return {};
+  return obj.cast<std::vector<int64_t>>();
+}
+
+core::DeviceType device_type_from(py::handle device) {
+  std::string text = py::str(device);
+  if (text.rfind("cpu", 0) == 0) return core::DeviceType::kCPU;
+  if (text.rfind("cuda", 0) == 0) return core::DeviceType::kCUDA;
+  throw py::value_error("unknown device type '" + text + "'");
+}
+
+// Binds one collective of a class (ProcessGroup or Backend) that share the signatures.
+template <typename Class, typename PyClass>
+void bind_collectives(PyClass& cls) {
+  using G = py::gil_scoped_release;
+  cls.def(
+         "broadcast",
+         [](Class& self, py::handle tensors, const pg::BroadcastOptions& opts) {
+           auto ts = tensor_or_list(tensors, true, "broadcast");
+           G g;
+           return self.broadcast(ts, opts);
+         },
+         py::arg("tensors"), py::arg("opts") = pg::BroadcastOptions())
+      .def(
+          "allreduce",
+          [](Class& self, py::handle tensors, const pg::AllreduceOptions& opts) {
+            auto ts = tensor_or_list(tensors, true, "allreduce");
+            G g;
+            return self.allreduce(ts, opts);
+          },
+          py::arg("tensors"), py::arg("opts") = pg::AllreduceOptions())
+      .def(
+          "allreduce_coalesced",
+          [](Class& self, py::handle tensors, const pg::AllreduceCoalescedOptions& opts) {
+            auto ts = to_tensors(tensors, true, "allreduce_coalesced");
+            G g;
+            return self.allreduce_coalesced(ts, opts);
+          },
+          py::arg("tensors"), py::arg("opts") = pg::AllreduceCoalescedOptions())
+      .def(
+          "reduce",
+          [](Class& self, py::handle tensors, const pg::ReduceOptions& opts) {
+            auto ts = tensor_or_list(tensors, true, "reduce");
+            G g;
+            return self.reduce(ts, opts);
+          },
+          py::arg("tensors"), py::arg("opts") = pg::ReduceOptions())
+      .def(
+          "allgather",
+          [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
+            auto in = tensor_or_list(inputs, false, "allgather input");
+            TensorLists out;
+            if (!py::isinstance<py::list>(inputs) && !py::isinstance<py::tuple>(inputs)) {
+              out.push_back(to_tensors(outputs, true, "allgather output"));
+            } else {
+              out = tensor_lists(outputs, true, "allgather output");
+            }
+            G g;
+            return self.allgather(out, in, opts);
+          },
+          py::arg("output_tensors"), py::arg("input_tensors"),
+          py::arg("opts") = pg::AllgatherOptions())
+      .def(
+          "_allgather_base",
+          [](Class& self, py::handle output, py::handle input, const pg::AllgatherOptions& opts) {
+            Tensor out = to_tensor(output, true, "_allgather_base output");
+            Tensor in = to_tensor(input, false, "_allgather_base input");
+            G g;
+            return self.allgather_base(out, in, opts);
+          },
+          py::arg("output"), py::arg("input"), py::arg("opts") = pg::AllgatherOptions())
+      .def(
+          "allgather_coalesced",
+          [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
+            auto out = tensor_lists(outputs, true, "allgather_coalesced output");
+            auto in = to_tensors(inputs, false, "allgather_coalesced input");
+            G g;
+            return self.allgather_coalesced(out, in, opts);
+          },
+          py::arg("output_lists"), py::arg("input_list"), py::arg("opts") = pg::AllgatherOptions())
+      .def(
+          "allgather_into_tensor_coalesced",
+          [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
+            auto out = to_tensors(outputs, true, "allgather_into_tensor_coalesced output");
+            auto in = to_tensors(inputs, false, "allgather_into_tensor_coalesced input");
+            G g;
+            return self.allgather_into_tensor_coalesced(out, in, opts);
+          },
+          py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::AllgatherOptions())
+      .def(
+          "gather",
+          [](Class& self, py::handle outputs, py::handle inputs, const pg::GatherOptions& opts) {
+            auto in = tensor_or_list(inputs, false, "gather input");
+            TensorLists out;
+            if (!py::isinstance<py::list>(inputs) && !py::isinstance<py::tuple>(inputs)) {
+              out.push_back(to_tensors(outputs, true, "gather output"));
+            } else {
+              out = tensor_lists(outputs, true, "gather output");
+            }
+            G g;
+            return self.gather(out, in, opts);
+          },
+          py::arg("output_tensors"), py::arg("input_tensors"),
+          py::arg("opts") = pg::GatherOptions())
+      .def(
+          "scatter",
+          [](Class& self, py::handle outputs, py::handle inputs, const pg::ScatterOptions& opts) {
+            auto out = tensor_or_list(outputs, true, "scatter output");
+            TensorLists in;
+            if (!py::isinstance<py::list>(outputs) && !py::isinstance<py::tuple>(outputs)) {
+              in.push_back(to_tensors(inputs, false, "scatter input"));
+            } else {
+              in = tensor_lists(inputs, false, "scatter input");
+            }
+            G g;
+            return self.scatter(out, in, opts);
+          },
+          py::arg("output_tensors"), py::arg("input_tensors"),
+          py::arg("opts") = pg::ScatterOptions())
+      .def(
+          "reduce_scatter",
+          [](Class& self, py::handle outputs, py::handle inputs,
+             const pg::ReduceScatterOptions& opts) {
+            auto out = tensor_or_list(outputs, true, "reduce_scatter output");
+            TensorLists in;
+            if (!py::isinstance<py::list>(outputs) && !py::isinstance<py::tuple>(outputs)) {
+              in.push_back(to_tensors(inputs, false, "reduce_scatter input"));
+            } else {
+              in = tensor_lists(inputs, false, "reduce_scatter input");
+            }
+            G g;
+            return self.reduce_scatter(out, in, opts);
+          },
+          py::arg("output_tensors"), py::arg("input_tensors"),
+          py::arg("opts") = pg::ReduceScatterOptions())
+      .def(
+          "_reduce_scatter_base",
+          [](Class& self, py::handle output, py::handle input,
+             const pg::ReduceScatterOptions& opts) {
+            Tensor out = to_tensor(output, true, "_reduce_scatter_base output");
+            Tensor in = to_tensor(input, false, "_reduce_scatter_base input");
+            G g;
+            return self.reduce_scatter_base(out, in, opts);
+          },
+          py::arg("outputTensor"), py::arg("inputTensor"),
+          py::arg("opts") = pg::ReduceScatterOptions())
+      .def(
+          "reduce_scatter_tensor_coalesced",
+          [](Class& self, py::handle outputs, py::handle inputs,
+             const pg::ReduceScatterOptions& opts) {
+            auto out = to_tensors(outputs, true, "reduce_scatter_tensor_coalesced output");
+            auto in = to_tensors(inputs, false, "reduce_scatter_tensor_coalesced input");
+            G g;
+            return self.reduce_scatter_tensor_coalesced(out, in, opts);
+          },
+          py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::ReduceScatterOptions())
+      .def(
+          "alltoall_base",
+          [](Class& self, py::handle output, py::handle input, py::handle output_split_sizes,
+             py::handle input_split_sizes, const pg::AllToAllOptions& opts) {
+            Tensor out = to_tensor(output, true, "alltoall_base output");
+            Tensor in = to_tensor(input, false, "alltoall_base input");
+            auto out_splits = int_list(output_split_sizes);
+            auto in_splits = int_list(input_split_sizes);
+            G g;
+            return self.alltoall_base(out, in, out_splits, in_splits, opts);
+          },
+          py::arg("output"), py::arg("input"), py::arg("output_split_sizes"),
+          py::arg("input_split_sizes"), py::arg("opts") = pg::AllToAllOptions())
+      .def(
+          "alltoall",
+          [](Class& self, py::handle outputs, py::handle inputs, const pg::AllToAllOptions& opts) {
+            auto out = to_tensors(outputs, true, "alltoall output");
+            auto in = to_tensors(inputs, false, "alltoall input");
+            G g;
+            return self.alltoall(out, in, opts);
+          },
+          py::arg("output_tensors"), py::arg("input_tensors"),
+          py::arg("opts") = pg::AllToAllOptions())
+      .def(
+          "send",
+          [](Class& self, py::handle tensors, int dst, int tag) {
+            auto ts = tensor_or_list(tensors, false, "send");
+            G g;
+            return self.send(ts, dst, tag);
+          },
+          py::arg("tensors"), py::arg("dstRank"), py::arg("tag") = 0)
+      .def(
+          "recv",
+          [](Class& self, py::handle tensors, int src, int tag) {
+            auto ts = tensor_or_list(tensors, true, "recv");
+            G g;
+            return self.recv(ts, src, tag);
+          },
+          py::arg("tensors"), py::arg("srcRank"), py::arg("tag") = 0)
+      .def(
+          "recv_anysource",
+          [](Class& self, py::handle tensors, int tag) {
+            auto ts = tensor_or_list(tensors, true, "recv_anysource");
+            G g;
+            return self.recv_anysource(ts, tag);
+          },
+          py::arg("tensors"), py::arg("tag") = 0)
+      .def("barrier", &Class::barrier, py::arg("opts") = pg::BarrierOptions(),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "monitored_barrier",
+          [](Class& self, core::Millis timeout, bool wait_all_ranks) {
+            pg::BarrierOptions opts;
+            opts.timeout = timeout;
+            self.monitored_barrier(opts, wait_all_ranks);
+          },
+          py::arg("timeout") = pg::kUnsetTimeout, py::arg("wait_all_ranks") = false,
+          py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace
+
+void init_pg(py::module_& m) {
+  m.attr("_DEFAULT_PG_TIMEOUT") = pg::kDefaultPgTimeout;
+
+  py::class_<pg::BroadcastOptions>(m, "BroadcastOptions")
+      .def(py::init<>())
+      .def_readwrite("rootRank", &pg::BroadcastOptions::root_rank)
+      .def_readwrite("rootTensor", &pg::BroadcastOptions::root_tensor)
+      .def_readwrite("timeout", &pg::BroadcastOptions::timeout)
+      .def_readwrite("asyncOp", &pg::BroadcastOptions::async_op);
+  py::class_<pg::AllreduceOptions>(m, "AllreduceOptions")
+      .def(py::init<>())
+      .def_readwrite("reduceOp", &pg::AllreduceOptions::reduce_op)
+      .def_readwrite("timeout", &pg::AllreduceOptions::timeout);
+  py::class_<pg::AllreduceCoalescedOptions, pg::AllreduceOptions>(m, "AllreduceCoalescedOptions")
+      .def(py::init<>());
+  py::class_<pg::ReduceOptions>(m, "ReduceOptions")
+      .def(py::init<>())
+      .def_readwrite("reduceOp", &pg::ReduceOptions::reduce_op)
+      .def_readwrite("rootRank", &pg::ReduceOptions::root_rank)
+      .def_readwrite("rootTensor", &pg::ReduceOptions::root_tensor)
+      .def_readwrite("timeout", &pg::ReduceOptions::timeout);
+  py::class_<pg::AllgatherOptions>(m, "AllgatherOptions")
+      .def(py::init<>())
+      .def_readwrite("timeout", &pg::AllgatherOptions::timeout)
+      .def_readwrite("asyncOp", &pg::AllgatherOptions::async_op);
+  py::class_<pg::GatherOptions>(m, "GatherOptions")
+      .def(py::init<>())
+      .def_readwrite("rootRank", &pg::GatherOptions::root_rank)
+      .def_readwrite("timeout", &pg::GatherOptions::timeout);
+  py::class_<pg::ScatterOptions>(m, "ScatterOptions")
+      .def(py::init<>())
+      .def_readwrite("rootRank", &pg::ScatterOptions::root_rank)
+      .def_readwrite("timeout", &pg::ScatterOptions::timeout)
+      .def_readwrite("asyncOp", &pg::ScatterOptions::async_op);
+  py::class_<pg::ReduceScatterOptions>(m, "ReduceScatterOptions")
+      .def(py::init<>())
+      .def_readwrite("reduceOp", &pg::ReduceScatterOptions::reduce_op)
+      .def_readwrite("timeout", &pg::ReduceScatterOptions::timeout)
+      .def_readwrite("asyncOp", &pg::ReduceScatterOptions::async_op);
+  py::class_<pg::AllToAllOptions>(m, "AllToAllOptions")
+      .def(py::init<>())
+      .def_readwrite("timeout", &pg::AllToAllOptions::timeout);
+  py::class_<pg::BarrierOptions>(m, "BarrierOptions")
+      .def(py::init<>())
+      .def_readwrite("device_ids", &pg::BarrierOptions::device_ids)
+      .def_readwrite("timeout", &pg::BarrierOptions::timeout);
+
+  py::class_<pg::WorkInfo, std::shared_ptr<pg::WorkInfo>>(m, "WorkInfo")
+      .def_property_readonly("op_type",
+                             [](const pg::WorkInfo& w) { return std::string(core::op_type_name(w.op_type)); })
+      .def_readonly("seq", &pg::WorkInfo::seq)
+      .def_property_readonly("time_started",
+                             [](const pg::WorkInfo& w) { return w.time_started.time_since_epoch(); })
+      .def_property_readonly("time_finished",
+                             [](const pg::WorkInfo& w) { return w.time_finished.time_since_epoch(); })
+      .def_readonly("active_duration", &pg::WorkInfo::active_duration);
+
+  py::class_<Backend, std::shared_ptr<Backend>> backend(
+      m, "_Backend", "One implementation of the collectives, registered in a ProcessGroup.");
+  backend.def("rank", &Backend::rank)
+      .def("size", &Backend::size)
+      .def("name", &Backend::name)
+      .def_property_readonly("options_timeout", &Backend::timeout);
+  bind_collectives<Backend>(backend);
+
+  py::class_<pg::FakeBackend, Backend, std::shared_ptr<pg::FakeBackend>>(
+      m, "FakeProcessGroup", "A backend that completes every operation at once, for tests.")
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("world_size"));
+
+  py::class_<pg::ProcessGroupOptions>(m, "_ProcessGroupOptions")
+      .def(py::init<>())
+      .def_readwrite("backend", &pg::ProcessGroupOptions::backend)
+      .def_readwrite("_timeout", &pg::ProcessGroupOptions::timeout);
+
+  py::class_<ProcessGroup, std::shared_ptr<ProcessGroup>> group(
+      m, "ProcessGroup", "A set of ranks running collectives together, with one backend per device.");
+  group
+      .def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
+                       std::optional<std::string> backend, std::optional<core::Millis> timeout) {
+             pg::ProcessGroupOptions opts;
+             if (backend) opts.backend = *backend;
+             if (timeout) opts.timeout = *timeout;
+             return std::make_shared<ProcessGroup>(std::move(store), rank, size, opts);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("backend") = py::none(),
+           py::arg("timeout") = py::none())
+      .def(py::init([](int rank, int size) {
+             return std::make_shared<ProcessGroup>(nullptr, rank, size);
+           }),
+           py::arg("rank"), py::arg("size"))
+      .def("rank", &ProcessGroup::rank)
+      .def("size", &ProcessGroup::size)
+      .def("name", &ProcessGroup::backend_name)
+      .def("_get_backend_name", &ProcessGroup::backend_name)
+      .def_property_readonly("group_name", &ProcessGroup::group_name)
+      .def("_set_group_name", &ProcessGroup::set_group_name, py::arg("name"))
+      .def_property_readonly("group_desc", &ProcessGroup::group_desc)
+      .def("_set_group_desc", &ProcessGroup::set_group_desc, py::arg("desc"))
+      .def_property_readonly("bound_device_id", [](const ProcessGroup&) { return py::none(); })
+      .def_property_readonly("_timeout", [](const ProcessGroup& g) { return g.options().timeout; })
+      .def_property_readonly("_store", &ProcessGroup::store)
+      .def(
+          "_register_backend",
+          [](ProcessGroup& g, py::handle device, py::handle /*backend_type*/,
+             std::shared_ptr<Backend> backend) {
+            g.register_backend(device_type_from(device), std::move(backend));
+          },
+          py::arg("device"), py::arg("backend_type"), py::arg("backend") = py::none())
+      .def(
+          "_get_backend",
+          [](const ProcessGroup& g, py::handle device) {
+            return g.get_backend(device_type_from(device));
+          },
+          py::arg("device"))
+      .def("_device_types",
+           [](const ProcessGroup& g) {
+             std::vector<std::string> out;
+             for (auto d : g.device_types()) out.push_back(core::Device{d, 0}.str());
+             return out;
+           })
+      .def("_get_sequence_number_for_group", &ProcessGroup::sequence_number)
+      .def("_set_sequence_number_for_group", [](ProcessGroup&) {})
+      .def("_register_on_completion_hook", &ProcessGroup::register_on_completion_hook,
+           py::arg("hook"))
+      .def("_has_hooks", &ProcessGroup::has_hooks)
+      .def("_wait_for_pending_works", [](ProcessGroup&) {})
+      .def("_enable_collectives_timing", &ProcessGroup::enable_collectives_timing)
+      .def("_shutdown", &ProcessGroup::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("__repr__", [](const ProcessGroup& g) {
+        return "<c10d.ProcessGroup " + g.backend_name() + " rank " + std::to_string(g.rank()) +
+               "/" + std::to_string(g.size()) + ">";
+      });
+  bind_collectives<ProcessGroup>(group);
+}
+
+}  // namespace c10d::python
