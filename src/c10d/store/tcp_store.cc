@@ -68,6 +68,33 @@ std::shared_ptr<TCPServer> start_server(const std::string& host, const TCPStoreO
   return server;
 }
 
+// Prefixes a user key and checks it against the protocol limit; `context` starts the error.
+std::string wire_key(const std::string& context, const std::string& user_key) {
+  if (user_key.size() + 1 > wire::kMaxKeyLen) {
+    throw core::InvalidArgument(str_cat(context, "key of ", user_key.size(),
+                                        " bytes exceeds the limit of ", wire::kMaxKeyLen - 1,
+                                        " bytes"));
+  }
+  std::string k;
+  k.reserve(user_key.size() + 1);
+  k += kKeyPrefix;
+  k += user_key;
+  return k;
+}
+
+std::vector<std::string> wire_keys(const std::string& context,
+                                   const std::vector<std::string>& user_keys) {
+  if (user_keys.size() > wire::kMaxKeysPerOp) {
+    throw core::InvalidArgument(str_cat(context, user_keys.size(),
+                                        " keys exceed the limit of ", wire::kMaxKeysPerOp,
+                                        " keys per operation"));
+  }
+  std::vector<std::string> keys;
+  keys.reserve(user_keys.size());
+  for (const auto& k : user_keys) keys.push_back(wire_key(context, k));
+  return keys;
+}
+
 }  // namespace
 
 // One request/reply exchange: holds the connection's mutex, encodes the request, reads the
@@ -76,31 +103,31 @@ std::shared_ptr<TCPServer> start_server(const std::string& host, const TCPStoreO
 // unusable, because the reply stream may be out of step with the requests.
 class TCPStore::Call {
  public:
+  // A call on the main connection; holds its mutex until destroyed.
   Call(TCPStore& store, const char* op)
-      : store_(store), op_(op), lock_(store.mu_), deadline_(store.timeout()) {
-    if (!store_.broken_.empty()) {
-      throw core::DistNetworkError(str_cat(
-          prefix(), "the connection to the store server at ",
-          endpoint(store_.host_, store_.port_),
-          " is unusable after an earlier error: ", store_.broken_));
-    }
+      : store_(store), op_(op), lock_(store.mu_), socket_(&store.socket_),
+        deadline_(store.timeout()) {
+    check_usable();
+  }
+  // A call on a connection the caller owns exclusively (a wait connection).
+  Call(TCPStore& store, const char* op, net::Socket& socket)
+      : store_(store), op_(op), socket_(&socket), deadline_(store.timeout()) {
+    check_usable();
   }
 
   std::string prefix() const { return str_cat(store_.describe(), ": ", op_, ": "); }
   const Deadline& deadline() const { return deadline_; }
 
+  void check_usable() {
+    if (!store_.is_broken_.load(std::memory_order_acquire) && socket_->valid()) return;
+    throw core::DistNetworkError(str_cat(
+        prefix(), "the connection to the store server at ", endpoint(store_.host_, store_.port_),
+        " is unusable after an earlier error: ", store_.broken_reason()));
+  }
+
   wire::Encoder& request() { return request_; }
 
-  // Prefixes a user key and checks it against the protocol limit.
-  std::string key(const std::string& user_key) const {
-    std::string k = kKeyPrefix + user_key;
-    if (k.size() > wire::kMaxKeyLen) {
-      throw core::InvalidArgument(str_cat(prefix(), "key of ", user_key.size(),
-                                          " bytes exceeds the limit of ",
-                                          wire::kMaxKeyLen - 1, " bytes"));
-    }
-    return k;
-  }
+  std::string key(const std::string& user_key) const { return wire_key(prefix(), user_key); }
   void check_value(const Bytes& value) const {
     if (value.size() > wire::kMaxValueLen) {
       throw core::InvalidArgument(str_cat(prefix(), "value of ", value.size(),
@@ -122,13 +149,13 @@ class TCPStore::Call {
 
   void send() {
     guarded([&] {
-      store_.socket_.send_all(request_.buffer().data(), request_.buffer().size(), deadline_);
+      socket_->send_all(request_.buffer().data(), request_.buffer().size(), deadline_);
     });
     request_.clear();
   }
 
   bool readable(const Deadline& deadline) {
-    return guarded([&] { return store_.socket_.wait_readable(deadline); });
+    return guarded([&] { return socket_->wait_readable(deadline); });
   }
   uint8_t u8() { return read<uint8_t>(); }
   uint32_t u32() { return read<uint32_t>(); }
@@ -137,7 +164,7 @@ class TCPStore::Call {
     auto size = read<uint64_t>();
     if (size > wire::kMaxReplyLen) protocol_error(str_cat("reply length ", size));
     Bytes value(size);
-    guarded([&] { store_.socket_.recv_exact(value.data(), value.size(), deadline_); });
+    guarded([&] { socket_->recv_exact(value.data(), value.size(), deadline_); });
     return value;
   }
   std::string str() {
@@ -153,9 +180,10 @@ class TCPStore::Call {
   }
 
   [[noreturn]] void protocol_error(const std::string& what) {
-    store_.broken_ = str_cat("unexpected ", what, " in a reply");
-    store_.socket_.close();
-    throw core::DistStoreError(str_cat(prefix(), store_.broken_));
+    std::string why = str_cat("unexpected ", what, " in a reply");
+    socket_->close();
+    store_.mark_broken(why);
+    throw core::DistStoreError(str_cat(prefix(), why));
   }
 
   // Waits for a WAIT (or BARRIER) reply until `deadline`; on expiry cancels the wait on the
@@ -192,7 +220,7 @@ class TCPStore::Call {
   template <typename T>
   T read() {
     T value;
-    guarded([&] { store_.socket_.recv_exact(&value, sizeof value, deadline_); });
+    guarded([&] { socket_->recv_exact(&value, sizeof value, deadline_); });
     return value;
   }
 
@@ -201,13 +229,13 @@ class TCPStore::Call {
     try {
       return f();
     } catch (const core::DistTimeoutError& e) {
-      store_.broken_ = e.what();
-      store_.socket_.close();
+      socket_->close();
+      store_.mark_broken(e.what());
       throw core::DistStoreTimeoutError(str_cat(prefix(), e.what(), " (store timeout ",
                                                 core::format_timeout(store_.timeout()), ")"));
     } catch (const core::DistNetworkError& e) {
-      store_.broken_ = e.what();
-      store_.socket_.close();
+      socket_->close();
+      store_.mark_broken(e.what());
       throw core::DistNetworkError(str_cat(prefix(), e.what()));
     }
   }
@@ -215,6 +243,7 @@ class TCPStore::Call {
   TCPStore& store_;
   const char* op_;
   std::unique_lock<std::mutex> lock_;
+  net::Socket* socket_;  // the main connection (lock_ held) or one the caller owns
   Deadline deadline_;
   wire::Encoder request_;
 };
@@ -225,7 +254,7 @@ TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
     server_ = start_server(host_, options);
     port_ = server_->port();
   }
-  connect();
+  socket_ = open_connection();
   if (options.is_server && options.num_workers && options.wait_workers) {
     wait_for_workers(*options.num_workers);
   } else {
@@ -238,19 +267,33 @@ TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
 
 TCPStore::TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout)
     : Store(timeout), host_(std::move(host)), port_(port) {
-  connect();
+  socket_ = open_connection();
 }
 
 TCPStore::~TCPStore() {
-  // Close our connection before a server we own shuts down, so it sees an ordinary
-  // disconnect.
+  // Close our connections before a server we own shuts down, so it sees ordinary
+  // disconnects.
   std::lock_guard<std::mutex> lock(mu_);
   socket_.close();
+  std::lock_guard<std::mutex> pool_lock(pool_mu_);
+  wait_sockets_.clear();
 }
 
 std::string TCPStore::describe() const { return str_cat("TCPStore(", endpoint(host_, port_), ")"); }
 
-void TCPStore::connect() {
+void TCPStore::mark_broken(const std::string& why) {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (broken_.empty()) broken_ = why;
+  is_broken_.store(true, std::memory_order_release);
+  wait_sockets_.clear();
+}
+
+std::string TCPStore::broken_reason() {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  return broken_.empty() ? "the connection was closed" : broken_;
+}
+
+net::Socket TCPStore::open_connection() {
   const Millis timeout = this->timeout();
   const Deadline deadline(timeout);
   const auto nonce = static_cast<uint32_t>(::getpid());
@@ -270,12 +313,7 @@ void TCPStore::connect() {
         socket.send_all(hello.buffer().data(), hello.buffer().size(), deadline);
         uint32_t echo = 0;
         socket.recv_exact(&echo, sizeof echo, deadline);
-        if (echo == nonce) {
-          std::lock_guard<std::mutex> lock(mu_);
-          socket_ = std::move(socket);
-          broken_.clear();
-          return;
-        }
+        if (echo == nonce) return socket;
         last_error = str_cat("the server answered PING with ", echo, " instead of ", nonce);
       } catch (const core::DistError& e) {
         last_error = e.what();
@@ -293,6 +331,41 @@ void TCPStore::connect() {
     std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
     backoff = std::min(Millis(backoff.count() * 3 / 2), kMaxBackoff);
   }
+}
+
+bool TCPStore::block_until_present(const char* op, const std::vector<std::string>& wire_keys,
+                                   const Deadline& deadline) {
+  {
+    // Usually the keys are there already. Asking on the main connection also guarantees
+    // that this store's earlier writes (sent there without a reply) are applied before we
+    // look, so a thread never waits for its own set().
+    Call call(*this, op);
+    call.request().query(QueryType::kCheck).u64(wire_keys.size());
+    for (const auto& k : wire_keys) call.request().str(k);
+    call.send();
+    if (call.u8() == static_cast<uint8_t>(wire::CheckReply::kReady)) return true;
+  }
+  net::Socket socket;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (!wait_sockets_.empty()) {
+      socket = std::move(wait_sockets_.back());
+      wait_sockets_.pop_back();
+    }
+  }
+  if (!socket.valid()) socket = open_connection();
+  bool arrived = false;
+  {
+    Call call(*this, op, socket);
+    call.request().query(QueryType::kWait).u64(wire_keys.size());
+    for (const auto& k : wire_keys) call.request().str(k);
+    call.send();
+    arrived = call.wait_reply(deadline);
+  }
+  // Still in step after a completed or cancelled wait: keep it for the next one.
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (!is_broken_.load(std::memory_order_relaxed)) wait_sockets_.push_back(std::move(socket));
+  return arrived;
 }
 
 void TCPStore::wait_for_workers(int num_workers) {
@@ -329,12 +402,12 @@ Bytes TCPStore::compare_set(const std::string& key, const Bytes& expected,
 }
 
 Bytes TCPStore::get(const std::string& key) {
-  Call call(*this, "get");
   const Millis timeout = this->timeout();
-  std::string k = call.key(key);
-  call.request().query(QueryType::kWait).u64(1).str(k);
-  call.send();
-  if (!call.wait_reply(Deadline(timeout))) throw_wait_timeout(describe(), {key}, timeout);
+  std::string k = wire_key(describe() + ": get: ", key);
+  if (!block_until_present("get", {k}, Deadline(timeout))) {
+    throw_wait_timeout(describe(), {key}, timeout);
+  }
+  Call call(*this, "get");
   call.request().query(QueryType::kGet).str(k);
   call.send();
   return call.bytes();
@@ -373,12 +446,10 @@ int64_t TCPStore::num_keys() {
 }
 
 void TCPStore::wait(const std::vector<std::string>& keys, Millis timeout) {
-  Call call(*this, "wait");
-  call.request().query(QueryType::kWait);
-  call.keys(keys);
-  call.send();
   // Our server only answers once every key exists; the deadline is ours to enforce.
-  if (!call.wait_reply(Deadline(timeout))) throw_wait_timeout(describe(), keys, timeout);
+  if (!block_until_present("wait", wire_keys(describe() + ": wait: ", keys), Deadline(timeout))) {
+    throw_wait_timeout(describe(), keys, timeout);
+  }
 }
 
 void TCPStore::append(const std::string& key, const Bytes& value) {
@@ -389,14 +460,14 @@ void TCPStore::append(const std::string& key, const Bytes& value) {
 }
 
 std::vector<Bytes> TCPStore::multi_get(const std::vector<std::string>& keys) {
-  Call call(*this, "multi_get");
   const Millis timeout = this->timeout();
-  call.request().query(QueryType::kWait);
-  call.keys(keys);
-  call.send();
-  if (!call.wait_reply(Deadline(timeout))) throw_wait_timeout(describe(), keys, timeout);
-  call.request().query(QueryType::kMultiGet);
-  call.keys(keys);
+  std::vector<std::string> ks = wire_keys(describe() + ": multi_get: ", keys);
+  if (!block_until_present("multi_get", ks, Deadline(timeout))) {
+    throw_wait_timeout(describe(), keys, timeout);
+  }
+  Call call(*this, "multi_get");
+  call.request().query(QueryType::kMultiGet).u64(ks.size());
+  for (const auto& k : ks) call.request().str(k);
   call.send();
   std::vector<Bytes> values;
   values.reserve(keys.size());
@@ -425,23 +496,23 @@ void TCPStore::queue_push(const std::string& key, const Bytes& value) {
 }
 
 Bytes TCPStore::queue_pop(const std::string& key, bool block) {
-  Call call(*this, "queue_pop");
   const Millis timeout = this->timeout();
   const Deadline deadline(timeout);
-  std::string k = call.key(key);
+  std::string k = wire_key(describe() + ": queue_pop: ", key);
   while (true) {
-    if (block) {
-      // WAIT returns once the queue is non-empty; another popper may still beat us to the
-      // item, in which case we wait again within the same deadline.
-      call.request().query(QueryType::kWait).u64(1).str(k);
+    {
+      Call call(*this, "queue_pop");
+      call.request().query(QueryType::kQueuePop).str(k);
       call.send();
-      if (!call.wait_reply(deadline)) throw_wait_timeout(describe(), {key}, timeout);
+      if (call.i64() > 0) return call.bytes();
+      if (!block) {
+        throw core::DistQueueEmptyError(str_cat(call.prefix(), "queue '", key, "' is empty"));
+      }
     }
-    call.request().query(QueryType::kQueuePop).str(k);
-    call.send();
-    if (call.i64() > 0) return call.bytes();
-    if (!block) {
-      throw core::DistQueueEmptyError(str_cat(call.prefix(), "queue '", key, "' is empty"));
+    // A non-empty queue counts as a present key. Another popper may still take the item
+    // first; then we wait again within the same deadline.
+    if (!block_until_present("queue_pop", {k}, deadline)) {
+      throw_wait_timeout(describe(), {key}, timeout);
     }
   }
 }

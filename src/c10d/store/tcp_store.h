@@ -3,6 +3,7 @@
 // included, talks to it through a client connection.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -28,13 +29,16 @@ struct TCPStoreOptions {
   bool use_libuv = true;  // we always use libuv; kept for API compatibility
 };
 
-// Thread-safe: one connection per TCPStore, guarded by a mutex, so concurrent calls on one
-// instance are serialised (a blocking wait/get holds the connection until it returns; use
-// clone() for an independent connection). Every read from the server has a deadline (the
-// store timeout), so a dead or silent server turns into an error, never a hang. After a
-// network error or a timed-out reply the connection is unusable and every later call fails
-// at once with DistNetworkError; a timed-out wait()/get() is cancelled cleanly and leaves the
-// connection usable.
+// Thread-safe. Requests go over one main connection guarded by a mutex, so calls from one
+// thread reach the server in program order and short calls from many threads are serialised.
+// A call that must block until keys exist (wait, get, multi_get, blocking queue_pop) first
+// checks on the main connection and, only if a key is missing, blocks on a separate wait
+// connection, so one thread's long wait never stalls the others (PyTorch's client holds its
+// only connection for the whole wait). Every read from the server has a deadline (the store
+// timeout), so a dead or silent server turns into an error, never a hang. After a network
+// error or a timed-out reply the store is unusable and every later call fails at once with
+// DistNetworkError; a timed-out wait()/get() is cancelled cleanly and leaves the store
+// usable.
 //
 // User keys travel with a "/" prefix (as PyTorch's client sends them); each instance except
 // clones registers by adding 1 to the unprefixed key "init/", which num_keys() counts.
@@ -84,16 +88,30 @@ class TCPStore : public Store {
   TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout);
 
  private:
-  void connect();
+  // Connects, validates and pings, retrying with backoff until the store timeout.
+  net::Socket open_connection();
   void wait_for_workers(int num_workers);
+  // Blocks until every (already prefixed) key exists or `deadline` passes; false on timeout.
+  // Checks on the main connection first (which also orders the wait after this store's
+  // earlier writes), and only blocks on a wait connection when a key is missing.
+  bool block_until_present(const char* op, const std::vector<std::string>& wire_keys,
+                           const core::Deadline& deadline);
+  void mark_broken(const std::string& why);
+  std::string broken_reason();
 
   const std::string host_;
   uint16_t port_;
   std::shared_ptr<TCPServer> server_;  // set when this instance started (or shares) the server
 
-  std::mutex mu_;  // guards socket_ and broken_; held for the whole of each request
-  net::Socket socket_;
-  std::string broken_;  // why the connection became unusable; empty while it is fine
+  // Lock order: mu_ before pool_mu_.
+  std::mutex mu_;       // guards socket_; held for the whole of each request on it
+  net::Socket socket_;  // the main connection: every request except blocking WAITs
+  std::mutex pool_mu_;  // guards wait_sockets_ and broken_
+  // Idle connections for blocking WAITs, so that a thread blocked in wait()/get() never
+  // holds the main connection; one per concurrently blocked thread, reused afterwards.
+  std::vector<net::Socket> wait_sockets_;
+  std::string broken_;  // why the store's connections are unusable; empty while they are fine
+  std::atomic<bool> is_broken_{false};
 };
 
 }  // namespace c10d::store
