@@ -99,7 +99,9 @@ TYPED_TEST(StoreConformance, AddAccumulates) {
   EXPECT_EQ(s.add("counter", 0), -3);
   EXPECT_EQ(s.get("counter"), b("-3"));
   s.set("text", b("abc"));
-  EXPECT_THROW(s.add("text", 1), core::DistStoreError);
+  // TCPStore servers (ours and PyTorch's) drop a client that adds to a non-counter, so
+  // only the base class is common to every store.
+  EXPECT_THROW(s.add("text", 1), core::DistError);
 }
 
 TYPED_TEST(StoreConformance, CompareSetFourCases) {
