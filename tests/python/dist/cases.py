@@ -1,0 +1,480 @@
+"""Collective test cases; each runs on every rank of a real multi-process job.
+
+Every rank builds every rank's input from (rank, seed), so each can compute the expected
+result with numpy and check its own output."""
+
+import time
+from datetime import timedelta
+
+import numpy as np
+
+SIZES = [0, 1, 7, 1000]
+R = None  # set per case: ReduceOp
+
+
+def _inputs(dtype, n, world, salt=0):
+    """Rank r's input: small values so PRODUCT and sums stay exact."""
+    out = []
+    for r in range(world):
+        if dtype == np.bool_:
+            a = ((np.arange(n) + r + salt) % 3 == 0)
+        elif np.issubdtype(dtype, np.complexfloating):
+            a = (np.arange(n) % 5 + r + 1) + 1j * (np.arange(n) % 3 - r)
+        else:
+            a = (np.arange(n) * (r + 1) + salt) % 4 + 1
+        out.append(np.ascontiguousarray(a.astype(dtype)))
+    return out
+
+
+def _expected(op, dist, xs, dtype):
+    stack = np.stack(xs) if xs[0].size else np.zeros((len(xs), 0), dtype=dtype)
+    O = dist.ReduceOp
+    if op == O.SUM:
+        return np.any(stack, 0) if dtype == np.bool_ else stack.sum(0).astype(dtype)
+    if op == O.AVG:
+        return (stack.astype(np.float64).mean(0)).astype(dtype)
+    if op == O.PRODUCT:
+        return np.all(stack, 0) if dtype == np.bool_ else stack.prod(0).astype(dtype)
+    if op == O.MIN:
+        return stack.min(0)
+    if op == O.MAX:
+        return stack.max(0)
+    if op == O.BAND:
+        return np.bitwise_and.reduce(stack, 0)
+    if op == O.BOR:
+        return np.bitwise_or.reduce(stack, 0)
+    if op == O.BXOR:
+        return np.bitwise_xor.reduce(stack, 0)
+    raise AssertionError(op)
+
+
+def _valid_ops(dist, dtype):
+    O = dist.ReduceOp
+    if dtype == np.bool_:
+        return [O.SUM, O.PRODUCT, O.MIN, O.MAX, O.BAND, O.BOR, O.BXOR]
+    if np.issubdtype(dtype, np.complexfloating):
+        return [O.SUM, O.AVG]
+    ops = [O.SUM, O.PRODUCT, O.MIN, O.MAX]
+    if np.issubdtype(dtype, np.integer):
+        ops += [O.BAND, O.BOR, O.BXOR]
+    else:
+        ops += [O.AVG]
+    return ops
+
+
+def _close(actual, expected, dtype, what):
+    if np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.complexfloating):
+        tol = 1e-2 if dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol, err_msg=what)
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+
+
+DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8, np.int8, np.bool_,
+          np.complex64]
+
+
+def all_reduce(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in DTYPES:
+        for n in SIZES:
+            xs = _inputs(dtype, n, world)
+            for op in _valid_ops(dist, dtype):
+                t = xs[rank].copy()
+                dist.all_reduce(t, op=op)
+                _close(t, _expected(op, dist, xs, dtype), dtype, f"{dtype} n={n} {op}")
+    # PREMUL_SUM: sum of inputs each scaled by the factor.
+    xs = _inputs(np.float32, 10, world)
+    t = xs[rank].copy()
+    dist.all_reduce(t, op=dist._C._make_nccl_premul_sum(2.5))
+    _close(t, 2.5 * np.stack(xs).sum(0), np.float32, "premul_sum")
+    # Multi-dimensional tensors reduce elementwise.
+    t = np.full((3, 4), rank + 1, dtype=np.float64)
+    dist.all_reduce(t)
+    assert (t == world * (world + 1) / 2).all()
+
+
+def all_reduce_errors(dist, backend):
+    rank = dist.get_rank()
+    for bad in [None, 3, "x", [1, 2]]:
+        try:
+            dist.all_reduce(bad)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError(f"all_reduce({bad!r}) did not raise TypeError")
+    c = np.ones(4, dtype=np.complex64)
+    for op in [dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT]:
+        _raises(ValueError, lambda: dist.all_reduce(c, op=op), "complex MAX")
+    _raises(ValueError, lambda: dist.all_reduce(np.ones(4, np.float32), op=dist.ReduceOp.BAND),
+            "BAND on float")
+    _raises(ValueError, lambda: dist.all_reduce(np.ones((4, 4))[:, ::2]), "non-contiguous")
+    ro = np.ones(4)
+    ro.setflags(write=False)
+    _raises(ValueError, lambda: dist.all_reduce(ro), "read-only output")
+    # The group still works after rejected calls.
+    t = np.ones(3)
+    dist.all_reduce(t)
+    assert (t == dist.get_world_size()).all()
+
+
+def _raises(exc, fn, what):
+    try:
+        fn()
+    except exc:
+        return
+    except Exception as e:
+        raise AssertionError(f"{what}: expected {exc.__name__}, got {type(e).__name__}: {e}")
+    raise AssertionError(f"{what}: expected {exc.__name__}, nothing raised")
+
+
+def broadcast_reduce(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in [np.float32, np.int64, np.float16, np.bool_, np.complex128, np.uint8]:
+        for n in SIZES:
+            xs = _inputs(dtype, n, world, salt=3)
+            for root in range(world):
+                t = xs[rank].copy()
+                dist.broadcast(t, src=root)
+                _close(t, xs[root], dtype, f"broadcast {dtype} n={n} root={root}")
+                t = xs[rank].copy()
+                dist.reduce(t, dst=root, op=dist.ReduceOp.SUM)
+                if rank == root:
+                    _close(t, _expected(dist.ReduceOp.SUM, dist, xs, dtype), dtype,
+                           f"reduce {dtype} n={n} root={root}")
+    t = np.zeros(2)
+    _raises(ValueError, lambda: dist.broadcast(t, src=world), "broadcast from a bad rank")
+
+
+def gathers(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in [np.float32, np.int32, np.float16, np.bool_, np.complex64]:
+        for n in SIZES:
+            xs = _inputs(dtype, n, world, salt=1)
+            out = [np.zeros(n, dtype) for _ in range(world)]
+            dist.all_gather(out, xs[rank])
+            for r in range(world):
+                _close(out[r], xs[r], dtype, f"all_gather {dtype} n={n} from {r}")
+            flat = np.zeros(n * world, dtype)
+            dist.all_gather_into_tensor(flat, xs[rank])
+            _close(flat, np.concatenate(xs), dtype, "all_gather_into_tensor flat")
+            stacked = np.zeros((world, n), dtype)
+            dist.all_gather_into_tensor(stacked, xs[rank])
+            _close(stacked, np.stack(xs), dtype, "all_gather_into_tensor stacked")
+            for root in range(world):
+                gl = [np.zeros(n, dtype) for _ in range(world)] if rank == root else None
+                dist.gather(xs[rank], gl, dst=root)
+                if rank == root:
+                    for r in range(world):
+                        _close(gl[r], xs[r], dtype, f"gather root={root} from {r}")
+                out1 = np.zeros(n, dtype)
+                dist.scatter(out1, [x.copy() for x in xs] if rank == root else None, src=root)
+                _close(out1, xs[rank], dtype, f"scatter root={root}")
+    # Coalesced all_gather of two tensors of different shapes.
+    a, b = np.full(2, rank, np.int64), np.full((2, 3), rank * 10, np.int64)
+    outs = [[np.zeros(2, np.int64), np.zeros((2, 3), np.int64)] for _ in range(world)]
+    dist.all_gather_coalesced(outs, [a, b])
+    for r in range(world):
+        assert (outs[r][0] == r).all() and (outs[r][1] == r * 10).all()
+    # Argument rules.
+    x = np.zeros(3)
+    if world > 1:
+        other = (rank + 1) % world
+        _raises(ValueError, lambda: dist.gather(x, [np.zeros(3)] * world, dst=other),
+                "gather_list on a non-destination rank")
+        _raises(ValueError, lambda: dist.scatter(x, [np.zeros(3)] * world, src=other),
+                "scatter_list on a non-source rank")
+    _raises(ValueError, lambda: dist.gather(x, None, dst=rank), "no gather_list on dst")
+    _raises(ValueError, lambda: dist.all_gather([np.zeros(3)] * (world + 1), x),
+            "all_gather list too long")
+    _raises(ValueError, lambda: dist.all_gather([np.zeros(3, np.int32)] * world, x),
+            "all_gather dtype mismatch")
+    _raises(ValueError, lambda: dist.all_gather_into_tensor(np.zeros(3 * world + 1), x),
+            "all_gather_into_tensor size mismatch")
+    _raises(TypeError, lambda: dist.all_gather(x, x), "all_gather output not a list")
+
+
+def reduce_scatters(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in [np.float32, np.int64, np.float16, np.complex64]:
+        for n in [0, 1, 5]:
+            # Rank r's input list: world chunks of n.
+            lists = [_inputs(dtype, n * world, world, salt=s) for s in range(1)][0]
+            ops = [dist.ReduceOp.SUM, dist.ReduceOp.AVG] if dtype == np.complex64 else \
+                [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN]
+            for op in ops:
+                exp_full = _expected(op, dist, lists, dtype)
+                out = np.zeros(n, dtype)
+                chunks = [lists[rank][i * n:(i + 1) * n].copy() for i in range(world)]
+                dist.reduce_scatter(out, chunks, op=op)
+                _close(out, exp_full[rank * n:(rank + 1) * n], dtype, f"reduce_scatter {op}")
+                out2 = np.zeros(n, dtype)
+                dist.reduce_scatter_tensor(out2, lists[rank].copy(), op=op)
+                _close(out2, exp_full[rank * n:(rank + 1) * n], dtype,
+                       f"reduce_scatter_tensor {op}")
+    _raises(ValueError, lambda: dist.reduce_scatter_tensor(np.zeros(2), np.zeros(2 * world + 1)),
+            "reduce_scatter_tensor size mismatch")
+
+
+def all_to_alls(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in [np.float32, np.int16, np.complex64]:
+        # Even splits: rank r sends value 100*r + j to rank j.
+        inp = np.array([100 * rank + j for j in range(world) for _ in range(2)], dtype)
+        out = np.zeros(2 * world, dtype)
+        dist.all_to_all_single(out, inp)
+        exp = np.array([100 * j + rank for j in range(world) for _ in range(2)], dtype)
+        _close(out, exp, dtype, "all_to_all_single even")
+        # Uneven: rank r sends (j + 1) copies of 100*r + j to rank j; receives rank+1 from each.
+        in_splits = [j + 1 for j in range(world)]
+        inp = np.concatenate([np.full(j + 1, 100 * rank + j) for j in range(world)]).astype(dtype)
+        out_splits = [rank + 1] * world
+        out = np.zeros(sum(out_splits), dtype)
+        dist.all_to_all_single(out, inp, out_splits, in_splits)
+        exp = np.concatenate([np.full(rank + 1, 100 * j + rank) for j in range(world)])
+        _close(out, exp.astype(dtype), dtype, "all_to_all_single uneven")
+        # 2-D rows.
+        inp2 = np.full((world, 3), rank, dtype)
+        out2 = np.zeros((world, 3), dtype)
+        dist.all_to_all_single(out2, inp2)
+        _close(out2, np.repeat(np.arange(world), 3).reshape(world, 3).astype(dtype), dtype,
+               "all_to_all_single 2-D")
+        # List form with different sizes per peer.
+        ins = [np.full(j + 1, 10 * rank + j, dtype) for j in range(world)]
+        outs = [np.zeros(rank + 1, dtype) for _ in range(world)]
+        dist.all_to_all(outs, ins)
+        for j in range(world):
+            _close(outs[j], np.full(rank + 1, 10 * j + rank, dtype), dtype, "all_to_all list")
+    _raises(ValueError, lambda: dist.all_to_all_single(np.zeros(world), np.zeros(world),
+                                                       [1] * world, [2] * world),
+            "splits that do not sum to the size")
+
+
+def point_to_point(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        _raises(ValueError, lambda: dist.send(np.zeros(1), 0), "send to self")
+        return
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    # Ring with blocking calls: even ranks send first.
+    out, got = np.full(5, rank, np.int32), np.zeros(5, np.int32)
+    if rank % 2 == 0:
+        dist.send(out, nxt)
+        sender = dist.recv(got, prv)
+    else:
+        sender = dist.recv(got, prv)
+        dist.send(out, nxt)
+    assert sender == prv and (got == prv).all(), (sender, got)
+    # isend/irecv.
+    got = np.zeros(3, np.float64)
+    works = [dist.irecv(got, prv), dist.isend(np.full(3, rank * 1.5), nxt)]
+    for w in works:
+        w.wait()
+    assert (got == prv * 1.5).all()
+    # batch_isend_irecv in the order that would deadlock with blocking calls.
+    got = np.zeros(4, np.int64)
+    ops = [dist.P2POp(dist.isend, np.full(4, rank, np.int64), nxt),
+           dist.P2POp(dist.irecv, got, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert (got == prv).all()
+    # Tags keep messages apart.
+    if rank == 0:
+        dist.send(np.full(1, 7.0), 1, tag=7)
+        dist.send(np.full(1, 3.0), 1, tag=3)
+    elif rank == 1:
+        a, b = np.zeros(1), np.zeros(1)
+        w3 = dist.irecv(b, 0, tag=3)
+        w7 = dist.irecv(a, 0, tag=7)
+        w3.wait()
+        w7.wait()
+        assert a[0] == 7.0 and b[0] == 3.0, (a, b)
+    # Receive from any source: rank 0 collects one message from each other rank.
+    if rank == 0:
+        seen = set()
+        for _ in range(world - 1):
+            buf = np.zeros(1, np.int64)
+            sender = dist.recv(buf)
+            assert buf[0] == sender * 11, (buf, sender)
+            seen.add(sender)
+        assert seen == set(range(1, world))
+    else:
+        dist.send(np.array([rank * 11], np.int64), 0)
+    _raises(ValueError, lambda: dist.send(np.zeros(1), rank), "send to self")
+    _raises(ValueError, lambda: dist.recv(np.zeros(1), world + 3), "recv from a bad rank")
+    _raises(ValueError, lambda: dist.P2POp(print, np.zeros(1), 0), "P2POp with a bad op")
+    dist.barrier()
+
+
+def barriers_and_async(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    dist.monitored_barrier(timeout=timedelta(seconds=20))
+    dist.monitored_barrier(timeout=timedelta(seconds=20), wait_all_ranks=True)
+    works = []
+    tensors = [np.full(100, rank + i, np.float32) for i in range(5)]
+    for t in tensors:
+        works.append(dist.all_reduce(t, async_op=True))
+    for i, w in enumerate(works):
+        assert w.wait()
+        assert w.is_completed() and w.is_success()
+        exp = sum(r + i for r in range(world))
+        assert (tensors[i] == exp).all()
+    w = dist.barrier(async_op=True)
+    w.wait()
+    t = np.ones(4)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    fut.wait()
+    assert (t == world).all()
+    # all_reduce_coalesced over tensors of several shapes.
+    a, b = np.full(3, rank, np.float64), np.full((2, 2), 2 * rank, np.float64)
+    dist.all_reduce_coalesced([a, b])
+    s = world * (world - 1) / 2
+    assert (a == s).all() and (b == 2 * s).all()
+
+
+def objects(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "data": list(range(rank))})
+    assert objs == [{"rank": r, "data": list(range(r))} for r in range(world)]
+    out = [None] * world if rank == 0 else None
+    dist.gather_object(("g", rank), out, dst=0)
+    if rank == 0:
+        assert out == [("g", r) for r in range(world)]
+    lst = [f"from{rank}", rank, None] if rank == world - 1 else [None, None, None]
+    dist.broadcast_object_list(lst, src=world - 1)
+    assert lst == [f"from{world - 1}", world - 1, None]
+    recv_obj = [None]
+    dist.scatter_object_list(recv_obj, [{"to": r} for r in range(world)] if rank == 0 else None,
+                             src=0)
+    assert recv_obj == [{"to": rank}]
+    if world > 1:
+        if rank == 0:
+            dist.send_object_list(["hello", 42], dst=1)
+        elif rank == 1:
+            got = [None, None]
+            sender = dist.recv_object_list(got, src=0)
+            assert got == ["hello", 42] and sender == 0
+
+
+def subgroups(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    members = [r for r in range(world) if r % 2 == 0]
+    g = dist.new_group(members[::-1])  # order does not matter: ranks are sorted
+    if rank in members:
+        assert g is not dist.GroupMember.NON_GROUP_MEMBER
+        assert dist.get_process_group_ranks(g) == members
+        assert dist.get_rank(g) == members.index(rank)
+        assert dist.get_world_size(g) == len(members)
+        assert dist.get_global_rank(g, 0) == 0
+        assert dist.get_group_rank(g, rank) == members.index(rank)
+        t = np.full(2, rank, np.int64)
+        dist.all_reduce(t, group=g)
+        assert (t == sum(members)).all()
+        t = np.full(2, rank, np.int64)
+        dist.broadcast(t, src=members[-1], group=g)
+        assert (t == members[-1]).all()
+        t = np.full(2, rank, np.int64)
+        dist.broadcast(t, group_src=0, group=g)
+        assert (t == members[0]).all()
+        out = [np.zeros(1, np.int64) for _ in members]
+        dist.all_gather(out, np.array([rank]), group=g)
+        assert [int(o[0]) for o in out] == members
+        if len(members) > 1 and rank in members[:2]:
+            peer = members[1] if rank == members[0] else members[0]
+            buf = np.zeros(1, np.int64)
+            if rank == members[0]:
+                dist.send(np.array([rank]), peer, group=g)
+            else:
+                assert dist.recv(buf, peer, group=g) == peer
+                assert buf[0] == peer
+                buf[:] = 0
+                # recv with group_src returns the group rank
+        dist.barrier(group=g)
+    else:
+        assert g is dist.GroupMember.NON_GROUP_MEMBER
+        assert dist.get_rank(g) == -1 and dist.get_world_size(g) == -1
+        t = np.ones(2)
+        assert dist.all_reduce(t, group=g) is None  # a no-op on non-members
+        assert (t == 1).all()
+    # new_subgroups: pairs of consecutive ranks.
+    if world % 2 == 0:
+        cur, subs = dist.new_subgroups(group_size=2)
+        assert len(subs) == world // 2
+        assert dist.get_process_group_ranks(cur) == [rank - rank % 2, rank - rank % 2 + 1]
+        t = np.array([rank], np.int64)
+        dist.all_reduce(t, group=cur)
+        assert t[0] == 2 * (rank - rank % 2) + 1
+    cur, subs = dist.new_subgroups_by_enumeration([[r] for r in range(world)])
+    assert dist.get_world_size(cur) == 1
+    assert dist.get_pg_count() >= 2
+    # The world still works.
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == world
+
+
+def state_queries(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert dist.is_initialized()
+    assert dist.get_backend() == backend
+    assert backend in dist.get_backend_config()
+    assert dist.group.WORLD is dist.GroupMember.WORLD
+    assert dist.get_process_group_ranks(dist.group.WORLD) == list(range(world))
+    try:
+        dist.init_process_group(backend)
+    except ValueError as e:
+        assert "twice" in str(e)
+    else:
+        raise AssertionError("a second init_process_group did not raise")
+
+
+def torch_interop(dist, backend):
+    try:
+        import torch
+    except ImportError:
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    assert torch.all(t == world * (world + 1) / 2), t
+    bf = torch.full((8,), float(rank + 1), dtype=torch.bfloat16)
+    dist.all_reduce(bf)
+    assert torch.all(bf.float() == world * (world + 1) / 2), bf
+    out = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(out, torch.full((2,), rank, dtype=torch.int64))
+    assert [int(o[0]) for o in out] == list(range(world))
+    _raises(ValueError, lambda: dist.all_reduce(torch.zeros(4, 4).t()), "non-contiguous torch")
+
+
+def recv_timeout(dist, backend):
+    """Rank 1 receives from rank 0, which never sends: the recv fails within its timeout."""
+    rank = dist.get_rank()
+    if rank == 1:
+        start = time.monotonic()
+        try:
+            dist.recv(np.zeros(1), 0)
+        except RuntimeError as e:
+            elapsed = time.monotonic() - start
+            assert elapsed < 20, elapsed
+            print(f"RECV_TIMEOUT_OK {elapsed:.1f}s: {e}")
+            return
+        raise AssertionError("recv without a sender returned")
+    time.sleep(8)
+
+
+def monitored_barrier_reports(dist, backend):
+    """The last rank skips the barrier; the others learn which rank is missing."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == world - 1:
+        time.sleep(6)
+        return
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=2), wait_all_ranks=True)
+    except RuntimeError as e:
+        if rank == 0:
+            assert str(world - 1) in str(e), str(e)
+        print(f"MONITORED_OK: {e}")
+        return
+    raise AssertionError("monitored_barrier passed with a rank missing")

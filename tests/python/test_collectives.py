@@ -1,0 +1,32 @@
+"""Every collective on real processes, for every backend and world sizes 1-4."""
+
+import pytest
+
+from dist import harness
+
+BACKENDS = ["gloo"]
+CASES = ["all_reduce", "all_reduce_errors", "broadcast_reduce", "gathers", "reduce_scatters",
+         "all_to_alls", "point_to_point", "barriers_and_async", "objects", "subgroups",
+         "state_queries", "torch_interop"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("case", CASES)
+def test_case(case, world_size, backend):
+    harness.check_all_ok(harness.run(case, world_size, backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recv_without_sender_times_out(backend):
+    results = harness.run("recv_timeout", 2, backend,
+                          env={"C10D_TEST_PG_TIMEOUT": "3"})
+    harness.check_all_ok(results)
+    assert "RECV_TIMEOUT_OK" in results[1].stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_monitored_barrier_names_missing_rank(backend):
+    results = harness.run("monitored_barrier_reports", 3, backend)
+    harness.check_all_ok(results)
+    assert "MONITORED_OK" in results[0].stdout
