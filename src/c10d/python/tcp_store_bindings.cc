@@ -1,1 +1,56 @@
-// (filled in by its owner)
+// Python binding of TCPStore, with torch.distributed.TCPStore's constructor signature.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "c10d/python/bindings.h"
+#include "c10d/store/tcp_store.h"
+
+namespace py = pybind11;
+
+namespace c10d::python {
+
+void init_tcp_store(py::module_& m) {
+  using store::Store;
+  using store::TCPStore;
+  using store::TCPStoreOptions;
+
+  py::class_<TCPStore, Store, std::shared_ptr<TCPStore>>(
+      m, "TCPStore", py::dynamic_attr(),
+      "Store served over TCP, wire-compatible with torch.distributed.TCPStore. The master "
+      "(is_master=True) runs the server in this process; everyone connects to host_name:port. "
+      "Port 0 lets the master pick a free port (see .port).")
+      .def(py::init([](const std::string& host_name, uint16_t port,
+                       std::optional<int> world_size, bool is_master,
+                       std::chrono::milliseconds timeout, bool wait_for_workers,
+                       bool multi_tenant, std::optional<int> master_listen_fd,
+                       std::optional<bool> use_libuv) {
+             TCPStoreOptions opts;
+             opts.port = port;
+             opts.is_server = is_master;
+             // torch accepts -1 for "no fixed world size" as well as None.
+             if (world_size && *world_size >= 0) opts.num_workers = world_size;
+             opts.wait_workers = wait_for_workers;
+             opts.timeout = timeout;
+             opts.multi_tenant = multi_tenant;
+             opts.master_listen_fd = master_listen_fd;
+             opts.use_libuv = use_libuv.value_or(true);
+             return std::make_shared<TCPStore>(host_name, opts);
+           }),
+           py::arg("host_name"), py::arg("port"), py::arg("world_size") = py::none(),
+           py::arg("is_master") = false,
+           py::arg("timeout") = std::chrono::milliseconds(store::kDefaultStoreTimeout),
+           py::arg("wait_for_workers") = true, py::arg("multi_tenant") = false,
+           py::arg("master_listen_fd") = py::none(), py::arg("use_libuv") = py::none(),
+           py::call_guard<py::gil_scoped_release>(),
+           "Starts the server when is_master, then connects (retrying until timeout). With "
+           "is_master, world_size and wait_for_workers, blocks until world_size stores have "
+           "joined, else raises DistTimeoutError naming how many did.")
+      .def_property_readonly("host", &TCPStore::host, "The host name clients connect to.")
+      .def_property_readonly("port", &TCPStore::port,
+                             "The port the server listens on (resolved when 0 was asked for).")
+      .def_property_readonly("libuvBackend", &TCPStore::libuv_backend,
+                             "Always True: the server runs on libuv.");
+}
+
+}  // namespace c10d::python
