@@ -34,7 +34,10 @@ struct EnvVar {
   X(kEnvStoreUseLibuv, "USE_LIBUV", "1",                                                        \
     "Accepted for compatibility with torch; the TCPStore server always runs on libuv.")       \
   X(kEnvLogLevel, "C10D_LOG_LEVEL", "WARNING",                                                  \
-    "Least severe log message printed to stderr: DEBUG, INFO, WARNING or ERROR.")
+    "Least severe log message printed to stderr: DEBUG, INFO, WARNING or ERROR.")             \
+  X(kEnvGlooSocketIfname, "GLOO_SOCKET_IFNAME", "",                                           \
+    "Comma-separated network interfaces the Gloo backend binds to (one device each); unset "  \
+    "means the address the hostname resolves to, else loopback.")
 
 #define C10D_DECLARE_ENV(id, name, def, doc) inline constexpr EnvVar id{name, def, doc};
 C10D_ENV_VARS(C10D_DECLARE_ENV)

@@ -1,0 +1,996 @@
+#include "c10d/backends/gloo/gloo_backend.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <utility>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "c10d/backends/gloo/store_adapter.h"
+#include "c10d/core/env.h"
+#include "c10d/core/exception.h"
+#include "c10d/core/reduce.h"
+
+namespace c10d::backends::gloo {
+
+using core::DistBackendError;
+using core::DistTimeoutError;
+using core::DType;
+using core::OpType;
+using core::ReduceOp;
+using core::Tensor;
+using core::detail::str_cat;
+using pg::Millis;
+
+namespace {
+
+// Gloo reads a zero timeout as "use the default" in some places and rejects it in others, so
+// "no timeout" becomes a year.
+constexpr Millis kForever = std::chrono::hours(24 * 365);
+// Slot prefix of monitored_barrier's messages. Gloo's collectives use prefixes 0x01-0x08 in the
+// top byte of the slot and user point-to-point tags stay below 2^32, so this cannot collide.
+constexpr uint64_t kMonitoredBarrierPrefix = 0x10;
+// Size of one element in Gloo's eyes. Only sizeof matters: our own reduce function does the
+// arithmetic, so bfloat16, complex and bool travel as opaque elements of the right width.
+template <size_t N>
+struct Element {
+  unsigned char bytes[N];
+};
+
+Millis resolve_timeout(Millis timeout) { return timeout <= Millis::zero() ? kForever : timeout; }
+
+// Gloo treats a zero-millisecond wait as "no timeout"; never pass it one.
+Millis at_least_1ms(Millis timeout) { return std::max(timeout, Millis(1)); }
+
+// Zero-element tensors may have no storage; Gloo wants a valid pointer all the same.
+void* data_or_dummy(const Tensor& tensor) {
+  static unsigned char dummy;
+  return tensor.data() != nullptr ? tensor.data() : &dummy;
+}
+
+template <typename Fn>
+void with_element_type(size_t element_size, Fn&& fn) {
+  switch (element_size) {
+    case 1: fn.template operator()<Element<1>>(); return;
+    case 2: fn.template operator()<Element<2>>(); return;
+    case 4: fn.template operator()<Element<4>>(); return;
+    case 8: fn.template operator()<Element<8>>(); return;
+    case 16: fn.template operator()<Element<16>>(); return;
+    default: throw DistBackendError(str_cat("Gloo: no element type of ", element_size, " bytes"));
+  }
+}
+
+// The combine step Gloo calls between contributions: out = a (op) b.
+::gloo::AllreduceOptions::Func make_reduce_fn(DType dtype, ReduceOp op) {
+  // AVG and PREMUL_SUM combine like SUM; their pre/post steps happen once, outside Gloo.
+  if (op.kind == ReduceOp::AVG || op.kind == ReduceOp::PREMUL_SUM) op = ReduceOp(ReduceOp::SUM);
+  return [dtype, op](void* out, const void* a, const void* b, size_t n) {
+    core::reduce_into(out, a, b, n, dtype, op);
+  };
+}
+
+bool is_gloo_timeout(const std::string& message) {
+  return message.find("Timed out") != std::string::npos ||
+         message.find("timed out") != std::string::npos ||
+         message.find("Timeout") != std::string::npos;
+}
+
+template <typename Opts>
+bool wants_async(const Opts& opts) {
+  if constexpr (requires { opts.async_op; }) {
+    return opts.async_op;
+  } else {
+    return true;
+  }
+}
+
+// Elementwise copy of a contiguous tensor's bytes.
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n != 0) std::memcpy(dst, src, n);
+}
+
+// In-place allreduce of `n` elements at each pointer in `data` (all the same dtype).
+void run_allreduce(const GlooBackend::OpContext& c, const std::vector<void*>& data, size_t n,
+                   DType dtype, const ReduceOp& op) {
+  if (n == 0) return;
+  for (void* p : data) core::apply_premul(p, n, dtype, op);
+  ::gloo::AllreduceOptions g(c.context);
+  with_element_type(core::element_size(dtype), [&]<typename T>() {
+    std::vector<T*> ptrs;
+    ptrs.reserve(data.size());
+    for (void* p : data) ptrs.push_back(static_cast<T*>(p));
+    g.setOutputs(ptrs, n);
+  });
+  g.setReduceFunction(make_reduce_fn(dtype, op));
+  g.setTag(c.tag);
+  g.setTimeout(c.timeout);
+  ::gloo::allreduce(g);
+  for (void* p : data) core::apply_postdiv(p, n, dtype, op, c.size);
+}
+
+void run_allgather(const GlooBackend::OpContext& c, void* in, void* out, size_t bytes_per_rank) {
+  if (bytes_per_rank == 0) return;
+  ::gloo::AllgatherOptions g(c.context);
+  g.setInput(static_cast<char*>(in), bytes_per_rank);
+  g.setOutput(static_cast<char*>(out), bytes_per_rank * c.size);
+  g.setTag(c.tag);
+  g.setTimeout(c.timeout);
+  ::gloo::allgather(g);
+}
+
+// Reduce-scatter of `input` (size * output.numel() elements, not modified) into `output`:
+// an allreduce of a copy, then this rank's slice. Gloo has no options-style reduce-scatter.
+void run_reduce_scatter(const GlooBackend::OpContext& c, Tensor& output, const Tensor& input,
+                        const ReduceOp& op) {
+  const size_t n = static_cast<size_t>(output.numel());
+  if (n == 0) return;
+  Tensor scratch = input.contiguous_copy();
+  ReduceOp sum_op = op;
+  if (op.kind == ReduceOp::AVG) sum_op = ReduceOp(ReduceOp::SUM);
+  run_allreduce(c, {scratch.data()}, n * c.size, input.dtype(), sum_op);
+  copy_bytes(output.data(), static_cast<char*>(scratch.data()) + c.rank * output.nbytes(),
+             output.nbytes());
+  core::apply_postdiv(output.data(), n, output.dtype(), op, c.size);
+}
+
+// Gloo's all-to-all with per-rank byte counts (which may be zero).
+void run_alltoallv(const GlooBackend::OpContext& c, void* in, std::vector<int64_t> in_bytes,
+                   void* out, std::vector<int64_t> out_bytes) {
+  ::gloo::AlltoallvOptions g(c.context);
+  g.setInput(static_cast<char*>(in), std::move(in_bytes));
+  g.setOutput(static_cast<char*>(out), std::move(out_bytes));
+  g.setTag(c.tag);
+  g.setTimeout(c.timeout);
+  ::gloo::alltoallv(g);
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i != 0) out += ", ";
+    out += std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+// Whether `host` resolves to an address this machine can bind (so peers could reach us there).
+bool hostname_is_bindable(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return false;
+  bool ok = false;
+  for (addrinfo* ai = result; ai != nullptr && !ok; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) continue;
+    ok = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(result);
+  return ok;
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start) parts.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return parts;
+}
+
+// A send or receive posted on an unbound buffer. It completes when waited on: wait() blocks on
+// the buffer (up to the operation's deadline, or the caller's shorter timeout, after which the
+// operation stays pending and may be waited on again).
+class P2PWork : public core::Work {
+ public:
+  P2PWork(OpType type, std::string description, Tensor tensor,
+          std::unique_ptr<::gloo::transport::UnboundBuffer> buffer, int peer, Millis timeout,
+          std::string context)
+      : Work(type, std::move(description)),
+        tensor_(std::move(tensor)),
+        buffer_(std::move(buffer)),
+        peer_(peer),
+        deadline_(timeout),
+        timeout_(timeout),
+        context_(std::move(context)) {}
+
+  bool wait(Millis timeout) override {
+    {
+      std::lock_guard<std::mutex> lock(wait_mutex_);
+      if (!settled_) settle(timeout);
+    }
+    return Work::wait(core::kNoTimeout);
+  }
+
+  void abort() override {
+    if (op_type() == OpType::kSend) {
+      buffer_->abortWaitSend();
+    } else {
+      buffer_->abortWaitRecv();
+    }
+  }
+
+ private:
+  // Expects wait_mutex_ held.
+  void settle(Millis caller_timeout) {
+    const Millis left = deadline_.remaining();
+    const bool caller_limited = caller_timeout > Millis::zero() && caller_timeout < left;
+    const Millis limit = at_least_1ms(caller_limited ? caller_timeout : left);
+    const bool is_send = op_type() == OpType::kSend;
+    try {
+      int rank = -1;
+      bool done = is_send ? buffer_->waitSend(&rank, limit) : buffer_->waitRecv(&rank, limit);
+      settled_ = true;
+      if (!done) {
+        finish_with_error(std::make_exception_ptr(
+            DistBackendError(str_cat("Gloo ", context_, " was aborted"))));
+        return;
+      }
+      if (!is_send) set_source_rank(rank);
+      finish({tensor_});
+    } catch (const std::exception& e) {
+      const bool timed_out = is_gloo_timeout(e.what());
+      if (timed_out && caller_limited) {
+        throw DistTimeoutError(str_cat("Gloo ", context_, " did not complete within ",
+                                       core::format_timeout(caller_timeout),
+                                       " (it is still pending)"));
+      }
+      settled_ = true;
+      if (timed_out) {
+        finish_with_error(std::make_exception_ptr(DistTimeoutError(
+            str_cat("Gloo ", context_, " timed out after ", core::format_timeout(timeout_),
+                    ": ", e.what()))));
+      } else {
+        finish_with_error(std::make_exception_ptr(
+            DistBackendError(str_cat("Gloo ", context_, " failed: ", e.what()))));
+      }
+    }
+  }
+
+  Tensor tensor_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buffer_;
+  int peer_;
+  core::Deadline deadline_;
+  Millis timeout_;
+  std::string context_;
+  std::mutex wait_mutex_;
+  bool settled_ = false;  // guarded by wait_mutex_
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Devices
+
+DevicePtr GlooBackend::create_device_for_hostname(const std::string& hostname) {
+  ::gloo::transport::tcp::attr attr;
+  attr.hostname = hostname;
+  try {
+    return ::gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw core::DistNetworkError(
+        str_cat("Gloo: cannot create a TCP device for host '", hostname, "': ", e.what()));
+  }
+}
+
+DevicePtr GlooBackend::create_device_for_interface(const std::string& ifname) {
+  ::gloo::transport::tcp::attr attr;
+  attr.iface = ifname;
+  try {
+    return ::gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw core::DistNetworkError(
+        str_cat("Gloo: cannot create a TCP device for interface '", ifname, "': ", e.what()));
+  }
+}
+
+DevicePtr GlooBackend::create_default_device() { return create_default_devices().front(); }
+
+std::vector<DevicePtr> GlooBackend::create_default_devices() {
+  std::vector<DevicePtr> devices;
+  if (core::env_is_set(core::kEnvGlooSocketIfname)) {
+    for (const auto& ifname : split_commas(core::env_string(core::kEnvGlooSocketIfname))) {
+      devices.push_back(create_device_for_interface(ifname));
+    }
+    if (!devices.empty()) return devices;
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) == 0 && hostname_is_bindable(host)) {
+    devices.push_back(create_device_for_hostname(host));
+  } else {
+    devices.push_back(create_device_for_hostname("127.0.0.1"));
+  }
+  return devices;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Construction and the worker pool
+
+GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size,
+                         GlooOptions opts)
+    : pg::Backend(rank, size, opts.timeout),
+      store_(std::move(store)),
+      devices_(std::move(opts.devices)) {
+  if (devices_.empty()) devices_ = create_default_devices();
+  const Millis timeout = resolve_timeout(opts.timeout);
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(timeout);
+    StoreAdapter adapter(store_, str_cat("gloo/", i, "/"));
+    try {
+      context->connectFullMesh(adapter, devices_[i]);
+    } catch (const std::exception& e) {
+      throw DistBackendError(str_cat("Gloo rendezvous failed for rank ", rank, " of ", size,
+                                     " through ", store_->describe(), " (device ",
+                                     devices_[i]->str(), "): ", e.what()));
+    }
+    contexts_.push_back(std::move(context));
+  }
+  exchange_addresses();
+  const int threads = std::max(1, opts.threads);
+  workers_.reserve(threads);
+  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+GlooBackend::~GlooBackend() { shutdown(); }
+
+uint32_t GlooBackend::next_sequence() const {
+  std::lock_guard<std::mutex> lock(queue_mutex_);
+  return next_seq_;
+}
+
+GlooBackend::OpContext GlooBackend::next_op_locked(Millis op_timeout) {
+  const uint32_t tag = next_seq_++;
+  return OpContext{contexts_[tag % contexts_.size()], tag,
+                   resolve_timeout(effective_timeout(op_timeout)), rank(), size()};
+}
+
+std::string GlooBackend::describe_op(const char* op, uint32_t tag) const {
+  return str_cat(op, " (sequence ", tag, ", rank ", rank(), " of ", size(), ")");
+}
+
+WorkPtr GlooBackend::submit(OpType type, const char* op_name, Millis op_timeout, bool async,
+                            Body body, std::vector<Tensor> outputs) {
+  Task task;
+  task.name = op_name;
+  task.body = std::move(body);
+  task.outputs = std::move(outputs);
+  {
+    std::unique_lock<std::mutex> lock(queue_mutex_);
+    task.op = next_op_locked(op_timeout);
+    task.work = std::make_shared<core::Work>(type, str_cat("gloo:", op_name, "#", task.op.tag));
+    if (stopping_) {
+      lock.unlock();
+      task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
+          str_cat("Gloo ", describe_op(op_name, task.op.tag), ": the backend was shut down"))));
+      return task.work;
+    }
+    if (async) {
+      WorkPtr work = task.work;
+      queue_.push_back(std::move(task));
+      lock.unlock();
+      queue_cv_.notify_one();
+      return work;
+    }
+  }
+  run_task(task);
+  return task.work;
+}
+
+void GlooBackend::run_task(Task& task) noexcept {
+  try {
+    task.body(task.op);
+    task.work->finish(std::move(task.outputs));
+  } catch (...) {
+    task.work->finish_with_error(translate_error(std::current_exception(), task.name, task.op));
+  }
+}
+
+std::exception_ptr GlooBackend::translate_error(std::exception_ptr error, const char* op_name,
+                                                const OpContext& op) const noexcept {
+  try {
+    try {
+      std::rethrow_exception(error);
+    } catch (const core::DistError&) {
+      return error;  // ours already carries its context
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      std::string message = str_cat("Gloo ", describe_op(op_name, op.tag));
+      if (int peer = peer_in_message(what); peer >= 0) message += str_cat(", peer rank ", peer);
+      if (is_gloo_timeout(what)) {
+        return std::make_exception_ptr(DistTimeoutError(str_cat(
+            message, " timed out after ", core::format_timeout(op.timeout), ": ", what)));
+      }
+      return std::make_exception_ptr(DistBackendError(str_cat(message, " failed: ", what)));
+    } catch (...) {
+      return std::make_exception_ptr(DistBackendError(
+          str_cat("Gloo ", describe_op(op_name, op.tag), " failed with an unknown error")));
+    }
+  } catch (...) {
+    return std::current_exception();  // allocation failure while building the message
+  }
+}
+
+void GlooBackend::exchange_addresses() {
+  peer_addresses_.assign(size(), std::string());
+  if (size() == 1) return;
+  // Every pair of a device shares the device's listening socket, so any pair tells ours.
+  std::string mine = contexts_[0]->getPair(rank() == 0 ? 1 : 0)->address().str();
+  if (size_t cut = mine.find('$'); cut != std::string::npos) mine.resize(cut);
+  store_->set(str_cat("gloo/address/", rank()), store::to_bytes(mine));
+  for (int r = 0; r < size(); ++r) {
+    if (r != rank()) peer_addresses_[r] = store::to_string(store_->get(str_cat("gloo/address/", r)));
+  }
+}
+
+int GlooBackend::peer_in_message(const std::string& message) const {
+  for (size_t r = 0; r < peer_addresses_.size(); ++r) {
+    const std::string& address = peer_addresses_[r];
+    if (address.empty()) continue;
+    // "[127.0.0.1]:4632" must not match inside "[127.0.0.1]:46321".
+    for (size_t at = message.find(address); at != std::string::npos;
+         at = message.find(address, at + 1)) {
+      const size_t end = at + address.size();
+      if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
+        return static_cast<int>(r);
+      }
+    }
+  }
+  return -1;
+}
+
+void GlooBackend::worker_loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run_task(task);
+  }
+}
+
+void GlooBackend::shutdown() {
+  std::deque<Task> dropped;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (stopping_ && workers_.empty()) return;
+    stopping_ = true;
+    dropped.swap(queue_);
+  }
+  queue_cv_.notify_all();
+  for (Task& task : dropped) {
+    task.work->finish_with_error(std::make_exception_ptr(DistBackendError(str_cat(
+        "Gloo ", describe_op(task.name, task.op.tag), ": the backend was shut down before it ran"))));
+  }
+  // Running operations may be waiting for peers: closing the connections makes them fail now.
+  for (auto& context : contexts_) {
+    try {
+      context->closeConnections();
+    } catch (...) {
+    }
+  }
+  for (auto& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+  std::lock_guard<std::mutex> lock(queue_mutex_);
+  workers_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+
+WorkPtr GlooBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastOptions& opts) {
+  const int root = static_cast<int>(opts.root_rank);
+  const size_t root_tensor = static_cast<size_t>(opts.root_tensor);
+  return submit(
+      OpType::kBroadcast, "broadcast", opts.timeout, wants_async(opts),
+      [tensors, root, root_tensor](const OpContext& c) {
+        const Tensor& source = tensors[root_tensor];
+        const size_t bytes = source.nbytes();
+        if (bytes != 0) {
+          ::gloo::BroadcastOptions g(c.context);
+          g.setOutput(static_cast<char*>(source.data()), bytes);
+          g.setRoot(root);
+          g.setTag(c.tag);
+          g.setTimeout(c.timeout);
+          ::gloo::broadcast(g);
+        }
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (i != root_tensor) copy_bytes(tensors[i].data(), source.data(), bytes);
+        }
+      },
+      tensors);
+}
+
+WorkPtr GlooBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  return submit(
+      OpType::kAllreduce, "allreduce", opts.timeout, wants_async(opts),
+      [tensors, op](const OpContext& c) {
+        std::vector<void*> data;
+        data.reserve(tensors.size());
+        for (const Tensor& t : tensors) data.push_back(t.data());
+        run_allreduce(c, data, static_cast<size_t>(tensors[0].numel()), tensors[0].dtype(), op);
+      },
+      tensors);
+}
+
+WorkPtr GlooBackend::allreduce_coalesced(std::vector<Tensor>& tensors,
+                                         const pg::AllreduceCoalescedOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  return submit(
+      OpType::kAllreduceCoalesced, "allreduce_coalesced", opts.timeout, wants_async(opts),
+      [tensors, op](const OpContext& c) {
+        int64_t total = 0;
+        for (const Tensor& t : tensors) total += t.numel();
+        if (total == 0) return;
+        const DType dtype = tensors[0].dtype();
+        Tensor flat = Tensor::empty({total}, dtype);
+        char* cursor = flat.data_as<char>();
+        for (const Tensor& t : tensors) {
+          copy_bytes(cursor, t.data(), t.nbytes());
+          cursor += t.nbytes();
+        }
+        run_allreduce(c, {flat.data()}, static_cast<size_t>(total), dtype, op);
+        cursor = flat.data_as<char>();
+        for (const Tensor& t : tensors) {
+          copy_bytes(t.data(), cursor, t.nbytes());
+          cursor += t.nbytes();
+        }
+      },
+      tensors);
+}
+
+WorkPtr GlooBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  const int root = static_cast<int>(opts.root_rank);
+  const Tensor tensor = tensors[static_cast<size_t>(opts.root_tensor)];
+  return submit(
+      OpType::kReduce, "reduce", opts.timeout, wants_async(opts),
+      [tensor, op, root](const OpContext& c) {
+        const size_t n = static_cast<size_t>(tensor.numel());
+        if (n == 0) return;
+        const DType dtype = tensor.dtype();
+        // Only the root's tensor receives the result; the others keep their input, so their
+        // contribution is read from the tensor (or a scaled copy) and Gloo works in scratch.
+        Tensor input = tensor;
+        Tensor output = tensor;
+        if (c.rank == root) {
+          core::apply_premul(tensor.data(), n, dtype, op);
+        } else {
+          if (op.kind == ReduceOp::PREMUL_SUM) {
+            input = tensor.contiguous_copy();
+            core::apply_premul(input.data(), n, dtype, op);
+          }
+          output = Tensor::empty({static_cast<int64_t>(n)}, dtype);
+        }
+        ::gloo::ReduceOptions g(c.context);
+        with_element_type(core::element_size(dtype), [&]<typename T>() {
+          if (input.data() != output.data()) g.setInput(static_cast<T*>(input.data()), n);
+          g.setOutput(static_cast<T*>(output.data()), n);
+        });
+        g.setRoot(root);
+        g.setReduceFunction(make_reduce_fn(dtype, op));
+        g.setTag(c.tag);
+        g.setTimeout(c.timeout);
+        ::gloo::reduce(g);
+        if (c.rank == root) core::apply_postdiv(tensor.data(), n, dtype, op, c.size);
+      },
+      tensors);
+}
+
+WorkPtr GlooBackend::allgather(std::vector<std::vector<Tensor>>& outputs,
+                               std::vector<Tensor>& inputs, const pg::AllgatherOptions& opts) {
+  std::vector<Tensor> flat_outputs;
+  for (const auto& list : outputs) flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
+  return submit(
+      OpType::kAllgather, "allgather", opts.timeout, wants_async(opts),
+      [outputs, inputs](const OpContext& c) {
+        // Rank-major layout: rank r's input k lands at block r * K + k.
+        const size_t per = inputs[0].nbytes();
+        const size_t k_count = inputs.size();
+        if (per == 0) return;
+        Tensor in = inputs[0];
+        if (k_count > 1) {
+          in = Tensor::empty({static_cast<int64_t>(per * k_count)}, DType::kUInt8);
+          for (size_t k = 0; k < k_count; ++k) {
+            copy_bytes(in.data_as<char>() + k * per, inputs[k].data(), per);
+          }
+        }
+        Tensor out = Tensor::empty({static_cast<int64_t>(per * k_count * c.size)}, DType::kUInt8);
+        run_allgather(c, in.data(), out.data(), per * k_count);
+        for (size_t k = 0; k < k_count; ++k) {
+          for (int r = 0; r < c.size; ++r) {
+            copy_bytes(outputs[k][r].data(), out.data_as<char>() + (r * k_count + k) * per, per);
+          }
+        }
+      },
+      std::move(flat_outputs));
+}
+
+WorkPtr GlooBackend::allgather_base(Tensor& output, Tensor& input,
+                                    const pg::AllgatherOptions& opts) {
+  return submit(
+      OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
+      [output, input](const OpContext& c) {
+        run_allgather(c, input.data(), output.data(), input.nbytes());
+      },
+      {output});
+}
+
+WorkPtr GlooBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                     std::vector<Tensor>& inputs,
+                                                     const pg::AllgatherOptions& opts) {
+  return submit(
+      OpType::kAllgatherCoalesced, "allgather_into_tensor_coalesced", opts.timeout,
+      wants_async(opts),
+      [outputs, inputs](const OpContext& c) {
+        // One sequence number for the group: the pieces run one after another on every rank,
+        // so reusing the tag cannot mix their messages.
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          run_allgather(c, inputs[i].data(), outputs[i].data(), inputs[i].nbytes());
+        }
+      },
+      outputs);
+}
+
+WorkPtr GlooBackend::gather(std::vector<std::vector<Tensor>>& outputs,
+                            std::vector<Tensor>& inputs, const pg::GatherOptions& opts) {
+  const int root = static_cast<int>(opts.root_rank);
+  std::vector<Tensor> gathered = rank() == root ? outputs[0] : std::vector<Tensor>{};
+  const Tensor input = inputs[0];
+  return submit(
+      OpType::kGather, "gather", opts.timeout, wants_async(opts),
+      [gathered, input, root](const OpContext& c) {
+        const size_t per = input.nbytes();
+        if (per == 0) return;
+        ::gloo::GatherOptions g(c.context);
+        g.setInput(static_cast<char*>(input.data()), per);
+        Tensor out;
+        if (c.rank == root) {
+          out = Tensor::empty({static_cast<int64_t>(per * c.size)}, DType::kUInt8);
+          g.setOutput(out.data_as<char>(), per * c.size);
+        }
+        g.setRoot(root);
+        g.setTag(c.tag);
+        g.setTimeout(c.timeout);
+        ::gloo::gather(g);
+        if (c.rank == root) {
+          for (int r = 0; r < c.size; ++r) {
+            copy_bytes(gathered[r].data(), out.data_as<char>() + r * per, per);
+          }
+        }
+      },
+      gathered);
+}
+
+WorkPtr GlooBackend::scatter(std::vector<Tensor>& outputs,
+                             std::vector<std::vector<Tensor>>& inputs,
+                             const pg::ScatterOptions& opts) {
+  const int root = static_cast<int>(opts.root_rank);
+  std::vector<Tensor> sources = rank() == root ? inputs[0] : std::vector<Tensor>{};
+  const Tensor output = outputs[0];
+  return submit(
+      OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
+      [sources, output, root](const OpContext& c) {
+        const size_t per = output.nbytes();
+        if (per == 0) return;
+        ::gloo::ScatterOptions g(c.context);
+        if (c.rank == root) {
+          std::vector<char*> ptrs;
+          for (const Tensor& t : sources) ptrs.push_back(static_cast<char*>(t.data()));
+          g.setInputs(ptrs, per);
+        }
+        g.setOutput(static_cast<char*>(output.data()), per);
+        g.setRoot(root);
+        g.setTag(c.tag);
+        g.setTimeout(c.timeout);
+        ::gloo::scatter(g);
+      },
+      {output});
+}
+
+WorkPtr GlooBackend::reduce_scatter(std::vector<Tensor>& outputs,
+                                    std::vector<std::vector<Tensor>>& inputs,
+                                    const pg::ReduceScatterOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  const Tensor output = outputs[0];
+  const std::vector<Tensor> pieces = inputs[0];
+  return submit(
+      OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
+      [output, pieces, op](const OpContext& c) {
+        const int64_t n = output.numel();
+        if (n == 0) return;
+        Tensor flat = Tensor::empty({n * c.size}, output.dtype());
+        for (int r = 0; r < c.size; ++r) {
+          copy_bytes(flat.data_as<char>() + r * output.nbytes(), pieces[r].data(),
+                     output.nbytes());
+        }
+        Tensor out = output;
+        run_reduce_scatter(c, out, flat, op);
+      },
+      {output});
+}
+
+WorkPtr GlooBackend::reduce_scatter_base(Tensor& output, Tensor& input,
+                                         const pg::ReduceScatterOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  return submit(
+      OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
+      [output, input, op](const OpContext& c) {
+        Tensor out = output;
+        run_reduce_scatter(c, out, input, op);
+      },
+      {output});
+}
+
+WorkPtr GlooBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                     std::vector<Tensor>& inputs,
+                                                     const pg::ReduceScatterOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  return submit(
+      OpType::kReduceScatterBase, "reduce_scatter_tensor_coalesced", opts.timeout,
+      wants_async(opts),
+      [outputs, inputs, op](const OpContext& c) {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          Tensor out = outputs[i];
+          run_reduce_scatter(c, out, inputs[i], op);
+        }
+      },
+      outputs);
+}
+
+WorkPtr GlooBackend::alltoall_base(Tensor& output, Tensor& input,
+                                   std::vector<int64_t>& output_split_sizes,
+                                   std::vector<int64_t>& input_split_sizes,
+                                   const pg::AllToAllOptions& opts) {
+  const std::vector<int64_t> out_splits = output_split_sizes;
+  const std::vector<int64_t> in_splits = input_split_sizes;
+  return submit(
+      OpType::kAlltoallBase, "alltoall_base", opts.timeout, wants_async(opts),
+      [output, input, out_splits, in_splits](const OpContext& c) {
+        if (out_splits.empty() && in_splits.empty()) {
+          // Equal splits: every rank exchanges the same number of bytes with every other.
+          if (input.nbytes() == 0) return;
+          ::gloo::AlltoallOptions g(c.context);
+          g.setInput(static_cast<char*>(input.data()), input.nbytes());
+          g.setOutput(static_cast<char*>(output.data()), output.nbytes());
+          g.setTag(c.tag);
+          g.setTimeout(c.timeout);
+          ::gloo::alltoall(g);
+          return;
+        }
+        // Split sizes count rows of dimension 0; Gloo wants bytes per rank.
+        auto to_bytes = [&c](const Tensor& t, const std::vector<int64_t>& splits) {
+          const int64_t rows = t.dim() == 0 ? 1 : t.sizes()[0];
+          const int64_t row_bytes =
+              rows == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / rows;
+          std::vector<int64_t> bytes(c.size);
+          for (int r = 0; r < c.size; ++r) {
+            bytes[r] = (splits.empty() ? rows / c.size : splits[r]) * row_bytes;
+          }
+          return bytes;
+        };
+        run_alltoallv(c, data_or_dummy(input), to_bytes(input, in_splits),
+                      data_or_dummy(output), to_bytes(output, out_splits));
+      },
+      {output});
+}
+
+WorkPtr GlooBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                              const pg::AllToAllOptions& opts) {
+  return submit(
+      OpType::kAlltoall, "alltoall", opts.timeout, wants_async(opts),
+      [outputs, inputs](const OpContext& c) {
+        std::vector<int64_t> in_bytes(c.size), out_bytes(c.size);
+        int64_t in_total = 0, out_total = 0;
+        for (int r = 0; r < c.size; ++r) {
+          in_bytes[r] = static_cast<int64_t>(inputs[r].nbytes());
+          out_bytes[r] = static_cast<int64_t>(outputs[r].nbytes());
+          in_total += in_bytes[r];
+          out_total += out_bytes[r];
+        }
+        Tensor in = Tensor::empty({std::max<int64_t>(in_total, 1)}, DType::kUInt8);
+        Tensor out = Tensor::empty({std::max<int64_t>(out_total, 1)}, DType::kUInt8);
+        char* cursor = in.data_as<char>();
+        for (int r = 0; r < c.size; ++r) {
+          copy_bytes(cursor, inputs[r].data(), in_bytes[r]);
+          cursor += in_bytes[r];
+        }
+        run_alltoallv(c, in.data(), in_bytes, out.data(), out_bytes);
+        cursor = out.data_as<char>();
+        for (int r = 0; r < c.size; ++r) {
+          copy_bytes(outputs[r].data(), cursor, out_bytes[r]);
+          cursor += out_bytes[r];
+        }
+      },
+      outputs);
+}
+
+WorkPtr GlooBackend::barrier(const pg::BarrierOptions& opts) {
+  return submit(
+      OpType::kBarrier, "barrier", opts.timeout, wants_async(opts),
+      [](const OpContext& c) {
+        ::gloo::BarrierOptions g(c.context);
+        g.setTag(c.tag);
+        g.setTimeout(c.timeout);
+        ::gloo::barrier(g);
+      },
+      {});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point to point
+
+WorkPtr GlooBackend::send(std::vector<Tensor>& tensors, int dst_rank, int tag) {
+  return post_p2p(OpType::kSend, tensors, dst_rank, tag);
+}
+
+WorkPtr GlooBackend::recv(std::vector<Tensor>& tensors, int src_rank, int tag) {
+  return post_p2p(OpType::kRecv, tensors, src_rank, tag);
+}
+
+WorkPtr GlooBackend::recv_anysource(std::vector<Tensor>& tensors, int tag) {
+  return post_p2p(OpType::kRecvAnySource, tensors, -1, tag);
+}
+
+WorkPtr GlooBackend::post_p2p(OpType type, std::vector<Tensor>& tensors, int peer, int tag) {
+  const Tensor tensor = tensors[0];
+  // Point-to-point operations do not take a sequence number: the user's tag is the slot, so
+  // they match regardless of how collectives interleave with them.
+  std::shared_ptr<::gloo::Context> context;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    context = contexts_[static_cast<uint32_t>(tag) % contexts_.size()];
+  }
+  const char* what = type == OpType::kSend ? "send" : type == OpType::kRecv ? "recv"
+                                                                            : "recv_anysource";
+  std::string description =
+      peer >= 0 ? str_cat(what, " (tag ", tag, ", rank ", rank(), (type == OpType::kSend ? " to " : " from "),
+                          "rank ", peer, ")")
+                : str_cat(what, " (tag ", tag, ", rank ", rank(), " from any rank)");
+  const uint64_t slot = static_cast<uint32_t>(tag);
+  auto buffer = context->createUnboundBuffer(data_or_dummy(tensor), tensor.nbytes());
+  auto* raw = buffer.get();
+  auto work = std::make_shared<P2PWork>(type, str_cat("gloo:", what), tensor, std::move(buffer),
+                                        peer, resolve_timeout(timeout()), description);
+  try {
+    if (type == OpType::kSend) {
+      raw->send(peer, slot);
+    } else if (type == OpType::kRecv) {
+      raw->recv(peer, slot);
+    } else {
+      std::vector<int> sources;
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank()) sources.push_back(r);
+      }
+      raw->recv(sources, slot);
+    }
+  } catch (const std::exception& e) {
+    work->finish_with_error(std::make_exception_ptr(
+        DistBackendError(str_cat("Gloo ", description, " failed: ", e.what()))));
+  }
+  return work;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Monitored barrier
+
+void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
+  OpContext c;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    c = next_op_locked(opts.timeout);
+  }
+  if (c.size == 1) return;
+  const core::Deadline deadline(c.timeout);
+  const uint64_t arrive_slot = (kMonitoredBarrierPrefix << 56) | (uint64_t{c.tag} << 24);
+  const uint64_t release_slot = arrive_slot + 1;
+  const std::string timeout_text = std::to_string(c.timeout.count()) + " ms";
+
+  if (c.rank != 0) {
+    char status = 1;
+    auto buffer = c.context->createUnboundBuffer(&status, 1);
+    try {
+      buffer->send(0, arrive_slot);
+      buffer->waitSend(at_least_1ms(deadline.remaining()));
+      buffer->recv(0, release_slot);
+      buffer->waitRecv(at_least_1ms(deadline.remaining()));
+    } catch (const std::exception& e) {
+      const std::string message =
+          str_cat("Rank ", c.rank, " reached monitored_barrier but rank 0 did not release it "
+                  "within ", timeout_text, ": ", e.what());
+      if (is_gloo_timeout(e.what())) throw DistTimeoutError(message);
+      throw DistBackendError(message);
+    }
+    if (status != 1) {
+      throw DistBackendError(str_cat("Rank ", c.rank, " reached monitored_barrier but other ranks "
+                                     "failed to pass it in ", timeout_text,
+                                     " (rank 0 names them)"));
+    }
+    return;
+  }
+
+  // Rank 0: every other rank must check in before the deadline.
+  std::vector<char> arrivals(c.size, 0);
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers(c.size);
+  for (int r = 1; r < c.size; ++r) {
+    buffers[r] = c.context->createUnboundBuffer(&arrivals[r], 1);
+    buffers[r]->recv(r, arrive_slot);
+  }
+  std::vector<int> arrived, failed;
+  bool all_timeouts = true;
+  std::string first_error;
+  for (int r = 1; r < c.size; ++r) {
+    // After the first failure without wait_all_ranks, only collect ranks already there.
+    const bool give_up = !wait_all_ranks && !failed.empty();
+    const Millis limit = give_up ? Millis(1) : at_least_1ms(deadline.remaining());
+    try {
+      buffers[r]->waitRecv(limit);
+      arrived.push_back(r);
+    } catch (const std::exception& e) {
+      if (give_up) continue;
+      failed.push_back(r);
+      if (!is_gloo_timeout(e.what())) {
+        all_timeouts = false;
+        if (first_error.empty()) first_error = e.what();
+      }
+    }
+  }
+  // Release the ranks that arrived, telling them whether the barrier passed.
+  const char status = failed.empty() ? 1 : 0;
+  std::vector<char> statuses(c.size, status);
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> releases;
+  for (int r : arrived) {
+    releases.push_back(c.context->createUnboundBuffer(&statuses[r], 1));
+    try {
+      releases.back()->send(r, release_slot);
+    } catch (const std::exception&) {
+    }
+  }
+  for (auto& release : releases) {
+    try {
+      release->waitSend(at_least_1ms(std::min(deadline.remaining(), Millis(1000))));
+    } catch (const std::exception&) {
+      // A rank that went away after arriving finds out on its own.
+    }
+  }
+  if (failed.empty()) return;
+  std::string message =
+      failed.size() == 1
+          ? str_cat("Rank ", failed[0], " failed to pass monitoredBarrier in ", timeout_text)
+          : str_cat("Ranks ", join_ranks(failed), " failed to pass monitoredBarrier in ",
+                    timeout_text);
+  if (!all_timeouts) {
+    throw DistBackendError(str_cat(message, ": ", first_error));
+  }
+  throw DistTimeoutError(message);
+}
+
+}  // namespace c10d::backends::gloo

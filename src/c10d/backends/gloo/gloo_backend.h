@@ -1,0 +1,179 @@
+// GlooBackend: the CPU collectives of a process group, carried by Gloo over TCP.
+//
+// Every rank builds one Gloo context per device (a full mesh of TCP pairs, rendezvoused through
+// the process group's store). Each operation takes the next value of a 32-bit sequence number
+// on the calling thread; it becomes the Gloo tag (slot) of the operation, so operations that
+// run at the same time never mix their messages, provided every rank issues its collectives in
+// the same order (the usual process-group contract).
+//
+// Asynchronous operations go into one FIFO queue served by `threads` worker threads; the
+// returned Work completes from the worker. Operations whose options say async_op = false run
+// on the caller's thread and return a completed Work, which saves two thread hand-offs.
+// Point-to-point operations are posted at once on the caller's thread and complete when their
+// Work is waited on (like Gloo's own unbound buffers).
+//
+// Errors: Gloo failures (timeouts, a peer that closed its connection) become
+// core::DistTimeoutError / core::DistBackendError naming the operation, its sequence number,
+// this rank and, when Gloo's message identifies it, the peer rank. Nothing escapes a worker.
+//
+// Thread-safety: all methods may be called from any thread; operations issued concurrently
+// from several threads get sequence numbers in an unspecified order, which is only safe if the
+// caller orders them identically on every rank.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "c10d/pg/backend.h"
+#include "c10d/store/store.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}  // namespace transport
+}  // namespace gloo
+
+namespace c10d::backends::gloo {
+
+using pg::WorkPtr;
+using DevicePtr = std::shared_ptr<::gloo::transport::Device>;
+
+struct GlooOptions {
+  // One Gloo context per device; operations alternate between them by sequence number.
+  // Empty means create_default_device().
+  std::vector<DevicePtr> devices;
+  // Worker threads running asynchronous operations.
+  int threads = 2;
+  // Timeout of rendezvous and of every operation that does not set its own.
+  pg::Millis timeout = pg::kDefaultPgTimeout;
+};
+
+class GlooBackend : public pg::Backend {
+ public:
+  // Connects the full mesh of every device through `store` (which the caller should prefix per
+  // process group). Throws core::DistBackendError naming rank, size and store on failure.
+  GlooBackend(std::shared_ptr<store::Store> store, int rank, int size, GlooOptions opts = {});
+  // Calls shutdown().
+  ~GlooBackend() override;
+
+  // A TCP device bound to the address `hostname` resolves to.
+  static DevicePtr create_device_for_hostname(const std::string& hostname);
+  // A TCP device bound to the first address of network interface `ifname`.
+  static DevicePtr create_device_for_interface(const std::string& ifname);
+  // GLOO_SOCKET_IFNAME's interfaces if set (first one); else this host's name if it resolves to
+  // an address that can be bound locally; else the loopback address 127.0.0.1.
+  static DevicePtr create_default_device();
+  // One device per interface in GLOO_SOCKET_IFNAME, or the single create_default_device().
+  static std::vector<DevicePtr> create_default_devices();
+
+  std::string name() const override { return "gloo"; }
+
+  WorkPtr broadcast(std::vector<pg::Tensor>& tensors, const pg::BroadcastOptions& opts) override;
+  WorkPtr allreduce(std::vector<pg::Tensor>& tensors, const pg::AllreduceOptions& opts) override;
+  WorkPtr allreduce_coalesced(std::vector<pg::Tensor>& tensors,
+                              const pg::AllreduceCoalescedOptions& opts) override;
+  WorkPtr reduce(std::vector<pg::Tensor>& tensors, const pg::ReduceOptions& opts) override;
+  WorkPtr allgather(std::vector<std::vector<pg::Tensor>>& outputs,
+                    std::vector<pg::Tensor>& inputs, const pg::AllgatherOptions& opts) override;
+  WorkPtr allgather_base(pg::Tensor& output, pg::Tensor& input,
+                         const pg::AllgatherOptions& opts) override;
+  WorkPtr allgather_into_tensor_coalesced(std::vector<pg::Tensor>& outputs,
+                                          std::vector<pg::Tensor>& inputs,
+                                          const pg::AllgatherOptions& opts) override;
+  WorkPtr gather(std::vector<std::vector<pg::Tensor>>& outputs, std::vector<pg::Tensor>& inputs,
+                 const pg::GatherOptions& opts) override;
+  WorkPtr scatter(std::vector<pg::Tensor>& outputs,
+                  std::vector<std::vector<pg::Tensor>>& inputs,
+                  const pg::ScatterOptions& opts) override;
+  WorkPtr reduce_scatter(std::vector<pg::Tensor>& outputs,
+                         std::vector<std::vector<pg::Tensor>>& inputs,
+                         const pg::ReduceScatterOptions& opts) override;
+  WorkPtr reduce_scatter_base(pg::Tensor& output, pg::Tensor& input,
+                              const pg::ReduceScatterOptions& opts) override;
+  WorkPtr reduce_scatter_tensor_coalesced(std::vector<pg::Tensor>& outputs,
+                                          std::vector<pg::Tensor>& inputs,
+                                          const pg::ReduceScatterOptions& opts) override;
+  WorkPtr alltoall_base(pg::Tensor& output, pg::Tensor& input,
+                        std::vector<int64_t>& output_split_sizes,
+                        std::vector<int64_t>& input_split_sizes,
+                        const pg::AllToAllOptions& opts) override;
+  WorkPtr alltoall(std::vector<pg::Tensor>& outputs, std::vector<pg::Tensor>& inputs,
+                   const pg::AllToAllOptions& opts) override;
+  WorkPtr send(std::vector<pg::Tensor>& tensors, int dst_rank, int tag) override;
+  WorkPtr recv(std::vector<pg::Tensor>& tensors, int src_rank, int tag) override;
+  WorkPtr recv_anysource(std::vector<pg::Tensor>& tensors, int tag) override;
+  WorkPtr barrier(const pg::BarrierOptions& opts) override;
+  void monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  // Fails queued operations, closes the connections (so running operations fail at once
+  // instead of waiting for peers) and joins the workers. Idempotent.
+  void shutdown() override;
+
+  // Sequence number the next operation will take (for tests and debug output).
+  uint32_t next_sequence() const;
+
+  // Everything an operation needs to run: its context, tag and timeout. Public for the
+  // helpers in gloo_backend.cc; not part of the API.
+  struct OpContext {
+    std::shared_ptr<::gloo::Context> context;
+    uint32_t tag = 0;
+    pg::Millis timeout{0};  // already resolved: > 0
+    int rank = 0;
+    int size = 0;
+  };
+
+ private:
+  using Body = std::function<void(const OpContext&)>;
+  struct Task {
+    std::shared_ptr<core::Work> work;
+    const char* name = "";
+    OpContext op;
+    Body body;
+    std::vector<pg::Tensor> outputs;  // what the Work's future resolves to
+  };
+
+  // Takes the next sequence number and resolves the timeout. Expects queue_mutex_ held.
+  OpContext next_op_locked(pg::Millis op_timeout);
+  // Runs `body` inline (async == false) or on the workers; the Work completes with `outputs`.
+  WorkPtr submit(core::OpType type, const char* op_name, pg::Millis op_timeout, bool async,
+                 Body body, std::vector<pg::Tensor> outputs);
+  // Runs the task, storing its result or error in its Work. Never throws.
+  void run_task(Task& task) noexcept;
+  // Turns a Gloo exception into ours, naming the operation, sequence number and peer.
+  std::exception_ptr translate_error(std::exception_ptr error, const char* op_name,
+                                     const OpContext& op) const noexcept;
+  // "allreduce (sequence 3, rank 0 of 2)".
+  std::string describe_op(const char* op, uint32_t tag) const;
+  // The rank whose listening address appears in a Gloo error message, or -1.
+  int peer_in_message(const std::string& message) const;
+  // Publishes this rank's listening address and reads everyone else's (for error messages).
+  void exchange_addresses();
+  void worker_loop();
+  WorkPtr post_p2p(core::OpType type, std::vector<pg::Tensor>& tensors, int peer, int tag);
+
+  std::shared_ptr<store::Store> store_;
+  std::vector<DevicePtr> devices_;
+  std::vector<std::shared_ptr<::gloo::Context>> contexts_;
+  // "[127.0.0.1]:41235" style address of every peer's listener per rank, to name the rank in
+  // Gloo's error messages (which only print addresses). Written in the constructor only.
+  std::vector<std::string> peer_addresses_;
+
+  // One mutex orders both the sequence numbers and the queue, so the workers take operations
+  // in sequence order on every rank.
+  mutable std::mutex queue_mutex_;
+  uint32_t next_seq_ = 0;   // guarded by queue_mutex_
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_;  // guarded by queue_mutex_
+  bool stopping_ = false;   // guarded by queue_mutex_
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace c10d::backends::gloo
