@@ -1,13 +1,15 @@
 # One helper per kind of target, so every component is declared the same way.
 
 # c10d_library(<component> SOURCES ... [DEPS ...])
-# Declares the static library c10d_<component> (alias c10d::<component>). Sources live in
-# src/c10d/<component>/ and are included as "c10d/<component>/<file>.h".
+# Declares the static library c10d_<component> (alias c10d::<component>; for a nested
+# component such as backends/gloo: c10d_backends_gloo, alias c10d::backends::gloo). Sources
+# live in src/c10d/<component>/ and are included as "c10d/<component>/<file>.h".
 function(c10d_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   string(REPLACE "/" "_" target "c10d_${name}")
+  string(REPLACE "/" "::" alias "c10d::${name}")
   add_library(${target} STATIC ${ARG_SOURCES})
-  add_library(c10d::${name} ALIAS ${target})
+  add_library(${alias} ALIAS ${target})
   target_include_directories(${target} PUBLIC
     ${PROJECT_SOURCE_DIR}/src ${PROJECT_BINARY_DIR}/include)
   target_link_libraries(${target} PUBLIC ${ARG_DEPS} Threads::Threads)

@@ -1,0 +1,391 @@
+"""Collective benchmark in the style of nccl-tests: time per call, algbw and busbw for every
+collective from 4 B to 64 MiB, on c10d and (with --compare) on PyTorch's torch.distributed
+and mpi4py/Open MPI in the same run, with ratios.
+
+    /usr/bin/python3 bench/collective_bench.py --nproc 2 --backend gloo --compare
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
+       "gather", "scatter"]
+
+
+def busbw_factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    return (n - 1) / n
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper()
+    for suffix, mult in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if text.endswith(suffix):
+            return int(float(text[:-1]) * mult)
+    return int(text)
+
+
+def sizes(min_bytes: int, max_bytes: int, factor: int):
+    s = min_bytes
+    while s <= max_bytes:
+        yield s
+        s *= factor
+
+
+def iterations(size: int, scale: float) -> int:
+    return max(3, min(2000, int(scale * 64e6 / max(size, 64))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Workers: one per rank, one per implementation.
+
+
+class C10dImpl:
+    def __init__(self, backend):
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        import c10d as dist
+
+        dist.init_process_group(backend)
+        self.dist = dist
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def make(self, count, dtype):
+        return np.ones(count, dtype=dtype)
+
+    def op(self, name, count, dtype):
+        d, n, rank = self.dist, self.world, self.rank
+        per = max(count // n, 1)
+        if name == "all_reduce":
+            t = self.make(count, dtype)
+            return lambda: d.all_reduce(t)
+        if name == "broadcast":
+            t = self.make(count, dtype)
+            return lambda: d.broadcast(t, 0)
+        if name == "reduce":
+            t = self.make(count, dtype)
+            return lambda: d.reduce(t, 0)
+        if name == "all_gather":
+            out, inp = self.make(per * n, dtype), self.make(per, dtype)
+            return lambda: d.all_gather_into_tensor(out, inp)
+        if name == "reduce_scatter":
+            out, inp = self.make(per, dtype), self.make(per * n, dtype)
+            return lambda: d.reduce_scatter_tensor(out, inp)
+        if name == "all_to_all":
+            out, inp = self.make(per * n, dtype), self.make(per * n, dtype)
+            return lambda: d.all_to_all_single(out, inp)
+        if name == "gather":
+            inp = self.make(per, dtype)
+            outs = [self.make(per, dtype) for _ in range(n)] if rank == 0 else None
+            return lambda: d.gather(inp, outs, 0)
+        if name == "scatter":
+            out = self.make(per, dtype)
+            ins = [self.make(per, dtype) for _ in range(n)] if rank == 0 else None
+            return lambda: d.scatter(out, ins, 0)
+        raise KeyError(name)
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def max_over_ranks(self, value):
+        t = np.array([value], np.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return float(t[0])
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+class TorchImpl(C10dImpl):
+    def __init__(self, backend):
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo")
+        self.torch, self.dist = torch, dist
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def make(self, count, dtype):
+        return self.torch.from_numpy(np.ones(count, dtype=dtype))
+
+    def op(self, name, count, dtype):
+        d, n = self.dist, self.world
+        per = max(count // n, 1)
+        if name == "all_gather":
+            out, inp = self.make(per * n, dtype), self.make(per, dtype)
+            return lambda: d._all_gather_base(out, inp)
+        if name == "reduce_scatter":
+            out, inp = self.make(per, dtype), self.make(per * n, dtype)
+            return lambda: d._reduce_scatter_base(out, inp)
+        return super().op(name, count, dtype)
+
+    def max_over_ranks(self, value):
+        t = self.torch.tensor([value], dtype=self.torch.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return float(t[0])
+
+
+class MpiImpl:
+    def __init__(self, backend):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.world = self.comm.rank, self.comm.size
+
+    def op(self, name, count, dtype):
+        c, MPI, n = self.comm, self.MPI, self.world
+        per = max(count // n, 1)
+        if name == "all_reduce":
+            t = np.ones(count, dtype)
+            return lambda: c.Allreduce(MPI.IN_PLACE, t, op=MPI.SUM)
+        if name == "broadcast":
+            t = np.ones(count, dtype)
+            return lambda: c.Bcast(t, root=0)
+        if name == "reduce":
+            t, out = np.ones(count, dtype), np.ones(count, dtype)
+            return lambda: c.Reduce(t, out, op=MPI.SUM, root=0)
+        if name == "all_gather":
+            out, inp = np.ones(per * n, dtype), np.ones(per, dtype)
+            return lambda: c.Allgather(inp, out)
+        if name == "reduce_scatter":
+            out, inp = np.ones(per, dtype), np.ones(per * n, dtype)
+            return lambda: c.Reduce_scatter_block(inp, out, op=MPI.SUM)
+        if name == "all_to_all":
+            out, inp = np.ones(per * n, dtype), np.ones(per * n, dtype)
+            return lambda: c.Alltoall(inp, out)
+        if name == "gather":
+            out, inp = np.ones(per * n, dtype), np.ones(per, dtype)
+            return lambda: c.Gather(inp, out, root=0)
+        if name == "scatter":
+            out, inp = np.ones(per, dtype), np.ones(per * n, dtype)
+            return lambda: c.Scatter(inp, out, root=0)
+        raise KeyError(name)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def max_over_ranks(self, value):
+        return self.comm.allreduce(value, op=self.MPI.MAX)
+
+    def close(self):
+        pass
+
+
+def worker(args) -> int:
+    impl = {"c10d": C10dImpl, "torch": TorchImpl, "mpi": MpiImpl}[args.impl](args.backend)
+    dtype = np.dtype(args.dtype)
+    results = []
+    for name in args.ops.split(","):
+        for size in sizes(args.min_bytes, args.max_bytes, args.factor):
+            count = max(size // dtype.itemsize, 1)
+            try:
+                fn = impl.op(name, count, dtype)
+                iters = iterations(size, args.time_scale)
+                for _ in range(max(2, iters // 10)):
+                    fn()
+                impl.barrier()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                elapsed = (time.perf_counter() - start) / iters
+                elapsed = impl.max_over_ranks(elapsed)
+                results.append({"op": name, "bytes": count * dtype.itemsize, "us": elapsed * 1e6})
+            except Exception as e:  # the peer may lack an op (torch 1.13 gloo reduce_scatter)
+                results.append({"op": name, "bytes": count * dtype.itemsize, "us": None,
+                                "error": f"{type(e).__name__}: {str(e)[:80]}"})
+                try:
+                    impl.barrier()
+                except Exception:
+                    pass
+    if impl.rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"world": impl.world, "results": results}, f)
+    impl.close()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+
+
+def launch(impl: str, args, out_path: str) -> bool:
+    common = [__file__, "--worker", "--impl", impl, "--out", out_path, "--backend", args.backend,
+              "--ops", args.ops, "--min-bytes", str(args.min_bytes), "--max-bytes",
+              str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype,
+              "--time-scale", str(args.time_scale)]
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    if impl == "mpi":
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_btl="self,vader", OMPI_MCA_rmaps_base_oversubscribe="1")
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(args.nproc),
+               sys.executable] + common
+    else:
+        cmd = [sys.executable, "-m", "c10d.run", "--nproc-per-node", str(args.nproc),
+               sys.executable if False else common[0]] + common[1:]
+    proc = subprocess.run(cmd, env=env, timeout=args.timeout)
+    return proc.returncode == 0 and os.path.exists(out_path)
+
+
+def peers_available():
+    found = []
+    probe = "import torch.distributed as d; assert d.is_available()"
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0:
+        found.append("torch")
+    if shutil.which("mpirun") and subprocess.run(
+            [sys.executable, "-c", "import mpi4py"], capture_output=True).returncode == 0:
+        found.append("mpi")
+    return found
+
+
+def python_overhead_us(iters: int = 20000) -> float:
+    """Per-call cost of c10d's Python path: all_reduce on a one-rank group whose backend does
+    no work (FakeProcessGroup), so everything measured is binding + dispatch."""
+    code = f"""
+import sys, time, numpy as np
+sys.path.insert(0, {os.path.join(REPO, 'python')!r})
+import c10d as dist
+dist.init_process_group('fake', store=dist.HashStore(), rank=0, world_size=1)
+t = np.ones(1, np.float32)
+for _ in range(1000): dist.all_reduce(t)
+best = 1e9
+for _ in range(5):
+    s = time.perf_counter()
+    for _ in range({iters}): dist.all_reduce(t)
+    best = min(best, (time.perf_counter() - s) / {iters})
+print(best * 1e6)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return float(out.stdout.strip()) if out.returncode == 0 else float("nan")
+
+
+def fmt_size(n: int) -> str:
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:g} {unit}"
+    return f"{n} B"
+
+
+def report(all_results, args, world):
+    impls = list(all_results)
+    lines = []
+    header = f"{'op':<15}{'size':>10}"
+    for impl in impls:
+        header += f"{impl + ' us':>13}{'busbw GB/s':>12}"
+    for impl in impls[1:]:
+        header += f"{'vs ' + impl:>10}"
+    lines.append(header)
+    base = {(r["op"], r["bytes"]): r for r in all_results[impls[0]]}
+    for key, r0 in base.items():
+        op, nbytes = key
+        row = f"{op:<15}{fmt_size(nbytes):>10}"
+        times = {}
+        for impl in impls:
+            r = next((x for x in all_results[impl] if (x["op"], x["bytes"]) == key), None)
+            us = r["us"] if r else None
+            times[impl] = us
+            if us:
+                busbw = nbytes / (us * 1e-6) * busbw_factor(op, world) / 1e9
+                row += f"{us:>13.1f}{busbw:>12.3f}"
+            else:
+                row += f"{'n/a':>13}{'':>12}"
+        for impl in impls[1:]:
+            if times[impl] and times[impls[0]]:
+                row += f"{times[impl] / times[impls[0]]:>9.2f}x"
+            else:
+                row += f"{'-':>10}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def plot(all_results, world, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = sorted({r["op"] for r in next(iter(all_results.values()))})
+    fig, axes = plt.subplots(len(ops), 1, figsize=(7, 3 * len(ops)), squeeze=False)
+    for ax, op in zip(axes[:, 0], ops):
+        for impl, results in all_results.items():
+            pts = [(r["bytes"], r["bytes"] / (r["us"] * 1e-6) * busbw_factor(op, world) / 1e9)
+                   for r in results if r["op"] == op and r["us"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{op}, {world} ranks")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("busbw GB/s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="gloo")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--min-bytes", type=parse_size, default=4)
+    p.add_argument("--max-bytes", type=parse_size, default=64 << 20)
+    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="scales the iteration counts (lower = quicker, noisier)")
+    p.add_argument("--compare", action="store_true",
+                   help="also run torch.distributed (gloo) and mpi4py when installed")
+    p.add_argument("--plot", default=None, help="write a busbw-vs-size PNG here")
+    p.add_argument("--json", default=None, help="write all results here")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--impl", default="c10d", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    impls = ["c10d"] + (peers_available() if args.compare else [])
+    all_results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for impl in impls:
+            out = os.path.join(tmp, impl + ".json")
+            print(f"# running {impl} on {args.nproc} ranks ...", file=sys.stderr, flush=True)
+            if launch(impl, args, out):
+                with open(out) as f:
+                    all_results[impl if impl != "c10d" else f"c10d-{args.backend}"] = \
+                        json.load(f)["results"]
+            else:
+                print(f"# {impl} failed; left out of the table", file=sys.stderr)
+    if not all_results:
+        return 1
+    print(f"# {args.nproc} ranks, dtype {args.dtype}, time per call (max over ranks), "
+          f"busbw as nccl-tests; 'vs X' = X's time / ours (> 1: we are faster)")
+    print(report(all_results, args, args.nproc))
+    print(f"# Python overhead of a sync c10d all_reduce (fake backend, 1 rank): "
+          f"{python_overhead_us():.2f} us/call")
+    if args.plot:
+        plot(all_results, args.nproc, args.plot)
+        print(f"# plot written to {args.plot}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(all_results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
