@@ -37,61 +37,61 @@
 namespace c10d::core {
 
 // ---------------------------------------------------------------------------------------------
-// Scalar half-precision conversions.
+// Scalar half-precision conversions. Each computes every case and selects at the end, with
+// no branches, so that the portable kernels' loops over them vectorise.
 
-float half_to_float(uint16_t h) {
+namespace {
+
+C10D_INLINE float half_to_float_impl(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = h & 0x7C00u;
-  const uint32_t mantissa = h & 0x03FFu;
-  uint32_t bits;
-  if (exponent == 0x7C00u) {
-    bits = 0x7F800000u | (mantissa << 13);  // inf, or NaN keeping its payload
-  } else if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24, computed exactly in float (the result is a normal
-    // float32, so flush-to-zero modes cannot eat it).
-    bits = std::bit_cast<uint32_t>(static_cast<float>(mantissa) * 0x1p-24f);
-  } else {
-    // Re-bias the exponent from 15 to 127 and widen the mantissa.
-    bits = (static_cast<uint32_t>(h & 0x7FFFu) << 13) + (112u << 23);
-  }
+  const uint32_t magnitude = h & 0x7FFFu;
+  // Normal: re-bias the exponent from 15 to 127 and widen the mantissa.
+  const uint32_t normal = (magnitude << 13) + (112u << 23);
+  // Inf or NaN (keeping its payload).
+  const uint32_t special = (magnitude << 13) | 0x7F800000u;
+  // Zero or subnormal: mantissa * 2^-24, exact in float32 and a normal float32 there, so
+  // flush-to-zero modes cannot eat it.
+  const uint32_t tiny = std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(magnitude)) * 0x1p-24f);
+  const uint32_t bits = magnitude >= 0x7C00u ? special : (magnitude < 0x0400u ? tiny : normal);
   return std::bit_cast<float>(sign | bits);
 }
 
-uint16_t float_to_half(float value) {
-  uint32_t x = std::bit_cast<uint32_t>(value);
-  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  x &= 0x7FFFFFFFu;
-  if (x > 0x7F800000u) {  // NaN: keep it quiet and keep the top of the payload
-    return static_cast<uint16_t>(sign | 0x7E00u | (x >> 13));
-  }
-  if (x >= 0x477FF000u) {  // at or past halfway between 65504 and 65536: rounds to inf
-    return static_cast<uint16_t>(sign | 0x7C00u);
-  }
-  if (x < 0x38800000u) {
-    // Below the smallest normal half (2^-14): the result is a multiple of 2^-24. Adding 0.5
-    // puts the value where float32's ulp is exactly 2^-24, so the FPU does the rounding; a
-    // carry into 1024 correctly produces the smallest normal half.
-    const float shifted = std::bit_cast<float>(x) + 0.5f;
-    return static_cast<uint16_t>(sign | (std::bit_cast<uint32_t>(shifted) - 0x3F000000u));
-  }
+C10D_INLINE uint16_t float_to_half_impl(float value) {
+  const uint32_t all = std::bit_cast<uint32_t>(value);
+  const uint32_t sign = (all >> 16) & 0x8000u;
+  const uint32_t x = all & 0x7FFFFFFFu;
+  // NaN: keep it quiet and keep the top of the payload.
+  const uint32_t nan = 0x7E00u | ((x >> 13) & 0x01FFu);
+  // Below the smallest normal half (2^-14) the result is a multiple of 2^-24. Adding 0.5 puts
+  // the value where float32's ulp is exactly 2^-24, so the FPU does the rounding; a carry into
+  // 1024 correctly produces the smallest normal half.
+  const uint32_t tiny = std::bit_cast<uint32_t>(std::bit_cast<float>(x) + 0.5f) - 0x3F000000u;
   // Normal: round the 13 dropped bits to nearest-even, then re-bias the exponent. A carry out
   // of the mantissa moves into the exponent, which is the right answer.
-  const uint32_t odd = (x >> 13) & 1u;
-  x += 0x0FFFu + odd;
-  return static_cast<uint16_t>(sign | ((x >> 13) - (112u << 10)));
+  const uint32_t normal = ((x + 0x0FFFu + ((x >> 13) & 1u)) >> 13) - (112u << 10);
+  uint32_t bits = x < 0x38800000u ? tiny : normal;
+  bits = x >= 0x477FF000u ? 0x7C00u : bits;  // at or past halfway from 65504 to 65536: inf
+  bits = x > 0x7F800000u ? nan : bits;
+  return static_cast<uint16_t>(sign | bits);
 }
 
-float bfloat16_to_float(uint16_t bits) {
+C10D_INLINE float bfloat16_to_float_impl(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
 
-uint16_t float_to_bfloat16(float value) {
+C10D_INLINE uint16_t float_to_bfloat16_impl(float value) {
   const uint32_t x = std::bit_cast<uint32_t>(value);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
-    return static_cast<uint16_t>((x >> 16) | 0x0040u);  // NaN stays a quiet NaN
-  }
-  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+  const uint32_t nan = (x >> 16) | 0x0040u;  // NaN stays a quiet NaN
+  const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
 }
+
+}  // namespace
+
+float half_to_float(uint16_t h) { return half_to_float_impl(h); }
+uint16_t float_to_half(float value) { return float_to_half_impl(value); }
+float bfloat16_to_float(uint16_t bits) { return bfloat16_to_float_impl(bits); }
+uint16_t float_to_bfloat16(float value) { return float_to_bfloat16_impl(value); }
 
 namespace detail {
 namespace {
@@ -233,8 +233,8 @@ struct Float32x16 {
 };
 
 struct HalfFormat {
-  C10D_INLINE static float to_float(uint16_t h) { return half_to_float(h); }
-  C10D_INLINE static uint16_t from_float(float f) { return float_to_half(f); }
+  C10D_INLINE static float to_float(uint16_t h) { return half_to_float_impl(h); }
+  C10D_INLINE static uint16_t from_float(float f) { return float_to_half_impl(f); }
   // Elements 0-7 in lo, 8-15 in hi, converted by F16C.
   C10D_TARGET_AVX2 C10D_INLINE static Float32x16 load16(const uint16_t* p) {
     const auto* q = reinterpret_cast<const __m128i*>(p);
@@ -248,8 +248,8 @@ struct HalfFormat {
 };
 
 struct BFloat16Format {
-  C10D_INLINE static float to_float(uint16_t h) { return bfloat16_to_float(h); }
-  C10D_INLINE static uint16_t from_float(float f) { return float_to_bfloat16(f); }
+  C10D_INLINE static float to_float(uint16_t h) { return bfloat16_to_float_impl(h); }
+  C10D_INLINE static uint16_t from_float(float f) { return float_to_bfloat16_impl(f); }
   // A bfloat16 is the upper half of a float32, so widening is interleaving with zeros: lo gets
   // elements 0-3 and 8-11, hi gets 4-7 and 12-15 (the unpacks work per 128-bit half).
   C10D_TARGET_AVX2 C10D_INLINE static Float32x16 load16(const uint16_t* p) {
