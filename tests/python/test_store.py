@@ -69,11 +69,13 @@ def _tcp_server():
                          timeout=timedelta(seconds=10))
 
 
+_servers = []  # keeps each test's server alive (a PrefixStore holds only the C++ client)
+
+
 def _tcp_client():
     server = _tcp_server()
-    client = c10d.TCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=10))
-    client._keepalive = server  # the server lives as long as the client under test
-    return client
+    _servers.append(server)
+    return c10d.TCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=10))
 
 
 def _file(tmp_path):
