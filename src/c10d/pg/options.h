@@ -28,6 +28,8 @@ struct BroadcastOptions {
 struct AllreduceOptions {
   ReduceOp reduce_op;
   Millis timeout = kUnsetTimeout;
+  // false: the caller waits at once, so a backend may run the operation on the caller's thread.
+  bool async_op = true;
 };
 
 struct AllreduceCoalescedOptions : AllreduceOptions {};
@@ -37,6 +39,7 @@ struct ReduceOptions {
   int64_t root_rank = 0;
   int64_t root_tensor = 0;
   Millis timeout = kUnsetTimeout;
+  bool async_op = true;
 };
 
 struct AllgatherOptions {
@@ -47,6 +50,7 @@ struct AllgatherOptions {
 struct GatherOptions {
   int64_t root_rank = 0;
   Millis timeout = kUnsetTimeout;
+  bool async_op = true;
 };
 
 struct ScatterOptions {
@@ -63,11 +67,13 @@ struct ReduceScatterOptions {
 
 struct AllToAllOptions {
   Millis timeout = kUnsetTimeout;
+  bool async_op = true;
 };
 
 struct BarrierOptions {
   std::vector<int64_t> device_ids;
   Millis timeout = kUnsetTimeout;
+  bool async_op = true;
 };
 
 }  // namespace c10d::pg

@@ -1,6 +1,7 @@
 #include "c10d/backends/gloo/gloo_backend.h"
 
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -188,6 +189,21 @@ bool hostname_is_bindable(const std::string& host) {
   return ok;
 }
 
+// Gloo writes to its sockets with writev, which raises SIGPIPE when a peer has gone away; the
+// default action would kill the process instead of letting the write fail with EPIPE (which
+// becomes an error naming the peer). A handler the application installed is left alone.
+void ignore_sigpipe_once() {
+  static const bool done = [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+        !(current.sa_flags & SA_SIGINFO)) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
 std::vector<std::string> split_commas(const std::string& text) {
   std::vector<std::string> parts;
   size_t start = 0;
@@ -206,12 +222,11 @@ std::vector<std::string> split_commas(const std::string& text) {
 class P2PWork : public core::Work {
  public:
   P2PWork(OpType type, std::string description, Tensor tensor,
-          std::unique_ptr<::gloo::transport::UnboundBuffer> buffer, int peer, Millis timeout,
+          std::unique_ptr<::gloo::transport::UnboundBuffer> buffer, Millis timeout,
           std::string context)
       : Work(type, std::move(description)),
         tensor_(std::move(tensor)),
         buffer_(std::move(buffer)),
-        peer_(peer),
         deadline_(timeout),
         timeout_(timeout),
         context_(std::move(context)) {}
@@ -271,7 +286,6 @@ class P2PWork : public core::Work {
 
   Tensor tensor_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> buffer_;
-  int peer_;
   core::Deadline deadline_;
   Millis timeout_;
   std::string context_;
@@ -328,11 +342,83 @@ std::vector<DevicePtr> GlooBackend::create_default_devices() {
 // ---------------------------------------------------------------------------------------------
 // Construction and the worker pool
 
+struct GlooBackend::Shared {
+  Shared(int rank, int size) : rank(rank), size(size) {}
+
+  // "allreduce (sequence 3, rank 0 of 2)".
+  std::string describe(const char* op, uint32_t tag) const {
+    return str_cat(op, " (sequence ", tag, ", rank ", rank, " of ", size, ")");
+  }
+
+  // The rank whose listening address appears in a Gloo error message, or -1.
+  int peer_in_message(const std::string& message) const {
+    for (size_t r = 0; r < peer_addresses.size(); ++r) {
+      const std::string& address = peer_addresses[r];
+      if (address.empty()) continue;
+      // "[127.0.0.1]:4632" must not match inside "[127.0.0.1]:46321".
+      for (size_t at = message.find(address); at != std::string::npos;
+           at = message.find(address, at + 1)) {
+        const size_t end = at + address.size();
+        if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
+          return static_cast<int>(r);
+        }
+      }
+    }
+    return -1;
+  }
+
+  // Turns a Gloo exception into ours, naming the operation, sequence number and peer.
+  std::exception_ptr translate(std::exception_ptr error, const char* op_name,
+                               const OpContext& op) const noexcept {
+    try {
+      try {
+        std::rethrow_exception(error);
+      } catch (const core::DistError&) {
+        return error;  // ours already carries its context
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        std::string message = str_cat("Gloo ", describe(op_name, op.tag));
+        if (int peer = peer_in_message(what); peer >= 0) message += str_cat(", peer rank ", peer);
+        if (is_gloo_timeout(what)) {
+          return std::make_exception_ptr(DistTimeoutError(str_cat(
+              message, " timed out after ", core::format_timeout(op.timeout), ": ", what)));
+        }
+        return std::make_exception_ptr(DistBackendError(str_cat(message, " failed: ", what)));
+      } catch (...) {
+        return std::make_exception_ptr(DistBackendError(
+            str_cat("Gloo ", describe(op_name, op.tag), " failed with an unknown error")));
+      }
+    } catch (...) {
+      return std::current_exception();  // allocation failure while building the message
+    }
+  }
+
+  const int rank;
+  const int size;
+  // "[127.0.0.1]:41235" style listening address of every peer (empty for this rank), to name
+  // the rank in Gloo's error messages, which print addresses. Written before the workers start.
+  std::vector<std::string> peer_addresses;
+
+  // One mutex orders both the sequence numbers and the queue, so the workers take operations
+  // in sequence order on every rank.
+  std::mutex mutex;
+  std::condition_variable wake;    // work queued or stopping
+  std::condition_variable exited;  // a worker left worker_loop
+  uint32_t next_seq = 0;           // guarded by mutex
+  std::deque<Task> queue;          // guarded by mutex
+  bool stopping = false;           // guarded by mutex
+  int running_workers = 0;         // guarded by mutex
+  // Works of the tasks the workers are running, so shutdown() can fail them.
+  std::vector<std::shared_ptr<core::Work>> in_flight;  // guarded by mutex
+};
+
 GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size,
                          GlooOptions opts)
     : pg::Backend(rank, size, opts.timeout),
       store_(std::move(store)),
-      devices_(std::move(opts.devices)) {
+      devices_(std::move(opts.devices)),
+      shared_(std::make_shared<Shared>(rank, size)) {
+  ignore_sigpipe_once();
   if (devices_.empty()) devices_ = create_default_devices();
   const Millis timeout = resolve_timeout(opts.timeout);
   for (size_t i = 0; i < devices_.size(); ++i) {
@@ -350,25 +436,42 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
   }
   exchange_addresses();
   const int threads = std::max(1, opts.threads);
+  shared_->running_workers = threads;
   workers_.reserve(threads);
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 0; i < threads; ++i) workers_.emplace_back(worker_loop, shared_);
 }
 
 GlooBackend::~GlooBackend() { shutdown(); }
 
-uint32_t GlooBackend::next_sequence() const {
-  std::lock_guard<std::mutex> lock(queue_mutex_);
-  return next_seq_;
+void GlooBackend::exchange_addresses() {
+  shared_->peer_addresses.assign(size(), std::string());
+  if (size() == 1) return;
+  try {
+    // Every pair of a device shares the device's listening socket, so any pair tells ours.
+    std::string mine = contexts_[0]->getPair(rank() == 0 ? 1 : 0)->address().str();
+    if (size_t cut = mine.find('$'); cut != std::string::npos) mine.resize(cut);
+    store_->set(str_cat("gloo/address/", rank()), store::to_bytes(mine));
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      shared_->peer_addresses[r] = store::to_string(store_->get(str_cat("gloo/address/", r)));
+    }
+  } catch (const std::exception& e) {
+    throw DistBackendError(str_cat("Gloo rendezvous failed for rank ", rank(), " of ", size(),
+                                   " through ", store_->describe(),
+                                   " while exchanging addresses: ", e.what()));
+  }
 }
 
-GlooBackend::OpContext GlooBackend::next_op_locked(Millis op_timeout) {
-  const uint32_t tag = next_seq_++;
+uint32_t GlooBackend::next_sequence() const {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  return shared_->next_seq;
+}
+
+GlooBackend::OpContext GlooBackend::next_op(Millis op_timeout) {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  const uint32_t tag = shared_->next_seq++;
   return OpContext{contexts_[tag % contexts_.size()], tag,
                    resolve_timeout(effective_timeout(op_timeout)), rank(), size()};
-}
-
-std::string GlooBackend::describe_op(const char* op, uint32_t tag) const {
-  return str_cat(op, " (sequence ", tag, ", rank ", rank(), " of ", size(), ")");
 }
 
 WorkPtr GlooBackend::submit(OpType type, const char* op_name, Millis op_timeout, bool async,
@@ -377,128 +480,123 @@ WorkPtr GlooBackend::submit(OpType type, const char* op_name, Millis op_timeout,
   task.name = op_name;
   task.body = std::move(body);
   task.outputs = std::move(outputs);
+  Shared& shared = *shared_;
   {
-    std::unique_lock<std::mutex> lock(queue_mutex_);
-    task.op = next_op_locked(op_timeout);
-    task.work = std::make_shared<core::Work>(type, str_cat("gloo:", op_name, "#", task.op.tag));
-    if (stopping_) {
+    std::unique_lock<std::mutex> lock(shared.mutex);
+    const uint32_t tag = shared.next_seq++;
+    task.op = OpContext{contexts_[tag % contexts_.size()], tag,
+                        resolve_timeout(effective_timeout(op_timeout)), rank(), size()};
+    // Plain concatenation: this runs on every operation's critical path.
+    task.work = std::make_shared<core::Work>(
+        type, std::string("gloo:") + op_name + "#" + std::to_string(tag));
+    if (shared.stopping) {
       lock.unlock();
       task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
-          str_cat("Gloo ", describe_op(op_name, task.op.tag), ": the backend was shut down"))));
+          str_cat("Gloo ", shared.describe(op_name, tag), ": the backend was shut down"))));
       return task.work;
     }
     if (async) {
       WorkPtr work = task.work;
-      queue_.push_back(std::move(task));
+      shared.queue.push_back(std::move(task));
       lock.unlock();
-      queue_cv_.notify_one();
+      shared.wake.notify_one();
       return work;
     }
   }
-  run_task(task);
+  run_task(shared, task);
   return task.work;
 }
 
-void GlooBackend::run_task(Task& task) noexcept {
+void GlooBackend::run_task(const Shared& shared, Task& task) noexcept {
+  std::exception_ptr error;
   try {
     task.body(task.op);
-    task.work->finish(std::move(task.outputs));
   } catch (...) {
-    task.work->finish_with_error(translate_error(std::current_exception(), task.name, task.op));
+    error = shared.translate(std::current_exception(), task.name, task.op);
   }
-}
-
-std::exception_ptr GlooBackend::translate_error(std::exception_ptr error, const char* op_name,
-                                                const OpContext& op) const noexcept {
+  // shutdown() may have failed the Work already; completing it twice throws.
   try {
-    try {
-      std::rethrow_exception(error);
-    } catch (const core::DistError&) {
-      return error;  // ours already carries its context
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      std::string message = str_cat("Gloo ", describe_op(op_name, op.tag));
-      if (int peer = peer_in_message(what); peer >= 0) message += str_cat(", peer rank ", peer);
-      if (is_gloo_timeout(what)) {
-        return std::make_exception_ptr(DistTimeoutError(str_cat(
-            message, " timed out after ", core::format_timeout(op.timeout), ": ", what)));
-      }
-      return std::make_exception_ptr(DistBackendError(str_cat(message, " failed: ", what)));
-    } catch (...) {
-      return std::make_exception_ptr(DistBackendError(
-          str_cat("Gloo ", describe_op(op_name, op.tag), " failed with an unknown error")));
+    if (error) {
+      task.work->finish_with_error(error);
+    } else {
+      task.work->finish(std::move(task.outputs));
     }
   } catch (...) {
-    return std::current_exception();  // allocation failure while building the message
   }
 }
 
-void GlooBackend::exchange_addresses() {
-  peer_addresses_.assign(size(), std::string());
-  if (size() == 1) return;
-  // Every pair of a device shares the device's listening socket, so any pair tells ours.
-  std::string mine = contexts_[0]->getPair(rank() == 0 ? 1 : 0)->address().str();
-  if (size_t cut = mine.find('$'); cut != std::string::npos) mine.resize(cut);
-  store_->set(str_cat("gloo/address/", rank()), store::to_bytes(mine));
-  for (int r = 0; r < size(); ++r) {
-    if (r != rank()) peer_addresses_[r] = store::to_string(store_->get(str_cat("gloo/address/", r)));
-  }
-}
-
-int GlooBackend::peer_in_message(const std::string& message) const {
-  for (size_t r = 0; r < peer_addresses_.size(); ++r) {
-    const std::string& address = peer_addresses_[r];
-    if (address.empty()) continue;
-    // "[127.0.0.1]:4632" must not match inside "[127.0.0.1]:46321".
-    for (size_t at = message.find(address); at != std::string::npos;
-         at = message.find(address, at + 1)) {
-      const size_t end = at + address.size();
-      if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
-        return static_cast<int>(r);
-      }
-    }
-  }
-  return -1;
-}
-
-void GlooBackend::worker_loop() {
+void GlooBackend::worker_loop(std::shared_ptr<Shared> shared) {
   for (;;) {
     Task task;
     {
-      std::unique_lock<std::mutex> lock(queue_mutex_);
-      queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      std::unique_lock<std::mutex> lock(shared->mutex);
+      shared->wake.wait(lock, [&] { return shared->stopping || !shared->queue.empty(); });
+      if (shared->queue.empty()) {
+        --shared->running_workers;
+        shared->exited.notify_all();
+        return;
+      }
+      task = std::move(shared->queue.front());
+      shared->queue.pop_front();
+      shared->in_flight.push_back(task.work);
     }
-    run_task(task);
+    run_task(*shared, task);
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    auto& in_flight = shared->in_flight;
+    in_flight.erase(std::find(in_flight.begin(), in_flight.end(), task.work));
   }
 }
 
 void GlooBackend::shutdown() {
+  std::lock_guard<std::mutex> shutdown_lock(shutdown_mutex_);
+  if (workers_.empty()) return;
+  Shared& shared = *shared_;
   std::deque<Task> dropped;
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    if (stopping_ && workers_.empty()) return;
-    stopping_ = true;
-    dropped.swap(queue_);
+    std::lock_guard<std::mutex> lock(shared.mutex);
+    shared.stopping = true;
+    dropped.swap(shared.queue);
   }
-  queue_cv_.notify_all();
+  shared.wake.notify_all();
   for (Task& task : dropped) {
-    task.work->finish_with_error(std::make_exception_ptr(DistBackendError(str_cat(
-        "Gloo ", describe_op(task.name, task.op.tag), ": the backend was shut down before it ran"))));
+    task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
+        str_cat("Gloo ", shared.describe(task.name, task.op.tag),
+                ": the backend was shut down before it ran"))));
   }
-  // Running operations may be waiting for peers: closing the connections makes them fail now.
+  // Closing the connections makes peers see us leave, and running operations that touch the
+  // network fail. An operation merely waiting on a peer is not woken by Gloo, though, so
+  // workers still busy after a short grace period are left to finish (at their timeout) on
+  // their own: they hold only the shared state and their task, never the backend.
   for (auto& context : contexts_) {
     try {
       context->closeConnections();
     } catch (...) {
     }
   }
-  for (auto& worker : workers_) {
-    if (worker.joinable()) worker.join();
+  bool all_exited;
+  std::vector<std::shared_ptr<core::Work>> abandoned;
+  {
+    std::unique_lock<std::mutex> lock(shared.mutex);
+    all_exited = shared.exited.wait_for(lock, std::chrono::milliseconds(100),
+                                        [&] { return shared.running_workers == 0; });
+    if (!all_exited) abandoned = shared.in_flight;
   }
-  std::lock_guard<std::mutex> lock(queue_mutex_);
+  for (auto& work : abandoned) {
+    try {
+      work->finish_with_error(std::make_exception_ptr(DistBackendError(
+          str_cat("Gloo ", work->description(), " on rank ", rank(), " of ", size(),
+                  ": the backend was shut down while it ran"))));
+    } catch (...) {
+      // It completed in the meantime.
+    }
+  }
+  for (auto& worker : workers_) {
+    if (all_exited) {
+      worker.join();
+    } else {
+      worker.detach();
+    }
+  }
   workers_.clear();
 }
 
@@ -864,11 +962,7 @@ WorkPtr GlooBackend::post_p2p(OpType type, std::vector<Tensor>& tensors, int pee
   const Tensor tensor = tensors[0];
   // Point-to-point operations do not take a sequence number: the user's tag is the slot, so
   // they match regardless of how collectives interleave with them.
-  std::shared_ptr<::gloo::Context> context;
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    context = contexts_[static_cast<uint32_t>(tag) % contexts_.size()];
-  }
+  const auto& context = contexts_[static_cast<uint32_t>(tag) % contexts_.size()];
   const char* what = type == OpType::kSend ? "send" : type == OpType::kRecv ? "recv"
                                                                             : "recv_anysource";
   std::string description =
@@ -879,7 +973,7 @@ WorkPtr GlooBackend::post_p2p(OpType type, std::vector<Tensor>& tensors, int pee
   auto buffer = context->createUnboundBuffer(data_or_dummy(tensor), tensor.nbytes());
   auto* raw = buffer.get();
   auto work = std::make_shared<P2PWork>(type, str_cat("gloo:", what), tensor, std::move(buffer),
-                                        peer, resolve_timeout(timeout()), description);
+                                        resolve_timeout(timeout()), description);
   try {
     if (type == OpType::kSend) {
       raw->send(peer, slot);
@@ -903,11 +997,7 @@ WorkPtr GlooBackend::post_p2p(OpType type, std::vector<Tensor>& tensors, int pee
 // Monitored barrier
 
 void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
-  OpContext c;
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    c = next_op_locked(opts.timeout);
-  }
+  const OpContext c = next_op(opts.timeout);
   if (c.size == 1) return;
   const core::Deadline deadline(c.timeout);
   const uint64_t arrive_slot = (kMonitoredBarrierPrefix << 56) | (uint64_t{c.tag} << 24);

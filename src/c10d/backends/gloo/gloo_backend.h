@@ -16,6 +16,9 @@
 // core::DistTimeoutError / core::DistBackendError naming the operation, its sequence number,
 // this rank and, when Gloo's message identifies it, the peer rank. Nothing escapes a worker.
 //
+// Gloo's TCP writes raise SIGPIPE when a peer dies; the first backend sets SIGPIPE to ignored
+// if it still has the default action (Python does the same at startup).
+//
 // Thread-safety: all methods may be called from any thread; operations issued concurrently
 // from several threads get sequence numbers in an unspecified order, which is only safe if the
 // caller orders them identically on every rank.
@@ -139,41 +142,29 @@ class GlooBackend : public pg::Backend {
     Body body;
     std::vector<pg::Tensor> outputs;  // what the Work's future resolves to
   };
+  // The queue, sequence counter and what error messages need, shared with the workers so that
+  // a worker stuck in a Gloo call after shutdown() (which does not wait for it) never touches
+  // a destroyed backend. Defined in gloo_backend.cc.
+  struct Shared;
 
-  // Takes the next sequence number and resolves the timeout. Expects queue_mutex_ held.
-  OpContext next_op_locked(pg::Millis op_timeout);
   // Runs `body` inline (async == false) or on the workers; the Work completes with `outputs`.
   WorkPtr submit(core::OpType type, const char* op_name, pg::Millis op_timeout, bool async,
                  Body body, std::vector<pg::Tensor> outputs);
+  // The next sequence number with its context and resolved timeout.
+  OpContext next_op(pg::Millis op_timeout);
   // Runs the task, storing its result or error in its Work. Never throws.
-  void run_task(Task& task) noexcept;
-  // Turns a Gloo exception into ours, naming the operation, sequence number and peer.
-  std::exception_ptr translate_error(std::exception_ptr error, const char* op_name,
-                                     const OpContext& op) const noexcept;
-  // "allreduce (sequence 3, rank 0 of 2)".
-  std::string describe_op(const char* op, uint32_t tag) const;
-  // The rank whose listening address appears in a Gloo error message, or -1.
-  int peer_in_message(const std::string& message) const;
+  static void run_task(const Shared& shared, Task& task) noexcept;
+  static void worker_loop(std::shared_ptr<Shared> shared);
   // Publishes this rank's listening address and reads everyone else's (for error messages).
   void exchange_addresses();
-  void worker_loop();
   WorkPtr post_p2p(core::OpType type, std::vector<pg::Tensor>& tensors, int peer, int tag);
 
   std::shared_ptr<store::Store> store_;
   std::vector<DevicePtr> devices_;
   std::vector<std::shared_ptr<::gloo::Context>> contexts_;
-  // "[127.0.0.1]:41235" style address of every peer's listener per rank, to name the rank in
-  // Gloo's error messages (which only print addresses). Written in the constructor only.
-  std::vector<std::string> peer_addresses_;
-
-  // One mutex orders both the sequence numbers and the queue, so the workers take operations
-  // in sequence order on every rank.
-  mutable std::mutex queue_mutex_;
-  uint32_t next_seq_ = 0;   // guarded by queue_mutex_
-  std::condition_variable queue_cv_;
-  std::deque<Task> queue_;  // guarded by queue_mutex_
-  bool stopping_ = false;   // guarded by queue_mutex_
-  std::vector<std::thread> workers_;
+  std::shared_ptr<Shared> shared_;
+  std::mutex shutdown_mutex_;         // serialises shutdown()
+  std::vector<std::thread> workers_;  // guarded by shutdown_mutex_ after construction
 };
 
 }  // namespace c10d::backends::gloo
