@@ -293,7 +293,7 @@ std::string TCPStore::broken_reason() {
   return broken_.empty() ? "the connection was closed" : broken_;
 }
 
-net::Socket TCPStore::open_connection() {
+net::Socket TCPStore::open_connection(bool retry) {
   const Millis timeout = this->timeout();
   const Deadline deadline(timeout);
   const auto nonce = static_cast<uint32_t>(::getpid());
@@ -320,6 +320,14 @@ net::Socket TCPStore::open_connection() {
       }
     } else {
       last_error = status.message;
+    }
+    if (!retry) {
+      std::string why = str_cat("the store server at ", endpoint(host_, port_),
+                                " refused a new connection although this client reached it "
+                                "before (has the server's process exited?): ",
+                                last_error);
+      mark_broken(why);
+      throw core::DistNetworkError(str_cat(describe(), ": ", why));
     }
     if (deadline.expired()) {
       throw core::DistNetworkError(str_cat(describe(), ": timed out after ",
@@ -353,7 +361,7 @@ bool TCPStore::block_until_present(const char* op, const std::vector<std::string
       wait_sockets_.pop_back();
     }
   }
-  if (!socket.valid()) socket = open_connection();
+  if (!socket.valid()) socket = open_connection(/*retry=*/false);
   bool arrived = false;
   {
     Call call(*this, op, socket);

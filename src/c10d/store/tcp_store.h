@@ -89,7 +89,10 @@ class TCPStore : public Store {
 
  private:
   // Connects, validates and pings, retrying with backoff until the store timeout.
-  net::Socket open_connection();
+  // With `retry`, keeps trying (backoff) until the store timeout: the server may not be up
+  // yet. Without, one attempt: used once this client has reached the server, where a refused
+  // connection means the server is gone.
+  net::Socket open_connection(bool retry = true);
   void wait_for_workers(int num_workers);
   // Blocks until every (already prefixed) key exists or `deadline` passes; false on timeout.
   // Checks on the main connection first (which also orders the wait after this store's
