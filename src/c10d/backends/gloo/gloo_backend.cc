@@ -43,8 +43,8 @@ using pg::Millis;
 namespace {
 
 // Gloo reads a zero timeout as "use the default" in some places and rejects it in others, so
-// "no timeout" becomes a year.
-constexpr Millis kForever = std::chrono::hours(24 * 365);
+// "no timeout" becomes 30 days (longer would overflow nanosecond deadlines inside Gloo).
+constexpr Millis kForever = std::chrono::hours(24 * 30);
 // Slot prefix of monitored_barrier's messages. Gloo's collectives use prefixes 0x01-0x08 in the
 // top byte of the slot and user point-to-point tags stay below 2^32, so this cannot collide.
 constexpr uint64_t kMonitoredBarrierPrefix = 0x10;
@@ -162,6 +162,50 @@ void run_alltoallv(const GlooBackend::OpContext& c, void* in, std::vector<int64_
   ::gloo::alltoallv(g);
 }
 
+enum class WaitResult { kDone, kTimedOut, kAborted };
+
+// Waits for the pending send or receive on `buffer` for up to `limit`. Gloo's own timeout is
+// not used because it closes every connection of the context ("Application timeout caused pair
+// closure"); a watchdog thread aborts the wait instead, leaving the context usable. For the
+// rare waits that must survive a timeout (monitored_barrier, Work::wait with a short timeout).
+// I/O errors still throw Gloo's exception.
+WaitResult wait_or_abort(::gloo::transport::UnboundBuffer& buffer, bool is_send, Millis limit,
+                         int* rank = nullptr) {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool finished = false;
+  bool fired = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!cv.wait_for(lock, limit, [&] { return finished; })) {
+      fired = true;
+      if (is_send) {
+        buffer.abortWaitSend();
+      } else {
+        buffer.abortWaitRecv();
+      }
+    }
+  });
+  auto stop_watchdog = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      finished = true;
+    }
+    cv.notify_one();
+    watchdog.join();
+  };
+  bool done;
+  try {
+    done = is_send ? buffer.waitSend(rank, kForever) : buffer.waitRecv(rank, kForever);
+  } catch (...) {
+    stop_watchdog();
+    throw;
+  }
+  stop_watchdog();
+  if (done) return WaitResult::kDone;
+  return fired ? WaitResult::kTimedOut : WaitResult::kAborted;
+}
+
 std::string join_ranks(const std::vector<int>& ranks) {
   std::string out;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -256,7 +300,19 @@ class P2PWork : public core::Work {
     const bool is_send = op_type() == OpType::kSend;
     try {
       int rank = -1;
-      bool done = is_send ? buffer_->waitSend(&rank, limit) : buffer_->waitRecv(&rank, limit);
+      bool done;
+      if (caller_limited) {
+        // A short wait must not close the context when it expires: the operation goes on.
+        const WaitResult result = wait_or_abort(*buffer_, is_send, limit, &rank);
+        if (result == WaitResult::kTimedOut) {
+          throw DistTimeoutError(str_cat("Gloo ", context_, " did not complete within ",
+                                         core::format_timeout(caller_timeout),
+                                         " (it is still pending)"));
+        }
+        done = result == WaitResult::kDone;
+      } else {
+        done = is_send ? buffer_->waitSend(&rank, limit) : buffer_->waitRecv(&rank, limit);
+      }
       settled_ = true;
       if (!done) {
         finish_with_error(std::make_exception_ptr(
@@ -265,13 +321,10 @@ class P2PWork : public core::Work {
       }
       if (!is_send) set_source_rank(rank);
       finish({tensor_});
+    } catch (const DistTimeoutError&) {
+      throw;  // the caller's own timeout: not settled
     } catch (const std::exception& e) {
       const bool timed_out = is_gloo_timeout(e.what());
-      if (timed_out && caller_limited) {
-        throw DistTimeoutError(str_cat("Gloo ", context_, " did not complete within ",
-                                       core::format_timeout(caller_timeout),
-                                       " (it is still pending)"));
-      }
       settled_ = true;
       if (timed_out) {
         finish_with_error(std::make_exception_ptr(DistTimeoutError(
@@ -378,7 +431,7 @@ struct GlooBackend::Shared {
       } catch (const std::exception& e) {
         const std::string what = e.what();
         std::string message = str_cat("Gloo ", describe(op_name, op.tag));
-        if (int peer = peer_in_message(what); peer >= 0) message += str_cat(", peer rank ", peer);
+        if (int peer = peer_in_message(what); peer >= 0) message += str_cat(" with peer rank ", peer);
         if (is_gloo_timeout(what)) {
           return std::make_exception_ptr(DistTimeoutError(str_cat(
               message, " timed out after ", core::format_timeout(op.timeout), ": ", what)));
@@ -1004,69 +1057,82 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
   const uint64_t release_slot = arrive_slot + 1;
   const std::string timeout_text = std::to_string(c.timeout.count()) + " ms";
 
+  // Waits go through wait_or_abort, so a rank that does not arrive leaves the context usable.
+  // Waits go through wait_or_abort, so a rank that does not arrive leaves the context usable.
+  // A receive given up on is parked rather than destroyed (see parked_).
+  auto park = [this](Parked parked) {
+    std::lock_guard<std::mutex> lock(parked_mutex_);
+    parked_.push_back(std::move(parked));
+  };
   if (c.rank != 0) {
-    char status = 1;
-    auto buffer = c.context->createUnboundBuffer(&status, 1);
+    Parked slot{std::make_unique<char>(1), nullptr};
+    slot.buffer = c.context->createUnboundBuffer(slot.byte.get(), 1);
+    WaitResult result = WaitResult::kTimedOut;
     try {
-      buffer->send(0, arrive_slot);
-      buffer->waitSend(at_least_1ms(deadline.remaining()));
-      buffer->recv(0, release_slot);
-      buffer->waitRecv(at_least_1ms(deadline.remaining()));
+      slot.buffer->send(0, arrive_slot);
+      result = wait_or_abort(*slot.buffer, true, at_least_1ms(deadline.remaining()));
+      if (result == WaitResult::kDone) {
+        // Rank 0 answers at its own deadline at the latest, which may come a little after
+        // ours: allow it the same time again before concluding it is gone.
+        slot.buffer->recv(0, release_slot);
+        result = wait_or_abort(*slot.buffer, false, at_least_1ms(deadline.remaining() + c.timeout));
+      }
     } catch (const std::exception& e) {
-      const std::string message =
-          str_cat("Rank ", c.rank, " reached monitored_barrier but rank 0 did not release it "
-                  "within ", timeout_text, ": ", e.what());
-      if (is_gloo_timeout(e.what())) throw DistTimeoutError(message);
-      throw DistBackendError(message);
+      throw DistBackendError(str_cat("Rank ", c.rank, " failed in monitored_barrier while "
+                                     "talking to rank 0: ", e.what()));
     }
-    if (status != 1) {
-      throw DistBackendError(str_cat("Rank ", c.rank, " reached monitored_barrier but other ranks "
-                                     "failed to pass it in ", timeout_text,
+    if (result != WaitResult::kDone) {
+      park(std::move(slot));
+      throw DistTimeoutError(str_cat("Rank ", c.rank, " reached monitored_barrier but rank 0 "
+                                     "did not release it within ", timeout_text));
+    }
+    if (*slot.byte != 1) {
+      throw DistBackendError(str_cat("Rank ", c.rank, " reached monitored_barrier but other "
+                                     "ranks failed to pass it in ", timeout_text,
                                      " (rank 0 names them)"));
     }
     return;
   }
 
   // Rank 0: every other rank must check in before the deadline.
-  std::vector<char> arrivals(c.size, 0);
-  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers(c.size);
+  std::vector<Parked> arrivals(c.size);
   for (int r = 1; r < c.size; ++r) {
-    buffers[r] = c.context->createUnboundBuffer(&arrivals[r], 1);
-    buffers[r]->recv(r, arrive_slot);
+    arrivals[r].byte = std::make_unique<char>(0);
+    arrivals[r].buffer = c.context->createUnboundBuffer(arrivals[r].byte.get(), 1);
+    arrivals[r].buffer->recv(r, arrive_slot);
   }
   std::vector<int> arrived, failed;
-  bool all_timeouts = true;
   std::string first_error;
   for (int r = 1; r < c.size; ++r) {
     // After the first failure without wait_all_ranks, only collect ranks already there.
     const bool give_up = !wait_all_ranks && !failed.empty();
     const Millis limit = give_up ? Millis(1) : at_least_1ms(deadline.remaining());
     try {
-      buffers[r]->waitRecv(limit);
-      arrived.push_back(r);
-    } catch (const std::exception& e) {
-      if (give_up) continue;
-      failed.push_back(r);
-      if (!is_gloo_timeout(e.what())) {
-        all_timeouts = false;
-        if (first_error.empty()) first_error = e.what();
+      if (wait_or_abort(*arrivals[r].buffer, false, limit) == WaitResult::kDone) {
+        arrived.push_back(r);
+        continue;
       }
+      if (!give_up) failed.push_back(r);
+    } catch (const std::exception& e) {
+      if (!give_up) failed.push_back(r);
+      if (!give_up && first_error.empty()) first_error = e.what();
     }
+    park(std::move(arrivals[r]));
   }
   // Release the ranks that arrived, telling them whether the barrier passed.
-  const char status = failed.empty() ? 1 : 0;
-  std::vector<char> statuses(c.size, status);
+  std::vector<char> statuses(c.size, failed.empty() ? 1 : 0);
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> releases;
   for (int r : arrived) {
-    releases.push_back(c.context->createUnboundBuffer(&statuses[r], 1));
     try {
+      releases.push_back(c.context->createUnboundBuffer(&statuses[r], 1));
       releases.back()->send(r, release_slot);
     } catch (const std::exception&) {
+      releases.pop_back();
     }
   }
   for (auto& release : releases) {
     try {
-      release->waitSend(at_least_1ms(std::min(deadline.remaining(), Millis(1000))));
+      (void)wait_or_abort(*release, true, Millis(1000));
     } catch (const std::exception&) {
       // A rank that went away after arriving finds out on its own.
     }
@@ -1077,9 +1143,7 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
           ? str_cat("Rank ", failed[0], " failed to pass monitoredBarrier in ", timeout_text)
           : str_cat("Ranks ", join_ranks(failed), " failed to pass monitoredBarrier in ",
                     timeout_text);
-  if (!all_timeouts) {
-    throw DistBackendError(str_cat(message, ": ", first_error));
-  }
+  if (!first_error.empty()) throw DistBackendError(str_cat(message, ": ", first_error));
   throw DistTimeoutError(message);
 }
 

@@ -41,6 +41,7 @@ namespace gloo {
 class Context;
 namespace transport {
 class Device;
+class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
@@ -163,6 +164,14 @@ class GlooBackend : public pg::Backend {
   std::vector<DevicePtr> devices_;
   std::vector<std::shared_ptr<::gloo::Context>> contexts_;
   std::shared_ptr<Shared> shared_;
+  // Receives given up on (monitored_barrier) but still registered with Gloo: a late message
+  // must find its buffer alive, or the pair stalls. Kept until the backend goes away.
+  struct Parked {
+    std::unique_ptr<char> byte;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+  };
+  std::mutex parked_mutex_;
+  std::vector<Parked> parked_;  // guarded by parked_mutex_
   std::mutex shutdown_mutex_;         // serialises shutdown()
   std::vector<std::thread> workers_;  // guarded by shutdown_mutex_ after construction
 };
