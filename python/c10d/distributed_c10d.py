@@ -587,6 +587,13 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
 # Collectives
 
 
+def _opts(cls, async_op: bool):
+    """An options object with asyncOp set: a sync call may run on the calling thread."""
+    opts = cls()
+    opts.asyncOp = async_op
+    return opts
+
+
 def _finish(work, async_op: bool):
     if async_op:
         return work
@@ -601,6 +608,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
         return None
     opts = AllreduceOptions()
     opts.reduceOp = op
+    opts.asyncOp = async_op
     return _finish(_resolve_group(group).allreduce([tensor], opts), async_op)
 
 
@@ -613,6 +621,7 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
         tensors = [tensors]
     opts = AllreduceCoalescedOptions()
     opts.reduceOp = op
+    opts.asyncOp = async_op
     return _finish(_resolve_group(group).allreduce_coalesced(list(tensors), opts), async_op)
 
 
@@ -626,6 +635,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     opts = BroadcastOptions()
     opts.rootRank = _canonical_rank(group, group_src, src, "src")
     opts.rootTensor = 0
+    opts.asyncOp = async_op
     return _finish(_resolve_group(group).broadcast([tensor], opts), async_op)
 
 
@@ -639,6 +649,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     opts = ReduceOptions()
     opts.reduceOp = op
     opts.rootRank = _canonical_rank(group, group_dst, dst, "dst")
+    opts.asyncOp = async_op
     return _finish(_resolve_group(group).reduce([tensor], opts), async_op)
 
 
@@ -655,8 +666,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     if _rank_not_in_group(group):
         _warn_not_in_group("all_gather")
         return None
-    return _finish(_resolve_group(group).allgather([tensor_list], [tensor], AllgatherOptions()),
-                   async_op)
+    return _finish(_resolve_group(group).allgather([tensor_list], [tensor],
+                                                   _opts(AllgatherOptions, async_op)), async_op)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -665,8 +676,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     if _rank_not_in_group(group):
         _warn_not_in_group("all_gather_into_tensor")
         return None
-    return _finish(_resolve_group(group)._allgather_base(output_tensor, input_tensor,
-                                                         AllgatherOptions()), async_op)
+    return _finish(_resolve_group(group)._allgather_base(
+        output_tensor, input_tensor, _opts(AllgatherOptions, async_op)), async_op)
 
 
 def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
@@ -682,7 +693,8 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
         _warn_not_in_group("all_gather_coalesced")
         return None
     return _finish(_resolve_group(group).allgather_coalesced(
-        [list(x) for x in output_tensor_lists], input_tensor_list, AllgatherOptions()), async_op)
+        [list(x) for x in output_tensor_lists], input_tensor_list,
+        _opts(AllgatherOptions, async_op)), async_op)
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
@@ -705,6 +717,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
         outputs = []
     opts = GatherOptions()
     opts.rootRank = root
+    opts.asyncOp = async_op
     return _finish(_resolve_group(group).gather(outputs, [tensor], opts), async_op)
 
 
@@ -728,6 +741,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
         inputs = []
     opts = ScatterOptions()
     opts.rootRank = root
+    opts.asyncOp = async_op
     return _finish(_resolve_group(group).scatter([tensor], inputs, opts), async_op)
 
 
@@ -739,6 +753,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         return None
     opts = ReduceScatterOptions()
     opts.reduceOp = op
+    opts.asyncOp = async_op
     return _finish(_resolve_group(group).reduce_scatter([output], [input_list], opts), async_op)
 
 
@@ -749,6 +764,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
         return None
     opts = ReduceScatterOptions()
     opts.reduceOp = op
+    opts.asyncOp = async_op
     return _finish(_resolve_group(group)._reduce_scatter_base(output, input, opts), async_op)
 
 
@@ -767,8 +783,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         return None
     out_splits = [] if output_split_sizes is None else [int(s) for s in output_split_sizes]
     in_splits = [] if input_split_sizes is None else [int(s) for s in input_split_sizes]
-    return _finish(_resolve_group(group).alltoall_base(output, input, out_splits, in_splits,
-                                                       AllToAllOptions()), async_op)
+    return _finish(_resolve_group(group).alltoall_base(
+        output, input, out_splits, in_splits, _opts(AllToAllOptions, async_op)), async_op)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
@@ -778,8 +794,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     if _rank_not_in_group(group):
         _warn_not_in_group("all_to_all")
         return None
-    return _finish(_resolve_group(group).alltoall(output_tensor_list, input_tensor_list,
-                                                  AllToAllOptions()), async_op)
+    return _finish(_resolve_group(group).alltoall(
+        output_tensor_list, input_tensor_list, _opts(AllToAllOptions, async_op)), async_op)
 
 
 def barrier(group=None, async_op=False, device_ids=None):
@@ -788,6 +804,7 @@ def barrier(group=None, async_op=False, device_ids=None):
         _warn_not_in_group("barrier")
         return None
     opts = BarrierOptions()
+    opts.asyncOp = async_op
     if device_ids is not None:
         opts.device_ids = list(device_ids)
     return _finish(_resolve_group(group).barrier(opts), async_op)

@@ -1,5 +1,7 @@
 #include "c10d/pg/backend.h"
 
+#include <cstring>
+
 #include "c10d/core/exception.h"
 
 namespace c10d::pg {
@@ -27,9 +29,34 @@ WorkPtr Backend::allgather(std::vector<std::vector<Tensor>>&, std::vector<Tensor
 WorkPtr Backend::allgather_base(Tensor&, Tensor&, const AllgatherOptions&) {
   throw_not_supported("_allgather_base");
 }
-WorkPtr Backend::allgather_coalesced(std::vector<std::vector<Tensor>>&, std::vector<Tensor>&,
-                                     const AllgatherOptions&) {
-  throw_not_supported("allgather_coalesced");
+WorkPtr Backend::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
+                                     std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
+  // Pack every input's bytes into one buffer, gather it once, and unpack each rank's part.
+  size_t total = 0;
+  for (const auto& t : inputs) total += t.nbytes();
+  Tensor packed = Tensor::empty({static_cast<int64_t>(total)}, core::DType::kUInt8);
+  size_t offset = 0;
+  for (const auto& t : inputs) {
+    if (t.nbytes() > 0) std::memcpy(packed.data_as<char>() + offset, t.data(), t.nbytes());
+    offset += t.nbytes();
+  }
+  Tensor gathered =
+      Tensor::empty({static_cast<int64_t>(total) * size_}, core::DType::kUInt8);
+  WorkPtr packed_work = allgather_base(gathered, packed, opts);
+  auto unpacked = packed_work->get_future()->then(
+      [outputs, gathered, total](core::Future&) {
+        core::FutureValue value;
+        for (size_t r = 0; r < outputs.size(); ++r) {
+          const char* src = gathered.data_as<char>() + r * total;
+          for (const auto& out : outputs[r]) {
+            if (out.nbytes() > 0) std::memcpy(out.data(), src, out.nbytes());
+            src += out.nbytes();
+            value.tensors.push_back(out);
+          }
+        }
+        return value;
+      });
+  return Work::from_future(std::move(unpacked), core::OpType::kAllgatherCoalesced);
 }
 WorkPtr Backend::allgather_into_tensor_coalesced(std::vector<Tensor>&, std::vector<Tensor>&,
                                                  const AllgatherOptions&) {

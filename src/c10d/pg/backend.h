@@ -48,6 +48,7 @@ class Backend {
   virtual WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs,
                             std::vector<Tensor>& inputs, const AllgatherOptions& opts);
   virtual WorkPtr allgather_base(Tensor& output, Tensor& input, const AllgatherOptions& opts);
+  // Default: one allgather_base of all inputs packed together.
   virtual WorkPtr allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
                                       std::vector<Tensor>& inputs, const AllgatherOptions& opts);
   virtual WorkPtr allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,

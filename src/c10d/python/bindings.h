@@ -10,5 +10,6 @@ void init_reduce(pybind11::module_& m);     // reduce_bindings.cc: ReduceOp, red
 void init_store(pybind11::module_& m);      // store_bindings.cc: Store, HashStore, FileStore, PrefixStore
 void init_tcp_store(pybind11::module_& m);  // tcp_store_bindings.cc: TCPStore
 void init_pg(pybind11::module_& m);         // pg_bindings.cc: options, Backend, ProcessGroup
+void init_gloo(pybind11::module_& m);       // gloo_bindings.cc: ProcessGroupGloo (C10D_WITH_GLOO)
 
 }  // namespace c10d::python

@@ -272,7 +272,8 @@ void init_pg(py::module_& m) {
   py::class_<pg::AllreduceOptions>(m, "AllreduceOptions")
       .def(py::init<>())
       .def_readwrite("reduceOp", &pg::AllreduceOptions::reduce_op)
-      .def_readwrite("timeout", &pg::AllreduceOptions::timeout);
+      .def_readwrite("timeout", &pg::AllreduceOptions::timeout)
+      .def_readwrite("asyncOp", &pg::AllreduceOptions::async_op);
   py::class_<pg::AllreduceCoalescedOptions, pg::AllreduceOptions>(m, "AllreduceCoalescedOptions")
       .def(py::init<>());
   py::class_<pg::ReduceOptions>(m, "ReduceOptions")
@@ -280,7 +281,8 @@ void init_pg(py::module_& m) {
       .def_readwrite("reduceOp", &pg::ReduceOptions::reduce_op)
       .def_readwrite("rootRank", &pg::ReduceOptions::root_rank)
       .def_readwrite("rootTensor", &pg::ReduceOptions::root_tensor)
-      .def_readwrite("timeout", &pg::ReduceOptions::timeout);
+      .def_readwrite("timeout", &pg::ReduceOptions::timeout)
+      .def_readwrite("asyncOp", &pg::ReduceOptions::async_op);
   py::class_<pg::AllgatherOptions>(m, "AllgatherOptions")
       .def(py::init<>())
       .def_readwrite("timeout", &pg::AllgatherOptions::timeout)
@@ -288,7 +290,8 @@ void init_pg(py::module_& m) {
   py::class_<pg::GatherOptions>(m, "GatherOptions")
       .def(py::init<>())
       .def_readwrite("rootRank", &pg::GatherOptions::root_rank)
-      .def_readwrite("timeout", &pg::GatherOptions::timeout);
+      .def_readwrite("timeout", &pg::GatherOptions::timeout)
+      .def_readwrite("asyncOp", &pg::GatherOptions::async_op);
   py::class_<pg::ScatterOptions>(m, "ScatterOptions")
       .def(py::init<>())
       .def_readwrite("rootRank", &pg::ScatterOptions::root_rank)
@@ -301,11 +304,13 @@ void init_pg(py::module_& m) {
       .def_readwrite("asyncOp", &pg::ReduceScatterOptions::async_op);
   py::class_<pg::AllToAllOptions>(m, "AllToAllOptions")
       .def(py::init<>())
-      .def_readwrite("timeout", &pg::AllToAllOptions::timeout);
+      .def_readwrite("timeout", &pg::AllToAllOptions::timeout)
+      .def_readwrite("asyncOp", &pg::AllToAllOptions::async_op);
   py::class_<pg::BarrierOptions>(m, "BarrierOptions")
       .def(py::init<>())
       .def_readwrite("device_ids", &pg::BarrierOptions::device_ids)
-      .def_readwrite("timeout", &pg::BarrierOptions::timeout);
+      .def_readwrite("timeout", &pg::BarrierOptions::timeout)
+      .def_readwrite("asyncOp", &pg::BarrierOptions::async_op);
 
   py::class_<pg::WorkInfo, std::shared_ptr<pg::WorkInfo>>(m, "WorkInfo")
       .def_property_readonly("op_type",

@@ -32,7 +32,8 @@ def _expected(op, dist, xs, dtype):
     if op == O.SUM:
         return np.any(stack, 0) if dtype == np.bool_ else stack.sum(0).astype(dtype)
     if op == O.AVG:
-        return (stack.astype(np.float64).mean(0)).astype(dtype)
+        wide = np.complex128 if np.issubdtype(dtype, np.complexfloating) else np.float64
+        return (stack.astype(wide).mean(0)).astype(dtype)
     if op == O.PRODUCT:
         return np.all(stack, 0) if dtype == np.bool_ else stack.prod(0).astype(dtype)
     if op == O.MIN:

@@ -1,0 +1,59 @@
+// Bindings of the Gloo backend: ProcessGroupGloo, its options and transport devices.
+#include <gloo/transport/device.h>
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+
+#include "c10d/backends/gloo/gloo_backend.h"
+#include "c10d/python/bindings.h"
+
+namespace py = pybind11;
+
+namespace c10d::python {
+
+void init_gloo(py::module_& m) {
+  using backends::gloo::GlooBackend;
+  using backends::gloo::GlooOptions;
+  using DevicePtr = std::shared_ptr<::gloo::transport::Device>;
+
+  py::class_<GlooBackend, pg::Backend, std::shared_ptr<GlooBackend>> gloo(
+      m, "ProcessGroupGloo", "Collectives over TCP with the Gloo library.");
+
+  // module_local: PyTorch binds the same Gloo type; both modules must be importable together.
+  py::class_<::gloo::transport::Device, DevicePtr>(gloo, "Device", py::module_local())
+      .def("__repr__", [](const ::gloo::transport::Device& d) { return d.str(); });
+
+  py::class_<GlooOptions>(gloo, "_Options")
+      .def(py::init<>())
+      .def_readwrite("_devices", &GlooOptions::devices)
+      .def_readwrite("_threads", &GlooOptions::threads)
+      .def_readwrite("_timeout", &GlooOptions::timeout);
+  gloo.attr("Options") = gloo.attr("_Options");
+
+  gloo.def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
+                       core::Millis timeout) {
+             GlooOptions opts;
+             opts.timeout = timeout;
+             return std::make_shared<GlooBackend>(std::move(store), rank, size, opts);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"),
+           py::arg("timeout") = pg::kDefaultPgTimeout, py::call_guard<py::gil_scoped_release>())
+      .def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
+                       GlooOptions opts) {
+             return std::make_shared<GlooBackend>(std::move(store), rank, size, opts);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_static(
+          "create_device",
+          [](const std::string& hostname, const std::string& interface) -> DevicePtr {
+            if (!hostname.empty()) return GlooBackend::create_device_for_hostname(hostname);
+            if (!interface.empty()) return GlooBackend::create_device_for_interface(interface);
+            return GlooBackend::create_default_device();
+          },
+          py::arg("hostname") = "", py::arg("interface") = "",
+          "A TCP device bound to the address of `hostname`, or of network interface "
+          "`interface`, or (neither) the default.")
+      .def_static("create_default_device", &GlooBackend::create_default_device);
+}
+
+}  // namespace c10d::python
