@@ -597,19 +597,40 @@ def _opts(cls, async_op: bool):
 def _finish(work, async_op: bool):
     if async_op:
         return work
-    work.wait()
+    if work is not None:  # C++ groups already waited; a Python ProcessGroup returns a Work
+        work.wait()
     return None
+
+
+_allreduce_opts_cache: Dict[Any, AllreduceOptions] = {}
+
+
+def _allreduce_opts(op, async_op: bool) -> AllreduceOptions:
+    # Options are read-only once built, so the common (op, async_op) pairs are built once.
+    key = (op, async_op)
+    opts = _allreduce_opts_cache.get(key) if type(op) is ReduceOp.RedOpType else None
+    if opts is None:
+        opts = AllreduceOptions()
+        opts.reduceOp = op
+        opts.asyncOp = async_op
+        if type(op) is ReduceOp.RedOpType:
+            _allreduce_opts_cache[key] = opts
+    return opts
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduces `tensor` across all ranks of `group`, in place on every rank."""
-    if _rank_not_in_group(group):
+    if group is None:
+        group = _world.default_pg or _get_default_group()
+    elif _rank_not_in_group(group):
         _warn_not_in_group("all_reduce")
         return None
-    opts = AllreduceOptions()
-    opts.reduceOp = op
-    opts.asyncOp = async_op
-    return _finish(_resolve_group(group).allreduce([tensor], opts), async_op)
+    work = group.allreduce([tensor], _allreduce_opts(op, async_op))
+    if async_op:
+        return work
+    if work is not None:
+        work.wait()
+    return None
 
 
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):

@@ -53,6 +53,18 @@ core::DeviceType device_type_from(py::handle device) {
   throw py::value_error("unknown device type '" + text + "'");
 }
 
+// The result of a collective: its Work, or, for a synchronous call (asyncOp false), None
+// after waiting here with the GIL released, so no Work object crosses into Python.
+template <typename Options>
+py::object finish(WorkPtr work, const Options& opts) {
+  if (opts.async_op || !work) return py::cast(std::move(work));
+  {
+    py::gil_scoped_release release;
+    work->wait();
+  }
+  return py::none();
+}
+
 // Binds one collective of a class (ProcessGroup or Backend) that share the signatures.
 template <typename Class, typename PyClass>
 void bind_collectives(PyClass& cls) {
@@ -61,32 +73,48 @@ void bind_collectives(PyClass& cls) {
          "broadcast",
          [](Class& self, py::handle tensors, const pg::BroadcastOptions& opts) {
            auto ts = tensor_or_list(tensors, true, "broadcast");
-           G g;
-           return self.broadcast(ts, opts);
+           WorkPtr work;
+           {
+             G g;
+             work = self.broadcast(ts, opts);
+           }
+           return finish(std::move(work), opts);
          },
          py::arg("tensors"), py::arg("opts") = pg::BroadcastOptions())
       .def(
           "allreduce",
           [](Class& self, py::handle tensors, const pg::AllreduceOptions& opts) {
             auto ts = tensor_or_list(tensors, true, "allreduce");
-            G g;
-            return self.allreduce(ts, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.allreduce(ts, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("tensors"), py::arg("opts") = pg::AllreduceOptions())
       .def(
           "allreduce_coalesced",
           [](Class& self, py::handle tensors, const pg::AllreduceCoalescedOptions& opts) {
             auto ts = to_tensors(tensors, true, "allreduce_coalesced");
-            G g;
-            return self.allreduce_coalesced(ts, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.allreduce_coalesced(ts, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("tensors"), py::arg("opts") = pg::AllreduceCoalescedOptions())
       .def(
           "reduce",
           [](Class& self, py::handle tensors, const pg::ReduceOptions& opts) {
             auto ts = tensor_or_list(tensors, true, "reduce");
-            G g;
-            return self.reduce(ts, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.reduce(ts, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("tensors"), py::arg("opts") = pg::ReduceOptions())
       .def(
@@ -99,8 +127,12 @@ void bind_collectives(PyClass& cls) {
             } else {
               out = tensor_lists(outputs, true, "allgather output");
             }
-            G g;
-            return self.allgather(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.allgather(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::AllgatherOptions())
@@ -109,8 +141,12 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle output, py::handle input, const pg::AllgatherOptions& opts) {
             Tensor out = to_tensor(output, true, "_allgather_base output");
             Tensor in = to_tensor(input, false, "_allgather_base input");
-            G g;
-            return self.allgather_base(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.allgather_base(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("output"), py::arg("input"), py::arg("opts") = pg::AllgatherOptions())
       .def(
@@ -118,8 +154,12 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto out = tensor_lists(outputs, true, "allgather_coalesced output");
             auto in = to_tensors(inputs, false, "allgather_coalesced input");
-            G g;
-            return self.allgather_coalesced(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.allgather_coalesced(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("output_lists"), py::arg("input_list"), py::arg("opts") = pg::AllgatherOptions())
       .def(
@@ -127,8 +167,12 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto out = to_tensors(outputs, true, "allgather_into_tensor_coalesced output");
             auto in = to_tensors(inputs, false, "allgather_into_tensor_coalesced input");
-            G g;
-            return self.allgather_into_tensor_coalesced(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.allgather_into_tensor_coalesced(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::AllgatherOptions())
       .def(
@@ -141,8 +185,12 @@ void bind_collectives(PyClass& cls) {
             } else {
               out = tensor_lists(outputs, true, "gather output");
             }
-            G g;
-            return self.gather(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.gather(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::GatherOptions())
@@ -156,8 +204,12 @@ void bind_collectives(PyClass& cls) {
             } else {
               in = tensor_lists(inputs, false, "scatter input");
             }
-            G g;
-            return self.scatter(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.scatter(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::ScatterOptions())
@@ -172,8 +224,12 @@ void bind_collectives(PyClass& cls) {
             } else {
               in = tensor_lists(inputs, false, "reduce_scatter input");
             }
-            G g;
-            return self.reduce_scatter(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.reduce_scatter(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::ReduceScatterOptions())
@@ -183,8 +239,12 @@ void bind_collectives(PyClass& cls) {
              const pg::ReduceScatterOptions& opts) {
             Tensor out = to_tensor(output, true, "_reduce_scatter_base output");
             Tensor in = to_tensor(input, false, "_reduce_scatter_base input");
-            G g;
-            return self.reduce_scatter_base(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.reduce_scatter_base(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("outputTensor"), py::arg("inputTensor"),
           py::arg("opts") = pg::ReduceScatterOptions())
@@ -194,8 +254,12 @@ void bind_collectives(PyClass& cls) {
              const pg::ReduceScatterOptions& opts) {
             auto out = to_tensors(outputs, true, "reduce_scatter_tensor_coalesced output");
             auto in = to_tensors(inputs, false, "reduce_scatter_tensor_coalesced input");
-            G g;
-            return self.reduce_scatter_tensor_coalesced(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.reduce_scatter_tensor_coalesced(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::ReduceScatterOptions())
       .def(
@@ -206,8 +270,12 @@ void bind_collectives(PyClass& cls) {
             Tensor in = to_tensor(input, false, "alltoall_base input");
             auto out_splits = int_list(output_split_sizes);
             auto in_splits = int_list(input_split_sizes);
-            G g;
-            return self.alltoall_base(out, in, out_splits, in_splits, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.alltoall_base(out, in, out_splits, in_splits, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("output"), py::arg("input"), py::arg("output_split_sizes"),
           py::arg("input_split_sizes"), py::arg("opts") = pg::AllToAllOptions())
@@ -216,8 +284,12 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllToAllOptions& opts) {
             auto out = to_tensors(outputs, true, "alltoall output");
             auto in = to_tensors(inputs, false, "alltoall input");
-            G g;
-            return self.alltoall(out, in, opts);
+            WorkPtr work;
+            {
+              G g;
+              work = self.alltoall(out, in, opts);
+            }
+            return finish(std::move(work), opts);
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::AllToAllOptions())
@@ -245,8 +317,17 @@ void bind_collectives(PyClass& cls) {
             return self.recv_anysource(ts, tag);
           },
           py::arg("tensors"), py::arg("tag") = 0)
-      .def("barrier", &Class::barrier, py::arg("opts") = pg::BarrierOptions(),
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "barrier",
+          [](Class& self, const pg::BarrierOptions& opts) {
+            WorkPtr work;
+            {
+              G g;
+              work = self.barrier(opts);
+            }
+            return finish(std::move(work), opts);
+          },
+          py::arg("opts") = pg::BarrierOptions())
       .def(
           "monitored_barrier",
           [](Class& self, core::Millis timeout, bool wait_all_ranks) {

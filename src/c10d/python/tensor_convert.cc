@@ -92,14 +92,30 @@ core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
 }
 
 std::vector<core::Tensor> to_tensors(py::handle seq, bool writable, std::string_view what) {
-  if (!py::isinstance<py::sequence>(seq) || py::isinstance<py::str>(seq) ||
-      PyObject_CheckBuffer(seq.ptr()) || py::hasattr(seq, "__dlpack__")) {
+  // Lists and tuples are the common case and need no further probing.
+  const bool list_like = PyList_Check(seq.ptr()) || PyTuple_Check(seq.ptr());
+  if (!list_like && (!py::isinstance<py::sequence>(seq) || py::isinstance<py::str>(seq) ||
+                     PyObject_CheckBuffer(seq.ptr()) || py::hasattr(seq, "__dlpack__"))) {
     throw py::type_error(str_cat(what, ": expected a list of tensors, got ", type_name(seq)));
   }
   std::vector<core::Tensor> out;
+  out.reserve(static_cast<size_t>(PyObject_Length(seq.ptr())));
   size_t i = 0;
+  // Messages name the element ("all_gather output[2]: ..."), built only on failure.
+  auto with_index = [&](const char* message) {
+    std::string_view text(message);
+    if (text.starts_with(what)) text.remove_prefix(what.size());
+    return str_cat(what, "[", i, "]", text);
+  };
   for (py::handle item : seq) {
-    out.push_back(to_tensor(item, writable, str_cat(what, "[", i++, "]")));
+    try {
+      out.push_back(to_tensor(item, writable, what));
+    } catch (const py::type_error& e) {
+      throw py::type_error(with_index(e.what()));
+    } catch (const py::value_error& e) {
+      throw py::value_error(with_index(e.what()));
+    }
+    ++i;
   }
   return out;
 }
