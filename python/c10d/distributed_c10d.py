@@ -431,6 +431,7 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
         pg._set_group_name(group_name)
     except Exception:  # a Python ProcessGroup subclass may not support it
         pass
+    _C._register_process_group(group_name, pg)
     _world.pg_map[pg] = (str(Backend(backend) if backend else Backend.GLOO), store)
     _world.pg_names[pg] = group_name
     _world.pg_backend_config[pg] = str(config)
@@ -486,11 +487,14 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
                              "sure to call init_process_group.")
         for pg in list(_world.pg_map):
             _shutdown(pg)
+        for name in _world.pg_names.values():
+            _C._unregister_process_group(name)
         _world.reset()
         return
     if group not in _world.pg_map:
         raise ValueError("Invalid process group specified")
     _shutdown(group)
+    _C._unregister_process_group(_world.pg_names.get(group, ""))
     for table in (_world.pg_map, _world.pg_names, _world.pg_group_ranks,
                   _world.pg_backend_config):
         table.pop(group, None)

@@ -97,6 +97,5 @@ WorkPtr Backend::barrier(const BarrierOptions&) { throw_not_supported("barrier")
 void Backend::monitored_barrier(const BarrierOptions&, bool) {
   throw_not_supported("monitored_barrier");
 }
-WorkPtr Backend::end_coalescing() { throw_not_supported("end_coalescing"); }
 
 }  // namespace c10d::pg

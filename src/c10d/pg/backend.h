@@ -82,9 +82,6 @@ class Backend {
   // wait_all_ranks, else the first one found).
   virtual void monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks);
 
-  virtual void start_coalescing() {}
-  virtual WorkPtr end_coalescing();
-
   // Stops outstanding operations; later calls fail. Never blocks on peers.
   virtual void shutdown() {}
 

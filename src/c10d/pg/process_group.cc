@@ -81,6 +81,10 @@ WorkPtr ProcessGroup::dispatch(OpType op, DeviceType device, Fn&& fn) {
   }
   const auto started = core::Clock::now();
   WorkPtr work = fn(*backend);
+  if (work) {
+    std::lock_guard lock(mutex_);
+    if (coalescing_) coalesced_.push_back(work);
+  }
   if (!hooks.empty() && work) {
     work->get_future()->add_callback([hooks = std::move(hooks), op, seq, started](core::Future&) {
       auto info = std::make_shared<WorkInfo>();
@@ -328,6 +332,57 @@ WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
 
 void ProcessGroup::monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks) {
   get_backend(DeviceType::kCPU)->monitored_barrier(opts, wait_all_ranks);
+}
+
+void ProcessGroup::start_coalescing() {
+  std::lock_guard lock(mutex_);
+  C10D_CHECK(!coalescing_, "start_coalescing: already coalescing on group '", group_name_, "'");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+WorkPtr ProcessGroup::end_coalescing() {
+  std::vector<WorkPtr> works;
+  {
+    std::lock_guard lock(mutex_);
+    C10D_CHECK(coalescing_, "end_coalescing without start_coalescing on group '", group_name_,
+               "'");
+    coalescing_ = false;
+    works.swap(coalesced_);
+  }
+  // A future completed by the last of the works to finish.
+  auto all = std::make_shared<core::Future>();
+  struct Pending {
+    std::mutex mutex;
+    size_t left;
+    std::exception_ptr error;
+    std::vector<Tensor> outputs;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->left = works.size();
+  if (works.empty()) {
+    all->mark_completed({});
+  }
+  for (auto& work : works) {
+    work->get_future()->add_callback([pending, all](core::Future& f) {
+      bool last = false;
+      {
+        std::lock_guard lock(pending->mutex);
+        if (f.has_error() && !pending->error) pending->error = f.error();
+        if (!f.has_error()) {
+          for (const auto& t : f.value_now().tensors) pending->outputs.push_back(t);
+        }
+        last = --pending->left == 0;
+      }
+      if (!last) return;
+      if (pending->error) {
+        all->set_error(pending->error);
+      } else {
+        all->mark_completed({std::move(pending->outputs), nullptr});
+      }
+    });
+  }
+  return Work::from_future(all, OpType::kCoalesced);
 }
 
 void ProcessGroup::shutdown() {

@@ -96,6 +96,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   WorkPtr barrier(const BarrierOptions& opts = {});
   void monitored_barrier(const BarrierOptions& opts = {}, bool wait_all_ranks = false);
 
+  // Between start_coalescing and end_coalescing, operations run as usual; end_coalescing
+  // returns one Work that completes when all of them have (with the first error, if any).
+  void start_coalescing();
+  WorkPtr end_coalescing();
+
   // Stops every backend; never blocks on peers.
   void shutdown();
 
@@ -118,6 +123,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::vector<Hook> hooks_;                                        // guarded by mutex_
   std::string group_name_;                                         // guarded by mutex_
   std::string group_desc_;                                         // guarded by mutex_
+  bool coalescing_ = false;                                        // guarded by mutex_
+  std::vector<WorkPtr> coalesced_;                                 // guarded by mutex_
 };
 
 }  // namespace c10d::pg

@@ -8,6 +8,7 @@
 #include "c10d/core/exception.h"
 #include "c10d/pg/fake_backend.h"
 #include "c10d/pg/process_group.h"
+#include "c10d/pg/registry.h"
 #include "c10d/python/bindings.h"
 #include "c10d/python/tensor_convert.h"
 
@@ -473,12 +474,34 @@ void init_pg(py::module_& m) {
       .def("_has_hooks", &ProcessGroup::has_hooks)
       .def("_wait_for_pending_works", [](ProcessGroup&) {})
       .def("_enable_collectives_timing", &ProcessGroup::enable_collectives_timing)
+      .def(
+          "_start_coalescing",
+          [](ProcessGroup& g, py::handle device) {
+            g.get_backend(device_type_from(device));  // the device must be served
+            g.start_coalescing();
+          },
+          py::arg("device"))
+      .def(
+          "_end_coalescing",
+          [](ProcessGroup& g, py::handle device) {
+            g.get_backend(device_type_from(device));  // needs the GIL: before releasing it
+            py::gil_scoped_release release;
+            return g.end_coalescing();
+          },
+          py::arg("device"))
       .def("_shutdown", &ProcessGroup::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("__repr__", [](const ProcessGroup& g) {
         return "<c10d.ProcessGroup " + g.backend_name() + " rank " + std::to_string(g.rank()) +
                "/" + std::to_string(g.size()) + ">";
       });
   bind_collectives<ProcessGroup>(group);
+
+  m.def("_register_process_group", &pg::register_process_group, py::arg("group_name"),
+        py::arg("group"));
+  m.def("_resolve_process_group", &pg::resolve_process_group, py::arg("group_name"));
+  m.def("_unregister_process_group", &pg::unregister_process_group, py::arg("group_name"));
+  m.def("_unregister_all_process_groups", &pg::unregister_all_process_groups);
+  m.def("_registered_process_groups", &pg::registered_process_groups);
 }
 
 }  // namespace c10d::python

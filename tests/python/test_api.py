@@ -1,0 +1,203 @@
+"""The torch.distributed API surface on one process, plus the launcher."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import c10d as dist
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.fixture
+def world1():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=20))
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_not_initialized_errors():
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="init_process_group"):
+        dist.get_rank()
+    with pytest.raises(ValueError, match="init_process_group"):
+        dist.all_reduce(np.ones(1))
+
+
+def test_argument_errors(monkeypatch):
+    with pytest.raises(ValueError, match="Invalid backend"):
+        dist.init_process_group("nonsense", store=dist.HashStore(), rank=0, world_size=1)
+    with pytest.raises(ValueError):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=0)
+    with pytest.raises(AssertionError):  # torch asserts here; ours is also a ValueError
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=-1, world_size=2)
+    with pytest.raises(ValueError, match="init_method and store"):
+        dist.init_process_group("gloo", init_method="env://", store=dist.HashStore(),
+                                rank=0, world_size=1)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        dist.init_process_group("gloo")
+    with pytest.raises(ValueError, match="rank"):
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", world_size=1)
+    with pytest.raises(TypeError):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=5)
+    assert not dist.is_initialized()
+
+
+def test_state_after_init(world1):
+    assert dist.is_initialized()
+    assert dist.get_rank() == 0 and dist.get_world_size() == 1
+    assert dist.get_backend() == "gloo" == dist.Backend.GLOO
+    assert dist.get_backend_config() == "cpu:gloo"
+    with pytest.raises(ValueError, match="twice"):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    pg = dist.group.WORLD
+    assert dist._C._resolve_process_group(pg.group_name) is pg
+    name = pg.group_name
+    dist.destroy_process_group()
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="resolve"):
+        dist._C._resolve_process_group(name)
+
+
+def test_file_and_tcp_init_methods(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rdzv", rank=0,
+                            world_size=1)
+    t = np.ones(2)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    from dist.harness import free_port
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}?rank=0&"
+                            f"world_size=1")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_backend_names_and_config():
+    assert dist.Backend("GLOO") == "gloo"
+    assert dist.Backend("Custom") == "custom"
+    with pytest.raises(ValueError):
+        dist.Backend(3)
+    assert str(dist.BackendConfig("gloo")) == "cpu:gloo"
+    assert dist.BackendConfig("cpu:gloo").get_device_backend_map() == {"cpu": "gloo"}
+    assert dist.is_gloo_available() and not dist.is_nccl_available()
+    assert dist.is_backend_available("gloo") and not dist.is_backend_available("nope")
+    assert not dist.supports_complex(dist.ReduceOp.MAX)
+    assert dist.supports_complex(dist.ReduceOp.SUM)
+    with pytest.warns(FutureWarning):
+        assert dist.reduce_op.SUM == dist.ReduceOp.SUM
+    assert dist.default_pg_timeout == timedelta(minutes=30)
+    assert dist.get_default_backend_for_device("cpu") == "gloo"
+
+
+class _EchoGroup(dist.ProcessGroup):
+    """A backend written in Python: doubles tensors on all_reduce."""
+
+    calls = []
+
+    def __init__(self, rank, size):
+        super().__init__(rank, size)
+
+    def allreduce(self, tensors, opts):
+        _EchoGroup.calls.append(("allreduce", opts.reduceOp))
+        for t in tensors:
+            t *= 2
+        f = dist.Future()
+        f.set_result(tensors)
+        return dist._C._create_work_from_future(f)
+
+    def name(self):
+        return "echo"
+
+
+def test_register_python_backend():
+    dist.Backend.register_backend("echo", lambda store, rank, size, timeout:
+                                  _EchoGroup(rank, size))
+    assert dist.is_backend_available("echo")
+    dist.init_process_group("echo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = np.ones(3)
+        dist.all_reduce(t)
+        assert (t == 2).all()
+        assert _EchoGroup.calls[-1][0] == "allreduce"
+        assert dist.get_backend() == "echo"
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ValueError, match="already exists"):
+        dist.Backend.register_backend("echo", lambda *a: None)
+
+
+def test_completion_hooks_and_coalescing(world1):
+    pg = dist.group.WORLD
+    seen = []
+    pg._register_on_completion_hook(lambda info: seen.append((info.op_type, info.seq)))
+    assert pg._has_hooks()
+    t = np.ones(4)
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    assert [op for op, _ in seen] == ["ALLREDUCE", "BROADCAST"]
+    assert seen[1][1] == seen[0][1] + 1
+    pg._start_coalescing("cpu")
+    works = [dist.all_reduce(np.ones(2), async_op=True) for _ in range(3)]
+    work = pg._end_coalescing("cpu")
+    work.wait()
+    assert all(w.is_completed() for w in works)
+
+
+def test_fake_backend_does_nothing_but_succeeds():
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = np.ones(2)
+        dist.all_reduce(t)
+        assert (t == 1).all()
+        assert dist.all_reduce(t, async_op=True).is_success()
+    finally:
+        dist.destroy_process_group()
+
+
+def _launch(script_text, nproc, tmp_path, *extra):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(script_text))
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    return subprocess.run([sys.executable, "-m", "c10d.run", "--nproc-per-node", str(nproc),
+                           *extra, str(script)], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_launcher_sets_environment_and_runs_collectives(tmp_path):
+    out = _launch("""
+        import os, numpy as np, c10d as dist
+        dist.init_process_group("gloo")
+        t = np.ones(1)
+        dist.all_reduce(t)
+        print("RANK", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"],
+              os.environ["LOCAL_WORLD_SIZE"], int(t[0]), dist.is_torchelastic_launched())
+        dist.destroy_process_group()
+    """, 3, tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = sorted(l for l in out.stdout.splitlines() if l.startswith("RANK"))
+    assert lines == [f"RANK {r} {r} 3 3 3 True" for r in range(3)]
+
+
+def test_launcher_stops_others_when_one_fails(tmp_path):
+    out = _launch("""
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            print("rank one gives up", file=sys.stderr)
+            sys.exit(7)
+        time.sleep(60)
+    """, 3, tmp_path)
+    assert out.returncode == 7
+    assert "worker rank 1" in out.stderr and "exit code 7" in out.stderr
+    assert "rank one gives up" in out.stderr
+    assert "stopped the other workers" in out.stderr
