@@ -425,7 +425,13 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
     if pg is None:
         pg = ProcessGroup(prefix_store, group_rank, group_size, str(Backend(backend))
                           if backend else Backend.GLOO, timeout)
+        detail = _C.get_debug_level() == _C.DebugLevel.DETAIL and is_gloo_available()
         for device, (name, created) in backends.items():
+            if detail and isinstance(created, _C._Backend):
+                # Every collective is first checked across ranks over a side Gloo group.
+                checker = _C.ProcessGroupGloo(_C.PrefixStore(f"{device}/wrapper", prefix_store),
+                                              group_rank, group_size, timeout)
+                created = _C._ProcessGroupWrapper(created, checker)
             pg._register_backend(device, name, created)
     try:
         pg._set_group_name(group_name)

@@ -30,3 +30,12 @@ def test_monitored_barrier_names_missing_rank(backend):
     results = harness.run("monitored_barrier_reports", 3, backend)
     harness.check_all_ok(results)
     assert "MONITORED_OK" in results[0].stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_desync_detected_at_detail(backend):
+    results = harness.run("desync_detail", 2, backend,
+                          env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    harness.check_all_ok(results)
+    for r in results:
+        assert "DESYNC_OK" in r.stdout

@@ -9,6 +9,7 @@
 #include "c10d/pg/fake_backend.h"
 #include "c10d/pg/process_group.h"
 #include "c10d/pg/registry.h"
+#include "c10d/pg/wrapper_backend.h"
 #include "c10d/python/bindings.h"
 #include "c10d/python/tensor_convert.h"
 
@@ -415,6 +416,13 @@ void init_pg(py::module_& m) {
   py::class_<pg::FakeBackend, Backend, std::shared_ptr<pg::FakeBackend>>(
       m, "FakeProcessGroup", "A backend that completes every operation at once, for tests.")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("world_size"));
+
+  py::class_<pg::WrapperBackend, Backend, std::shared_ptr<pg::WrapperBackend>>(
+      m, "_ProcessGroupWrapper",
+      "Checks before each collective that every rank calls the same one (debug level DETAIL).")
+      .def(py::init<std::shared_ptr<Backend>, std::shared_ptr<Backend>>(), py::arg("backend"),
+           py::arg("gloo_backend"))
+      .def_property_readonly("wrapped_pg", &pg::WrapperBackend::wrapped);
 
   py::class_<pg::ProcessGroupOptions>(m, "_ProcessGroupOptions")
       .def(py::init<>())

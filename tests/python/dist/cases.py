@@ -479,3 +479,25 @@ def monitored_barrier_reports(dist, backend):
         print(f"MONITORED_OK: {e}")
         return
     raise AssertionError("monitored_barrier passed with a rank missing")
+
+
+def desync_detail(dist, backend):
+    """Under TORCH_DISTRIBUTED_DEBUG=DETAIL, mismatched collectives raise on every rank and
+    name both calls; matching ones (barrier included) work."""
+    rank = dist.get_rank()
+    t = np.ones(4, np.float32)
+    dist.all_reduce(t)
+    dist.barrier()
+    assert (t == dist.get_world_size()).all()
+    try:
+        if rank == 0:
+            dist.broadcast(np.zeros(4, np.float32), src=0)
+        else:
+            dist.all_reduce(np.zeros(4, np.float32))
+    except RuntimeError as e:
+        msg = str(e)
+        assert "mismatch" in msg and "broadcast(float32[4]" in msg and \
+            "all_reduce(float32[4]" in msg, msg
+        print("DESYNC_OK:", msg)
+        return
+    raise AssertionError("mismatched collectives were not detected")
