@@ -37,7 +37,13 @@ struct EnvVar {
     "Least severe log message printed to stderr: DEBUG, INFO, WARNING or ERROR.")             \
   X(kEnvGlooSocketIfname, "GLOO_SOCKET_IFNAME", "",                                           \
     "Comma-separated network interfaces the Gloo backend binds to (one device each); unset "  \
-    "means the address the hostname resolves to, else loopback.")
+    "means the address the hostname resolves to, else loopback.")                          \
+  X(kEnvShmHostId, "C10D_SHM_HOST_ID", "",                                                    \
+    "Overrides this machine's identity (hostname/boot id) in the shm backend's same-host "    \
+    "check; for tests.")                                                                       \
+  X(kEnvShmHeapBytes, "C10D_SHM_HEAP_BYTES", "1073741824",                                    \
+    "Bytes of shared heap per rank and shm process group for shm_empty() tensors (reserved "  \
+    "address space; pages are used only when touched).")
 
 #define C10D_DECLARE_ENV(id, name, def, doc) inline constexpr EnvVar id{name, def, doc};
 C10D_ENV_VARS(C10D_DECLARE_ENV)

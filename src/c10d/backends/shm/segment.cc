@@ -1,0 +1,254 @@
+#include "c10d/backends/shm/segment.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "c10d/core/env.h"
+#include "c10d/core/exception.h"
+
+namespace c10d::backends::shm {
+
+using core::DistBackendError;
+using core::detail::str_cat;
+
+namespace {
+
+constexpr uint64_t kMagic = 0x6331306473686d31ULL;  // "c10dshm1", checked after mapping
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+int open_pidfd(int pid) {
+#ifdef SYS_pidfd_open
+  long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  return fd < 0 ? -1 : static_cast<int>(fd);
+#else
+  return -1;
+#endif
+}
+
+// "pid fd bytes host" in the store; the host identity may contain spaces, so it comes last.
+struct PeerInfo {
+  int pid = 0;
+  int fd = -1;
+  size_t bytes = 0;
+  std::string host;
+};
+
+std::string encode(const PeerInfo& p) {
+  return str_cat(p.pid, " ", p.fd, " ", p.bytes, " ", p.host);
+}
+
+PeerInfo decode(const std::string& text) {
+  PeerInfo p;
+  std::istringstream in(text);
+  in >> p.pid >> p.fd >> p.bytes;
+  in.get();
+  std::getline(in, p.host);
+  return p;
+}
+
+}  // namespace
+
+std::string host_identity() {
+  if (core::env_is_set(core::kEnvShmHostId)) return core::env_string(core::kEnvShmHostId);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return str_cat(host, "/", read_first_line("/proc/sys/kernel/random/boot_id"));
+}
+
+Layout::Layout(int size, size_t heap_bytes_in) {
+  const size_t n = static_cast<size_t>(size);
+  channels = round_up(sizeof(SegmentHeader), 4096);
+  slots = channels + round_up(n * sizeof(ChannelCtrl), 4096);
+  slot_stride = kMetaBytes + 2 * kSlotBytes;
+  channel_data = slots + 2 * slot_stride;
+  heap = round_up(channel_data + n * kChannelBytes, size_t{2} << 20);
+  heap_bytes = round_up(heap_bytes_in, 4096);
+  total = heap + heap_bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heap
+
+Heap::Heap(size_t bytes) : bytes_(bytes) {
+  if (bytes > 0) free_[0] = bytes;
+}
+
+size_t Heap::allocate(size_t bytes) {
+  const size_t align = bytes >= (size_t{64} << 10) ? 4096 : 64;
+  const size_t want = round_up(std::max<size_t>(bytes, 1), 64);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    const size_t start = round_up(it->first, align);
+    const size_t end = it->first + it->second;
+    if (start + want > end) continue;
+    const size_t block_start = it->first;
+    free_.erase(it);
+    if (start > block_start) free_[block_start] = start - block_start;
+    if (start + want < end) free_[start + want] = end - (start + want);
+    return start;
+  }
+  throw DistBackendError(str_cat("shm_empty: cannot allocate ", bytes, " bytes: the shared heap of ",
+                                 bytes_, " bytes is full (raise C10D_SHM_HEAP_BYTES)"));
+}
+
+void Heap::release(size_t offset, size_t bytes) {
+  const size_t size = round_up(std::max<size_t>(bytes, 1), 64);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto [it, inserted] = free_.emplace(offset, size);
+  if (!inserted) return;  // double free: ignore rather than corrupt the map
+  auto next = std::next(it);
+  if (next != free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Segment
+
+Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, core::Millis timeout)
+    : rank_(rank),
+      size_(size),
+      layout_(size, heap_bytes),
+      bases_(size, nullptr),
+      pids_(size, 0),
+      pidfds_(size, -1),
+      heap_(layout_.heap_bytes) {
+  C10D_CHECK_T(DistBackendError, size <= kMaxRanks, "shm backend supports at most ", kMaxRanks,
+               " ranks, got ", size);
+  const std::string who = str_cat("shm backend rank ", rank, " of ", size);
+  // An anonymous memfd: it has no name in /dev/shm, so a crash can leak nothing.
+  int fd = ::memfd_create(str_cat("c10d-shm-r", rank).c_str(), MFD_CLOEXEC);
+  if (fd < 0) throw DistBackendError(str_cat(who, ": memfd_create failed: ", errno_text(errno)));
+  auto fail = [&](const std::string& what) {
+    const int err = errno;
+    ::close(fd);
+    for (char*& b : bases_) {
+      if (b != nullptr) ::munmap(b, layout_.total);
+      b = nullptr;
+    }
+    throw DistBackendError(str_cat(who, ": ", what, err ? ": " + errno_text(err) : ""));
+  };
+  if (::ftruncate(fd, static_cast<off_t>(layout_.total)) != 0) {
+    fail(str_cat("cannot size the segment to ", layout_.total, " bytes"));
+  }
+  void* mine = ::mmap(nullptr, layout_.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                      fd, 0);
+  if (mine == MAP_FAILED) fail("cannot map the segment");
+  bases_[rank] = static_cast<char*>(mine);
+  auto* h = header(rank);
+  h->magic = kMagic;
+  h->rank = rank;
+  h->size = size;
+  h->pid = static_cast<int32_t>(::getpid());
+  pids_[rank] = h->pid;
+
+  PeerInfo me{h->pid, fd, layout_.total, host_identity()};
+  try {
+    store.set(str_cat("shm/info/", rank), store::to_bytes(encode(me)));
+    std::vector<PeerInfo> peers(size);
+    for (int r = 0; r < size; ++r) {
+      peers[r] = r == rank ? me : decode(store::to_string(store.get(str_cat("shm/info/", r))));
+    }
+    for (int r = 0; r < size; ++r) {
+      if (peers[r].host != me.host) {
+        errno = 0;
+        fail(str_cat("rank ", r, " runs on host '", peers[r].host, "' but rank ", rank,
+                     " runs on '", me.host,
+                     "': the shm backend connects ranks of one host only; use gloo or mpi "
+                     "across hosts"));
+      }
+    }
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const PeerInfo& p = peers[r];
+      errno = 0;
+      if (p.bytes != layout_.total) {
+        fail(str_cat("rank ", r, "'s segment has ", p.bytes, " bytes, expected ", layout_.total,
+                     " (do all ranks use the same C10D_SHM_HEAP_BYTES?)"));
+      }
+      const std::string path = str_cat("/proc/", p.pid, "/fd/", p.fd);
+      int peer_fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (peer_fd < 0) fail(str_cat("cannot open rank ", r, "'s segment at ", path));
+      void* addr = ::mmap(nullptr, layout_.total, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_NORESERVE, peer_fd, 0);
+      ::close(peer_fd);
+      if (addr == MAP_FAILED) fail(str_cat("cannot map rank ", r, "'s segment"));
+      bases_[r] = static_cast<char*>(addr);
+      if (header(r)->magic != kMagic || header(r)->rank != r) {
+        errno = 0;
+        fail(str_cat("rank ", r, "'s segment has an unexpected header"));
+      }
+      pids_[r] = p.pid;
+      if (p.pid != me.pid) pidfds_[r] = open_pidfd(p.pid);
+    }
+    // Everyone must have mapped every segment before the creators close their descriptors.
+    if (store.add("shm/mapped", 1) == size) store.set("shm/ready", store::to_bytes("1"));
+    store.wait({"shm/ready"}, timeout);
+  } catch (const DistBackendError&) {
+    throw;
+  } catch (const std::exception& e) {
+    errno = 0;
+    fail(str_cat("rendezvous through the store failed: ", e.what()));
+  }
+  ::close(fd);
+}
+
+Segment::~Segment() {
+  for (int r = 0; r < size_; ++r) {
+    if (bases_[r] != nullptr) ::munmap(bases_[r], layout_.total);
+    if (pidfds_[r] >= 0) ::close(pidfds_[r]);
+  }
+}
+
+int64_t Segment::heap_offset(const void* ptr, size_t bytes) const {
+  const char* p = static_cast<const char*>(ptr);
+  const char* h = heap(rank_);
+  if (p < h || p + bytes > h + layout_.heap_bytes) return -1;
+  return p - h;
+}
+
+std::string Segment::peer_gone(int r) const {
+  if (header(r)->closed.load(std::memory_order_acquire) != 0) return "shut down its shm backend";
+  if (pidfds_[r] >= 0) {
+    pollfd pfd{pidfds_[r], POLLIN, 0};
+    if (::poll(&pfd, 1, 0) > 0) return str_cat("exited (pid ", pids_[r], ")");
+  } else if (pids_[r] != pids_[rank_]) {
+    // No pidfd: a zombie still answers kill(pid, 0), so look at its state.
+    std::string stat = read_first_line(str_cat("/proc/", pids_[r], "/stat").c_str());
+    const size_t paren = stat.rfind(')');
+    if (stat.empty() || (paren != std::string::npos && paren + 2 < stat.size() &&
+                         (stat[paren + 2] == 'Z' || stat[paren + 2] == 'X'))) {
+      return str_cat("exited (pid ", pids_[r], ")");
+    }
+  }
+  return {};
+}
+
+}  // namespace c10d::backends::shm

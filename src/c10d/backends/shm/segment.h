@@ -1,0 +1,147 @@
+// Segment: the shared memory of one shm process group. Every rank owns one segment (an
+// anonymous memfd, so nothing ever appears in /dev/shm) and maps every peer's segment, found
+// through /proc/<pid>/fd/<fd> after a rendezvous in the store.
+//
+// Layout of one rank's segment (offsets from Layout):
+//   header          step flag, p2p doorbell, closed flag (each on its own cache line)
+//   channel ctrl    one ChannelCtrl per destination rank (sender side lives here)
+//   slots[2]        per step parity: meta (kMetaBytes) | in (kSlotBytes) | out (kSlotBytes)
+//   channel data    kChannelBytes per destination rank
+//   heap            memory handed out by ShmBackend::empty() (sparse: pages appear on use)
+//
+// Thread-safety: after construction a Segment is immutable except for the shared memory
+// itself (whose protocol the backend defines) and the heap, which has its own mutex.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "c10d/core/deadline.h"
+#include "c10d/store/store.h"
+
+namespace c10d::backends::shm {
+
+inline constexpr size_t kLine = 64;
+// Data bytes of one step slot, per parity. Large collectives stream through it in chunks small
+// enough to stay in cache between the copy-in and the reads of the peers.
+inline constexpr size_t kSlotBytes = size_t{256} << 10;
+// Per-step metadata (heap offsets, alltoall sizes): 8 bytes per rank.
+inline constexpr size_t kMetaBytes = 8192;
+inline constexpr int kMaxRanks = static_cast<int>(kMetaBytes / 8);
+// Point-to-point bytes in flight per (sender, receiver) pair.
+inline constexpr size_t kChannelBytes = size_t{64} << 10;
+
+// A 32-bit futex word with a count of sleepers, so that the writer makes a system call only
+// when someone sleeps.
+struct alignas(kLine) FutexWord {
+  std::atomic<uint32_t> value;
+  std::atomic<uint32_t> waiters;
+};
+
+struct SegmentHeader {
+  uint64_t magic;
+  int32_t rank;
+  int32_t size;
+  int32_t pid;
+  // Last collective step this rank published (see shm_backend.cc for the protocol).
+  FutexWord step;
+  // Bumped whenever point-to-point state addressed to this rank changes.
+  FutexWord doorbell;
+  // Set by shutdown(): peers waiting for this rank fail at once.
+  alignas(kLine) std::atomic<uint32_t> closed;
+};
+
+// Control block of the channel from sender s to receiver d, in s's segment. The sender writes
+// the fields and then bumps `posted`; the receiver copies the chunk and bumps `consumed`.
+struct ChannelCtrl {
+  alignas(kLine) std::atomic<uint32_t> posted;
+  int32_t tag;
+  uint32_t bytes;   // of this chunk
+  uint64_t total;   // of the message
+  uint64_t offset;  // of this chunk in the message
+  alignas(kLine) std::atomic<uint32_t> consumed;
+};
+
+struct Layout {
+  Layout(int size, size_t heap_bytes);
+  size_t channels;      // offset of ChannelCtrl[size]
+  size_t slots;         // offset of slot 0
+  size_t slot_stride;   // meta + in + out
+  size_t channel_data;  // offset of channel data[size]
+  size_t heap;          // offset of the heap
+  size_t heap_bytes;
+  size_t total;
+};
+
+// First-fit allocator over [0, bytes) of this rank's heap. Thread-safe.
+class Heap {
+ public:
+  explicit Heap(size_t bytes);
+  // Offset of a block of at least `bytes` (64-byte aligned, 4 KiB when large); throws
+  // DistBackendError when the heap is full, naming its size and C10D_SHM_HEAP_BYTES.
+  size_t allocate(size_t bytes);
+  void release(size_t offset, size_t bytes);
+
+ private:
+  std::mutex mutex_;
+  std::map<size_t, size_t> free_;  // offset -> bytes; guarded by mutex_
+  size_t bytes_;
+};
+
+class Segment {
+ public:
+  // Creates this rank's segment, publishes it in `store`, maps every peer's, checks that all
+  // ranks share one host (hostname + boot id, or C10D_SHM_HOST_ID) and waits until every rank
+  // has mapped everything. Throws DistBackendError naming the problem.
+  Segment(store::Store& store, int rank, int size, size_t heap_bytes, core::Millis timeout);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Layout& layout() const { return layout_; }
+
+  char* base(int r) const { return bases_[r]; }
+  SegmentHeader* header(int r) const { return reinterpret_cast<SegmentHeader*>(bases_[r]); }
+  char* meta(int r, uint32_t parity) const {
+    return bases_[r] + layout_.slots + (parity & 1) * layout_.slot_stride;
+  }
+  char* in(int r, uint32_t parity) const { return meta(r, parity) + kMetaBytes; }
+  char* out(int r, uint32_t parity) const { return in(r, parity) + kSlotBytes; }
+  ChannelCtrl* channel(int from, int to) const {
+    return reinterpret_cast<ChannelCtrl*>(bases_[from] + layout_.channels) + to;
+  }
+  char* channel_data(int from, int to) const {
+    return bases_[from] + layout_.channel_data + static_cast<size_t>(to) * kChannelBytes;
+  }
+  char* heap(int r) const { return bases_[r] + layout_.heap; }
+  Heap& own_heap() { return heap_; }
+  // Offset of [ptr, ptr + bytes) inside this rank's heap, or -1 when it is elsewhere.
+  int64_t heap_offset(const void* ptr, size_t bytes) const;
+
+  // Empty while rank r runs; otherwise why it is gone ("exited", "shut down its backend").
+  std::string peer_gone(int r) const;
+  int pid(int r) const { return pids_[r]; }
+
+ private:
+  int rank_;
+  int size_;
+  Layout layout_;
+  std::vector<char*> bases_;
+  std::vector<int> pids_;
+  std::vector<int> pidfds_;  // -1 for this process (and when pidfd_open is unavailable)
+  Heap heap_;
+};
+
+// This machine's identity for the same-host check: C10D_SHM_HOST_ID if set, else
+// "<hostname>/<boot id>".
+std::string host_identity();
+
+}  // namespace c10d::backends::shm

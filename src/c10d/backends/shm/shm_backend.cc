@@ -1,0 +1,1336 @@
+#include "c10d/backends/shm/shm_backend.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "c10d/backends/shm/segment.h"
+#include "c10d/core/env.h"
+#include "c10d/core/exception.h"
+#include "c10d/core/reduce.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace c10d::backends::shm {
+
+using core::DistBackendError;
+using core::DistTimeoutError;
+using core::DType;
+using core::OpType;
+using core::ReduceOp;
+using core::Tensor;
+using core::detail::str_cat;
+using pg::Millis;
+using pg::WorkPtr;
+
+namespace {
+
+// Up to this many bytes an allreduce copies in once and every rank reduces every slot.
+constexpr size_t kOneShotBytes = size_t{32} << 10;
+// Owner-computes on shared-heap tensors works in pieces this large, so the reduced piece is
+// still in cache when it is copied to the peers.
+constexpr size_t kZeroCopyPiece = size_t{64} << 10;
+// How often a blocked wait checks the peers, the deadline and shutdown.
+constexpr int64_t kCheckNs = 1'000'000;
+constexpr int64_t kSleepNs = 2'000'000;
+
+int64_t now_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+// Shared futexes (no FUTEX_PRIVATE_FLAG): the words live in memory mapped by several processes.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
+}
+
+// Sets the word (release) and wakes sleepers, if any.
+void post(FutexWord& w, uint32_t value) {
+  w.value.store(value, std::memory_order_seq_cst);
+  if (w.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&w.value);
+}
+
+void ring(FutexWord& w) {
+  w.value.fetch_add(1, std::memory_order_seq_cst);
+  if (w.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&w.value);
+}
+
+// Wrap-around safe "a >= b" for step numbers.
+inline bool reached(uint32_t value, uint32_t target) {
+  return static_cast<int32_t>(value - target) >= 0;
+}
+
+// Spinning helps while every rank has a core; when ranks outnumber cores it only steals time
+// from the rank being waited for.
+int64_t spin_budget_ns(int size) {
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return size <= cores ? 50'000 : 1'000;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+void copy(void* dst, const void* src, size_t n) {
+  if (n != 0 && dst != src) std::memcpy(dst, src, n);
+}
+
+// Elements per piece when `count` elements are split across `size` owners, rounded up to a
+// whole cache line of elements so owners never share a line.
+size_t piece_elems(size_t count, int size, size_t element) {
+  const size_t align = std::max<size_t>(1, kLine / element);
+  return (ceil_div(count, static_cast<size_t>(size)) + align - 1) / align * align;
+}
+
+// Piece j of `count` elements: [begin, begin + len).
+void piece_of(size_t count, int size, size_t element, int j, size_t& begin, size_t& len) {
+  const size_t per = piece_elems(count, size, element);
+  begin = std::min(count, per * static_cast<size_t>(j));
+  len = std::min(count, begin + per) - begin;
+}
+
+template <typename Opts>
+bool wants_async(const Opts& opts) {
+  return opts.async_op;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Engine: the collective algorithms over the step protocol. One operation at a time runs in an
+// Engine (callers hold exec_mutex); `aborted` may be set from any thread.
+
+class Engine {
+ public:
+  explicit Engine(std::shared_ptr<Segment> segment)
+      : segment_(std::move(segment)),
+        seg_(*segment_),
+        rank_(seg_.rank()),
+        size_(seg_.size()),
+        spin_ns_(spin_budget_ns(size_)) {}
+
+  std::mutex exec_mutex;
+  std::atomic<bool> aborted{false};
+  std::string broken;  // guarded by exec_mutex: why the step flags can no longer be trusted
+
+  const std::shared_ptr<Segment>& segment() const { return segment_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int64_t spin_ns() const { return spin_ns_; }
+
+  // The operation about to run (exec_mutex held).
+  void begin(const char* name, uint64_t seq, Millis timeout) {
+    name_ = name;
+    seq_ = seq;
+    timeout_ = timeout;
+    deadline_ = core::Deadline(timeout);
+  }
+
+  std::string describe() const {
+    return str_cat("shm ", name_, " (sequence ", seq_, ", rank ", rank_, " of ", size_, ")");
+  }
+
+  // --- collectives (raw memory; every rank passes consistent sizes) ---
+
+  void barrier() { sync(step_ + 1); }
+
+  void monitored_barrier(bool wait_all_ranks) {
+    const uint32_t s = step_ + 1;
+    publish(s);
+    try {
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) wait_peer(r, s);
+      }
+    } catch (const DistTimeoutError&) {
+      std::vector<int> missing = not_arrived(s);
+      if (!wait_all_ranks && missing.size() > 1) missing.resize(1);
+      const std::string text = str_cat(" failed to pass monitoredBarrier in ", timeout_.count(),
+                                       " ms");
+      broken = missing.size() == 1 ? str_cat("Rank ", missing[0], text)
+                                   : str_cat("Ranks ", join_ranks(missing), text);
+      throw DistTimeoutError(broken);
+    }
+    step_ = s;
+  }
+
+  void broadcast(char* data, size_t bytes, int root) {
+    if (bytes == 0 || size_ == 1) return;
+    for (size_t off = 0; off < bytes; off += kSlotBytes) {
+      const size_t len = std::min(kSlotBytes, bytes - off);
+      const uint32_t s = step_ + 1;
+      if (rank_ == root) copy(seg_.in(rank_, s), data + off, len);
+      sync(s);
+      if (rank_ != root) copy(data + off, seg_.in(root, s), len);
+    }
+  }
+
+  // Reduces `count` elements of every rank's `in` (left unchanged unless it is `out`) into
+  // `out`; `out` is null on ranks that do not want the result (reduce). With premul_done the
+  // caller already scaled the input of a PREMUL_SUM. `everyone` (the same on every rank) says
+  // every rank wants the result, which allows the zero-copy path.
+  void allreduce(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
+                 bool everyone, bool premul_done = false) {
+    if (count == 0) return;
+    const size_t es = core::element_size(dtype);
+    const size_t bytes = count * es;
+    const bool premul = !premul_done && op.kind == ReduceOp::PREMUL_SUM;
+    if (size_ == 1) {
+      if (out == nullptr) return;
+      copy(out, in, bytes);
+      if (premul) core::apply_premul(out, count, dtype, op);
+      core::apply_postdiv(out, count, dtype, op, size_);
+      return;
+    }
+    if (bytes <= kOneShotBytes) return one_shot(in, out, count, dtype, op, premul);
+    if (everyone && try_zero_copy(in, out, count, dtype, op, premul)) return;
+    pipelined(in, out, count, dtype, op, premul);
+  }
+
+  // Every rank publishes `bytes` from `in`; dst(r) (null to skip) receives rank r's bytes.
+  template <typename Dst>
+  void allgather(const char* in, size_t bytes, Dst&& dst) {
+    if (bytes == 0) return;
+    for (size_t off = 0; off < bytes; off += kSlotBytes) {
+      const size_t len = std::min(kSlotBytes, bytes - off);
+      const uint32_t s = step_ + 1;
+      if (size_ > 1) copy(seg_.in(rank_, s), in + off, len);
+      sync(s);
+      for (int r = 0; r < size_; ++r) {
+        char* d = dst(r);
+        if (d != nullptr) copy(d + off, r == rank_ ? in + off : seg_.in(r, s), len);
+      }
+    }
+  }
+
+  // The root sends srcs[j] (bytes each) to rank j's `out`.
+  void scatter(const std::vector<const char*>& srcs, char* out, size_t bytes, int root) {
+    if (bytes == 0) return;
+    const size_t quota = kSlotBytes / size_ / kLine * kLine;
+    for (size_t off = 0; off < bytes; off += quota) {
+      const size_t len = std::min(quota, bytes - off);
+      const uint32_t s = step_ + 1;
+      if (rank_ == root) {
+        for (int j = 0; j < size_; ++j) {
+          if (j != root) copy(seg_.in(root, s) + j * quota, srcs[j] + off, len);
+        }
+      }
+      sync(s);
+      copy(out + off, rank_ == root ? srcs[rank_] + off : seg_.in(root, s) + rank_ * quota, len);
+    }
+  }
+
+  // blocks[j] (count elements) is this rank's contribution to rank j's `out`.
+  void reduce_scatter(const std::vector<const char*>& blocks, char* out, size_t count,
+                      DType dtype, const ReduceOp& op) {
+    if (count == 0) return;
+    const size_t es = core::element_size(dtype);
+    const bool premul = op.kind == ReduceOp::PREMUL_SUM;
+    const size_t quota = kSlotBytes / size_ / kLine * kLine / es;  // elements per rank per round
+    for (size_t off = 0; off < count; off += quota) {
+      const size_t m = std::min(quota, count - off);
+      const uint32_t s = step_ + 1;
+      for (int j = 0; j < size_; ++j) {
+        char* slot = seg_.in(rank_, s) + j * quota * es;
+        copy(slot, blocks[j] + off * es, m * es);
+        if (premul) core::apply_premul(slot, m, dtype, op);
+      }
+      sync(s);
+      char* dst = out + off * es;
+      const size_t at = rank_ * quota * es;
+      if (size_ == 1) {
+        copy(dst, seg_.in(0, s) + at, m * es);
+      } else {
+        core::reduce_into(dst, seg_.in(0, s) + at, seg_.in(1, s) + at, m, dtype, op);
+        for (int j = 2; j < size_; ++j) core::reduce(dst, seg_.in(j, s) + at, m, dtype, op);
+      }
+      core::apply_postdiv(dst, m, dtype, op, size_);
+    }
+  }
+
+  // This rank sends send_len[j] bytes at send[j] to rank j and receives recv_len[j] bytes from
+  // it. A size that does not match the sender's is reported after the exchange (so every rank
+  // still takes the same steps).
+  void alltoall(const std::vector<const char*>& send, const std::vector<size_t>& send_len,
+                const std::vector<char*>& recv, const std::vector<size_t>& recv_len) {
+    // Step 1: everyone learns every send size (and so the number of rounds).
+    uint32_t s = step_ + 1;
+    auto* table = reinterpret_cast<uint64_t*>(seg_.meta(rank_, s));
+    for (int j = 0; j < size_; ++j) table[j] = send_len[j];
+    sync(s);
+    std::vector<size_t> incoming(size_);
+    size_t longest = 0;
+    for (int i = 0; i < size_; ++i) {
+      const auto* t = reinterpret_cast<const uint64_t*>(seg_.meta(i, s));
+      for (int j = 0; j < size_; ++j) longest = std::max<size_t>(longest, t[j]);
+      incoming[i] = t[rank_];
+    }
+    std::string mismatch;
+    for (int j = 0; j < size_; ++j) {
+      if (incoming[j] != recv_len[j] && mismatch.empty()) {
+        mismatch = str_cat(describe(), ": rank ", j, " sends ", incoming[j],
+                           " bytes but this rank expects ", recv_len[j]);
+      }
+    }
+    copy(recv[rank_], send[rank_], std::min(send_len[rank_], recv_len[rank_]));
+    const size_t quota = kSlotBytes / size_ / kLine * kLine;
+    for (size_t off = 0; off < longest && size_ > 1; off += quota) {
+      s = step_ + 1;
+      for (int j = 0; j < size_; ++j) {
+        if (j == rank_ || send_len[j] <= off) continue;
+        copy(seg_.in(rank_, s) + j * quota, send[j] + off, std::min(quota, send_len[j] - off));
+      }
+      sync(s);
+      for (int j = 0; j < size_; ++j) {
+        const size_t n = std::min(incoming[j], recv_len[j]);
+        if (j == rank_ || n <= off) continue;
+        copy(recv[j] + off, seg_.in(j, s) + rank_ * quota, std::min(quota, n - off));
+      }
+    }
+    if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
+  }
+
+ private:
+  void one_shot(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
+                bool premul) {
+    const size_t bytes = count * core::element_size(dtype);
+    const uint32_t s = step_ + 1;
+    char* mine = seg_.in(rank_, s);
+    copy(mine, in, bytes);
+    if (premul) core::apply_premul(mine, count, dtype, op);
+    sync(s);
+    if (out == nullptr) return;
+    // The same order on every rank, so every rank computes identical bits.
+    core::reduce_into(out, seg_.in(0, s), seg_.in(1, s), count, dtype, op);
+    for (int r = 2; r < size_; ++r) core::reduce(out, seg_.in(r, s), count, dtype, op);
+    core::apply_postdiv(out, count, dtype, op, size_);
+  }
+
+  // Chunks of the slot size: at step k every rank copies in chunk k and, after the barrier,
+  // copies out the reduced pieces of chunk k-1 and reduces its own piece of chunk k into its
+  // out area of the next parity. One barrier per chunk.
+  void pipelined(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
+                 bool premul) {
+    const size_t es = core::element_size(dtype);
+    const size_t chunk = kSlotBytes / es;
+    const size_t chunks = ceil_div(count, chunk);
+    for (size_t k = 0; k <= chunks; ++k) {
+      const uint32_t s = step_ + 1;
+      const size_t off = k * chunk;
+      const size_t e = k < chunks ? std::min(chunk, count - off) : 0;
+      if (e != 0) {
+        char* slot = seg_.in(rank_, s);
+        copy(slot, in + off * es, e * es);
+        if (premul) core::apply_premul(slot, e, dtype, op);
+      }
+      sync(s);
+      if (k >= 1 && out != nullptr) {
+        const size_t prev_off = (k - 1) * chunk;
+        const size_t prev_e = std::min(chunk, count - prev_off);
+        for (int j = 0; j < size_; ++j) {
+          size_t b, len;
+          piece_of(prev_e, size_, es, j, b, len);
+          copy(out + (prev_off + b) * es, seg_.out(j, s) + b * es, len * es);
+        }
+      }
+      if (e != 0) {
+        size_t b, len;
+        piece_of(e, size_, es, rank_, b, len);
+        if (len == 0) continue;
+        char* dst = seg_.out(rank_, s + 1) + b * es;
+        core::reduce_into(dst, seg_.in(0, s) + b * es, seg_.in(1, s) + b * es, len, dtype, op);
+        for (int j = 2; j < size_; ++j) core::reduce(dst, seg_.in(j, s) + b * es, len, dtype, op);
+        core::apply_postdiv(dst, len, dtype, op, size_);
+      }
+    }
+  }
+
+  // When every rank's tensor lives in its shared heap, rank r reduces piece r straight from the
+  // peers' tensors and writes the result into all of them: one copy per byte.
+  bool try_zero_copy(const char* in, char* data, size_t count, DType dtype, const ReduceOp& op,
+                     bool premul) {
+    const size_t es = core::element_size(dtype);
+    // PREMUL_SUM scales the sum instead of each input, exact only for floating types.
+    const bool eligible =
+        in == data && (!premul || core::is_floating(dtype) || core::is_complex(dtype));
+    uint32_t s = step_ + 1;
+    auto* meta = reinterpret_cast<int64_t*>(seg_.meta(rank_, s));
+    *meta = eligible ? seg_.heap_offset(data, count * es) : -1;
+    sync(s);
+    std::vector<char*> base(size_);
+    for (int j = 0; j < size_; ++j) {
+      const int64_t offset = *reinterpret_cast<const int64_t*>(seg_.meta(j, s));
+      if (offset < 0) return false;
+      base[j] = seg_.heap(j) + offset;
+    }
+    size_t b, len;
+    piece_of(count, size_, es, rank_, b, len);
+    const size_t step_elems = std::max<size_t>(1, kZeroCopyPiece / es);
+    for (size_t at = b; at < b + len; at += step_elems) {
+      const size_t m = std::min(step_elems, b + len - at);
+      char* acc = base[rank_] + at * es;
+      for (int j = 0; j < size_; ++j) {
+        if (j != rank_) core::reduce(acc, base[j] + at * es, m, dtype, op);
+      }
+      if (premul) core::apply_premul(acc, m, dtype, op);
+      core::apply_postdiv(acc, m, dtype, op, size_);
+      for (int j = 0; j < size_; ++j) {
+        if (j != rank_) copy(base[j] + at * es, acc, m * es);
+      }
+    }
+    sync(step_ + 1);  // nobody returns while a peer may still write its tensor
+    return true;
+  }
+
+  // --- the step protocol ---
+
+  void publish(uint32_t s) { post(seg_.header(rank_)->step, s); }
+
+  void sync(uint32_t s) {
+    publish(s);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) wait_peer(r, s);
+    }
+    step_ = s;
+  }
+
+  std::vector<int> not_arrived(uint32_t s) const {
+    std::vector<int> missing;
+    for (int r = 0; r < size_; ++r) {
+      if (!reached(seg_.header(r)->step.value.load(std::memory_order_acquire), s)) {
+        missing.push_back(r);
+      }
+    }
+    return missing;
+  }
+
+  void wait_peer(int r, uint32_t s) {
+    FutexWord& w = seg_.header(r)->step;
+    if (reached(w.value.load(std::memory_order_acquire), s)) return;
+    const int64_t start = now_ns();
+    for (uint32_t i = 1;; ++i) {
+      cpu_relax();
+      if (reached(w.value.load(std::memory_order_acquire), s)) return;
+      if ((i & 63) == 0 && now_ns() - start > spin_ns_) break;
+    }
+    int64_t last_check = 0;
+    for (;;) {
+      w.waiters.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t v = w.value.load(std::memory_order_seq_cst);
+      if (!reached(v, s)) futex_wait(&w.value, v, kSleepNs);
+      w.waiters.fetch_sub(1, std::memory_order_relaxed);
+      if (reached(w.value.load(std::memory_order_acquire), s)) return;
+      const int64_t now = now_ns();
+      if (now - last_check >= kCheckNs) {
+        last_check = now;
+        check_waiting(s);
+      }
+    }
+  }
+
+  // Throws (and marks the engine broken) when the wait for step s cannot succeed.
+  void check_waiting(uint32_t s) {
+    if (aborted.load()) fail<DistBackendError>(str_cat(describe(), ": the backend was shut down"));
+    const std::vector<int> missing = not_arrived(s);
+    for (int r : missing) {
+      if (r == rank_) continue;
+      const std::string gone = seg_.peer_gone(r);
+      if (!gone.empty()) {
+        fail<DistBackendError>(str_cat(describe(), ": rank ", r, " ", gone,
+                                       " while this rank waited for it"));
+      }
+    }
+    if (deadline_.expired()) {
+      std::vector<int> peers;
+      for (int r : missing) {
+        if (r != rank_) peers.push_back(r);
+      }
+      fail<DistTimeoutError>(str_cat(describe(), " timed out after ",
+                                     core::format_timeout(timeout_), " waiting for rank",
+                                     peers.size() == 1 ? " " : "s ", join_ranks(peers)));
+    }
+  }
+
+  template <typename Error>
+  [[noreturn]] void fail(std::string message) {
+    broken = message;
+    throw Error(message);
+  }
+
+  std::shared_ptr<Segment> segment_;
+  Segment& seg_;
+  const int rank_;
+  const int size_;
+  const int64_t spin_ns_;
+  uint32_t step_ = 0;  // last step this rank completed; guarded by exec_mutex
+  const char* name_ = "";
+  uint64_t seq_ = 0;
+  Millis timeout_{0};
+  core::Deadline deadline_{Millis(0)};
+};
+
+// ---------------------------------------------------------------------------------------------
+// P2PEngine: messages through the per-pair channels. Progress happens whenever any
+// point-to-point operation of this rank is posted or waited on, so sends and receives in any
+// order cannot deadlock: data that arrives before its receive is posted is buffered.
+
+struct P2POp {
+  bool is_send = false;
+  int peer = -1;  // -1: any source
+  int tag = 0;
+  char* data = nullptr;
+  size_t bytes = 0;
+  size_t done = 0;
+  bool started = false;
+  bool finished = false;  // guarded by the engine's mutex
+  int source = -1;
+  std::exception_ptr error;
+  std::weak_ptr<core::Work> work;
+  Tensor tensor;
+  core::Deadline deadline{Millis(0)};
+  Millis timeout{0};
+  std::string description;
+};
+
+class P2PEngine {
+ public:
+  P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<Engine> engine)
+      : segment_(std::move(segment)),
+        seg_(*segment_),
+        engine_(std::move(engine)),
+        rank_(seg_.rank()),
+        size_(seg_.size()),
+        sends_(size_),
+        incoming_(size_) {}
+
+  void post(const std::shared_ptr<P2POp>& op) {
+    std::vector<std::shared_ptr<P2POp>> done;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (op->is_send) {
+        sends_[op->peer].push_back(op);
+      } else if (!claim_unexpected(op, done)) {
+        recvs_.push_back(op);
+      }
+      progress(done);
+    }
+    complete(done);
+  }
+
+  // Drives progress until `op` finishes, its deadline passes (the op fails) or the caller's
+  // timeout passes (throws, the op stays pending).
+  void wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
+    const core::Deadline caller(caller_timeout);
+    FutexWord& bell = seg_.header(rank_)->doorbell;
+    const int64_t spin_until = now_ns() + engine_->spin_ns();
+    int64_t last_check = 0;
+    for (;;) {
+      const uint32_t v = bell.value.load(std::memory_order_seq_cst);
+      std::vector<std::shared_ptr<P2POp>> done;
+      bool finished;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        progress(done);
+        finished = op->finished;
+      }
+      complete(done);
+      if (finished) return;
+      const int64_t now = now_ns();
+      if (now < spin_until) {
+        cpu_relax();
+        continue;
+      }
+      if (now - last_check >= kCheckNs) {
+        last_check = now;
+        std::string why;
+        bool timed_out = false;
+        if (engine_->aborted.load()) {
+          why = "the backend was shut down";
+        } else if (op->peer >= 0) {
+          if (std::string gone = seg_.peer_gone(op->peer); !gone.empty()) {
+            why = str_cat("rank ", op->peer, " ", gone);
+          }
+        } else {
+          std::vector<int> gone;
+          for (int r = 0; r < size_; ++r) {
+            if (r != rank_ && !seg_.peer_gone(r).empty()) gone.push_back(r);
+          }
+          if (static_cast<int>(gone.size()) == size_ - 1) {
+            why = str_cat("every other rank is gone (", join_ranks(gone), ")");
+          }
+        }
+        if (why.empty() && op->deadline.expired()) {
+          why = str_cat("timed out after ", core::format_timeout(op->timeout));
+          timed_out = true;
+        }
+        if (!why.empty()) {
+          const std::string message = str_cat("shm ", op->description, " ", why);
+          fail(op, timed_out ? std::make_exception_ptr(DistTimeoutError(message))
+                             : std::make_exception_ptr(DistBackendError(message)));
+          return;
+        }
+        if (caller.expired()) {
+          throw DistTimeoutError(str_cat("shm ", op->description, " did not complete within ",
+                                         core::format_timeout(caller_timeout),
+                                         " (it is still pending)"));
+        }
+      }
+      bell.waiters.fetch_add(1, std::memory_order_seq_cst);
+      if (bell.value.load(std::memory_order_seq_cst) == v) futex_wait(&bell.value, v, kSleepNs);
+      bell.waiters.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
+ private:
+  struct Unexpected {
+    int src = -1;
+    int tag = 0;
+    std::vector<char> data;
+    size_t got = 0;
+    bool complete = false;
+    std::shared_ptr<P2POp> claimed;  // a receive waiting for the rest of this message
+  };
+  struct Incoming {
+    std::shared_ptr<P2POp> op;           // the receive it lands in, or
+    std::shared_ptr<Unexpected> buffer;  // the buffer holding it until one is posted
+    bool discard = false;
+  };
+
+  static bool matches(const P2POp& op, int src, int tag) {
+    return (op.peer < 0 || op.peer == src) && op.tag == tag;
+  }
+
+  // Expects mutex_ held. Takes the oldest buffered message that `op` accepts.
+  bool claim_unexpected(const std::shared_ptr<P2POp>& op,
+                        std::vector<std::shared_ptr<P2POp>>& done) {
+    for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+      auto& u = **it;
+      if (u.claimed || !matches(*op, u.src, u.tag)) continue;
+      if (u.complete) {
+        deliver(*op, u);
+        unexpected_.erase(it);
+        done.push_back(op);
+      } else {
+        u.claimed = op;
+      }
+      return true;
+    }
+    return false;
+  }
+
+  void deliver(P2POp& op, const Unexpected& u) {
+    op.source = u.src;
+    if (u.data.size() != op.bytes) {
+      op.error = std::make_exception_ptr(DistBackendError(
+          str_cat("shm ", op.description, ": rank ", u.src, " sent ", u.data.size(),
+                  " bytes for a receive of ", op.bytes, " bytes")));
+    } else {
+      copy(op.data, u.data.data(), op.bytes);
+    }
+    op.finished = true;
+  }
+
+  // Expects mutex_ held. Moves every channel as far as it goes without waiting.
+  void progress(std::vector<std::shared_ptr<P2POp>>& done) {
+    for (int d = 0; d < size_; ++d) {
+      auto& queue = sends_[d];
+      while (!queue.empty()) {
+        P2POp& op = *queue.front();
+        ChannelCtrl* ch = seg_.channel(rank_, d);
+        const uint32_t posted = ch->posted.load(std::memory_order_relaxed);
+        if (ch->consumed.load(std::memory_order_acquire) != posted) break;  // slot busy
+        const size_t len = std::min(kChannelBytes, op.bytes - op.done);
+        copy(seg_.channel_data(rank_, d), op.data + op.done, len);
+        ch->tag = op.tag;
+        ch->bytes = static_cast<uint32_t>(len);
+        ch->total = op.bytes;
+        ch->offset = op.done;
+        ch->posted.store(posted + 1, std::memory_order_release);
+        ring(seg_.header(d)->doorbell);
+        op.done += len;
+        op.started = true;
+        if (op.done == op.bytes) {
+          op.finished = true;
+          done.push_back(queue.front());
+          queue.pop_front();
+        }
+      }
+    }
+    for (int src = 0; src < size_; ++src) {
+      if (src == rank_) continue;
+      ChannelCtrl* ch = seg_.channel(src, rank_);
+      for (;;) {
+        const uint32_t consumed = ch->consumed.load(std::memory_order_relaxed);
+        if (ch->posted.load(std::memory_order_acquire) == consumed) break;
+        const int tag = ch->tag;
+        const size_t len = ch->bytes;
+        const size_t total = ch->total;
+        const size_t offset = ch->offset;
+        const char* data = seg_.channel_data(src, rank_);
+        Incoming& in = incoming_[src];
+        if (offset == 0) {
+          in = Incoming{};
+          for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+            if (!matches(**it, src, tag)) continue;
+            in.op = *it;
+            recvs_.erase(it);
+            break;
+          }
+          if (in.op) {
+            in.op->source = src;
+            if (in.op->bytes != total) {
+              in.op->error = std::make_exception_ptr(DistBackendError(
+                  str_cat("shm ", in.op->description, ": rank ", src, " sent ", total,
+                          " bytes for a receive of ", in.op->bytes, " bytes")));
+              in.discard = true;
+            }
+          } else {
+            in.buffer = std::make_shared<Unexpected>();
+            in.buffer->src = src;
+            in.buffer->tag = tag;
+            in.buffer->data.resize(total);
+            unexpected_.push_back(in.buffer);
+          }
+        }
+        if (in.op && !in.discard) {
+          copy(in.op->data + offset, data, len);
+        } else if (in.buffer) {
+          copy(in.buffer->data.data() + offset, data, len);
+        }
+        ch->consumed.store(consumed + 1, std::memory_order_release);
+        ring(seg_.header(src)->doorbell);
+        if (offset + len < total) continue;
+        if (in.op) {
+          if (!in.op->finished) {
+            in.op->finished = true;
+            done.push_back(in.op);
+          }
+        } else if (in.buffer) {
+          in.buffer->complete = true;
+          if (auto claimed = in.buffer->claimed) {
+            deliver(*claimed, *in.buffer);
+            unexpected_.erase(std::find(unexpected_.begin(), unexpected_.end(), in.buffer));
+            done.push_back(claimed);
+          }
+        }
+        in = Incoming{};
+      }
+    }
+  }
+
+  // Fails `op` (deadline, dead peer) and forgets it.
+  void fail(const std::shared_ptr<P2POp>& op, std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (op->finished) return;
+      op->finished = true;
+      op->error = error;
+      if (op->is_send) {
+        auto& q = sends_[op->peer];
+        if (auto it = std::find(q.begin(), q.end(), op); it != q.end()) q.erase(it);
+      } else {
+        if (auto it = std::find(recvs_.begin(), recvs_.end(), op); it != recvs_.end()) {
+          recvs_.erase(it);
+        }
+        for (auto& u : unexpected_) {
+          if (u->claimed == op) u->claimed.reset();
+        }
+        for (auto& in : incoming_) {
+          if (in.op == op) in.discard = true;
+        }
+      }
+    }
+    complete({op});
+  }
+
+  static void complete(const std::vector<std::shared_ptr<P2POp>>& ops) {
+    for (const auto& op : ops) {
+      auto work = op->work.lock();
+      if (!work) continue;
+      try {
+        if (!op->is_send && op->source >= 0) work->set_source_rank(op->source);
+        if (op->error) {
+          work->finish_with_error(op->error);
+        } else {
+          work->finish({op->tensor});
+        }
+      } catch (...) {
+        // completed already
+      }
+    }
+  }
+
+  std::shared_ptr<Segment> segment_;
+  Segment& seg_;
+  std::shared_ptr<Engine> engine_;
+  const int rank_;
+  const int size_;
+  std::mutex mutex_;
+  std::vector<std::deque<std::shared_ptr<P2POp>>> sends_;  // per destination; guarded by mutex_
+  std::deque<std::shared_ptr<P2POp>> recvs_;                // posted, unmatched; guarded by mutex_
+  std::deque<std::shared_ptr<Unexpected>> unexpected_;      // arrival order; guarded by mutex_
+  std::vector<Incoming> incoming_;                          // per source; guarded by mutex_
+};
+
+namespace {
+
+// A send or receive: wait() drives the channels until it completes.
+class P2PWork : public core::Work {
+ public:
+  P2PWork(OpType type, std::string description, std::shared_ptr<P2PEngine> engine,
+          std::shared_ptr<P2POp> op)
+      : Work(type, std::move(description)), engine_(std::move(engine)), op_(std::move(op)) {}
+
+  bool wait(Millis timeout) override {
+    if (!is_completed()) engine_->wait(op_, timeout);
+    return Work::wait(core::kNoTimeout);
+  }
+
+ private:
+  std::shared_ptr<P2PEngine> engine_;
+  std::shared_ptr<P2POp> op_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ShmBackend
+
+struct ShmBackend::Queue {
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<Task> tasks;  // guarded by mutex
+  size_t pending = 0;      // queued or running operations; guarded by mutex
+  uint64_t next_seq = 0;   // guarded by mutex
+  bool stopping = false;   // guarded by mutex
+};
+
+ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, ShmOptions opts)
+    : pg::Backend(rank, size, opts.timeout),
+      store_(std::move(store)),
+      queue_(std::make_shared<Queue>()) {
+  size_t heap = opts.heap_bytes;
+  if (heap == 0) heap = static_cast<size_t>(core::env_int(core::kEnvShmHeapBytes));
+  const Millis rendezvous_timeout =
+      opts.timeout > Millis::zero() ? opts.timeout : store_->timeout();
+  segment_ = std::make_shared<Segment>(*store_, rank, size, heap, rendezvous_timeout);
+  engine_ = std::make_shared<Engine>(segment_);
+  p2p_ = std::make_shared<P2PEngine>(segment_, engine_);
+}
+
+ShmBackend::~ShmBackend() { shutdown(); }
+
+uint64_t ShmBackend::next_sequence() const {
+  std::lock_guard<std::mutex> lock(queue_->mutex);
+  return queue_->next_seq;
+}
+
+Tensor ShmBackend::empty(std::vector<int64_t> sizes, DType dtype) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) {
+    C10D_CHECK_ARG(s >= 0, "shm_empty: negative size ", s);
+    numel *= s;
+  }
+  const size_t bytes = static_cast<size_t>(numel) * core::element_size(dtype);
+  const size_t offset = segment_->own_heap().allocate(bytes);
+  char* data = segment_->heap(rank()) + offset;
+  std::shared_ptr<Segment> segment = segment_;
+  std::shared_ptr<void> owner(data, [segment, offset, bytes](void*) {
+    segment->own_heap().release(offset, bytes);
+  });
+  return Tensor(data, dtype, std::move(sizes), {}, std::move(owner));
+}
+
+WorkPtr ShmBackend::submit(OpType type, const char* name, Millis timeout, bool async, Body body,
+                           std::vector<Tensor> outputs) {
+  Task task;
+  task.name = name;
+  task.body = std::move(body);
+  task.outputs = std::move(outputs);
+  task.timeout = effective_timeout(timeout);
+  Queue& q = *queue_;
+  bool inline_run = false;
+  {
+    std::unique_lock<std::mutex> lock(q.mutex);
+    task.seq = q.next_seq++;
+    task.work = std::make_shared<core::Work>(
+        type, std::string("shm:") + name + "#" + std::to_string(task.seq));
+    if (q.stopping) {
+      lock.unlock();
+      task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
+          str_cat("shm ", name, " (sequence ", task.seq, ", rank ", rank(), " of ", size(),
+                  "): the backend was shut down"))));
+      return task.work;
+    }
+    ++q.pending;
+    if (!async && q.pending == 1) {
+      // Nothing queued before it: run here, without a thread hand-off. A later asynchronous
+      // operation waits for exec_mutex, so the order is kept.
+      inline_run = true;
+    } else {
+      if (!worker_.joinable()) worker_ = std::thread(worker_loop, queue_, engine_);
+      WorkPtr work = task.work;
+      q.tasks.push_back(std::move(task));
+      lock.unlock();
+      q.wake.notify_one();
+      return work;
+    }
+  }
+  if (inline_run) run_task(*engine_, task);
+  {
+    std::lock_guard<std::mutex> lock(q.mutex);
+    --q.pending;
+  }
+  return task.work;
+}
+
+void ShmBackend::run_task(Engine& engine, Task& task) noexcept {
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(engine.exec_mutex);
+    try {
+      engine.begin(task.name, task.seq, task.timeout);
+      if (!engine.broken.empty()) {
+        throw DistBackendError(str_cat(engine.describe(),
+                                       ": the backend is unusable after an earlier failure: ",
+                                       engine.broken));
+      }
+      if (engine.aborted.load()) {
+        throw DistBackendError(str_cat(engine.describe(), ": the backend was shut down"));
+      }
+      task.body(engine);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  try {
+    if (error) {
+      task.work->finish_with_error(error);
+    } else {
+      task.work->finish(std::move(task.outputs));
+    }
+  } catch (...) {
+    // shutdown() failed it already
+  }
+}
+
+void ShmBackend::worker_loop(std::shared_ptr<Queue> queue, std::shared_ptr<Engine> engine) {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(queue->mutex);
+      queue->wake.wait(lock, [&] { return queue->stopping || !queue->tasks.empty(); });
+      if (queue->tasks.empty()) return;
+      task = std::move(queue->tasks.front());
+      queue->tasks.pop_front();
+    }
+    run_task(*engine, task);
+    std::lock_guard<std::mutex> lock(queue->mutex);
+    --queue->pending;
+  }
+}
+
+void ShmBackend::shutdown() {
+  std::lock_guard<std::mutex> shutdown_lock(shutdown_mutex_);
+  Queue& q = *queue_;
+  std::deque<Task> dropped;
+  std::thread worker;
+  {
+    std::lock_guard<std::mutex> lock(q.mutex);
+    if (q.stopping) return;
+    q.stopping = true;
+    dropped.swap(q.tasks);
+    q.pending -= dropped.size();
+    worker = std::move(worker_);
+  }
+  engine_->aborted.store(true);
+  // Peers blocked on this rank fail at once instead of at their timeout.
+  segment_->header(rank())->closed.store(1, std::memory_order_release);
+  q.wake.notify_all();
+  for (Task& task : dropped) {
+    try {
+      task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
+          str_cat("shm ", task.name, " (sequence ", task.seq, ", rank ", rank(), " of ", size(),
+                  "): the backend was shut down before it ran"))));
+    } catch (...) {
+    }
+  }
+  // A running operation notices `aborted` within a few milliseconds.
+  if (worker.joinable()) worker.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+
+WorkPtr ShmBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastOptions& opts) {
+  const int root = static_cast<int>(opts.root_rank);
+  const size_t root_tensor = static_cast<size_t>(opts.root_tensor);
+  return submit(
+      OpType::kBroadcast, "broadcast", opts.timeout, wants_async(opts),
+      [tensors, root, root_tensor](Engine& e) {
+        const Tensor& source = tensors[root_tensor];
+        e.broadcast(source.data_as<char>(), source.nbytes(), root);
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (i != root_tensor) copy(tensors[i].data(), source.data(), source.nbytes());
+        }
+      },
+      tensors);
+}
+
+namespace {
+
+// Several tensors per rank: reduce them locally (each scaled for PREMUL_SUM) into one buffer.
+Tensor combine_local(const std::vector<Tensor>& tensors, const ReduceOp& op) {
+  const size_t n = static_cast<size_t>(tensors[0].numel());
+  const DType dtype = tensors[0].dtype();
+  Tensor acc = tensors[0].contiguous_copy();
+  core::apply_premul(acc.data(), n, dtype, op);
+  for (size_t i = 1; i < tensors.size(); ++i) {
+    Tensor t = tensors[i];
+    if (op.kind == ReduceOp::PREMUL_SUM) {
+      t = t.contiguous_copy();
+      core::apply_premul(t.data(), n, dtype, op);
+    }
+    core::reduce(acc.data(), t.data(), n, dtype, op);
+  }
+  return acc;
+}
+
+}  // namespace
+
+WorkPtr ShmBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  return submit(
+      OpType::kAllreduce, "allreduce", opts.timeout, wants_async(opts),
+      [tensors, op](Engine& e) {
+        const Tensor& t = tensors[0];
+        const size_t n = static_cast<size_t>(t.numel());
+        if (tensors.size() == 1) {
+          e.allreduce(t.data_as<char>(), t.data_as<char>(), n, t.dtype(), op, true);
+          return;
+        }
+        Tensor acc = combine_local(tensors, op);
+        e.allreduce(acc.data_as<char>(), acc.data_as<char>(), n, t.dtype(), op, true, true);
+        for (const Tensor& out : tensors) copy(out.data(), acc.data(), acc.nbytes());
+      },
+      tensors);
+}
+
+WorkPtr ShmBackend::allreduce_coalesced(std::vector<Tensor>& tensors,
+                                        const pg::AllreduceCoalescedOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  return submit(
+      OpType::kAllreduceCoalesced, "allreduce_coalesced", opts.timeout, wants_async(opts),
+      [tensors, op](Engine& e) {
+        int64_t total = 0;
+        for (const Tensor& t : tensors) total += t.numel();
+        if (total == 0) return;
+        const DType dtype = tensors[0].dtype();
+        Tensor flat = Tensor::empty({total}, dtype);
+        char* cursor = flat.data_as<char>();
+        for (const Tensor& t : tensors) {
+          copy(cursor, t.data(), t.nbytes());
+          cursor += t.nbytes();
+        }
+        e.allreduce(flat.data_as<char>(), flat.data_as<char>(), static_cast<size_t>(total), dtype,
+                    op, true);
+        cursor = flat.data_as<char>();
+        for (const Tensor& t : tensors) {
+          copy(t.data(), cursor, t.nbytes());
+          cursor += t.nbytes();
+        }
+      },
+      tensors);
+}
+
+WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  const int root = static_cast<int>(opts.root_rank);
+  const Tensor tensor = tensors[static_cast<size_t>(opts.root_tensor)];
+  return submit(
+      OpType::kReduce, "reduce", opts.timeout, wants_async(opts),
+      [tensor, op, root](Engine& e) {
+        char* out = e.rank() == root ? tensor.data_as<char>() : nullptr;
+        e.allreduce(tensor.data_as<char>(), out, static_cast<size_t>(tensor.numel()),
+                    tensor.dtype(), op, false);
+      },
+      tensors);
+}
+
+WorkPtr ShmBackend::allgather(std::vector<std::vector<Tensor>>& outputs,
+                              std::vector<Tensor>& inputs, const pg::AllgatherOptions& opts) {
+  std::vector<Tensor> flat_outputs;
+  for (const auto& list : outputs) flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
+  return submit(
+      OpType::kAllgather, "allgather", opts.timeout, wants_async(opts),
+      [outputs, inputs](Engine& e) {
+        const size_t per = inputs[0].nbytes();
+        if (inputs.size() == 1) {
+          e.allgather(inputs[0].data_as<char>(), per,
+                      [&](int r) { return outputs[0][r].data_as<char>(); });
+          return;
+        }
+        // Several inputs: rank r's input k lands in outputs[k][r].
+        const size_t k_count = inputs.size();
+        Tensor packed = Tensor::empty({static_cast<int64_t>(per * k_count)}, DType::kUInt8);
+        for (size_t k = 0; k < k_count; ++k) {
+          copy(packed.data_as<char>() + k * per, inputs[k].data(), per);
+        }
+        Tensor all = Tensor::empty({static_cast<int64_t>(per * k_count * e.size())}, DType::kUInt8);
+        e.allgather(packed.data_as<char>(), per * k_count,
+                    [&](int r) { return all.data_as<char>() + r * per * k_count; });
+        for (size_t k = 0; k < k_count; ++k) {
+          for (int r = 0; r < e.size(); ++r) {
+            copy(outputs[k][r].data(), all.data_as<char>() + (r * k_count + k) * per, per);
+          }
+        }
+      },
+      std::move(flat_outputs));
+}
+
+WorkPtr ShmBackend::allgather_base(Tensor& output, Tensor& input,
+                                   const pg::AllgatherOptions& opts) {
+  return submit(
+      OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
+      [output, input](Engine& e) {
+        const size_t per = input.nbytes();
+        e.allgather(input.data_as<char>(), per,
+                    [&](int r) { return output.data_as<char>() + r * per; });
+      },
+      {output});
+}
+
+WorkPtr ShmBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                    std::vector<Tensor>& inputs,
+                                                    const pg::AllgatherOptions& opts) {
+  return submit(
+      OpType::kAllgatherCoalesced, "allgather_into_tensor_coalesced", opts.timeout,
+      wants_async(opts),
+      [outputs, inputs](Engine& e) {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          const size_t per = inputs[i].nbytes();
+          char* out = outputs[i].data_as<char>();
+          e.allgather(inputs[i].data_as<char>(), per, [&](int r) { return out + r * per; });
+        }
+      },
+      outputs);
+}
+
+WorkPtr ShmBackend::gather(std::vector<std::vector<Tensor>>& outputs,
+                           std::vector<Tensor>& inputs, const pg::GatherOptions& opts) {
+  const int root = static_cast<int>(opts.root_rank);
+  std::vector<Tensor> gathered = rank() == root ? outputs[0] : std::vector<Tensor>{};
+  const Tensor input = inputs[0];
+  return submit(
+      OpType::kGather, "gather", opts.timeout, wants_async(opts),
+      [gathered, input, root](Engine& e) {
+        e.allgather(input.data_as<char>(), input.nbytes(), [&](int r) -> char* {
+          return e.rank() == root ? gathered[r].data_as<char>() : nullptr;
+        });
+      },
+      gathered);
+}
+
+WorkPtr ShmBackend::scatter(std::vector<Tensor>& outputs,
+                            std::vector<std::vector<Tensor>>& inputs,
+                            const pg::ScatterOptions& opts) {
+  const int root = static_cast<int>(opts.root_rank);
+  std::vector<Tensor> sources = rank() == root ? inputs[0] : std::vector<Tensor>{};
+  const Tensor output = outputs[0];
+  return submit(
+      OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
+      [sources, output, root](Engine& e) {
+        std::vector<const char*> srcs;
+        for (const Tensor& t : sources) srcs.push_back(t.data_as<char>());
+        e.scatter(srcs, output.data_as<char>(), output.nbytes(), root);
+      },
+      {output});
+}
+
+WorkPtr ShmBackend::reduce_scatter(std::vector<Tensor>& outputs,
+                                   std::vector<std::vector<Tensor>>& inputs,
+                                   const pg::ReduceScatterOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  const Tensor output = outputs[0];
+  const std::vector<Tensor> pieces = inputs[0];
+  return submit(
+      OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
+      [output, pieces, op](Engine& e) {
+        std::vector<const char*> blocks;
+        for (const Tensor& t : pieces) blocks.push_back(t.data_as<char>());
+        e.reduce_scatter(blocks, output.data_as<char>(), static_cast<size_t>(output.numel()),
+                         output.dtype(), op);
+      },
+      {output});
+}
+
+namespace {
+
+void reduce_scatter_flat(Engine& e, const Tensor& output, const Tensor& input, const ReduceOp& op) {
+  std::vector<const char*> blocks;
+  for (int r = 0; r < e.size(); ++r) blocks.push_back(input.data_as<char>() + r * output.nbytes());
+  e.reduce_scatter(blocks, output.data_as<char>(), static_cast<size_t>(output.numel()),
+                   output.dtype(), op);
+}
+
+}  // namespace
+
+WorkPtr ShmBackend::reduce_scatter_base(Tensor& output, Tensor& input,
+                                        const pg::ReduceScatterOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  return submit(
+      OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
+      [output, input, op](Engine& e) { reduce_scatter_flat(e, output, input, op); }, {output});
+}
+
+WorkPtr ShmBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
+                                                    std::vector<Tensor>& inputs,
+                                                    const pg::ReduceScatterOptions& opts) {
+  const ReduceOp op = opts.reduce_op;
+  return submit(
+      OpType::kReduceScatterBase, "reduce_scatter_tensor_coalesced", opts.timeout,
+      wants_async(opts),
+      [outputs, inputs, op](Engine& e) {
+        for (size_t i = 0; i < inputs.size(); ++i) reduce_scatter_flat(e, outputs[i], inputs[i], op);
+      },
+      outputs);
+}
+
+WorkPtr ShmBackend::alltoall_base(Tensor& output, Tensor& input,
+                                  std::vector<int64_t>& output_split_sizes,
+                                  std::vector<int64_t>& input_split_sizes,
+                                  const pg::AllToAllOptions& opts) {
+  const std::vector<int64_t> out_splits = output_split_sizes;
+  const std::vector<int64_t> in_splits = input_split_sizes;
+  return submit(
+      OpType::kAlltoallBase, "alltoall_base", opts.timeout, wants_async(opts),
+      [output, input, out_splits, in_splits](Engine& e) {
+        const int n = e.size();
+        // Splits count rows of dimension 0; empty splits mean equal parts.
+        auto layout = [n](const Tensor& t, const std::vector<int64_t>& splits,
+                          std::vector<size_t>& offsets, std::vector<size_t>& lens) {
+          const int64_t rows = t.dim() == 0 ? 1 : t.sizes()[0];
+          const size_t row_bytes = rows == 0 ? 0 : t.nbytes() / static_cast<size_t>(rows);
+          size_t at = 0;
+          for (int r = 0; r < n; ++r) {
+            const size_t len =
+                static_cast<size_t>(splits.empty() ? rows / n : splits[r]) * row_bytes;
+            offsets.push_back(at);
+            lens.push_back(len);
+            at += len;
+          }
+        };
+        std::vector<size_t> in_off, in_len, out_off, out_len;
+        layout(input, in_splits, in_off, in_len);
+        layout(output, out_splits, out_off, out_len);
+        std::vector<const char*> send(n);
+        std::vector<char*> recv(n);
+        for (int r = 0; r < n; ++r) {
+          send[r] = input.data_as<char>() + in_off[r];
+          recv[r] = output.data_as<char>() + out_off[r];
+        }
+        e.alltoall(send, in_len, recv, out_len);
+      },
+      {output});
+}
+
+WorkPtr ShmBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                             const pg::AllToAllOptions& opts) {
+  return submit(
+      OpType::kAlltoall, "alltoall", opts.timeout, wants_async(opts),
+      [outputs, inputs](Engine& e) {
+        const int n = e.size();
+        std::vector<const char*> send(n);
+        std::vector<char*> recv(n);
+        std::vector<size_t> send_len(n), recv_len(n);
+        for (int r = 0; r < n; ++r) {
+          send[r] = inputs[r].data_as<char>();
+          send_len[r] = inputs[r].nbytes();
+          recv[r] = outputs[r].data_as<char>();
+          recv_len[r] = outputs[r].nbytes();
+        }
+        e.alltoall(send, send_len, recv, recv_len);
+      },
+      outputs);
+}
+
+WorkPtr ShmBackend::barrier(const pg::BarrierOptions& opts) {
+  return submit(OpType::kBarrier, "barrier", opts.timeout, wants_async(opts),
+                [](Engine& e) { e.barrier(); }, {});
+}
+
+void ShmBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
+  pg::BarrierOptions sync_opts = opts;
+  sync_opts.async_op = false;
+  WorkPtr work = submit(OpType::kBarrier, "monitored_barrier", opts.timeout, false,
+                        [wait_all_ranks](Engine& e) { e.monitored_barrier(wait_all_ranks); },
+                        {});
+  work->wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point to point
+
+WorkPtr ShmBackend::send(std::vector<Tensor>& tensors, int dst_rank, int tag) {
+  return post_p2p(OpType::kSend, tensors[0], dst_rank, tag);
+}
+
+WorkPtr ShmBackend::recv(std::vector<Tensor>& tensors, int src_rank, int tag) {
+  return post_p2p(OpType::kRecv, tensors[0], src_rank, tag);
+}
+
+WorkPtr ShmBackend::recv_anysource(std::vector<Tensor>& tensors, int tag) {
+  return post_p2p(OpType::kRecvAnySource, tensors[0], -1, tag);
+}
+
+WorkPtr ShmBackend::post_p2p(OpType type, Tensor tensor, int peer, int tag) {
+  auto op = std::make_shared<P2POp>();
+  op->is_send = type == OpType::kSend;
+  op->peer = peer;
+  op->tag = tag;
+  op->data = tensor.data_as<char>();
+  op->bytes = tensor.nbytes();
+  op->tensor = tensor;
+  op->timeout = timeout();
+  op->deadline = core::Deadline(timeout());
+  const char* what = op->is_send ? "send" : type == OpType::kRecv ? "recv" : "recv_anysource";
+  op->description =
+      peer >= 0 ? str_cat(what, " (tag ", tag, ", rank ", rank(), op->is_send ? " to" : " from",
+                          " rank ", peer, ")")
+                : str_cat(what, " (tag ", tag, ", rank ", rank(), " from any rank)");
+  auto work = std::make_shared<P2PWork>(type, str_cat("shm:", what), p2p_, op);
+  op->work = work;
+  if (engine_->aborted.load()) {
+    work->finish_with_error(std::make_exception_ptr(
+        DistBackendError(str_cat("shm ", op->description, ": the backend was shut down"))));
+    return work;
+  }
+  p2p_->post(op);
+  return work;
+}
+
+}  // namespace c10d::backends::shm

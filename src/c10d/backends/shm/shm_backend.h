@@ -1,0 +1,136 @@
+// ShmBackend: collectives between processes of one host through shared memory.
+//
+// Every rank maps every peer's segment (see segment.h). Collectives advance in "steps": at
+// step s a rank writes into its own slot of parity s % 2, publishes s in its step flag, waits
+// until every peer has published s, and then reads the peers' slots of that parity. A rank
+// publishes s + 1 only after it finished reading step s, so a slot is never rewritten while a
+// peer still reads it, and no step needs a second barrier. Waits spin briefly and then sleep
+// on a futex in the shared memory, checking every few milliseconds whether the awaited peers
+// are still alive, whether the operation's deadline passed, and whether shutdown() was called.
+//
+// Algorithms: small allreduces copy in once and every rank reduces all slots; large ones stream
+// chunks through the slots, each rank reducing its slice of a chunk (owner computes) while the
+// previous chunk's slices are copied out. Tensors allocated by empty() live in the shared heap:
+// allreduce on them reads and writes the peers' tensors directly (one copy per byte).
+// Point-to-point messages go through one channel per ordered pair of ranks.
+//
+// Sync operations (async_op = false) run on the caller's thread; asynchronous ones run in FIFO
+// order on one worker thread. Collectives must be issued in the same order on every rank.
+// After an operation fails (timeout, dead peer) the backend's step flags no longer agree, so
+// every later collective fails at once with the original error.
+//
+// Thread-safety: all methods may be called from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "c10d/pg/backend.h"
+#include "c10d/store/store.h"
+
+namespace c10d::backends::shm {
+
+class Segment;
+class Engine;
+class P2PEngine;
+
+struct ShmOptions {
+  // Timeout of rendezvous and of every operation that does not set its own.
+  pg::Millis timeout = pg::kDefaultPgTimeout;
+  // Shared heap per rank for empty(); 0 means C10D_SHM_HEAP_BYTES.
+  size_t heap_bytes = 0;
+};
+
+class ShmBackend : public pg::Backend {
+ public:
+  // Creates and maps the segments through `store` (which the caller prefixes per process
+  // group). Throws core::DistBackendError when the ranks are not on one host or the
+  // rendezvous fails.
+  ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, ShmOptions opts = {});
+  ~ShmBackend() override;
+
+  std::string name() const override { return "shm"; }
+
+  // A C-contiguous tensor in this rank's shared heap; collectives on it can skip the copy
+  // through the slots. The memory stays valid after the backend is gone.
+  core::Tensor empty(std::vector<int64_t> sizes, core::DType dtype);
+
+  pg::WorkPtr broadcast(std::vector<pg::Tensor>& tensors, const pg::BroadcastOptions& opts) override;
+  pg::WorkPtr allreduce(std::vector<pg::Tensor>& tensors, const pg::AllreduceOptions& opts) override;
+  pg::WorkPtr allreduce_coalesced(std::vector<pg::Tensor>& tensors,
+                                  const pg::AllreduceCoalescedOptions& opts) override;
+  pg::WorkPtr reduce(std::vector<pg::Tensor>& tensors, const pg::ReduceOptions& opts) override;
+  pg::WorkPtr allgather(std::vector<std::vector<pg::Tensor>>& outputs,
+                        std::vector<pg::Tensor>& inputs, const pg::AllgatherOptions& opts) override;
+  pg::WorkPtr allgather_base(pg::Tensor& output, pg::Tensor& input,
+                             const pg::AllgatherOptions& opts) override;
+  pg::WorkPtr allgather_into_tensor_coalesced(std::vector<pg::Tensor>& outputs,
+                                              std::vector<pg::Tensor>& inputs,
+                                              const pg::AllgatherOptions& opts) override;
+  pg::WorkPtr gather(std::vector<std::vector<pg::Tensor>>& outputs,
+                     std::vector<pg::Tensor>& inputs, const pg::GatherOptions& opts) override;
+  pg::WorkPtr scatter(std::vector<pg::Tensor>& outputs,
+                      std::vector<std::vector<pg::Tensor>>& inputs,
+                      const pg::ScatterOptions& opts) override;
+  pg::WorkPtr reduce_scatter(std::vector<pg::Tensor>& outputs,
+                             std::vector<std::vector<pg::Tensor>>& inputs,
+                             const pg::ReduceScatterOptions& opts) override;
+  pg::WorkPtr reduce_scatter_base(pg::Tensor& output, pg::Tensor& input,
+                                  const pg::ReduceScatterOptions& opts) override;
+  pg::WorkPtr reduce_scatter_tensor_coalesced(std::vector<pg::Tensor>& outputs,
+                                              std::vector<pg::Tensor>& inputs,
+                                              const pg::ReduceScatterOptions& opts) override;
+  pg::WorkPtr alltoall_base(pg::Tensor& output, pg::Tensor& input,
+                            std::vector<int64_t>& output_split_sizes,
+                            std::vector<int64_t>& input_split_sizes,
+                            const pg::AllToAllOptions& opts) override;
+  pg::WorkPtr alltoall(std::vector<pg::Tensor>& outputs, std::vector<pg::Tensor>& inputs,
+                       const pg::AllToAllOptions& opts) override;
+  pg::WorkPtr send(std::vector<pg::Tensor>& tensors, int dst_rank, int tag) override;
+  pg::WorkPtr recv(std::vector<pg::Tensor>& tensors, int src_rank, int tag) override;
+  pg::WorkPtr recv_anysource(std::vector<pg::Tensor>& tensors, int tag) override;
+  pg::WorkPtr barrier(const pg::BarrierOptions& opts) override;
+  void monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  // Fails queued operations, makes running waits fail within a few milliseconds, tells the
+  // peers this rank is gone and joins the worker. Never waits for peers. Idempotent.
+  void shutdown() override;
+
+  // Number of collectives issued so far (for tests and debug output).
+  uint64_t next_sequence() const;
+
+ private:
+  using Body = std::function<void(Engine&)>;
+  struct Task {
+    std::shared_ptr<core::Work> work;
+    const char* name = "";
+    uint64_t seq = 0;
+    pg::Millis timeout{0};
+    Body body;
+    std::vector<pg::Tensor> outputs;
+  };
+  struct Queue;
+
+  pg::WorkPtr submit(core::OpType type, const char* name, pg::Millis timeout, bool async,
+                     Body body, std::vector<pg::Tensor> outputs);
+  static void run_task(Engine& engine, Task& task) noexcept;
+  static void worker_loop(std::shared_ptr<Queue> queue, std::shared_ptr<Engine> engine);
+  pg::WorkPtr post_p2p(core::OpType type, pg::Tensor tensor, int peer, int tag);
+
+  std::shared_ptr<store::Store> store_;
+  std::shared_ptr<Segment> segment_;
+  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<P2PEngine> p2p_;
+  std::shared_ptr<Queue> queue_;
+  std::mutex shutdown_mutex_;
+  std::thread worker_;  // started on the first asynchronous operation; guarded by queue_->mutex
+};
+
+}  // namespace c10d::backends::shm

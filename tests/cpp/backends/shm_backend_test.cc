@@ -1,0 +1,427 @@
+// ShmBackend with ranks as threads of one process over one HashStore: each thread builds its
+// own backend, which maps the other ranks' segments exactly as separate processes would.
+#include "c10d/backends/shm/shm_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "c10d/core/exception.h"
+#include "c10d/core/reduce.h"
+#include "c10d/store/hash_store.h"
+
+namespace c10d::backends::shm {
+namespace {
+
+using core::DType;
+using core::ReduceOp;
+using core::Tensor;
+using namespace std::chrono_literals;
+
+struct RankRun {
+  int size = 2;
+  pg::Millis timeout = 10s;
+};
+
+template <typename Fn>
+void run_ranks(const RankRun& run, Fn fn) {
+  auto store = std::make_shared<store::HashStore>(10s);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(run.size);
+  for (int r = 0; r < run.size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ShmOptions opts;
+        opts.timeout = run.timeout;
+        opts.heap_bytes = size_t{64} << 20;
+        ShmBackend backend(store, r, run.size, opts);
+        fn(r, backend);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < run.size; ++r) EXPECT_EQ(errors[r], "") << "rank " << r << " of " << run.size;
+}
+
+template <typename Fn>
+void run_ranks(int size, Fn fn) {
+  run_ranks(RankRun{size}, fn);
+}
+
+double value_at(int rank, int64_t i) { return static_cast<double>((rank + i) % 3 + 1); }
+
+void set_value(Tensor& t, int64_t i, double v) {
+  switch (t.dtype()) {
+    case DType::kFloat32: t.data_as<float>()[i] = static_cast<float>(v); break;
+    case DType::kFloat64: t.data_as<double>()[i] = v; break;
+    case DType::kInt32: t.data_as<int32_t>()[i] = static_cast<int32_t>(v); break;
+    case DType::kInt64: t.data_as<int64_t>()[i] = static_cast<int64_t>(v); break;
+    case DType::kUInt8: t.data_as<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+    case DType::kInt8: t.data_as<int8_t>()[i] = static_cast<int8_t>(v); break;
+    case DType::kBool: t.data_as<uint8_t>()[i] = static_cast<int64_t>(v) % 2; break;
+    case DType::kFloat16: t.data_as<uint16_t>()[i] = core::float_to_half(static_cast<float>(v)); break;
+    case DType::kBFloat16:
+      t.data_as<uint16_t>()[i] = core::float_to_bfloat16(static_cast<float>(v));
+      break;
+    default: FAIL() << "unsupported dtype in test";
+  }
+}
+
+Tensor filled(int64_t n, DType dtype, int rank, int seed = 0) {
+  Tensor t = Tensor::empty({n}, dtype);
+  for (int64_t i = 0; i < n; ++i) set_value(t, i, value_at(rank + seed, i));
+  return t;
+}
+
+// What every rank should hold after reducing every rank's filled() input.
+Tensor expected_reduce(int64_t n, DType dtype, int size, const ReduceOp& op, int seed = 0) {
+  Tensor acc = filled(n, dtype, 0, seed);
+  core::apply_premul(acc.data(), n, dtype, op);
+  for (int r = 1; r < size; ++r) {
+    Tensor t = filled(n, dtype, r, seed);
+    core::apply_premul(t.data(), n, dtype, op);
+    core::reduce(acc.data(), t.data(), n, dtype, op);
+  }
+  core::apply_postdiv(acc.data(), n, dtype, op, size);
+  return acc;
+}
+
+void expect_same(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.nbytes(), expected.nbytes()) << what;
+  if (actual.nbytes() == 0) return;
+  const auto* a = actual.data_as<unsigned char>();
+  const auto* e = expected.data_as<unsigned char>();
+  for (size_t i = 0; i < actual.nbytes(); ++i) {
+    if (a[i] != e[i]) {
+      FAIL() << what << ": first difference at byte " << i;
+    }
+  }
+}
+
+TEST(ShmBackend, AllreduceDtypesOpsAndSizes) {
+  for (int size : {1, 2, 3}) {
+    run_ranks(size, [size](int rank, ShmBackend& b) {
+      const std::vector<std::pair<DType, std::vector<ReduceOp>>> cases = {
+          {DType::kFloat32, {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX, ReduceOp::PRODUCT,
+                             ReduceOp::premul_sum(2.0)}},
+          {DType::kInt32, {ReduceOp::SUM, ReduceOp::MIN, ReduceOp::BXOR, ReduceOp::AVG}},
+          {DType::kBFloat16, {ReduceOp::SUM, ReduceOp::MAX}},
+          {DType::kBool, {ReduceOp::SUM, ReduceOp::PRODUCT}},
+          {DType::kInt8, {ReduceOp::SUM}},
+      };
+      // 0, 1, odd, one-shot boundary, several pipelined chunks with a ragged tail.
+      for (int64_t n : {0, 1, 7, 1000, 8193, 200001}) {
+        for (const auto& [dtype, ops] : cases) {
+          for (const ReduceOp& op : ops) {
+            Tensor t = filled(n, dtype, rank);
+            std::vector<Tensor> ts{t};
+            pg::AllreduceOptions opts;
+            opts.reduce_op = op;
+            opts.async_op = (n % 2) == 1;
+            b.allreduce(ts, opts)->wait();
+            expect_same(t, expected_reduce(n, dtype, size, op),
+                        "allreduce n=" + std::to_string(n) + " " + std::string(op.name()) +
+                            " " + std::string(core::dtype_name(dtype)) + " size " +
+                            std::to_string(size));
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(ShmBackend, ZeroCopyAllreduceOnSharedHeapTensors) {
+  run_ranks(3, [](int rank, ShmBackend& b) {
+    for (int64_t n : {int64_t{50000}, int64_t{1} << 20}) {
+      Tensor t = b.empty({n}, DType::kFloat32);
+      Tensor src = filled(n, DType::kFloat32, rank);
+      std::memcpy(t.data(), src.data(), src.nbytes());
+      std::vector<Tensor> ts{t};
+      pg::AllreduceOptions opts;
+      opts.reduce_op = ReduceOp::SUM;
+      b.allreduce(ts, opts)->wait();
+      expect_same(t, expected_reduce(n, DType::kFloat32, 3, ReduceOp::SUM), "zero-copy SUM");
+      std::memcpy(t.data(), src.data(), src.nbytes());
+      opts.reduce_op = ReduceOp::AVG;
+      b.allreduce(ts, opts)->wait();
+      Tensor avg = expected_reduce(n, DType::kFloat32, 3, ReduceOp::AVG);
+      for (int64_t i = 0; i < n; i += 997) {
+        ASSERT_NEAR(t.data_as<float>()[i], avg.data_as<float>()[i], 1e-5);
+      }
+    }
+  });
+  // A mix of heap and ordinary tensors takes the ordinary path on every rank.
+  run_ranks(2, [](int rank, ShmBackend& b) {
+    const int64_t n = 100000;
+    Tensor t = rank == 0 ? b.empty({n}, DType::kInt64) : Tensor::empty({n}, DType::kInt64);
+    Tensor src = filled(n, DType::kInt64, rank);
+    std::memcpy(t.data(), src.data(), src.nbytes());
+    std::vector<Tensor> ts{t};
+    b.allreduce(ts, pg::AllreduceOptions{})->wait();
+    expect_same(t, expected_reduce(n, DType::kInt64, 2, ReduceOp::SUM), "mixed heap");
+  });
+}
+
+TEST(ShmBackend, BroadcastReduceEachRoot) {
+  run_ranks(3, [](int rank, ShmBackend& b) {
+    for (int64_t n : {0, 5, 300000}) {
+      for (int root = 0; root < 3; ++root) {
+        Tensor t = filled(n, DType::kFloat64, rank);
+        std::vector<Tensor> ts{t};
+        pg::BroadcastOptions bo;
+        bo.root_rank = root;
+        bo.async_op = false;
+        b.broadcast(ts, bo)->wait();
+        expect_same(t, filled(n, DType::kFloat64, root), "broadcast");
+        Tensor r = filled(n, DType::kInt32, rank);
+        std::vector<Tensor> rs{r};
+        pg::ReduceOptions ro;
+        ro.root_rank = root;
+        ro.reduce_op = ReduceOp::MAX;
+        b.reduce(rs, ro)->wait();
+        expect_same(r, rank == root ? expected_reduce(n, DType::kInt32, 3, ReduceOp::MAX)
+                                    : filled(n, DType::kInt32, rank),
+                    "reduce");
+      }
+    }
+  });
+}
+
+TEST(ShmBackend, GathersScatterReduceScatterAlltoall) {
+  for (int size : {2, 4}) {
+    run_ranks(size, [size](int rank, ShmBackend& b) {
+      for (int64_t n : {0, 3, 70001}) {
+        Tensor in = filled(n, DType::kInt32, rank);
+        std::vector<Tensor> ins{in};
+        std::vector<std::vector<Tensor>> outs(1);
+        for (int r = 0; r < size; ++r) outs[0].push_back(Tensor::empty({n}, DType::kInt32));
+        b.allgather(outs, ins, {})->wait();
+        for (int r = 0; r < size; ++r) expect_same(outs[0][r], filled(n, DType::kInt32, r), "allgather");
+        Tensor flat = Tensor::empty({n * size}, DType::kInt32);
+        b.allgather_base(flat, in, {})->wait();
+        for (int r = 0; r < size; ++r) expect_same(flat.flat_slice(r * n, n), filled(n, DType::kInt32, r), "allgather_base");
+        pg::GatherOptions go;
+        go.root_rank = size - 1;
+        std::vector<std::vector<Tensor>> gouts(1);
+        if (rank == size - 1) gouts[0] = outs[0];
+        for (auto& t : outs[0]) std::memset(t.data(), 0, t.nbytes());
+        b.gather(gouts, ins, go)->wait();
+        if (rank == size - 1) {
+          for (int r = 0; r < size; ++r) expect_same(gouts[0][r], filled(n, DType::kInt32, r), "gather");
+        }
+        pg::ScatterOptions so;
+        so.root_rank = 1;
+        std::vector<std::vector<Tensor>> sins(1);
+        if (rank == 1) {
+          for (int r = 0; r < size; ++r) sins[0].push_back(filled(n, DType::kInt32, r, 5));
+        }
+        Tensor sout = Tensor::empty({n}, DType::kInt32);
+        std::vector<Tensor> souts{sout};
+        b.scatter(souts, sins, so)->wait();
+        expect_same(sout, filled(n, DType::kInt32, rank, 5), "scatter");
+        // reduce_scatter_base: rank r's input is filled(n * size); output slice r of the sum.
+        Tensor rs_in = filled(n * size, DType::kInt32, rank);
+        Tensor rs_out = Tensor::empty({n}, DType::kInt32);
+        pg::ReduceScatterOptions rso;
+        rso.reduce_op = ReduceOp::SUM;
+        b.reduce_scatter_base(rs_out, rs_in, rso)->wait();
+        Tensor full = expected_reduce(n * size, DType::kInt32, size, ReduceOp::SUM);
+        expect_same(rs_out, full.flat_slice(rank * n, n), "reduce_scatter_base");
+      }
+      // Uneven alltoall: rank r sends j + 1 rows to rank j.
+      std::vector<int64_t> in_splits, out_splits;
+      int64_t in_rows = 0;
+      for (int j = 0; j < size; ++j) {
+        in_splits.push_back((j + 1) * 1000);
+        in_rows += (j + 1) * 1000;
+        out_splits.push_back((rank + 1) * 1000);
+      }
+      Tensor in = Tensor::empty({in_rows}, DType::kInt64);
+      int64_t at = 0;
+      for (int j = 0; j < size; ++j) {
+        for (int64_t i = 0; i < in_splits[j]; ++i) in.data_as<int64_t>()[at++] = 1000 * rank + j;
+      }
+      Tensor out = Tensor::empty({(rank + 1) * 1000 * size}, DType::kInt64);
+      b.alltoall_base(out, in, out_splits, in_splits, {})->wait();
+      for (int j = 0; j < size; ++j) {
+        for (int64_t i = 0; i < (rank + 1) * 1000; ++i) {
+          ASSERT_EQ(out.data_as<int64_t>()[j * (rank + 1) * 1000 + i], 1000 * j + rank);
+        }
+      }
+    });
+  }
+}
+
+TEST(ShmBackend, SendRecvAnySourceAndTags) {
+  run_ranks(3, [](int rank, ShmBackend& b) {
+    const int next = (rank + 1) % 3, prev = (rank + 2) % 3;
+    // Larger than a channel, posted in the order that deadlocks blocking calls.
+    Tensor out = filled(100000, DType::kFloat32, rank);
+    Tensor in = Tensor::empty({100000}, DType::kFloat32);
+    std::vector<Tensor> outs{out}, ins{in};
+    auto s = b.send(outs, next, 0);
+    auto r = b.recv(ins, prev, 0);
+    s->wait();
+    r->wait();
+    EXPECT_EQ(r->source_rank(), prev);
+    expect_same(in, filled(100000, DType::kFloat32, prev), "ring");
+    // Tags: rank 0 sends tag 7 then 3; rank 1 receives 3 first.
+    if (rank == 0) {
+      Tensor a = filled(4, DType::kInt32, 7), c = filled(4, DType::kInt32, 3);
+      std::vector<Tensor> as{a}, cs{c};
+      b.send(as, 1, 7)->wait();
+      b.send(cs, 1, 3)->wait();
+    } else if (rank == 1) {
+      Tensor a = Tensor::empty({4}, DType::kInt32), c = Tensor::empty({4}, DType::kInt32);
+      std::vector<Tensor> as{a}, cs{c};
+      auto w3 = b.recv(cs, 0, 3);
+      auto w7 = b.recv(as, 0, 7);
+      w3->wait();
+      w7->wait();
+      expect_same(c, filled(4, DType::kInt32, 3), "tag 3");
+      expect_same(a, filled(4, DType::kInt32, 7), "tag 7");
+    }
+    if (rank == 0) {
+      std::vector<int> seen;
+      for (int i = 0; i < 2; ++i) {
+        Tensor t = Tensor::empty({1}, DType::kInt64);
+        std::vector<Tensor> ts{t};
+        auto w = b.recv_anysource(ts, 9);
+        w->wait();
+        EXPECT_EQ(t.data_as<int64_t>()[0], w->source_rank() * 11);
+        seen.push_back(w->source_rank());
+      }
+      std::sort(seen.begin(), seen.end());
+      EXPECT_EQ(seen, (std::vector<int>{1, 2}));
+    } else {
+      Tensor t = Tensor::empty({1}, DType::kInt64);
+      t.data_as<int64_t>()[0] = rank * 11;
+      std::vector<Tensor> ts{t};
+      b.send(ts, 0, 9)->wait();
+    }
+    b.barrier({})->wait();
+  });
+}
+
+TEST(ShmBackend, AsyncOperationsCompleteInOrder) {
+  run_ranks(4, [](int rank, ShmBackend& b) {
+    std::vector<Tensor> tensors;
+    std::vector<pg::WorkPtr> works;
+    for (int i = 0; i < 20; ++i) {
+      tensors.push_back(filled(i * 1000, DType::kFloat32, rank, i));
+      std::vector<Tensor> ts{tensors.back()};
+      pg::AllreduceOptions opts;
+      opts.async_op = i % 3 != 0;  // inline ones must queue behind pending async ones
+      works.push_back(b.allreduce(ts, opts));
+    }
+    for (int i = 0; i < 20; ++i) {
+      works[i]->wait();
+      expect_same(tensors[i], expected_reduce(i * 1000, DType::kFloat32, 4, ReduceOp::SUM, i),
+                  "async " + std::to_string(i));
+    }
+  });
+}
+
+TEST(ShmBackend, MonitoredBarrierNamesMissingRank) {
+  run_ranks(3, [](int rank, ShmBackend& b) {
+    if (rank == 2) {
+      std::this_thread::sleep_for(1500ms);
+      return;
+    }
+    pg::BarrierOptions opts;
+    opts.timeout = 500ms;
+    try {
+      b.monitored_barrier(opts, true);
+      ADD_FAILURE() << "monitored_barrier passed with rank 2 missing";
+    } catch (const core::DistError& e) {
+      EXPECT_NE(std::string(e.what()).find("Rank 2"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(ShmBackend, TimeoutNamesOperationAndMissingRank) {
+  run_ranks(RankRun{2, 300ms}, [](int rank, ShmBackend& b) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(800ms);
+      return;
+    }
+    Tensor t = filled(10, DType::kFloat32, rank);
+    std::vector<Tensor> ts{t};
+    try {
+      b.allreduce(ts, {})->wait();
+      ADD_FAILURE() << "allreduce passed without rank 1";
+    } catch (const core::DistTimeoutError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("allreduce"), std::string::npos) << what;
+      EXPECT_NE(what.find("sequence 0"), std::string::npos) << what;
+      EXPECT_NE(what.find("waiting for rank 1"), std::string::npos) << what;
+    }
+    // The failure sticks: later collectives fail at once.
+    EXPECT_THROW(b.allreduce(ts, {})->wait(), core::DistBackendError);
+  });
+}
+
+TEST(ShmBackend, PeerShutdownFailsWaitersFast) {
+  run_ranks(2, [](int rank, ShmBackend& b) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(100ms);
+      b.shutdown();
+      return;
+    }
+    Tensor t = filled(10, DType::kFloat32, rank);
+    std::vector<Tensor> ts{t};
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      b.allreduce(ts, {})->wait();
+      ADD_FAILURE() << "allreduce passed without rank 1";
+    } catch (const core::DistBackendError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  });
+}
+
+TEST(ShmBackend, ShutdownDoesNotWaitForPeers) {
+  run_ranks(2, [](int rank, ShmBackend& b) {
+    if (rank == 1) return;
+    Tensor t = filled(10, DType::kFloat32, rank);
+    std::vector<Tensor> ts{t};
+    auto work = b.allreduce(ts, {});  // async; rank 1 never joins (its backend is gone)
+    const auto start = std::chrono::steady_clock::now();
+    b.shutdown();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 500ms);
+    EXPECT_THROW(work->wait(), core::DistError);
+  });
+}
+
+TEST(ShmBackend, AllreduceLatency) {
+  for (int size : {2, 4}) {
+    run_ranks(size, [size](int rank, ShmBackend& b) {
+      for (int64_t n : {int64_t{1}, int64_t{256}, int64_t{1} << 18}) {
+        Tensor t = filled(n, DType::kFloat32, rank);
+        std::vector<Tensor> ts{t};
+        pg::AllreduceOptions opts;
+        opts.async_op = false;
+        const int iters = n > 1000 ? 200 : 20000;
+        for (int i = 0; i < iters / 10; ++i) b.allreduce(ts, opts);
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) b.allreduce(ts, opts);
+        const double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count() / iters;
+        if (rank == 0) {
+          std::printf("[shm] allreduce %d ranks %8zu bytes: %8.2f us (busbw %.2f GB/s)\n", size,
+                      static_cast<size_t>(n * 4), us,
+                      n * 4 / us / 1e3 * 2.0 * (size - 1) / size);
+        }
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace c10d::backends::shm
