@@ -474,6 +474,8 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         store, rank, world_size = _rdzv.rendezvous(init_method or "env://", rank, world_size,
                                                    timeout)
         store.set_timeout(timeout)
+        _rdzv.store_based_barrier(store, rank, world_size, timeout,
+                                  key=f"c10d/init/{group_name or _world.group_count}")
     if backend == Backend.UNDEFINED:
         backend = Backend.GLOO
     name = group_name or str(_world.group_count)

@@ -1,13 +1,15 @@
 """Rendezvous: turn an init_method URL (env://, tcp://, file://) into a store, rank and size."""
 
+import logging
 import os
+import time
 from datetime import timedelta
 from typing import Tuple
 from urllib.parse import parse_qs, urlparse
 
 from . import _C
 
-__all__ = ["rendezvous", "register_rendezvous_handler"]
+__all__ = ["rendezvous", "register_rendezvous_handler", "store_based_barrier"]
 
 _handlers = {}
 
@@ -50,10 +52,10 @@ def _env_int(name: str, given, url: str) -> int:
 
 
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta):
-    # Rank 0 hosts the server; every rank registers and rank 0 waits for all of them, so a
-    # missing rank turns into an error naming how many joined.
+    # Rank 0 hosts the server. Nobody waits inside the constructor: init_process_group's
+    # rendezvous barrier waits instead, and can say which ranks are missing.
     return _C.TCPStore(host, port, world_size, rank == 0, timeout,
-                       wait_for_workers=True, multi_tenant=True)
+                       wait_for_workers=False, multi_tenant=True)
 
 
 def _check_rank(rank: int, world_size: int, url: str):
@@ -114,3 +116,46 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1,
         raise ValueError(f"No rendezvous handler for {scheme}:// (known: "
                          f"{', '.join(sorted(_handlers))})")
     return _handlers[scheme](url, rank, world_size, timeout)
+
+
+_log = logging.getLogger("c10d")
+
+
+def store_based_barrier(store, rank: int, world_size: int, timeout: timedelta,
+                        key: str = "c10d/rendezvous", progress_every: float = 10.0) -> None:
+    """Waits until every rank has called this with the same `key`. Logs progress while
+    waiting; at the deadline raises DistStoreTimeoutError naming the ranks that joined and
+    the ranks that did not."""
+    store.set(f"{key}/rank/{rank}", str(os.getpid()))
+    keys = [f"{key}/rank/{r}" for r in range(world_size)]
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait(keys, timedelta(seconds=max(0.001, min(left, progress_every))))
+            return
+        except _C.DistStoreTimeoutError:
+            pass
+        joined = [r for r in range(world_size) if store.check([keys[r]])]
+        missing = [r for r in range(world_size) if r not in joined]
+        if time.monotonic() >= deadline:
+            raise _C.DistStoreTimeoutError(
+                f"Rendezvous timed out after {timeout.total_seconds():g}s on rank {rank}: "
+                f"{len(joined)}/{world_size} ranks joined. Joined: {_ranges(joined)}; missing: "
+                f"{_ranges(missing)}. Check that every rank started and uses the same "
+                f"MASTER_ADDR/MASTER_PORT (or init_method) and WORLD_SIZE.")
+        _log.warning("rank %d: waiting for ranks %s to join (%d/%d joined)", rank,
+                     _ranges(missing), len(joined), world_size)
+
+
+def _ranges(ranks) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out, start, prev = [], None, None
+    for r in list(ranks) + [None]:
+        if start is not None and (r is None or r != prev + 1):
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if r is not None and start is None:
+            start = r
+        prev = r
+    return ", ".join(out) if out else "none"

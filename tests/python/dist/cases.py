@@ -501,3 +501,26 @@ def desync_detail(dist, backend):
         print("DESYNC_OK:", msg)
         return
     raise AssertionError("mismatched collectives were not detected")
+
+
+def dead_peer(dist, backend):
+    """Rank 1 dies abruptly; rank 0's next collective fails quickly, naming rank 1."""
+    import os
+
+    rank = dist.get_rank()
+    dist.barrier()
+    if rank == 1:
+        os._exit(17)
+    start = time.monotonic()
+    try:
+        t = np.ones(1024)
+        dist.all_reduce(t)
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        elapsed = time.monotonic() - start
+        assert elapsed < 15, elapsed
+        print(f"DEAD_PEER_OK {elapsed:.2f}s: {e}")
+        # Tearing down never hangs on the dead peer.
+        dist.destroy_process_group()
+        return
+    raise AssertionError("collectives with a dead peer succeeded")

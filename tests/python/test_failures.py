@@ -1,0 +1,85 @@
+"""Failures become prompt, named errors: missing ranks at init, dead peers, dead store."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+
+import c10d
+from dist import harness
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_init_names_missing_ranks():
+    # World size 3, but only ranks 0 and 1 start.
+    port = harness.free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE="3", PYTHONPATH=os.path.join(REPO, "python"))
+        code = ("import c10d, datetime\n"
+                "try:\n"
+                "    c10d.init_process_group('gloo', timeout=datetime.timedelta(seconds=3))\n"
+                "except c10d.DistError as e:\n"
+                "    print('INIT_FAILED', e)\n")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    start = time.monotonic()
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert time.monotonic() - start < 30
+    for out, err in outs:
+        assert "INIT_FAILED" in out, err
+    # Rank 0 hosts the store and reports who is missing; rank 1 may instead see the store
+    # close when rank 0 gives up first, which is also named.
+    assert "2/3 ranks joined" in outs[0][0] and "missing: 2" in outs[0][0], outs[0][0]
+    assert "missing: 2" in outs[1][0] or "closed the connection" in outs[1][0], outs[1][0]
+
+
+def test_wrong_address_fails_within_timeout():
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(harness.free_port()),
+               RANK="1", WORLD_SIZE="2", PYTHONPATH=os.path.join(REPO, "python"))
+    code = ("import c10d, datetime\n"
+            "try:\n"
+            "    c10d.init_process_group('gloo', timeout=datetime.timedelta(seconds=2))\n"
+            "except c10d.DistError as e:\n"
+            "    print('CONNECT_FAILED', e)\n")
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert time.monotonic() - start < 20
+    assert "CONNECT_FAILED" in out.stdout, out.stderr
+    assert "127.0.0.1" in out.stdout
+
+
+def test_dead_peer_is_named():
+    results = harness.run("dead_peer", 2, "gloo", env={"C10D_TEST_PG_TIMEOUT": "20"},
+                          timeout=60)
+    assert results[1].code == 17  # the victim's own exit
+    assert results[0].code == 0, results[0].stderr
+    assert "DEAD_PEER_OK" in results[0].stdout
+    assert "rank 1" in results[0].stdout
+
+
+def test_dead_store_server_fails_fast():
+    port = harness.free_port()
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    server = subprocess.Popen([sys.executable, "-m", "c10d.store_server", "--host", "127.0.0.1",
+                               "--port", str(port)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        client = c10d.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=30))
+        client.set("k", "v")
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+        start = time.monotonic()
+        with pytest.raises(c10d.DistError, match="127.0.0.1"):
+            client.get("k2")
+        assert time.monotonic() - start < 5
+    finally:
+        if server.poll() is None:
+            server.kill()
