@@ -49,9 +49,12 @@ from .distributed_c10d import (  # noqa: F401  (private names tests and tools us
     is_shm_available,
 )
 from .rendezvous import register_rendezvous_handler, rendezvous  # noqa: F401
+from .shm import shm_empty  # noqa: F401
 
 if hasattr(_C, "ProcessGroupGloo"):
     from ._C import ProcessGroupGloo  # noqa: F401
+if hasattr(_C, "ProcessGroupShm"):
+    from ._C import ProcessGroupShm  # noqa: F401
 
 __version__ = _C.__version__
 

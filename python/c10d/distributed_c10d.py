@@ -60,11 +60,11 @@ class Backend(str):
     _BackendPlugin = collections.namedtuple("_BackendPlugin", ["creator_fn", "extended_api"])
     _plugins: Dict[str, "_BackendPlugin"] = {}
 
-    backend_list = [UNDEFINED, GLOO, NCCL, UCC, MPI, XCCL]
+    backend_list = [UNDEFINED, GLOO, NCCL, UCC, MPI, XCCL, SHM]
     default_device_backend_map = {"cpu": GLOO}
-    backend_capability: Dict[str, List[str]] = {GLOO: ["cpu"], FAKE: ["cpu"]}
+    backend_capability: Dict[str, List[str]] = {GLOO: ["cpu"], SHM: ["cpu"], FAKE: ["cpu"]}
     backend_type_map: Dict[str, int] = {UNDEFINED: 0, GLOO: 1, NCCL: 2, UCC: 3, MPI: 4,
-                                        XCCL: 5, FAKE: 6}
+                                        XCCL: 5, FAKE: 6, SHM: 7}
 
     def __new__(cls, name: str):
         if not isinstance(name, str):

@@ -13,4 +13,7 @@ PYBIND11_MODULE(_C, m) {
 #if C10D_WITH_GLOO
   c10d::python::init_gloo(m);
 #endif
+#if C10D_WITH_SHM
+  c10d::python::init_shm(m);
+#endif
 }

@@ -1,0 +1,41 @@
+// Bindings of the shared-memory backend: ProcessGroupShm and its shared-heap allocator.
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+
+#include "c10d/backends/shm/shm_backend.h"
+#include "c10d/core/exception.h"
+#include "c10d/python/bindings.h"
+#include "c10d/python/tensor_convert.h"
+
+namespace py = pybind11;
+
+namespace c10d::python {
+
+void init_shm(py::module_& m) {
+  using backends::shm::ShmBackend;
+  using backends::shm::ShmOptions;
+
+  py::class_<ShmBackend, pg::Backend, std::shared_ptr<ShmBackend>>(
+      m, "ProcessGroupShm", "Collectives between the processes of one host through shared memory.")
+      .def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
+                       core::Millis timeout) {
+             ShmOptions opts;
+             opts.timeout = timeout;
+             return std::make_shared<ShmBackend>(std::move(store), rank, size, opts);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"),
+           py::arg("timeout") = pg::kDefaultPgTimeout, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "_empty",
+          [](ShmBackend& self, std::vector<int64_t> shape, const std::string& dtype) {
+            auto parsed = core::dtype_from_name(dtype);
+            C10D_CHECK_ARG(parsed.has_value(), "shm_empty: unknown dtype '", dtype, "'");
+            return from_tensor(self.empty(std::move(shape), *parsed));
+          },
+          py::arg("shape"), py::arg("dtype"),
+          "An uninitialised C-contiguous array in this rank's shared heap (numpy when the "
+          "dtype exists there, else a DLPack capsule).")
+      .def("_next_sequence", &ShmBackend::next_sequence);
+}
+
+}  // namespace c10d::python
