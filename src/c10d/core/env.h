@@ -35,6 +35,9 @@ struct EnvVar {
     "Accepted for compatibility with torch; the TCPStore server always runs on libuv.")       \
   X(kEnvLogLevel, "C10D_LOG_LEVEL", "WARNING",                                                  \
     "Least severe log message printed to stderr: DEBUG, INFO, WARNING or ERROR.")             \
+  X(kEnvControlSecret, "C10D_CONTROL_SECRET", "",                                            \
+    "Shared secret of the control plane: worker servers refuse requests without the header "   \
+    "'Authorization: Bearer <secret>'; empty means no authentication.")                      \
   X(kEnvGlooSocketIfname, "GLOO_SOCKET_IFNAME", "",                                           \
     "Comma-separated network interfaces the Gloo backend binds to (one device each); unset "  \
     "means the address the hostname resolves to, else loopback.")                          \
