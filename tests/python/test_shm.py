@@ -1,0 +1,221 @@
+"""shm-specific multi-process tests: oversubscription, a rank killed mid-collective, the
+same-host check, and fuzzed sizes against numpy (also on shm_empty arrays).
+
+This file is also the worker: ``python test_shm.py <case>`` runs one rank of a case."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(case, world, timeout=60, env_for_rank=None, pg_timeout=30):
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ)
+        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                    "WORLD_SIZE": str(world), "C10D_TEST_PG_TIMEOUT": str(pg_timeout),
+                    "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "python"),
+                                                   env.get("PYTHONPATH", "")])})
+        if env_for_rank:
+            env.update(env_for_rank(rank))
+        procs.append(subprocess.Popen([sys.executable, __file__, case], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + timeout
+    results = []
+    for rank, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            err += f"\n[test] rank {rank} killed after {timeout}s"
+        results.append((p.returncode, out, err))
+    return results
+
+
+def _report(results):
+    return "\n".join(f"--- rank {r} exit {code}\n{out}\n{err}"
+                     for r, (code, out, err) in enumerate(results))
+
+
+def _all_ok(results):
+    assert all(code == 0 for code, _, _ in results), _report(results)
+
+
+def _shm_entries():
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests (run by pytest)
+
+
+def test_oversubscribed_eight_ranks_finish():
+    start = time.monotonic()
+    results = _run("oversubscribed", 8, timeout=50)
+    _all_ok(results)
+    assert time.monotonic() - start < 50
+
+
+def test_killed_rank_fails_survivors_fast_and_leaves_no_files():
+    before = _shm_entries()
+    results = _run("killed_rank", 3, timeout=40)
+    assert results[2][0] == -signal.SIGKILL, _report(results)
+    for rank in (0, 1):
+        code, out, err = results[rank]
+        assert code == 0, _report(results)
+        assert "DEAD_PEER_OK" in out, _report(results)
+    assert _shm_entries() - before == set()
+
+
+def test_host_mismatch_fails_at_init_with_advice():
+    results = _run("host_mismatch", 2, timeout=40,
+                   env_for_rank=lambda r: {"C10D_SHM_HOST_ID": f"host-{r}"})
+    for code, out, err in results:
+        assert code == 0, _report(results)
+        assert "HOST_MISMATCH_OK" in out, _report(results)
+
+
+def test_fuzzed_sizes_agree_with_numpy():
+    _all_ok(_run("fuzz", 3, timeout=50))
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker cases (one process per rank)
+
+
+def _init(dist):
+    seconds = float(os.environ.get("C10D_TEST_PG_TIMEOUT", "30"))
+    dist.init_process_group("shm", timeout=timedelta(seconds=seconds))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def case_oversubscribed(dist):
+    rank, world = _init(dist)
+    for i in range(300):
+        n = (1, 100, 10000, 70000)[i % 4]
+        t = np.full(n, rank + i, np.float32)
+        dist.all_reduce(t)
+        assert t[0] == sum(r + i for r in range(world)), (i, t[0])
+    out = [np.zeros(1000, np.int64) for _ in range(world)]
+    dist.all_gather(out, np.full(1000, rank, np.int64))
+    assert [int(o[0]) for o in out] == list(range(world))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def case_killed_rank(dist):
+    rank, world = _init(dist)
+    t = np.ones(1000, np.float32)
+    for i in range(50):
+        dist.all_reduce(t)
+    dist.barrier()
+    if rank == 2:
+        time.sleep(0.2)  # let the survivors block in the next all_reduce
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(np.ones(300000, np.float32))
+    except RuntimeError as e:
+        elapsed = time.monotonic() - start - 0.2
+        assert elapsed < 2.0, f"took {elapsed:.2f}s: {e}"
+        assert "rank 2" in str(e), str(e)
+        print(f"DEAD_PEER_OK {elapsed:.3f}s: {e}")
+        dist.destroy_process_group()
+        return
+    raise AssertionError("all_reduce passed with rank 2 dead")
+
+
+def case_host_mismatch(dist):
+    try:
+        _init(dist)
+    except RuntimeError as e:
+        text = str(e)
+        assert "host" in text and "gloo or mpi" in text, text
+        print(f"HOST_MISMATCH_OK: {text}")
+        return
+    raise AssertionError("init_process_group passed across 'hosts'")
+
+
+def _fuzz_sizes(world, rng):
+    slot = (256 << 10) // 4
+    sizes = [0, 1, 3, 7, world + 1, 1001, 8191, slot - 1, slot + 5, 3 * slot + 17]
+    sizes += [int(x) for x in rng.integers(1, 400000, 3)]
+    return sizes
+
+
+def case_fuzz(dist):
+    rank, world = _init(dist)
+    rng = np.random.default_rng(1234)  # same sizes on every rank
+    for n in _fuzz_sizes(world, rng):
+        inputs = [np.random.default_rng(1000 * r + n).integers(-50, 50, n).astype(np.float64)
+                  for r in range(world)]
+        expect = np.sum(inputs, 0)
+        # all_reduce on an ordinary array and on a shared-heap array (zero-copy path).
+        t = inputs[rank].copy()
+        dist.all_reduce(t)
+        np.testing.assert_array_equal(t, expect, err_msg=f"all_reduce n={n}")
+        s = dist.shm_empty(n, np.float64)
+        s[:] = inputs[rank]
+        dist.all_reduce(s, op=dist.ReduceOp.MAX)
+        np.testing.assert_array_equal(s, np.max(inputs, 0), err_msg=f"shm all_reduce n={n}")
+        s[:] = inputs[rank]
+        dist.all_reduce(s, op=dist.ReduceOp.AVG)
+        np.testing.assert_allclose(s, expect / world, err_msg=f"shm all_reduce AVG n={n}")
+        # reduce to the last rank, broadcast from rank 1.
+        t = inputs[rank].copy()
+        dist.reduce(t, dst=world - 1)
+        if rank == world - 1:
+            np.testing.assert_array_equal(t, expect, err_msg=f"reduce n={n}")
+        else:
+            np.testing.assert_array_equal(t, inputs[rank], err_msg=f"reduce input n={n}")
+        t = inputs[rank].copy()
+        dist.broadcast(t, src=1 % world)
+        np.testing.assert_array_equal(t, inputs[1 % world], err_msg=f"broadcast n={n}")
+        # all_gather / reduce_scatter_tensor / all_to_all_single.
+        flat = np.zeros(n * world)
+        dist.all_gather_into_tensor(flat, inputs[rank])
+        np.testing.assert_array_equal(flat, np.concatenate(inputs), err_msg=f"all_gather n={n}")
+        big = [np.tile(x, world) + r for r, x in enumerate(inputs)]
+        out = np.zeros(n)
+        dist.reduce_scatter_tensor(out, big[rank].copy())
+        np.testing.assert_array_equal(out, np.sum(big, 0)[rank * n:(rank + 1) * n],
+                                      err_msg=f"reduce_scatter n={n}")
+        splits = [(n + j) % 5 + j for j in range(world)]
+        send = np.arange(sum(splits), dtype=np.int32) + 1000 * rank
+        recv_splits = [(n + rank) % 5 + rank] * world
+        recv = np.zeros(sum(recv_splits), np.int32)
+        dist.all_to_all_single(recv, send, recv_splits, splits)
+        start = sum(splits[:rank])
+        exp = np.concatenate([np.arange(start, start + splits[rank]) + 1000 * j
+                              for j in range(world)]).astype(np.int32)
+        np.testing.assert_array_equal(recv, exp, err_msg=f"all_to_all n={n}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import c10d
+
+    globals()["case_" + sys.argv[1]](c10d)
+    sys.exit(0)
