@@ -8,7 +8,7 @@ NPROC ?= 2
 BACKEND ?= gloo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test test-cpp test-python run demo bench clean
+.PHONY: all deps configure build test test-cpp test-python run demo bench fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -26,7 +26,7 @@ build: deps configure
 
 test: build
 	@C10D_WITH_PEERS=1 bash scripts/install-deps.sh
-	@$(MAKE) --no-print-directory test-cpp test-python
+	@$(MAKE) --no-print-directory test-cpp test-python fuzz-smoke
 
 test-cpp:
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300
@@ -48,6 +48,31 @@ bench: build
 	@PYTHONPATH=python $(PYTHON) bench/store_bench.py
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
 	  --backend $(BACKEND) --compare --plot bench/busbw.png
+
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS = tcpstore_parser_fuzz tcpstore_server_fuzz
+
+fuzz-build:
+	@C10D_WITH_FUZZ=1 bash scripts/install-deps.sh
+	@cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DC10D_FUZZ=ON \
+	  -DC10D_WITH_GLOO=OFF -DC10D_BUILD_TESTS=OFF -DC10D_BUILD_PYTHON=OFF \
+	  -DC10D_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) --target $(FUZZ_TARGETS) -j $(JOBS)
+
+# Each fuzz target for FUZZ_SECONDS (default 10 minutes), memory capped at 2 GiB: the
+# server must stay within its per-field size limits whatever it is sent.
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	  echo "fuzzing $$t for $(FUZZ_SECONDS)s"; \
+	  $(FUZZ_BUILD)/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	    -print_final_stats=1 $(FUZZ_BUILD)/corpus/$$t 2>&1 | tail -n 12 || exit 1; \
+	done
+
+fuzz-smoke:
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=20
 
 clean:
 	@rm -rf $(BUILD) python/c10d/_C*.so

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages c10d needs. Idempotent: does nothing (quietly) when every
 # package is already present, and runs `apt-get update` only when something is missing.
-# Set C10D_WITH_PEERS=1 to also install the benchmark comparison peers (PyTorch, mpi4py).
+# Set C10D_WITH_PEERS=1 to also install the benchmark comparison peers (PyTorch, mpi4py),
+# C10D_WITH_FUZZ=1 for clang and its libFuzzer runtime.
 set -euo pipefail
 
 packages=(
@@ -11,6 +12,9 @@ packages=(
   python3 python3-dev python3-numpy python3-pytest
   googletest libgtest-dev libgmock-dev libbenchmark-dev
 )
+if [[ "${C10D_WITH_FUZZ:-0}" == "1" ]]; then
+  packages+=(clang libclang-rt-14-dev)
+fi
 if [[ "${C10D_WITH_PEERS:-0}" == "1" ]]; then
   packages+=(python3-torch python3-mpi4py python3-matplotlib)
 fi

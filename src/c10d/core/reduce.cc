@@ -17,6 +17,7 @@
 //     manipulation. Both round to nearest-even, so results do not depend on the CPU.
 #include "c10d/core/reduce.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -98,7 +99,11 @@ namespace {
 
 bool probe_avx2() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C is read from CPUID directly: not every compiler knows it as a
+  // __builtin_cpu_supports feature name (clang 14 does not).
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  return __builtin_cpu_supports("avx2") && f16c;
 }
 
 std::atomic<KernelIsa>& isa_slot() {
