@@ -33,6 +33,7 @@ from ._C import (  # noqa: F401  (re-exported API)
     ReduceScatterOptions,
     ScatterOptions,
     Store,
+    StoreCollectives,
     TCPStore,
     Work,
     WorkInfo,
@@ -49,6 +50,7 @@ from .distributed_c10d import (  # noqa: F401  (private names tests and tools us
     is_shm_available,
 )
 from .rendezvous import register_rendezvous_handler, rendezvous  # noqa: F401
+from . import control  # noqa: F401,E402  (registers the dump_traceback handler)
 from .shm import shm_empty  # noqa: F401
 
 if hasattr(_C, "ProcessGroupGloo"):

@@ -11,6 +11,7 @@ void init_store(pybind11::module_& m);      // store_bindings.cc: Store, HashSto
 void init_tcp_store(pybind11::module_& m);  // tcp_store_bindings.cc: TCPStore
 void init_pg(pybind11::module_& m);         // pg_bindings.cc: options, Backend, ProcessGroup
 void init_gloo(pybind11::module_& m);       // gloo_bindings.cc: ProcessGroupGloo (C10D_WITH_GLOO)
+void init_control(pybind11::module_& m);    // control_bindings.cc: StoreCollectives, WorkerServer
 void init_shm(pybind11::module_& m);        // shm_bindings.cc: ProcessGroupShm (C10D_WITH_SHM)
 
 }  // namespace c10d::python

@@ -10,6 +10,7 @@ PYBIND11_MODULE(_C, m) {
   c10d::python::init_store(m);
   c10d::python::init_tcp_store(m);
   c10d::python::init_pg(m);
+  c10d::python::init_control(m);
 #if C10D_WITH_GLOO
   c10d::python::init_gloo(m);
 #endif
