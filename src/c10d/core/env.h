@@ -27,10 +27,16 @@ struct EnvVar {
   X(kEnvRank, "RANK", "", "This process's global rank for env:// rendezvous.")                 \
   X(kEnvWorldSize, "WORLD_SIZE", "", "Number of processes for env:// rendezvous.")             \
   X(kEnvLocalRank, "LOCAL_RANK", "", "This process's rank on its node (set by the launcher).") \
+  X(kEnvTraceBufferSize, "C10D_TRACE_BUFFER_SIZE", "2000",                                   \
+    "Operations the flight recorder keeps (a ring buffer per process); 0 turns it off.")      \
+  X(kEnvTraceDumpDir, "C10D_TRACE_DUMP_DIR", "/tmp",                                            \
+    "Directory the flight recorder writes c10d_trace_rank<rank>.json to.")                     \
   X(kEnvStoreMaxKeyBytes, "C10D_STORE_MAX_KEY_BYTES", "8192",                                 \
     "Largest key the TCPStore server accepts; longer keys drop the client.")                  \
   X(kEnvStoreMaxValueBytes, "C10D_STORE_MAX_VALUE_BYTES", "8388608",                          \
     "Largest value the TCPStore server accepts; larger values drop the client.")              \
+  X(kEnvStoreSecret, "C10D_STORE_SECRET", "",                                                  \
+    "Shared secret of TCPStore connections: a server with one refuses clients without it.")   \
   X(kEnvStoreUseLibuv, "USE_LIBUV", "1",                                                        \
     "Accepted for compatibility with torch; the TCPStore server always runs on libuv.")       \
   X(kEnvLogLevel, "C10D_LOG_LEVEL", "WARNING",                                                  \

@@ -24,7 +24,7 @@ void init_tcp_store(py::module_& m) {
                        std::optional<int> world_size, bool is_master,
                        std::chrono::milliseconds timeout, bool wait_for_workers,
                        bool multi_tenant, std::optional<int> master_listen_fd,
-                       std::optional<bool> use_libuv) {
+                       std::optional<bool> use_libuv, std::optional<std::string> secret) {
              TCPStoreOptions opts;
              opts.port = port;
              opts.is_server = is_master;
@@ -35,6 +35,7 @@ void init_tcp_store(py::module_& m) {
              opts.multi_tenant = multi_tenant;
              opts.master_listen_fd = master_listen_fd;
              opts.use_libuv = use_libuv.value_or(true);
+             opts.secret = std::move(secret);
              return std::make_shared<TCPStore>(host_name, opts);
            }),
            py::arg("host_name"), py::arg("port"), py::arg("world_size") = py::none(),
@@ -42,10 +43,12 @@ void init_tcp_store(py::module_& m) {
            py::arg("timeout") = std::chrono::milliseconds(store::kDefaultStoreTimeout),
            py::arg("wait_for_workers") = true, py::arg("multi_tenant") = false,
            py::arg("master_listen_fd") = py::none(), py::arg("use_libuv") = py::none(),
+           py::arg("secret") = py::none(),
            py::call_guard<py::gil_scoped_release>(),
            "Starts the server when is_master, then connects (retrying until timeout). With "
            "is_master, world_size and wait_for_workers, blocks until world_size stores have "
-           "joined, else raises DistTimeoutError naming how many did.")
+           "joined, else raises DistTimeoutError naming how many did. `secret` (default: "
+           "C10D_STORE_SECRET) is a shared secret the server requires and clients present.")
       .def_property_readonly("host", &TCPStore::host, "The host name clients connect to.")
       .def_property_readonly("port", &TCPStore::port,
                              "The port the server listens on (resolved when 0 was asked for).")

@@ -98,6 +98,7 @@ class TCPServer::Impl {
     std::string peer;
     RequestParser parser;
     bool validated = false;
+    bool authenticated = false;
     bool closing = false;
     std::string out;  // replies not yet handed to libuv
     std::unordered_map<uint64_t, PendingWait> waits;  // by wait id
@@ -158,13 +159,14 @@ class TCPServer::Impl {
   uint64_t next_client_id_ = 0;
   uint64_t next_wait_id_ = 0;
   std::unordered_map<uint64_t, Client*> clients_;
+  const std::optional<std::string> secret_;
   std::unordered_map<std::string, Bytes> data_;
   std::unordered_map<std::string, std::deque<Bytes>> queues_;
   std::unordered_map<std::string, std::deque<WaiterRef>> waiters_;
   std::unordered_map<std::string, std::vector<BarrierWaiter>> barriers_;
 };
 
-TCPServer::Impl::Impl(const TCPServerOptions& options) {
+TCPServer::Impl::Impl(const TCPServerOptions& options) : secret_(options.secret) {
   int rc = uv_loop_init(&loop_);
   C10D_CHECK_T(core::DistNetworkError, rc == 0, "TCPServer: uv_loop_init failed: ",
                uv_error_text(rc));
@@ -557,7 +559,33 @@ bool TCPServer::Impl::handle(Client* c, Request& r) {
       return false;
     }
   }
+  if (secret_ && !c->authenticated && r.type != QueryType::kValidate &&
+      r.type != QueryType::kAuth) {
+    drop(c, str_cat(wire::query_name(static_cast<uint8_t>(r.type)),
+                    " before AUTH: this server requires a shared secret"));
+    return false;
+  }
   switch (r.type) {
+    case QueryType::kAuth: {
+      // Constant-time comparison, so the reply time does not leak the secret.
+      // A server without a secret accepts any AUTH.
+      const Bytes& given = r.values[0];
+      bool ok = true;
+      if (secret_) {
+        const std::string& want = *secret_;
+        uint8_t diff = given.size() == want.size() ? 0 : 1;
+        const size_t n = std::min(given.size(), want.size());
+        for (size_t i = 0; i < n; ++i) diff |= given[i] ^ static_cast<uint8_t>(want[i]);
+        ok = diff == 0;
+      }
+      if (!ok) {
+        drop(c, "wrong shared secret");
+        return false;
+      }
+      c->authenticated = true;
+      reply.u8(1);
+      break;
+    }
     case QueryType::kValidate:
       if (r.u32 != wire::kValidationMagic) {
         char hex[16];

@@ -18,6 +18,9 @@ struct TCPServerOptions {
   // An already-bound socket to serve on instead of binding (e.g. inherited from a launcher).
   // The server duplicates it, so the caller keeps ownership of its descriptor.
   std::optional<int> listen_fd;
+  // When set, a client must send AUTH with this secret right after VALIDATE; one that does
+  // not, or sends another secret, is logged and dropped.
+  std::optional<std::string> secret;
 };
 
 // Thread-safety: the constructor, port() and the destructor may be called from any thread.

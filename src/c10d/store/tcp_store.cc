@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 #include "c10d/store/tcp_server.h"
 #include "c10d/store/wire.h"
@@ -49,10 +50,16 @@ struct ServerRegistry {
   }
 };
 
+std::optional<std::string> default_secret() {
+  if (!core::env_is_set(core::kEnvStoreSecret)) return std::nullopt;
+  return core::env_string(core::kEnvStoreSecret);
+}
+
 std::shared_ptr<TCPServer> start_server(const std::string& host, const TCPStoreOptions& opts) {
   TCPServerOptions server_opts;
   server_opts.port = opts.port;
   server_opts.listen_fd = opts.master_listen_fd;
+  server_opts.secret = opts.secret ? opts.secret : default_secret();
   if (!opts.multi_tenant) return std::make_shared<TCPServer>(server_opts);
 
   auto& registry = ServerRegistry::instance();
@@ -249,7 +256,10 @@ class TCPStore::Call {
 };
 
 TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
-    : Store(options.timeout), host_(std::move(host)), port_(options.port) {
+    : Store(options.timeout),
+      host_(std::move(host)),
+      port_(options.port),
+      secret_(options.secret ? options.secret : default_secret()) {
   if (options.is_server) {
     server_ = start_server(host_, options);
     port_ = server_->port();
@@ -265,8 +275,9 @@ TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
   }
 }
 
-TCPStore::TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout)
-    : Store(timeout), host_(std::move(host)), port_(port) {
+TCPStore::TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout,
+                   std::optional<std::string> secret)
+    : Store(timeout), host_(std::move(host)), port_(port), secret_(std::move(secret)) {
   socket_ = open_connection();
 }
 
@@ -309,12 +320,27 @@ net::Socket TCPStore::open_connection(bool retry) {
       try {
         wire::Encoder hello;
         hello.query(QueryType::kValidate).u32(wire::kValidationMagic);
+        if (secret_) hello.query(QueryType::kAuth).str(*secret_);
         hello.query(QueryType::kPing).u32(nonce);
         socket.send_all(hello.buffer().data(), hello.buffer().size(), deadline);
+        if (secret_) {
+          uint8_t ack = 0;
+          socket.recv_exact(&ack, sizeof ack, deadline);
+        }
         uint32_t echo = 0;
         socket.recv_exact(&echo, sizeof echo, deadline);
         if (echo == nonce) return socket;
         last_error = str_cat("the server answered PING with ", echo, " instead of ", nonce);
+      } catch (const core::DistNetworkError& e) {
+        // Accepted, then dropped during the handshake: the server refused us. Retrying
+        // cannot help.
+        std::string why =
+            secret_ ? "it rejected this client's shared secret"
+                    : "it may require a shared secret (set C10D_STORE_SECRET or pass secret=)";
+        throw core::DistNetworkError(str_cat(describe(), ": the store server at ",
+                                             endpoint(host_, port_),
+                                             " closed the connection during the handshake; ",
+                                             why, " (", e.what(), ")"));
       } catch (const core::DistError& e) {
         last_error = e.what();
       }
@@ -559,7 +585,7 @@ std::vector<std::string> TCPStore::list_keys() {
 }
 
 std::shared_ptr<Store> TCPStore::clone() {
-  return std::make_shared<TCPStore>(CloneTag{}, host_, port_, timeout());
+  return std::make_shared<TCPStore>(CloneTag{}, host_, port_, timeout(), secret_);
 }
 
 }  // namespace c10d::store

@@ -27,6 +27,9 @@ struct TCPStoreOptions {
   bool multi_tenant = false;  // share one TCPServer per (host, port) inside a process
   std::optional<int> master_listen_fd;
   bool use_libuv = true;  // we always use libuv; kept for API compatibility
+  // Shared secret (c10d extension). A server with one refuses clients without it; a client
+  // with one authenticates after connecting. Defaults to C10D_STORE_SECRET when set.
+  std::optional<std::string> secret;
 };
 
 // Thread-safe. Requests go over one main connection guarded by a mutex, so calls from one
@@ -85,7 +88,8 @@ class TCPStore : public Store {
 
  public:
   // Used by clone(): a second connection to the same server, without registering.
-  TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout);
+  TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout,
+           std::optional<std::string> secret);
 
  private:
   // Connects, validates and pings, retrying with backoff until the store timeout.
@@ -104,6 +108,7 @@ class TCPStore : public Store {
 
   const std::string host_;
   uint16_t port_;
+  const std::optional<std::string> secret_;
   std::shared_ptr<TCPServer> server_;  // set when this instance started (or shares) the server
 
   // Lock order: mu_ before pool_mu_.

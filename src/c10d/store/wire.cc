@@ -11,6 +11,7 @@ std::string query_name(uint8_t type) {
       "MULTI_GET",  "MULTI_SET",   "CANCEL_WAIT", "PING",       "QUEUE_PUSH",
       "QUEUE_POP",  "QUEUE_LEN",   "LIST_KEYS",   "BARRIER"};
   if (type < kNumQueryTypes) return kNames[type];
+  if (type == static_cast<uint8_t>(QueryType::kAuth)) return "AUTH";
   return "UNKNOWN(" + std::to_string(type) + ")";
 }
 
@@ -66,6 +67,8 @@ RequestParser::Field RequestParser::next_field() const {
     case QueryType::kCancelWait:
     case QueryType::kListKeys:
       return Field::kNone;
+    case QueryType::kAuth:
+      return r.values.empty() ? Field::kValue : Field::kNone;
   }
   return Field::kNone;
 }
@@ -79,7 +82,7 @@ RequestParser::Status RequestParser::next(Request& out) {
         return Status::kNeedMore;
       }
       auto type = take<uint8_t>();
-      if (type >= kNumQueryTypes) {
+      if (type >= kNumQueryTypes && type != static_cast<uint8_t>(QueryType::kAuth)) {
         return fail("unknown query type " + std::to_string(type));
       }
       current_ = Request{};

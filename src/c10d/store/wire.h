@@ -37,6 +37,9 @@ enum class QueryType : uint8_t {
   kQueueLen = 16,
   kListKeys = 17,
   kBarrier = 18,
+  // c10d extension, outside PyTorch's range: AUTH <secret> right after VALIDATE, answered with
+  // one byte (1). Servers with a shared secret refuse every other request until then.
+  kAuth = 100,
 };
 inline constexpr uint8_t kNumQueryTypes = 19;
 
