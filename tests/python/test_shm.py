@@ -158,7 +158,7 @@ def case_host_mismatch(dist):
 
 
 def _fuzz_sizes(world, rng):
-    slot = (256 << 10) // 4
+    slot = (1 << 20) // 8  # float64 elements in one step slot of the backend
     sizes = [0, 1, 3, 7, world + 1, 1001, 8191, slot - 1, slot + 5, 3 * slot + 17]
     sizes += [int(x) for x in rng.integers(1, 400000, 3)]
     return sizes
@@ -192,6 +192,14 @@ def case_fuzz(dist):
         t = inputs[rank].copy()
         dist.broadcast(t, src=1 % world)
         np.testing.assert_array_equal(t, inputs[1 % world], err_msg=f"broadcast n={n}")
+        s[:] = inputs[rank]
+        dist.broadcast(s, src=world - 1)
+        np.testing.assert_array_equal(s, inputs[world - 1], err_msg=f"shm broadcast n={n}")
+        s[:] = inputs[rank]
+        flat = np.zeros(n * world)
+        dist.all_gather_into_tensor(flat, s)
+        np.testing.assert_array_equal(flat, np.concatenate(inputs),
+                                      err_msg=f"shm all_gather n={n}")
         # all_gather / reduce_scatter_tensor / all_to_all_single.
         flat = np.zeros(n * world)
         dist.all_gather_into_tensor(flat, inputs[rank])

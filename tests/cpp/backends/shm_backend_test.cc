@@ -114,7 +114,7 @@ TEST(ShmBackend, AllreduceDtypesOpsAndSizes) {
           {DType::kInt8, {ReduceOp::SUM}},
       };
       // 0, 1, odd, one-shot boundary, several pipelined chunks with a ragged tail.
-      for (int64_t n : {0, 1, 7, 1000, 8193, 200001}) {
+      for (int64_t n : {0, 1, 7, 1000, 8193, 600001}) {
         for (const auto& [dtype, ops] : cases) {
           for (const ReduceOp& op : ops) {
             Tensor t = filled(n, dtype, rank);
@@ -153,6 +153,23 @@ TEST(ShmBackend, ZeroCopyAllreduceOnSharedHeapTensors) {
         ASSERT_NEAR(t.data_as<float>()[i], avg.data_as<float>()[i], 1e-5);
       }
     }
+  });
+  // Broadcast from a heap tensor and allgather of heap inputs read the peers in place.
+  run_ranks(3, [](int rank, ShmBackend& b) {
+    const int64_t n = 300000;
+    Tensor t = b.empty({n}, DType::kInt32);
+    Tensor src = filled(n, DType::kInt32, rank);
+    std::memcpy(t.data(), src.data(), src.nbytes());
+    Tensor flat = Tensor::empty({3 * n}, DType::kInt32);
+    b.allgather_base(flat, t, {})->wait();
+    for (int r = 0; r < 3; ++r) {
+      expect_same(flat.flat_slice(r * n, n), filled(n, DType::kInt32, r), "heap allgather");
+    }
+    std::vector<Tensor> ts{t};
+    pg::BroadcastOptions bo;
+    bo.root_rank = 2;
+    b.broadcast(ts, bo)->wait();
+    expect_same(t, filled(n, DType::kInt32, 2), "heap broadcast");
   });
   // A mix of heap and ordinary tensors takes the ordinary path on every rank.
   run_ranks(2, [](int rank, ShmBackend& b) {

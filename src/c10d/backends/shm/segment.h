@@ -30,7 +30,7 @@ namespace c10d::backends::shm {
 inline constexpr size_t kLine = 64;
 // Data bytes of one step slot, per parity. Large collectives stream through it in chunks small
 // enough to stay in cache between the copy-in and the reads of the peers.
-inline constexpr size_t kSlotBytes = size_t{256} << 10;
+inline constexpr size_t kSlotBytes = size_t{1} << 20;
 // Per-step metadata (heap offsets, alltoall sizes): 8 bytes per rank.
 inline constexpr size_t kMetaBytes = 8192;
 inline constexpr int kMaxRanks = static_cast<int>(kMetaBytes / 8);

@@ -1,6 +1,7 @@
 #include "c10d/backends/shm/shm_backend.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -81,11 +82,19 @@ inline bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;
 }
 
-// Spinning helps while every rank has a core; when ranks outnumber cores it only steals time
-// from the rank being waited for.
-int64_t spin_budget_ns(int size) {
+// How a blocked rank waits: it spins (cheapest wake-up while every rank has a core), then
+// yields the core in a loop (a rank sharing the core, or a busy machine, gets to run while we
+// stay runnable), and only then sleeps on the futex. When ranks outnumber cores spinning only
+// steals time from the rank being waited for, so that phase is short.
+struct WaitPolicy {
+  int64_t spin_ns;
+  int64_t yield_ns;
+};
+
+WaitPolicy wait_policy(int size) {
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-  return size <= cores ? 50'000 : 1'000;
+  if (size <= cores) return {200'000, 2'000'000};
+  return {500, 500'000};
 }
 
 std::string join_ranks(const std::vector<int>& ranks) {
@@ -132,7 +141,7 @@ class Engine {
         seg_(*segment_),
         rank_(seg_.rank()),
         size_(seg_.size()),
-        spin_ns_(spin_budget_ns(size_)) {}
+        policy_(wait_policy(size_)) {}
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -141,7 +150,7 @@ class Engine {
   const std::shared_ptr<Segment>& segment() const { return segment_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
-  int64_t spin_ns() const { return spin_ns_; }
+  const WaitPolicy& policy() const { return policy_; }
 
   // The operation about to run (exec_mutex held).
   void begin(const char* name, uint64_t seq, Millis timeout) {
@@ -180,6 +189,15 @@ class Engine {
 
   void broadcast(char* data, size_t bytes, int root) {
     if (bytes == 0 || size_ == 1) return;
+    if (bytes > kOneShotBytes) {
+      // A root tensor in the shared heap is read in place by every other rank.
+      const std::vector<char*> bases = exchange_heap_offsets(data, bytes);
+      if (bases[root] != nullptr) {
+        if (rank_ != root) copy(data, bases[root], bytes);
+        sync(step_ + 1);  // the root's tensor must not change while peers read it
+        return;
+      }
+    }
     for (size_t off = 0; off < bytes; off += kSlotBytes) {
       const size_t len = std::min(kSlotBytes, bytes - off);
       const uint32_t s = step_ + 1;
@@ -215,6 +233,18 @@ class Engine {
   template <typename Dst>
   void allgather(const char* in, size_t bytes, Dst&& dst) {
     if (bytes == 0) return;
+    if (bytes > kOneShotBytes && size_ > 1) {
+      // Inputs in the shared heap are read in place when every rank's is there.
+      const std::vector<char*> bases = exchange_heap_offsets(in, bytes);
+      if (std::find(bases.begin(), bases.end(), nullptr) == bases.end()) {
+        for (int r = 0; r < size_; ++r) {
+          char* d = dst(r);
+          if (d != nullptr) copy(d, bases[r], bytes);
+        }
+        sync(step_ + 1);  // inputs must not change while peers read them
+        return;
+      }
+    }
     for (size_t off = 0; off < bytes; off += kSlotBytes) {
       const size_t len = std::min(kSlotBytes, bytes - off);
       const uint32_t s = step_ + 1;
@@ -406,6 +436,20 @@ class Engine {
     return true;
   }
 
+  // One step in which every rank publishes where [data, data + bytes) lies in its shared heap;
+  // returns each rank's address of it (null for ranks whose data is elsewhere).
+  std::vector<char*> exchange_heap_offsets(const void* data, size_t bytes) {
+    const uint32_t s = step_ + 1;
+    *reinterpret_cast<int64_t*>(seg_.meta(rank_, s)) = seg_.heap_offset(data, bytes);
+    sync(s);
+    std::vector<char*> bases(size_, nullptr);
+    for (int r = 0; r < size_; ++r) {
+      const int64_t offset = *reinterpret_cast<const int64_t*>(seg_.meta(r, s));
+      if (offset >= 0) bases[r] = seg_.heap(r) + offset;
+    }
+    return bases;
+  }
+
   // --- the step protocol ---
 
   void publish(uint32_t s) { post(seg_.header(rank_)->step, s); }
@@ -435,9 +479,19 @@ class Engine {
     for (uint32_t i = 1;; ++i) {
       cpu_relax();
       if (reached(w.value.load(std::memory_order_acquire), s)) return;
-      if ((i & 63) == 0 && now_ns() - start > spin_ns_) break;
+      if ((i & 63) == 0 && now_ns() - start > policy_.spin_ns) break;
     }
-    int64_t last_check = 0;
+    int64_t last_check = now_ns();
+    for (;;) {
+      ::sched_yield();
+      if (reached(w.value.load(std::memory_order_acquire), s)) return;
+      const int64_t now = now_ns();
+      if (now - start > policy_.yield_ns) break;
+      if (now - last_check >= kCheckNs) {
+        last_check = now;
+        check_waiting(s);
+      }
+    }
     for (;;) {
       w.waiters.fetch_add(1, std::memory_order_seq_cst);
       const uint32_t v = w.value.load(std::memory_order_seq_cst);
@@ -485,7 +539,7 @@ class Engine {
   Segment& seg_;
   const int rank_;
   const int size_;
-  const int64_t spin_ns_;
+  const WaitPolicy policy_;
   uint32_t step_ = 0;  // last step this rank completed; guarded by exec_mutex
   const char* name_ = "";
   uint64_t seq_ = 0;
@@ -546,7 +600,8 @@ class P2PEngine {
   void wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
     const core::Deadline caller(caller_timeout);
     FutexWord& bell = seg_.header(rank_)->doorbell;
-    const int64_t spin_until = now_ns() + engine_->spin_ns();
+    const int64_t spin_until = now_ns() + engine_->policy().spin_ns;
+    const int64_t yield_until = spin_until + engine_->policy().yield_ns;
     int64_t last_check = 0;
     for (;;) {
       const uint32_t v = bell.value.load(std::memory_order_seq_cst);
@@ -598,6 +653,10 @@ class P2PEngine {
                                          core::format_timeout(caller_timeout),
                                          " (it is still pending)"));
         }
+      }
+      if (now < yield_until) {
+        ::sched_yield();
+        continue;
       }
       bell.waiters.fetch_add(1, std::memory_order_seq_cst);
       if (bell.value.load(std::memory_order_seq_cst) == v) futex_wait(&bell.value, v, kSleepNs);
