@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -61,9 +62,12 @@ class HttpResponse : public Response {
 
 // Compares without an early exit so the time taken does not reveal the matching prefix.
 bool same_secret(const std::string& given, const std::string& expected) {
+  const size_t n = std::max(given.size(), expected.size());
   unsigned char diff = given.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < given.size(); ++i) {
-    diff |= static_cast<unsigned char>(given[i] ^ expected[i % (expected.size() + 1)]);
+  for (size_t i = 0; i < n; ++i) {
+    const char a = i < given.size() ? given[i] : '\0';
+    const char b = i < expected.size() ? expected[i] : '\0';
+    diff |= static_cast<unsigned char>(a ^ b);
   }
   return diff == 0;
 }
@@ -105,9 +109,12 @@ WorkerServer::WorkerServer(WorkerServerOptions options)
   impl_->server.new_task_queue = [] { return new httplib::ThreadPool(kHandlerThreads); };
   install_routes();
   bind(options);
-  thread_ = std::thread([this] { impl_->server.listen_after_bind(); });
+  thread_ = std::thread([this] {
+    impl_->server.listen_after_bind();
+    loop_exited_.store(true);
+  });
   // stop() is a no-op until the loop runs, so shutdown() must not race ahead of it.
-  while (!impl_->server.is_running()) std::this_thread::yield();
+  while (!impl_->server.is_running() && !loop_exited_.load()) std::this_thread::yield();
 }
 
 WorkerServer::~WorkerServer() { shutdown(); }

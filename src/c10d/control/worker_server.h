@@ -2,6 +2,7 @@
 // handlers (a JSON array of names) and `POST /handler/<name>` runs one (see handlers.h).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,6 +62,7 @@ class WorkerServer {
   std::string host_;
   std::string socket_path_;
   int port_ = -1;
+  std::atomic<bool> loop_exited_{false};  // set by thread_ when the serving loop returns
   std::thread thread_;
   std::mutex shutdown_mutex_;
   bool stopped_ = false;  // guarded by shutdown_mutex_
