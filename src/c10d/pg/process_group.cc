@@ -11,7 +11,12 @@ using core::OpType;
 
 ProcessGroup::ProcessGroup(std::shared_ptr<store::Store> store, int rank, int size,
                            Options options)
-    : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)) {
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      trace_(FlightRecorder::instance().register_group(store_, rank_, size_, options_.backend,
+                                                       options_.timeout)) {
   C10D_CHECK_ARG(size_ > 0, "ProcessGroup: world size must be positive, got ", size_);
   check_rank("ProcessGroup", "rank", rank_, size_);
 }
@@ -23,6 +28,7 @@ std::string ProcessGroup::group_name() const {
 void ProcessGroup::set_group_name(const std::string& name) {
   std::lock_guard lock(mutex_);
   group_name_ = name;
+  if (trace_) FlightRecorder::instance().set_group_name(*trace_, name);
 }
 std::string ProcessGroup::group_desc() const {
   std::lock_guard lock(mutex_);
@@ -31,6 +37,18 @@ std::string ProcessGroup::group_desc() const {
 void ProcessGroup::set_group_desc(const std::string& desc) {
   std::lock_guard lock(mutex_);
   group_desc_ = desc;
+  if (trace_) FlightRecorder::instance().set_group_desc(*trace_, desc);
+}
+std::optional<std::vector<int>> ProcessGroup::global_ranks() const {
+  std::lock_guard lock(mutex_);
+  return global_ranks_;
+}
+void ProcessGroup::set_global_ranks(std::vector<int> ranks) {
+  C10D_CHECK_ARG_EQ(ranks.size(), static_cast<size_t>(size_),
+                    "set_global_ranks: one global rank per group rank");
+  std::lock_guard lock(mutex_);
+  global_ranks_ = ranks;
+  if (trace_) FlightRecorder::instance().set_global_ranks(*trace_, std::move(ranks));
 }
 
 void ProcessGroup::register_backend(DeviceType device, std::shared_ptr<Backend> backend) {
@@ -71,7 +89,8 @@ DeviceType ProcessGroup::device_of(const std::vector<Tensor>& tensors) const {
 }
 
 template <typename Fn>
-WorkPtr ProcessGroup::dispatch(OpType op, DeviceType device, Fn&& fn) {
+WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
+  const OpType op = trace.op;
   std::shared_ptr<Backend> backend = get_backend(device);
   const uint64_t seq = ++seq_;
   std::vector<Hook> hooks;
@@ -79,11 +98,34 @@ WorkPtr ProcessGroup::dispatch(OpType op, DeviceType device, Fn&& fn) {
     std::lock_guard lock(mutex_);
     hooks = hooks_;
   }
+  // Backends do not report when an operation really starts: calling them counts as the start.
+  TraceHandle traced;
+  if (trace_) {
+    trace.pg_seq = seq;
+    traced = FlightRecorder::instance().record(trace_, trace);
+    FlightRecorder::instance().record_started(traced);
+  }
   const auto started = core::Clock::now();
-  WorkPtr work = fn(*backend);
+  WorkPtr work;
+  try {
+    work = fn(*backend);
+  } catch (...) {
+    if (traced) FlightRecorder::instance().record_finished(traced, std::current_exception());
+    throw;
+  }
   if (work) {
     std::lock_guard lock(mutex_);
     if (coalescing_) coalesced_.push_back(work);
+  }
+  if (traced) {
+    // An inline (synchronous) operation is already done: no callback to allocate.
+    if (!work || work->is_completed()) {
+      FlightRecorder::instance().record_finished(traced, work ? work->exception() : nullptr);
+    } else {
+      work->get_future()->add_callback([traced = std::move(traced)](core::Future& f) {
+        FlightRecorder::instance().record_finished(traced, f.error());
+      });
+    }
   }
   if (!hooks.empty() && work) {
     work->get_future()->add_callback([hooks = std::move(hooks), op, seq, started](core::Future&) {
@@ -111,14 +153,18 @@ WorkPtr ProcessGroup::broadcast(std::vector<Tensor>& tensors, const BroadcastOpt
   check_rank("broadcast", "root rank", opts.root_rank, size_);
   C10D_CHECK_ARG(opts.root_tensor >= 0 && opts.root_tensor < int64_t(tensors.size()),
                  "broadcast: invalid root tensor index ", opts.root_tensor);
-  return dispatch(OpType::kBroadcast, device_of(tensors),
+  return dispatch({.op = OpType::kBroadcast, .inputs = tensors, .outputs = tensors,
+                   .timeout = opts.timeout},
+                  device_of(tensors),
                   [&](Backend& b) { return b.broadcast(tensors, opts); });
 }
 
 WorkPtr ProcessGroup::allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts) {
   check_tensor_list("allreduce", tensors);
   check_reduce("allreduce", tensors.front(), opts.reduce_op);
-  return dispatch(OpType::kAllreduce, device_of(tensors),
+  return dispatch({.op = OpType::kAllreduce, .inputs = tensors, .outputs = tensors,
+                   .timeout = opts.timeout},
+                  device_of(tensors),
                   [&](Backend& b) { return b.allreduce(tensors, opts); });
 }
 
@@ -126,7 +172,9 @@ WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
                                           const AllreduceCoalescedOptions& opts) {
   check_tensor_list("allreduce_coalesced", tensors, /*same_shape=*/false);
   check_reduce("allreduce_coalesced", tensors.front(), opts.reduce_op);
-  return dispatch(OpType::kAllreduceCoalesced, device_of(tensors),
+  return dispatch({.op = OpType::kAllreduceCoalesced, .inputs = tensors, .outputs = tensors,
+                   .timeout = opts.timeout},
+                  device_of(tensors),
                   [&](Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
 
@@ -134,7 +182,9 @@ WorkPtr ProcessGroup::reduce(std::vector<Tensor>& tensors, const ReduceOptions& 
   check_tensor_list("reduce", tensors);
   check_rank("reduce", "root rank", opts.root_rank, size_);
   check_reduce("reduce", tensors.front(), opts.reduce_op);
-  return dispatch(OpType::kReduce, device_of(tensors),
+  return dispatch({.op = OpType::kReduce, .inputs = tensors, .outputs = tensors,
+                   .timeout = opts.timeout},
+                  device_of(tensors),
                   [&](Backend& b) { return b.reduce(tensors, opts); });
 }
 
@@ -158,7 +208,9 @@ WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
                                 std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
   check_tensor_list("allgather", inputs);
   check_gathered("allgather", outputs, inputs, size_);
-  return dispatch(OpType::kAllgather, device_of(inputs),
+  return dispatch({.op = OpType::kAllgather, .inputs = inputs, .outputs = outputs,
+                   .timeout = opts.timeout},
+                  device_of(inputs),
                   [&](Backend& b) { return b.allgather(outputs, inputs, opts); });
 }
 
@@ -168,7 +220,9 @@ WorkPtr ProcessGroup::allgather_base(Tensor& output, Tensor& input,
   check_tensor("_allgather_base", input);
   check_same_dtype("_allgather_base", output, input);
   check_numel_ratio("_allgather_base", output, input, size_);
-  return dispatch(OpType::kAllgatherBase, input.device().type,
+  return dispatch({.op = OpType::kAllgatherBase, .inputs = input, .outputs = output,
+                   .timeout = opts.timeout},
+                  input.device().type,
                   [&](Backend& b) { return b.allgather_base(output, input, opts); });
 }
 
@@ -186,7 +240,9 @@ WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outp
       check_numel_ratio("allgather_coalesced", per_rank[i], inputs[i], 1);
     }
   }
-  return dispatch(OpType::kAllgatherCoalesced, device_of(inputs),
+  return dispatch({.op = OpType::kAllgatherCoalesced, .inputs = inputs, .outputs = outputs,
+                   .timeout = opts.timeout},
+                  device_of(inputs),
                   [&](Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
 }
 
@@ -200,7 +256,9 @@ WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outpu
     check_same_dtype("allgather_into_tensor_coalesced", outputs[i], inputs[i]);
     check_numel_ratio("allgather_into_tensor_coalesced", outputs[i], inputs[i], size_);
   }
-  return dispatch(OpType::kAllgatherCoalesced, device_of(inputs), [&](Backend& b) {
+  return dispatch({.op = OpType::kAllgatherCoalesced, .inputs = inputs, .outputs = outputs,
+                   .timeout = opts.timeout},
+                  device_of(inputs), [&](Backend& b) {
     return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
   });
 }
@@ -217,7 +275,9 @@ WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs,
                    "gather: only the root rank (", opts.root_rank,
                    ") may pass output tensors; rank ", rank_, " passed some");
   }
-  return dispatch(OpType::kGather, inputs[0].device().type,
+  return dispatch({.op = OpType::kGather, .inputs = inputs, .outputs = outputs,
+                   .timeout = opts.timeout},
+                  inputs[0].device().type,
                   [&](Backend& b) { return b.gather(outputs, inputs, opts); });
 }
 
@@ -234,7 +294,9 @@ WorkPtr ProcessGroup::scatter(std::vector<Tensor>& outputs,
                    "scatter: only the root rank (", opts.root_rank,
                    ") may pass input tensors; rank ", rank_, " passed some");
   }
-  return dispatch(OpType::kScatter, outputs[0].device().type,
+  return dispatch({.op = OpType::kScatter, .inputs = inputs, .outputs = outputs,
+                   .timeout = opts.timeout},
+                  outputs[0].device().type,
                   [&](Backend& b) { return b.scatter(outputs, inputs, opts); });
 }
 
@@ -244,7 +306,9 @@ WorkPtr ProcessGroup::reduce_scatter(std::vector<Tensor>& outputs,
   check_tensor_list("reduce_scatter", outputs);
   check_reduce("reduce_scatter", outputs.front(), opts.reduce_op);
   check_gathered("reduce_scatter", inputs, outputs, size_);
-  return dispatch(OpType::kReduceScatter, device_of(outputs),
+  return dispatch({.op = OpType::kReduceScatter, .inputs = inputs, .outputs = outputs,
+                   .timeout = opts.timeout},
+                  device_of(outputs),
                   [&](Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
 }
 
@@ -255,7 +319,9 @@ WorkPtr ProcessGroup::reduce_scatter_base(Tensor& output, Tensor& input,
   check_same_dtype("_reduce_scatter_base", output, input);
   check_numel_ratio("_reduce_scatter_base", input, output, size_);
   check_reduce("_reduce_scatter_base", output, opts.reduce_op);
-  return dispatch(OpType::kReduceScatterBase, input.device().type,
+  return dispatch({.op = OpType::kReduceScatterBase, .inputs = input, .outputs = output,
+                   .timeout = opts.timeout},
+                  input.device().type,
                   [&](Backend& b) { return b.reduce_scatter_base(output, input, opts); });
 }
 
@@ -270,7 +336,9 @@ WorkPtr ProcessGroup::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outpu
     check_numel_ratio("reduce_scatter_tensor_coalesced", inputs[i], outputs[i], size_);
     check_reduce("reduce_scatter_tensor_coalesced", outputs[i], opts.reduce_op);
   }
-  return dispatch(OpType::kReduceScatterBase, device_of(inputs), [&](Backend& b) {
+  return dispatch({.op = OpType::kReduceScatterBase, .inputs = inputs, .outputs = outputs,
+                   .timeout = opts.timeout},
+                  device_of(inputs), [&](Backend& b) {
     return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   });
 }
@@ -284,7 +352,9 @@ WorkPtr ProcessGroup::alltoall_base(Tensor& output, Tensor& input,
   check_same_dtype("alltoall_base", output, input);
   check_splits("alltoall_base", "output split sizes", output, output_split_sizes, size_);
   check_splits("alltoall_base", "input split sizes", input, input_split_sizes, size_);
-  return dispatch(OpType::kAlltoallBase, input.device().type, [&](Backend& b) {
+  return dispatch({.op = OpType::kAlltoallBase, .inputs = input, .outputs = output,
+                   .timeout = opts.timeout},
+                  input.device().type, [&](Backend& b) {
     return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
   });
 }
@@ -296,7 +366,9 @@ WorkPtr ProcessGroup::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>
   check_tensor_list("alltoall", outputs, /*same_shape=*/false);
   check_tensor_list("alltoall", inputs, /*same_shape=*/false);
   check_same_dtype("alltoall", outputs.front(), inputs.front());
-  return dispatch(OpType::kAlltoall, device_of(inputs),
+  return dispatch({.op = OpType::kAlltoall, .inputs = inputs, .outputs = outputs,
+                   .timeout = opts.timeout},
+                  device_of(inputs),
                   [&](Backend& b) { return b.alltoall(outputs, inputs, opts); });
 }
 
@@ -305,7 +377,8 @@ WorkPtr ProcessGroup::send(std::vector<Tensor>& tensors, int dst_rank, int tag) 
   check_rank("send", "destination rank", dst_rank, size_);
   C10D_CHECK_ARG(dst_rank != rank_, "send: rank ", rank_,
                  " cannot send to itself (destination rank == own rank)");
-  return dispatch(OpType::kSend, device_of(tensors),
+  return dispatch({.op = OpType::kSend, .inputs = tensors, .peer = dst_rank},
+                  device_of(tensors),
                   [&](Backend& b) { return b.send(tensors, dst_rank, tag); });
 }
 
@@ -314,19 +387,20 @@ WorkPtr ProcessGroup::recv(std::vector<Tensor>& tensors, int src_rank, int tag) 
   check_rank("recv", "source rank", src_rank, size_);
   C10D_CHECK_ARG(src_rank != rank_, "recv: rank ", rank_,
                  " cannot receive from itself (source rank == own rank)");
-  return dispatch(OpType::kRecv, device_of(tensors),
+  return dispatch({.op = OpType::kRecv, .outputs = tensors, .peer = src_rank},
+                  device_of(tensors),
                   [&](Backend& b) { return b.recv(tensors, src_rank, tag); });
 }
 
 WorkPtr ProcessGroup::recv_anysource(std::vector<Tensor>& tensors, int tag) {
   check_tensor_list("recv_anysource", tensors, /*same_shape=*/false);
   C10D_CHECK_ARG(size_ > 1, "recv_anysource: a group of one rank has nobody to receive from");
-  return dispatch(OpType::kRecvAnySource, device_of(tensors),
+  return dispatch({.op = OpType::kRecvAnySource, .outputs = tensors}, device_of(tensors),
                   [&](Backend& b) { return b.recv_anysource(tensors, tag); });
 }
 
 WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
-  return dispatch(OpType::kBarrier, DeviceType::kCPU,
+  return dispatch({.op = OpType::kBarrier, .timeout = opts.timeout}, DeviceType::kCPU,
                   [&](Backend& b) { return b.barrier(opts); });
 }
 
@@ -386,6 +460,7 @@ WorkPtr ProcessGroup::end_coalescing() {
 }
 
 void ProcessGroup::shutdown() {
+  if (trace_) FlightRecorder::instance().close_group(*trace_);
   std::map<DeviceType, std::shared_ptr<Backend>> backends;
   {
     std::lock_guard lock(mutex_);

@@ -9,10 +9,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "c10d/pg/backend.h"
+#include "c10d/pg/flight_recorder.h"
 #include "c10d/store/store.h"
 
 namespace c10d::pg {
@@ -48,6 +50,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void set_group_name(const std::string& name);
   std::string group_desc() const;
   void set_group_desc(const std::string& desc);
+  // The global rank of each group rank, when the creator knows them (for flight-recorder dumps).
+  std::optional<std::vector<int>> global_ranks() const;
+  void set_global_ranks(std::vector<int> ranks);
 
   void register_backend(core::DeviceType device, std::shared_ptr<Backend> backend);
   // Throws InvalidArgument naming the device when no backend serves it.
@@ -105,10 +110,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void shutdown();
 
  private:
-  // Numbers the operation, dispatches it to the backend for `device`, and arranges for the
-  // completion hooks to see it.
+  // Numbers the operation, records it in the flight recorder, dispatches it to the backend for
+  // `device`, and arranges for the completion hooks (and the recorder) to see it finish.
   template <typename Fn>
-  WorkPtr dispatch(core::OpType op, core::DeviceType device, Fn&& fn);
+  WorkPtr dispatch(TraceOp trace, core::DeviceType device, Fn&& fn);
   core::DeviceType device_of(const std::vector<Tensor>& tensors) const;
 
   const std::shared_ptr<store::Store> store_;
@@ -117,12 +122,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   const Options options_;
   std::atomic<uint64_t> seq_{0};
   std::atomic<bool> timing_enabled_{false};
+  // This group in the flight recorder; null when the recorder is off.
+  const std::shared_ptr<TraceGroup> trace_;
 
   mutable std::mutex mutex_;
   std::map<core::DeviceType, std::shared_ptr<Backend>> backends_;  // guarded by mutex_
   std::vector<Hook> hooks_;                                        // guarded by mutex_
   std::string group_name_;                                         // guarded by mutex_
   std::string group_desc_;                                         // guarded by mutex_
+  std::optional<std::vector<int>> global_ranks_;                   // guarded by mutex_
   bool coalescing_ = false;                                        // guarded by mutex_
   std::vector<WorkPtr> coalesced_;                                 // guarded by mutex_
 };
