@@ -6,6 +6,7 @@ exposes the buffer protocol or ``__dlpack__`` (PyTorch CPU tensors included), so
 """
 
 from . import _C
+from ._C import _dump_trace_json, _dump_trace_to_file  # noqa: F401  (flight recorder)
 from ._C import (  # noqa: F401  (re-exported API)
     AllgatherOptions,
     AllreduceCoalescedOptions,

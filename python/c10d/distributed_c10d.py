@@ -435,6 +435,7 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
             pg._register_backend(device, name, created)
     try:
         pg._set_group_name(group_name)
+        pg._set_global_ranks(list(global_ranks) if global_ranks else list(range(group_size)))
     except Exception:  # a Python ProcessGroup subclass may not support it
         pass
     _C._register_process_group(group_name, pg)

@@ -7,6 +7,7 @@
 
 #include "c10d/core/exception.h"
 #include "c10d/pg/fake_backend.h"
+#include "c10d/pg/flight_recorder.h"
 #include "c10d/pg/process_group.h"
 #include "c10d/pg/registry.h"
 #include "c10d/pg/wrapper_backend.h"
@@ -510,6 +511,24 @@ void init_pg(py::module_& m) {
   m.def("_unregister_process_group", &pg::unregister_process_group, py::arg("group_name"));
   m.def("_unregister_all_process_groups", &pg::unregister_all_process_groups);
   m.def("_registered_process_groups", &pg::registered_process_groups);
+
+  // Flight recorder (c10d/pg/flight_recorder.h).
+  group.def("_set_global_ranks", &ProcessGroup::set_global_ranks, py::arg("ranks"))
+      .def_property_readonly("_global_ranks", &ProcessGroup::global_ranks);
+  m.def(
+      "_dump_trace_json",
+      [](bool include_completed, bool only_active) {
+        return pg::FlightRecorder::instance().dump_trace_json(include_completed, only_active);
+      },
+      py::arg("include_completed") = true, py::arg("only_active") = false,
+      py::call_guard<py::gil_scoped_release>(),
+      "This process's flight-recorder trace (the last C10D_TRACE_BUFFER_SIZE operations) as "
+      "JSON.");
+  m.def(
+      "_dump_trace_to_file",
+      [](const std::string& reason) { return pg::FlightRecorder::instance().dump_to_file(reason); },
+      py::arg("reason") = "on demand", py::call_guard<py::gil_scoped_release>(),
+      "Writes the trace to <C10D_TRACE_DUMP_DIR>/c10d_trace_rank<rank>.json; returns the path.");
 }
 
 }  // namespace c10d::python

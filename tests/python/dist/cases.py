@@ -524,3 +524,38 @@ def dead_peer(dist, backend):
         dist.destroy_process_group()
         return
     raise AssertionError("collectives with a dead peer succeeded")
+
+
+def trace_hang(dist, backend):
+    """Rank 1 skips an all_reduce that rank 0 calls and waits in a receive on a second group
+    instead. Rank 0 times out (C10D_TEST_PG_TIMEOUT) and both ranks write their flight-recorder
+    dumps to C10D_TRACE_DUMP_DIR: rank 0 on the failure, rank 1 when asked through the store."""
+    import os
+    rank = dist.get_rank()
+    side = dist.new_group([0, 1], timeout=timedelta(seconds=60))
+    t = np.ones(4, np.float32)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    dump_dir = os.environ["C10D_TRACE_DUMP_DIR"]
+
+    def wait_for_dump(r, seconds=20.0):
+        path = os.path.join(dump_dir, f"c10d_trace_rank{r}.json")
+        deadline = time.monotonic() + seconds
+        while not os.path.exists(path):
+            assert time.monotonic() < deadline, f"rank {r} wrote no dump in {seconds}s"
+            time.sleep(0.05)
+
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(t)  # rank 1 never joins
+        except RuntimeError as e:
+            print(f"TRACE_HANG_TIMEOUT after {time.monotonic() - start:.1f}s: {e}")
+        else:
+            raise AssertionError("an all_reduce without rank 1 returned")
+        wait_for_dump(0, 1.0)  # written before the error reached us
+        wait_for_dump(1)  # keep the store (hosted here) up until rank 1 has seen the request
+    else:
+        work = dist.irecv(np.zeros(1, np.float32), 0, group=side)  # rank 0 never sends
+        wait_for_dump(1)
+        assert not work.is_completed()

@@ -1,0 +1,169 @@
+"""Flight recorder: on-demand and signal dumps, the analyzer, and a real induced hang."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import c10d
+from c10d import trace
+from dist import harness
+
+PYTHON_DIR = os.path.join(harness.REPO, "python")
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def _analyze(directory):
+    return subprocess.run([sys.executable, "-m", "c10d.trace", str(directory)],
+                          env=_env(), capture_output=True, text=True, timeout=60)
+
+
+def _fake_group(name, world=1):
+    pg = c10d.ProcessGroup(c10d.HashStore(), 0, world)
+    pg._register_backend("cpu", None, c10d.FakeProcessGroup(0, world))
+    pg._set_group_name(name)
+    pg._set_global_ranks(list(range(world)))
+    return pg
+
+
+def test_dump_trace_json_on_demand():
+    pg = _fake_group("trace_on_demand", 2)
+    pg.allreduce(np.ones(3, np.float32)).wait()
+    pg.send([np.zeros(2, np.int64)], 1, 0).wait()
+    dump = json.loads(c10d._dump_trace_json())
+    assert dump["version"] == "1.0"
+    assert dump["pid"] == os.getpid()
+    group = [g for g in dump["groups"] if g["name"] == "trace_on_demand"][-1]
+    assert group["ranks"] == [0, 1] and group["last_completed_seq"] == 1
+    mine = [e for e in dump["entries"] if e["group_uid"] == group["uid"]]
+    assert [(e["op"], e["seq"], e["state"]) for e in mine] == [
+        ("allreduce", 1, "completed"), ("send", 1, "completed")]
+    assert mine[0]["input_sizes"] == [[3]] and mine[0]["input_dtypes"] == ["float32"]
+    assert mine[1]["peer"] == 1
+    active = json.loads(c10d._dump_trace_json(include_completed=False))
+    assert not [e for e in active["entries"] if e["group_uid"] == group["uid"]]
+
+
+def test_sigusr1_dumps_from_the_watcher_thread(tmp_path):
+    script = textwrap.dedent("""
+        import os, signal, time
+        import numpy as np
+        import c10d
+        pg = c10d.ProcessGroup(c10d.HashStore(), 0, 1)
+        pg._register_backend("cpu", None, c10d.FakeProcessGroup(0, 1))
+        pg._set_group_name("0")
+        pg.allreduce(np.ones(2)).wait()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        path = os.path.join(os.environ["C10D_TRACE_DUMP_DIR"], "c10d_trace_rank0.json")
+        deadline = time.monotonic() + 10
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print("DUMPED" if os.path.exists(path) else "MISSING")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=_env(C10D_TRACE_DUMP_DIR=str(tmp_path)), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "DUMPED" in proc.stdout, proc.stderr
+    dump = json.loads((tmp_path / "c10d_trace_rank0.json").read_text())
+    assert dump["reason"] == "signal SIGUSR1"
+    assert [e["op"] for e in dump["entries"]] == ["allreduce"]
+    # A healthy trace: the analyzer finds nothing wrong.
+    result = _analyze(tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert "No problem found" in result.stdout
+
+
+def _entry(id, op, seq, state, sizes=((4,),), dtype="float32", p2p=False, peer=None):
+    e = {"id": id, "group": "0", "group_uid": 1, "op": op, "p2p": p2p, "seq": seq,
+         "pg_seq": id, "input_sizes": [list(s) for s in sizes],
+         "input_dtypes": [dtype] * len(sizes), "output_sizes": [list(s) for s in sizes],
+         "output_dtypes": [dtype] * len(sizes), "state": state, "error": None,
+         "time_enqueued_ns": 1, "time_started_ns": 1,
+         "time_completed_ns": 2 if state in ("completed", "failed") else None,
+         "duration_ns": 1 if state in ("completed", "failed") else None, "timeout_ms": 1000}
+    if p2p:
+        e["peer"] = peer
+        e["peer_global"] = peer
+    return e
+
+
+def _write_dump(directory, rank, entries, world=2):
+    collectives = [e for e in entries if not e["p2p"]]
+    done = [e["seq"] for e in collectives if e["state"] == "completed"]
+    data = {"version": "1.0", "pid": 100 + rank, "rank": rank, "hostname": "h",
+            "timestamp_ns": 10**10, "reason": "test", "entries": entries,
+            "groups": [{"name": "0", "uid": 1, "rank": rank, "size": world,
+                        "ranks": list(range(world)),
+                        "last_enqueued_seq": max([e["seq"] for e in collectives], default=0),
+                        "last_started_seq": max([e["seq"] for e in collectives], default=0),
+                        "last_completed_seq": max(done, default=0)}]}
+    (directory / f"c10d_trace_rank{rank}.json").write_text(json.dumps(data))
+
+
+def test_analyzer_reports_mismatched_calls(tmp_path):
+    _write_dump(tmp_path, 0, [_entry(1, "allreduce", 1, "completed"),
+                              _entry(2, "allreduce", 2, "started")])
+    _write_dump(tmp_path, 1, [_entry(1, "allreduce", 1, "completed"),
+                              _entry(2, "broadcast", 2, "started", sizes=((8,),))])
+    out = []
+    code = trace.report(str(tmp_path), out=_Lines(out))
+    text = "".join(out)
+    assert code == 1, text
+    assert "collective 2 on group 0 [ranks 0,1]: ranks disagree on the call" in text
+    assert "rank 0: allreduce(inputs float32[4]" in text
+    assert "rank 1: broadcast(inputs float32[8]" in text
+
+
+def test_analyzer_reports_missing_dump_and_bad_directory(tmp_path):
+    assert trace.report(str(tmp_path / "nothing"), out=_Lines([])) == 2
+    _write_dump(tmp_path, 0, [_entry(1, "allreduce", 1, "started")])
+    out = []
+    assert trace.report(str(tmp_path), out=_Lines(out)) == 1
+    text = "".join(out)
+    assert "no dump from rank(s) 1" in text
+
+
+class _Lines:
+    def __init__(self, sink):
+        self.sink = sink
+
+    def write(self, s):
+        self.sink.append(s)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("backend", ["gloo", "shm"])
+def test_induced_hang_is_explained(tmp_path, backend):
+    if backend == "shm" and not c10d.is_shm_available():
+        pytest.skip("shm backend not built")
+    results = harness.run("trace_hang", 2, backend, timeout=60,
+                          env={"C10D_TEST_PG_TIMEOUT": "3",
+                               "C10D_TRACE_DUMP_DIR": str(tmp_path)})
+    harness.check_all_ok(results)
+    assert "TRACE_HANG_TIMEOUT" in results[0].stdout, results[0].stdout
+    dump0 = json.loads((tmp_path / "c10d_trace_rank0.json").read_text())
+    failed = [e for e in dump0["entries"] if e["state"] == "failed"]
+    assert len(failed) == 1 and failed[0]["op"] == "allreduce", failed
+    seq = failed[0]["seq"]
+    dump1 = json.loads((tmp_path / "c10d_trace_rank1.json").read_text())
+    assert "requested" in dump1["reason"], dump1["reason"]
+
+    result = _analyze(tmp_path)
+    print(result.stdout)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (f"collective {seq} (allreduce) on group 0 [ranks 0,1]: rank 1 never joined"
+            in result.stdout), result.stdout
+    assert "rank 1 is stuck in recv p2p seq 1 on group 1 [ranks 0,1] from rank 0" \
+        in result.stdout, result.stdout
