@@ -242,7 +242,8 @@ FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
   return &ring_[slot];
 }
 
-TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, const TraceOp& op) {
+TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, const TraceOp& op,
+                                   bool started) {
   if (!enabled() || !group) return {};
   const int64_t now = now_ns();
   TraceHandle handle;
@@ -253,6 +254,7 @@ TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, con
   TraceGroup& g = *group;
   handle.seq = handle.p2p ? ++g.p2p_seq : ++g.collective_seq;
   (handle.p2p ? g.last_enqueued_p2p : g.last_enqueued) = handle.seq;
+  if (started) (handle.p2p ? g.last_started_p2p : g.last_started) = handle.seq;
   ++g.in_flight;
   ++in_flight_;
 
@@ -268,10 +270,10 @@ TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, con
   e.peer = op.peer;
   describe(op.inputs, e.input_dims, e.input_sizes, e.input_dtypes);
   describe(op.outputs, e.output_dims, e.output_sizes, e.output_dtypes);
-  e.state = State::kScheduled;
+  e.state = started ? State::kStarted : State::kScheduled;
   e.error.clear();
   e.time_enqueued_ns = now;
-  e.time_started_ns = 0;
+  e.time_started_ns = started ? now : 0;
   e.time_completed_ns = 0;
   e.timeout_ms = (op.timeout.count() >= 0 ? op.timeout : g.timeout).count();
   return handle;

@@ -146,8 +146,11 @@ class FlightRecorder {
   // The group is shutting down: its later failures trigger no dump.
   void close_group(TraceGroup& group);
 
-  // Records a new operation of `group` as scheduled; an empty handle when disabled.
-  TraceHandle record(const std::shared_ptr<TraceGroup>& group, const TraceOp& op);
+  // Records a new operation of `group` as scheduled (or, with `started`, as scheduled and
+  // started at once: one lock instead of two on the dispatch path); an empty handle when
+  // disabled.
+  TraceHandle record(const std::shared_ptr<TraceGroup>& group, const TraceOp& op,
+                     bool started = false);
   // The backend was called: the operation is running. A record already overwritten by newer
   // ones is left alone.
   void record_started(const TraceHandle& handle);

@@ -102,8 +102,7 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
   TraceHandle traced;
   if (trace_) {
     trace.pg_seq = seq;
-    traced = FlightRecorder::instance().record(trace_, trace);
-    FlightRecorder::instance().record_started(traced);
+    traced = FlightRecorder::instance().record(trace_, trace, /*started=*/true);
   }
   const auto started = core::Clock::now();
   WorkPtr work;

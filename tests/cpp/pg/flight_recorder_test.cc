@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <csignal>
 #include <sstream>
+#include <thread>
 
 #include "c10d/core/exception.h"
 #include "c10d/pg/fake_backend.h"
@@ -256,6 +258,43 @@ TEST(FlightRecorder, ClosingGroupFailuresDoNotDump) {
   recorder.close_group(*group);
   recorder.record_finished(h, std::make_exception_ptr(core::DistBackendError("shut down")));
   EXPECT_FALSE(recorder.auto_dumped());
+}
+
+TEST(FlightRecorder, ConcurrentRecordingKeepsCountsExact) {
+  FlightRecorder recorder(16);
+  auto group = recorder.register_group(nullptr, 0, 2, "fake", Millis(1000));
+  std::vector<Tensor> ts{Tensor::empty({1}, DType::kFloat32)};
+  constexpr int kThreads = 4, kOps = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kOps; ++i) {
+        auto h = recorder.record(group, allreduce_op(ts), /*started=*/true);
+        recorder.record_finished(h, nullptr);
+        if (i % 100 == 0) (void)recorder.dump_trace_json();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  json dump = json::parse(recorder.dump_trace_json());
+  EXPECT_EQ(dump["entries_recorded"], kThreads * kOps);
+  EXPECT_EQ(dump["entries"].size(), 16u);
+  EXPECT_EQ(dump["groups"][0]["in_flight"], 0);
+  EXPECT_EQ(dump["groups"][0]["last_completed_seq"], kThreads * kOps);
+  for (const auto& e : dump["entries"]) EXPECT_EQ(e["state"], "completed");
+}
+
+TEST(FlightRecorder, SigusrOneDumpsFromTheWatcher) {
+  DumpDir dir;
+  // The first group of the process recorder starts the watcher and installs the handler.
+  auto group = std::make_shared<ProcessGroup>(nullptr, 0, 1);
+  ASSERT_EQ(raise(SIGUSR1), 0);
+  const fs::path path = dir.path() / "c10d_trace_rank0.json";
+  for (int i = 0; i < 200 && !fs::exists(path); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(fs::exists(path));
+  EXPECT_EQ(dir.read(0)["reason"], "signal SIGUSR1");
 }
 
 TEST(FlightRecorder, ProcessGroupRecordsItsOperations) {
