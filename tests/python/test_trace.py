@@ -167,3 +167,42 @@ def test_induced_hang_is_explained(tmp_path, backend):
             in result.stdout), result.stdout
     assert "rank 1 is stuck in recv p2p seq 1 on group 1 [ranks 0,1] from rank 0" \
         in result.stdout, result.stdout
+
+
+
+class _Request(c10d._C._Request):
+    def __init__(self, params):
+        super().__init__()
+        self._params = params
+
+    def body(self):
+        return b""
+
+    def params(self):
+        return self._params
+
+
+class _Response(c10d._C._Response):
+    def __init__(self):
+        super().__init__()
+        self.status, self.content = 200, b""
+
+    def set_content(self, content, content_type):
+        self.content = content
+
+    def set_status(self, status):
+        self.status = status
+
+
+def test_control_plane_serves_the_recorder():
+    pg = _fake_group("trace_control", 2)
+    pg.allreduce(np.ones(2, np.float32)).wait()
+    handler = c10d._C._get_handler("dump_trace_json")
+    response = _Response()
+    handler(_Request({}), response)
+    assert response.status == 200, response.content
+    dump = json.loads(response.content)
+    assert any(g["name"] == "trace_control" for g in dump["groups"])
+    response = _Response()
+    handler(_Request({"onlyActive": "true"}), response)
+    assert json.loads(response.content)["only_active"] is True

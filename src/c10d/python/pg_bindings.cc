@@ -5,6 +5,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include "c10d/control/handlers.h"
 #include "c10d/core/exception.h"
 #include "c10d/pg/fake_backend.h"
 #include "c10d/pg/flight_recorder.h"
@@ -529,6 +530,19 @@ void init_pg(py::module_& m) {
       [](const std::string& reason) { return pg::FlightRecorder::instance().dump_to_file(reason); },
       py::arg("reason") = "on demand", py::call_guard<py::gil_scoped_release>(),
       "Writes the trace to <C10D_TRACE_DUMP_DIR>/c10d_trace_rank<rank>.json; returns the path.");
+  // The control plane's dump_trace_json handler serves this process's recorder, with the
+  // query parameters onlyActive and includeCompleted ("true"/"false", also snake_case).
+  control::set_trace_json_provider([](const std::map<std::string, std::string>& params) {
+    auto flag = [&](const char* camel, const char* snake, bool fallback) {
+      auto it = params.find(camel);
+      if (it == params.end()) it = params.find(snake);
+      if (it == params.end()) return fallback;
+      return it->second == "true" || it->second == "1" || it->second == "True";
+    };
+    return pg::FlightRecorder::instance().dump_trace_json(
+        flag("includeCompleted", "include_completed", true),
+        flag("onlyActive", "only_active", false));
+  });
 }
 
 }  // namespace c10d::python
