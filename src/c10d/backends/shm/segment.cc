@@ -208,14 +208,29 @@ Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, cor
       pids_[r] = p.pid;
       if (p.pid != me.pid) pidfds_[r] = open_pidfd(p.pid);
     }
-    // Everyone must have mapped every segment before the creators close their descriptors.
-    if (store.add("shm/mapped", 1) == size) store.set("shm/ready", store::to_bytes("1"));
-    store.wait({"shm/ready"}, timeout);
   } catch (const DistBackendError&) {
     throw;
   } catch (const std::exception& e) {
     errno = 0;
     fail(str_cat("rendezvous through the store failed: ", e.what()));
+  }
+  // Everyone must have mapped every segment before the creators close their descriptors. The
+  // wait goes through the segments, not the store: a rank that is done may already have taken
+  // the store's server down.
+  h->mapped.store(1, std::memory_order_release);
+  const core::Deadline deadline(timeout);
+  for (int r = 0; r < size; ++r) {
+    while (header(r)->mapped.load(std::memory_order_acquire) == 0) {
+      errno = 0;
+      if (std::string gone = peer_gone(r); !gone.empty()) {
+        fail(str_cat("rank ", r, " ", gone, " before it mapped every segment"));
+      }
+      if (deadline.expired()) {
+        fail(str_cat("rank ", r, " did not map the segments within ",
+                     core::format_timeout(timeout)));
+      }
+      ::usleep(50);
+    }
   }
   ::close(fd);
 }

@@ -55,6 +55,8 @@ struct SegmentHeader {
   FutexWord doorbell;
   // Set by shutdown(): peers waiting for this rank fail at once.
   alignas(kLine) std::atomic<uint32_t> closed;
+  // Set once this rank has mapped every peer's segment.
+  std::atomic<uint32_t> mapped;
 };
 
 // Control block of the channel from sender s to receiver d, in s's segment. The sender writes
