@@ -5,6 +5,26 @@
 #include "c10d/core/exception.h"
 
 namespace c10d::pg {
+namespace {
+
+// Copies the bytes of `tensors`, back to back, into `dst`.
+void pack(const std::vector<Tensor>& tensors, const Tensor& dst) {
+  char* cursor = dst.data_as<char>();
+  for (const auto& t : tensors) {
+    if (t.nbytes() > 0) std::memcpy(cursor, t.data(), t.nbytes());
+    cursor += t.nbytes();
+  }
+}
+
+// The inverse of pack: fills `tensors` from consecutive bytes at `src`.
+void unpack(const char* src, const std::vector<Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (t.nbytes() > 0) std::memcpy(t.data(), src, t.nbytes());
+    src += t.nbytes();
+  }
+}
+
+}  // namespace
 
 void Backend::throw_not_supported(const char* op) const {
   throw core::NotSupported("Backend " + name() + " does not support " + op);
@@ -16,8 +36,19 @@ WorkPtr Backend::broadcast(std::vector<Tensor>&, const BroadcastOptions&) {
 WorkPtr Backend::allreduce(std::vector<Tensor>&, const AllreduceOptions&) {
   throw_not_supported("allreduce");
 }
-WorkPtr Backend::allreduce_coalesced(std::vector<Tensor>&, const AllreduceCoalescedOptions&) {
-  throw_not_supported("allreduce_coalesced");
+WorkPtr Backend::allreduce_coalesced(std::vector<Tensor>& tensors,
+                                     const AllreduceCoalescedOptions& opts) {
+  // One allreduce of every tensor packed together (they share a dtype), then unpacked.
+  int64_t total = 0;
+  for (const auto& t : tensors) total += t.numel();
+  std::vector<Tensor> packed = {Tensor::empty({total}, tensors.front().dtype())};
+  pack(tensors, packed.front());
+  WorkPtr work = allreduce(packed, opts);
+  auto unpacked = work->get_future()->then([tensors, packed](core::Future&) {
+    unpack(packed.front().data_as<char>(), tensors);
+    return core::FutureValue{tensors, nullptr};
+  });
+  return Work::from_future(std::move(unpacked), core::OpType::kAllreduceCoalesced);
 }
 WorkPtr Backend::reduce(std::vector<Tensor>&, const ReduceOptions&) {
   throw_not_supported("reduce");
@@ -31,33 +62,24 @@ WorkPtr Backend::allgather_base(Tensor&, Tensor&, const AllgatherOptions&) {
 }
 WorkPtr Backend::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
                                      std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
-  // Pack every input's bytes into one buffer, gather it once, and unpack each rank's part.
+  // One allgather_base of every input packed into bytes, then each rank's part unpacked.
   size_t total = 0;
   for (const auto& t : inputs) total += t.nbytes();
   Tensor packed = Tensor::empty({static_cast<int64_t>(total)}, core::DType::kUInt8);
-  size_t offset = 0;
-  for (const auto& t : inputs) {
-    if (t.nbytes() > 0) std::memcpy(packed.data_as<char>() + offset, t.data(), t.nbytes());
-    offset += t.nbytes();
-  }
-  Tensor gathered =
-      Tensor::empty({static_cast<int64_t>(total) * size_}, core::DType::kUInt8);
-  WorkPtr packed_work = allgather_base(gathered, packed, opts);
-  auto unpacked = packed_work->get_future()->then(
-      [outputs, gathered, total](core::Future&) {
-        core::FutureValue value;
-        for (size_t r = 0; r < outputs.size(); ++r) {
-          const char* src = gathered.data_as<char>() + r * total;
-          for (const auto& out : outputs[r]) {
-            if (out.nbytes() > 0) std::memcpy(out.data(), src, out.nbytes());
-            src += out.nbytes();
-            value.tensors.push_back(out);
-          }
-        }
-        return value;
-      });
+  pack(inputs, packed);
+  Tensor gathered = Tensor::empty({static_cast<int64_t>(total) * size_}, core::DType::kUInt8);
+  WorkPtr work = allgather_base(gathered, packed, opts);
+  auto unpacked = work->get_future()->then([outputs, gathered, total](core::Future&) {
+    core::FutureValue value;
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      unpack(gathered.data_as<char>() + r * total, outputs[r]);
+      value.tensors.insert(value.tensors.end(), outputs[r].begin(), outputs[r].end());
+    }
+    return value;
+  });
   return Work::from_future(std::move(unpacked), core::OpType::kAllgatherCoalesced);
 }
+
 WorkPtr Backend::allgather_into_tensor_coalesced(std::vector<Tensor>&, std::vector<Tensor>&,
                                                  const AllgatherOptions&) {
   throw_not_supported("allgather_into_tensor_coalesced");

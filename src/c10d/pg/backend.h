@@ -42,6 +42,7 @@ class Backend {
 
   virtual WorkPtr broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts);
   virtual WorkPtr allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts);
+  // Default: one allreduce of all tensors packed together.
   virtual WorkPtr allreduce_coalesced(std::vector<Tensor>& tensors,
                                       const AllreduceCoalescedOptions& opts);
   virtual WorkPtr reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts);

@@ -692,32 +692,6 @@ WorkPtr GlooBackend::allreduce(std::vector<Tensor>& tensors, const pg::Allreduce
       tensors);
 }
 
-WorkPtr GlooBackend::allreduce_coalesced(std::vector<Tensor>& tensors,
-                                         const pg::AllreduceCoalescedOptions& opts) {
-  const ReduceOp op = opts.reduce_op;
-  return submit(
-      OpType::kAllreduceCoalesced, "allreduce_coalesced", opts.timeout, wants_async(opts),
-      [tensors, op](const OpContext& c) {
-        int64_t total = 0;
-        for (const Tensor& t : tensors) total += t.numel();
-        if (total == 0) return;
-        const DType dtype = tensors[0].dtype();
-        Tensor flat = Tensor::empty({total}, dtype);
-        char* cursor = flat.data_as<char>();
-        for (const Tensor& t : tensors) {
-          copy_bytes(cursor, t.data(), t.nbytes());
-          cursor += t.nbytes();
-        }
-        run_allreduce(c, {flat.data()}, static_cast<size_t>(total), dtype, op);
-        cursor = flat.data_as<char>();
-        for (const Tensor& t : tensors) {
-          copy_bytes(t.data(), cursor, t.nbytes());
-          cursor += t.nbytes();
-        }
-      },
-      tensors);
-}
-
 WorkPtr GlooBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
   const ReduceOp op = opts.reduce_op;
   const int root = static_cast<int>(opts.root_rank);

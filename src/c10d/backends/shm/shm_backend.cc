@@ -1115,33 +1115,6 @@ WorkPtr ShmBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
       tensors);
 }
 
-WorkPtr ShmBackend::allreduce_coalesced(std::vector<Tensor>& tensors,
-                                        const pg::AllreduceCoalescedOptions& opts) {
-  const ReduceOp op = opts.reduce_op;
-  return submit(
-      OpType::kAllreduceCoalesced, "allreduce_coalesced", opts.timeout, wants_async(opts),
-      [tensors, op](Engine& e) {
-        int64_t total = 0;
-        for (const Tensor& t : tensors) total += t.numel();
-        if (total == 0) return;
-        const DType dtype = tensors[0].dtype();
-        Tensor flat = Tensor::empty({total}, dtype);
-        char* cursor = flat.data_as<char>();
-        for (const Tensor& t : tensors) {
-          copy(cursor, t.data(), t.nbytes());
-          cursor += t.nbytes();
-        }
-        e.allreduce(flat.data_as<char>(), flat.data_as<char>(), static_cast<size_t>(total), dtype,
-                    op, true);
-        cursor = flat.data_as<char>();
-        for (const Tensor& t : tensors) {
-          copy(t.data(), cursor, t.nbytes());
-          cursor += t.nbytes();
-        }
-      },
-      tensors);
-}
-
 WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
   const ReduceOp op = opts.reduce_op;
   const int root = static_cast<int>(opts.root_rank);
