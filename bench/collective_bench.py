@@ -55,15 +55,23 @@ def iterations(size: int, scale: float) -> int:
 
 
 class C10dImpl:
+    """c10d with `backend`; "shm-zc" is the shm backend on arrays from c10d.shm_empty (the
+    zero-copy path)."""
+
     def __init__(self, backend):
         sys.path.insert(0, os.path.join(REPO, "python"))
         import c10d as dist
 
-        dist.init_process_group(backend)
+        self.zero_copy = backend == "shm-zc"
+        dist.init_process_group("shm" if self.zero_copy else backend)
         self.dist = dist
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
     def make(self, count, dtype):
+        if self.zero_copy:
+            a = self.dist.shm_empty(count, np.dtype(dtype).name)
+            a[...] = 1
+            return a
         return np.ones(count, dtype=dtype)
 
     def op(self, name, count, dtype):
@@ -229,6 +237,9 @@ def launch(impl: str, args, out_path: str) -> bool:
               str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype,
               "--time-scale", str(args.time_scale)]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    if args.backend == "shm-zc":
+        # Every size's buffers live in the shared heap (touched pages only use memory).
+        env.setdefault("C10D_SHM_HEAP_BYTES", str(4 << 30))
     if impl == "mpi":
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_btl="self,vader", OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -282,12 +293,13 @@ def fmt_size(n: int) -> str:
 
 def report(all_results, args, world):
     impls = list(all_results)
+    w = max(13, max(len(i) for i in impls) + 4)
     lines = []
     header = f"{'op':<15}{'size':>10}"
     for impl in impls:
-        header += f"{impl + ' us':>13}{'busbw GB/s':>12}"
+        header += f"{impl + ' us':>{w}}{'GB/s':>8}"
     for impl in impls[1:]:
-        header += f"{'vs ' + impl:>10}"
+        header += f"{'vs ' + impl:>{w}}"
     lines.append(header)
     base = {(r["op"], r["bytes"]): r for r in all_results[impls[0]]}
     for key, r0 in base.items():
@@ -300,14 +312,14 @@ def report(all_results, args, world):
             times[impl] = us
             if us:
                 busbw = nbytes / (us * 1e-6) * busbw_factor(op, world) / 1e9
-                row += f"{us:>13.1f}{busbw:>12.3f}"
+                row += f"{us:>{w}.1f}{busbw:>8.3f}"
             else:
-                row += f"{'n/a':>13}{'':>12}"
+                row += f"{'n/a':>{w}}{'':>8}"
         for impl in impls[1:]:
             if times[impl] and times[impls[0]]:
-                row += f"{times[impl] / times[impls[0]]:>9.2f}x"
+                row += f"{times[impl] / times[impls[0]]:>{w - 1}.2f}x"
             else:
-                row += f"{'-':>10}"
+                row += f"{'-':>{w}}"
         lines.append(row)
     return "\n".join(lines)
 
@@ -339,7 +351,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--backend", default="gloo")
+    p.add_argument("--backend", default="shm",
+                   help="c10d backend(s), comma-separated: shm, shm-zc (shm on shm_empty "
+                        "arrays), gloo")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--min-bytes", type=parse_size, default=4)
     p.add_argument("--max-bytes", type=parse_size, default=64 << 20)
@@ -359,22 +373,23 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(args)
 
-    impls = ["c10d"] + (peers_available() if args.compare else [])
+    runs = [("c10d", b) for b in args.backend.split(",")]
+    runs += [(peer, "gloo") for peer in (peers_available() if args.compare else [])]
     all_results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for impl in impls:
-            out = os.path.join(tmp, impl + ".json")
-            print(f"# running {impl} on {args.nproc} ranks ...", file=sys.stderr, flush=True)
-            if launch(impl, args, out):
+        for impl, backend in runs:
+            label = f"c10d-{backend}" if impl == "c10d" else impl
+            out = os.path.join(tmp, label + ".json")
+            print(f"# running {label} on {args.nproc} ranks ...", file=sys.stderr, flush=True)
+            if launch(impl, argparse.Namespace(**dict(vars(args), backend=backend)), out):
                 with open(out) as f:
-                    all_results[impl if impl != "c10d" else f"c10d-{args.backend}"] = \
-                        json.load(f)["results"]
+                    all_results[label] = json.load(f)["results"]
             else:
-                print(f"# {impl} failed; left out of the table", file=sys.stderr)
+                print(f"# {label} failed; left out of the table", file=sys.stderr)
     if not all_results:
         return 1
     print(f"# {args.nproc} ranks, dtype {args.dtype}, time per call (max over ranks), "
-          f"busbw as nccl-tests; 'vs X' = X's time / ours (> 1: we are faster)")
+          f"busbw as nccl-tests; 'vs X' = X's time / first column's (> 1: first is faster)")
     print(report(all_results, args, args.nproc))
     print(f"# Python overhead of a sync c10d all_reduce (fake backend, 1 rank): "
           f"{python_overhead_us():.2f} us/call")
