@@ -433,6 +433,15 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
                                               group_rank, group_size, timeout)
                 created = _C._ProcessGroupWrapper(created, checker)
             pg._register_backend(device, name, created)
+        if group_size > 1:
+            # Nobody leaves until every rank has built its backends. After this the group no
+            # longer needs the store, so a rank that finishes early cannot take the store
+            # server (hosted by rank 0) away from a rank that is still connecting. The barrier
+            # runs on the backends directly: it is not one of the user's collectives.
+            opts = _opts(BarrierOptions, False)
+            for _, created in backends.values():
+                if isinstance(created, _C._Backend):
+                    created.barrier(opts)
     try:
         pg._set_group_name(group_name)
         pg._set_global_ranks(list(global_ranks) if global_ranks else list(range(group_size)))
