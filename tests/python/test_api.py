@@ -182,10 +182,10 @@ def test_launcher_sets_environment_and_runs_collectives(tmp_path):
         dist.all_reduce(t)
         # One write per line: the workers share the launcher's stdout, and print() under
         # python -u may split a line into several writes that interleave.
-        line = " ".join(str(x) for x in ["RANK", os.environ["RANK"], os.environ["LOCAL_RANK"],
-                        os.environ["WORLD_SIZE"], os.environ["LOCAL_WORLD_SIZE"], int(t[0]),
-                        dist.is_torchelastic_launched()])
-        os.write(1, (line + "\n").encode())
+        env = os.environ
+        fields = ["RANK", env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"],
+                  env["LOCAL_WORLD_SIZE"], int(t[0]), dist.is_torchelastic_launched()]
+        os.write(1, (" ".join(str(x) for x in fields) + "\n").encode())
         dist.destroy_process_group()
     """, 3, tmp_path)
     assert out.returncode == 0, out.stderr
