@@ -185,7 +185,7 @@ def test_launcher_sets_environment_and_runs_collectives(tmp_path):
         env = os.environ
         fields = ["RANK", env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"],
                   env["LOCAL_WORLD_SIZE"], int(t[0]), dist.is_torchelastic_launched()]
-        os.write(1, (" ".join(str(x) for x in fields) + "\n").encode())
+        os.write(1, (" ".join(str(x) for x in fields) + chr(10)).encode())
         dist.destroy_process_group()
     """, 3, tmp_path)
     assert out.returncode == 0, out.stderr
