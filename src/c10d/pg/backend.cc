@@ -53,9 +53,14 @@ WorkPtr Backend::allreduce_coalesced(std::vector<Tensor>& tensors,
 WorkPtr Backend::reduce(std::vector<Tensor>&, const ReduceOptions&) {
   throw_not_supported("reduce");
 }
-WorkPtr Backend::allgather(std::vector<std::vector<Tensor>>&, std::vector<Tensor>&,
-                           const AllgatherOptions&) {
-  throw_not_supported("allgather");
+WorkPtr Backend::allgather(std::vector<std::vector<Tensor>>& outputs,
+                           std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
+  // allgather_coalesced with the output lists indexed [rank][input] instead of [input][rank].
+  std::vector<std::vector<Tensor>> by_rank(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    for (const auto& list : outputs) by_rank[r].push_back(list[r]);
+  }
+  return allgather_coalesced(by_rank, inputs, opts);
 }
 WorkPtr Backend::allgather_base(Tensor&, Tensor&, const AllgatherOptions&) {
   throw_not_supported("_allgather_base");
@@ -65,8 +70,14 @@ WorkPtr Backend::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
   // One allgather_base of every input packed into bytes, then each rank's part unpacked.
   size_t total = 0;
   for (const auto& t : inputs) total += t.nbytes();
-  Tensor packed = Tensor::empty({static_cast<int64_t>(total)}, core::DType::kUInt8);
-  pack(inputs, packed);
+  // One input is sent as it is (which keeps a backend's zero-copy path for it); several are
+  // packed first.
+  Tensor packed =
+      inputs.size() == 1
+          ? Tensor(inputs[0].data(), core::DType::kUInt8, {static_cast<int64_t>(total)}, {},
+                   inputs[0].owner(), inputs[0].device())
+          : Tensor::empty({static_cast<int64_t>(total)}, core::DType::kUInt8);
+  if (inputs.size() != 1) pack(inputs, packed);
   Tensor gathered = Tensor::empty({static_cast<int64_t>(total) * size_}, core::DType::kUInt8);
   WorkPtr work = allgather_base(gathered, packed, opts);
   auto unpacked = work->get_future()->then([outputs, gathered, total](core::Future&) {

@@ -46,6 +46,7 @@ class Backend {
   virtual WorkPtr allreduce_coalesced(std::vector<Tensor>& tensors,
                                       const AllreduceCoalescedOptions& opts);
   virtual WorkPtr reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts);
+  // Default: allgather_coalesced of the inputs (outputs[k][r] gets rank r's inputs[k]).
   virtual WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs,
                             std::vector<Tensor>& inputs, const AllgatherOptions& opts);
   virtual WorkPtr allgather_base(Tensor& output, Tensor& input, const AllgatherOptions& opts);

@@ -730,35 +730,6 @@ WorkPtr GlooBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
       tensors);
 }
 
-WorkPtr GlooBackend::allgather(std::vector<std::vector<Tensor>>& outputs,
-                               std::vector<Tensor>& inputs, const pg::AllgatherOptions& opts) {
-  std::vector<Tensor> flat_outputs;
-  for (const auto& list : outputs) flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
-  return submit(
-      OpType::kAllgather, "allgather", opts.timeout, wants_async(opts),
-      [outputs, inputs](const OpContext& c) {
-        // Rank-major layout: rank r's input k lands at block r * K + k.
-        const size_t per = inputs[0].nbytes();
-        const size_t k_count = inputs.size();
-        if (per == 0) return;
-        Tensor in = inputs[0];
-        if (k_count > 1) {
-          in = Tensor::empty({static_cast<int64_t>(per * k_count)}, DType::kUInt8);
-          for (size_t k = 0; k < k_count; ++k) {
-            copy_bytes(in.data_as<char>() + k * per, inputs[k].data(), per);
-          }
-        }
-        Tensor out = Tensor::empty({static_cast<int64_t>(per * k_count * c.size)}, DType::kUInt8);
-        run_allgather(c, in.data(), out.data(), per * k_count);
-        for (size_t k = 0; k < k_count; ++k) {
-          for (int r = 0; r < c.size; ++r) {
-            copy_bytes(outputs[k][r].data(), out.data_as<char>() + (r * k_count + k) * per, per);
-          }
-        }
-      },
-      std::move(flat_outputs));
-}
-
 WorkPtr GlooBackend::allgather_base(Tensor& output, Tensor& input,
                                     const pg::AllgatherOptions& opts) {
   return submit(

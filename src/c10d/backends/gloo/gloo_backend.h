@@ -83,8 +83,6 @@ class GlooBackend : public pg::Backend {
   WorkPtr broadcast(std::vector<pg::Tensor>& tensors, const pg::BroadcastOptions& opts) override;
   WorkPtr allreduce(std::vector<pg::Tensor>& tensors, const pg::AllreduceOptions& opts) override;
   WorkPtr reduce(std::vector<pg::Tensor>& tensors, const pg::ReduceOptions& opts) override;
-  WorkPtr allgather(std::vector<std::vector<pg::Tensor>>& outputs,
-                    std::vector<pg::Tensor>& inputs, const pg::AllgatherOptions& opts) override;
   WorkPtr allgather_base(pg::Tensor& output, pg::Tensor& input,
                          const pg::AllgatherOptions& opts) override;
   WorkPtr allgather_into_tensor_coalesced(std::vector<pg::Tensor>& outputs,

@@ -1129,37 +1129,6 @@ WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
       tensors);
 }
 
-WorkPtr ShmBackend::allgather(std::vector<std::vector<Tensor>>& outputs,
-                              std::vector<Tensor>& inputs, const pg::AllgatherOptions& opts) {
-  std::vector<Tensor> flat_outputs;
-  for (const auto& list : outputs) flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
-  return submit(
-      OpType::kAllgather, "allgather", opts.timeout, wants_async(opts),
-      [outputs, inputs](Engine& e) {
-        const size_t per = inputs[0].nbytes();
-        if (inputs.size() == 1) {
-          e.allgather(inputs[0].data_as<char>(), per,
-                      [&](int r) { return outputs[0][r].data_as<char>(); });
-          return;
-        }
-        // Several inputs: rank r's input k lands in outputs[k][r].
-        const size_t k_count = inputs.size();
-        Tensor packed = Tensor::empty({static_cast<int64_t>(per * k_count)}, DType::kUInt8);
-        for (size_t k = 0; k < k_count; ++k) {
-          copy(packed.data_as<char>() + k * per, inputs[k].data(), per);
-        }
-        Tensor all = Tensor::empty({static_cast<int64_t>(per * k_count * e.size())}, DType::kUInt8);
-        e.allgather(packed.data_as<char>(), per * k_count,
-                    [&](int r) { return all.data_as<char>() + r * per * k_count; });
-        for (size_t k = 0; k < k_count; ++k) {
-          for (int r = 0; r < e.size(); ++r) {
-            copy(outputs[k][r].data(), all.data_as<char>() + (r * k_count + k) * per, per);
-          }
-        }
-      },
-      std::move(flat_outputs));
-}
-
 WorkPtr ShmBackend::allgather_base(Tensor& output, Tensor& input,
                                    const pg::AllgatherOptions& opts) {
   return submit(

@@ -65,8 +65,6 @@ class ShmBackend : public pg::Backend {
   pg::WorkPtr broadcast(std::vector<pg::Tensor>& tensors, const pg::BroadcastOptions& opts) override;
   pg::WorkPtr allreduce(std::vector<pg::Tensor>& tensors, const pg::AllreduceOptions& opts) override;
   pg::WorkPtr reduce(std::vector<pg::Tensor>& tensors, const pg::ReduceOptions& opts) override;
-  pg::WorkPtr allgather(std::vector<std::vector<pg::Tensor>>& outputs,
-                        std::vector<pg::Tensor>& inputs, const pg::AllgatherOptions& opts) override;
   pg::WorkPtr allgather_base(pg::Tensor& output, pg::Tensor& input,
                              const pg::AllgatherOptions& opts) override;
   pg::WorkPtr allgather_into_tensor_coalesced(std::vector<pg::Tensor>& outputs,
