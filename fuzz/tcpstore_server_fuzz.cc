@@ -59,7 +59,8 @@ void check_alive() {
   }
   uint32_t echo = 0;
   pollfd p{fd, POLLIN, 0};
-  if (::poll(&p, 1, 5000) <= 0 || ::recv(fd, &echo, sizeof echo, MSG_WAITALL) != sizeof echo ||
+  // Generous: under AddressSanitizer an 8 MiB value takes a while to copy.
+  if (::poll(&p, 1, 30000) <= 0 || ::recv(fd, &echo, sizeof echo, MSG_WAITALL) != sizeof echo ||
       echo != 4242) {
     std::abort();  // the server stopped serving
   }

@@ -655,6 +655,13 @@ bool TCPServer::Impl::handle(Client* c, Request& r) {
       break;
     case QueryType::kAppend: {
       Bytes& value = data_[r.keys[0]];
+      // Appends obey the value limit too, so no sequence of requests grows one value past it.
+      if (value.size() + r.values[0].size() > wire::kMaxValueLen) {
+        drop(c, str_cat("APPEND would grow key '", r.keys[0], "' to ",
+                        value.size() + r.values[0].size(), " bytes, past the limit of ",
+                        wire::kMaxValueLen));
+        return false;
+      }
       value.insert(value.end(), r.values[0].begin(), r.values[0].end());
       after_write(r.keys[0]);
       return true;

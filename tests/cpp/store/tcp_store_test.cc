@@ -575,6 +575,24 @@ TEST_F(TCPStoreRobustness, OversizeLengthPrefixIsRejectedWithoutAllocating) {
   expect_good_client_works();
 }
 
+TEST_F(TCPStoreRobustness, AppendsCannotGrowAValuePastTheLimit) {
+  // Two appends of 5 MiB each: the second would pass the 8 MiB value limit.
+  const Bytes chunk(5 << 20, 'x');
+  good_->append("grow", chunk);
+  TCPStoreOptions opts;
+  opts.port = server_->port();
+  opts.timeout = std::chrono::seconds(10);
+  TCPStore greedy(kHost, opts);
+  // APPEND has no reply: the refusal shows as the dropped connection on the next call.
+  try {
+    greedy.append("grow", chunk);
+  } catch (const core::DistNetworkError&) {
+  }
+  EXPECT_THROW(greedy.add("after", 1), core::DistNetworkError);
+  EXPECT_EQ(good_->get("grow").size(), chunk.size());
+  expect_good_client_works();
+}
+
 TEST_F(TCPStoreRobustness, DisconnectInTheMiddleOfARequest) {
   {
     RawClient bad(server_->port());
