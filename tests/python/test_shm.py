@@ -93,7 +93,10 @@ def test_host_mismatch_fails_at_init_with_advice():
                    env_for_rank=lambda r: {"C10D_SHM_HOST_ID": f"host-{r}"})
     for code, out, err in results:
         assert code == 0, _report(results)
-        assert "HOST_MISMATCH_OK" in out, _report(results)
+    # Rank 0 always explains; a rank that loses the race to rank 0's exit says the store closed.
+    assert "HOST_MISMATCH_OK" in results[0][1], _report(results)
+    assert all("HOST_MISMATCH_OK" in out or "STORE_CLOSED" in out for _, out, _ in results), \
+        _report(results)
 
 
 def test_fuzzed_sizes_agree_with_numpy():
@@ -151,8 +154,12 @@ def case_host_mismatch(dist):
         _init(dist)
     except RuntimeError as e:
         text = str(e)
-        assert "host" in text and "gloo or mpi" in text, text
-        print(f"HOST_MISMATCH_OK: {text}")
+        if "host" in text and "gloo or mpi" in text:
+            print(f"HOST_MISMATCH_OK: {text}")
+        else:
+            # Rank 0 hosts the store; when it gives up first, the others see the store close.
+            assert "closed the connection" in text, text
+            print(f"STORE_CLOSED: {text}")
         return
     raise AssertionError("init_process_group passed across 'hosts'")
 
