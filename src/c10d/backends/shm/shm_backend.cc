@@ -360,57 +360,41 @@ class Engine {
     core::apply_postdiv(out, count, dtype, op, size_);
   }
 
-  // Chunks of the slot size: at step k every rank copies in the pieces of chunk k that its
-  // peers own and, after the barrier, copies out the peers' reduced pieces of chunk k-1 and
-  // reduces its own piece of chunk k (reading its own input in place) into its out area of the
-  // next parity and its output. One barrier per chunk.
+  // Chunks of the slot size: at step k every rank copies in chunk k and, after the barrier,
+  // copies out the reduced pieces of chunk k-1 and reduces its own piece of chunk k into its
+  // out area of the next parity. One barrier per chunk.
   void pipelined(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
                  bool premul) {
     const size_t es = core::element_size(dtype);
     const size_t chunk = kSlotBytes / es;
     const size_t chunks = ceil_div(count, chunk);
-    const size_t block = std::max<size_t>(1, (size_t{32} << 10) / es);
-    std::vector<const char*> src(size_);
     for (size_t k = 0; k <= chunks; ++k) {
       const uint32_t s = step_ + 1;
       const size_t off = k * chunk;
       const size_t e = k < chunks ? std::min(chunk, count - off) : 0;
       if (e != 0) {
-        for (int j = 0; j < size_; ++j) {
-          if (j == rank_ && !premul) continue;  // read in place below
-          size_t b, len;
-          piece_of(e, size_, es, j, b, len);
-          char* slot = seg_.in(rank_, s) + b * es;
-          copy(slot, in + (off + b) * es, len * es);
-          if (premul) core::apply_premul(slot, len, dtype, op);
-        }
+        char* slot = seg_.in(rank_, s);
+        copy(slot, in + off * es, e * es);
+        if (premul) core::apply_premul(slot, e, dtype, op);
       }
       sync(s);
       if (k >= 1 && out != nullptr) {
         const size_t prev_off = (k - 1) * chunk;
         const size_t prev_e = std::min(chunk, count - prev_off);
         for (int j = 0; j < size_; ++j) {
-          if (j == rank_) continue;  // written when it was reduced
           size_t b, len;
           piece_of(prev_e, size_, es, j, b, len);
           copy(out + (prev_off + b) * es, seg_.out(j, s) + b * es, len * es);
         }
       }
-      if (e == 0) continue;
-      size_t b, len;
-      piece_of(e, size_, es, rank_, b, len);
-      for (int j = 0; j < size_; ++j) {
-        src[j] = (j == rank_ && !premul ? in + off * es : seg_.in(j, s)) + b * es;
-      }
-      char* dst = seg_.out(rank_, s + 1) + b * es;
-      // Blocks small enough that the result is still in L1 when copied to the output.
-      for (size_t x = 0; x < len; x += block) {
-        const size_t m = std::min(block, len - x);
-        const size_t at = x * es;
-        core::reduce_into(dst + at, src[0] + at, src[1] + at, m, dtype, op);
-        for (int j = 2; j < size_; ++j) core::reduce(dst + at, src[j] + at, m, dtype, op);
-        core::apply_postdiv(dst + at, m, dtype, op, size_);
-        if (out != nullptr) copy(out + (off + b) * es + at, dst + at, m * es);
+      if (e != 0) {
+        size_t b, len;
+        piece_of(e, size_, es, rank_, b, len);
+        if (len == 0) continue;
+        char* dst = seg_.out(rank_, s + 1) + b * es;
+        core::reduce_into(dst, seg_.in(0, s) + b * es, seg_.in(1, s) + b * es, len, dtype, op);
+        for (int j = 2; j < size_; ++j) core::reduce(dst, seg_.in(j, s) + b * es, len, dtype, op);
+        core::apply_postdiv(dst, len, dtype, op, size_);
       }
     }
   }
