@@ -80,12 +80,25 @@ struct FileStore::Record {
 
 // Holds flock on the store's descriptor for one scope. flock (unlike fcntl record locks)
 // belongs to the open file description, so two FileStore handles in one process, each with
-// its own descriptor, exclude each other as two processes would.
+// its own descriptor, exclude each other as two processes would. Taking the lock is bounded
+// by the store's timeout: a process stuck while holding it becomes an error, not a hang.
 class FileStore::FileLock {
  public:
   FileLock(const FileStore& store, bool exclusive) : fd_(store.fd_) {
-    while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
-      if (errno != EINTR) store.throw_errno(exclusive ? "flock(LOCK_EX)" : "flock(LOCK_SH)", errno);
+    const core::Deadline deadline(store.timeout());
+    auto pause = std::chrono::microseconds(100);
+    while (::flock(fd_, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
+      if (errno == EINTR) continue;
+      if (errno != EWOULDBLOCK) {
+        store.throw_errno(exclusive ? "flock(LOCK_EX)" : "flock(LOCK_SH)", errno);
+      }
+      if (deadline.expired()) {
+        throw core::DistStoreTimeoutError(core::detail::str_cat(
+            store.describe(), ": timed out after ", core::format_timeout(store.timeout()),
+            " waiting for the file lock (another process holds it)"));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(10000));
     }
   }
   ~FileLock() { ::flock(fd_, LOCK_UN); }

@@ -1,6 +1,7 @@
 #include "c10d/store/file_store.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,6 +74,29 @@ TEST_F(FileStoreTest, BasicSemantics) {
   EXPECT_EQ(store.num_keys(), 6);
   EXPECT_EQ(store.list_keys(),
             (std::vector<std::string>{"a", "empty", "log", "m1", "m2", "n"}));
+}
+
+TEST_F(FileStoreTest, HeldFileLockTimesOutNamingTheLock) {
+  FileStore store(path_, -1, 10s);
+  store.set("k", b("v"));
+  // Another holder of the file lock (as a stuck process would be).
+  int fd = ::open(path_.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  store.set_timeout(200ms);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    store.set("k", b("w"));
+    FAIL() << "set with the file lock held elsewhere did not time out";
+  } catch (const core::DistStoreTimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("file lock"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  ::flock(fd, LOCK_UN);
+  ::close(fd);
+  store.set_timeout(10s);
+  store.set("k", b("w"));
+  EXPECT_EQ(store.get("k"), b("w"));
 }
 
 TEST_F(FileStoreTest, CompareSet) {
