@@ -77,6 +77,7 @@ std::vector<DeviceType> ProcessGroup::device_types() const {
 void ProcessGroup::register_on_completion_hook(Hook hook) {
   std::lock_guard lock(mutex_);
   hooks_.push_back(std::move(hook));
+  any_hooks_.store(true, std::memory_order_release);
 }
 
 bool ProcessGroup::has_hooks() const {
@@ -94,7 +95,7 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
   std::shared_ptr<Backend> backend = get_backend(device);
   const uint64_t seq = ++seq_;
   std::vector<Hook> hooks;
-  {
+  if (any_hooks_.load(std::memory_order_acquire)) {
     std::lock_guard lock(mutex_);
     hooks = hooks_;
   }
@@ -112,7 +113,7 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
     if (traced) FlightRecorder::instance().record_finished(traced, std::current_exception());
     throw;
   }
-  if (work) {
+  if (work && any_coalescing_.load(std::memory_order_acquire)) {
     std::lock_guard lock(mutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
@@ -411,6 +412,7 @@ void ProcessGroup::start_coalescing() {
   std::lock_guard lock(mutex_);
   C10D_CHECK(!coalescing_, "start_coalescing: already coalescing on group '", group_name_, "'");
   coalescing_ = true;
+  any_coalescing_.store(true, std::memory_order_release);
   coalesced_.clear();
 }
 
@@ -421,6 +423,7 @@ WorkPtr ProcessGroup::end_coalescing() {
     C10D_CHECK(coalescing_, "end_coalescing without start_coalescing on group '", group_name_,
                "'");
     coalescing_ = false;
+    any_coalescing_.store(false, std::memory_order_release);
     works.swap(coalesced_);
   }
   // A future completed by the last of the works to finish.

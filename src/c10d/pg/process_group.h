@@ -128,6 +128,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   mutable std::mutex mutex_;
   std::map<core::DeviceType, std::shared_ptr<Backend>> backends_;  // guarded by mutex_
   std::vector<Hook> hooks_;                                        // guarded by mutex_
+  // Mirrors of "hooks_ non-empty" and coalescing_, read without the lock on every operation
+  // so the common case (no hooks, not coalescing) takes no lock.
+  std::atomic<bool> any_hooks_{false};
+  std::atomic<bool> any_coalescing_{false};
   std::string group_name_;                                         // guarded by mutex_
   std::string group_desc_;                                         // guarded by mutex_
   std::optional<std::vector<int>> global_ranks_;                   // guarded by mutex_
