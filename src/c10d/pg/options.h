@@ -76,4 +76,15 @@ struct BarrierOptions {
   bool async_op = true;
 };
 
+// Whether the caller will wait for the result later (async) or right away (sync: a backend
+// may then run the operation on the calling thread). Options without the field are async.
+template <typename Opts>
+bool wants_async(const Opts& opts) {
+  if constexpr (requires { opts.async_op; }) {
+    return opts.async_op;
+  } else {
+    return true;
+  }
+}
+
 }  // namespace c10d::pg

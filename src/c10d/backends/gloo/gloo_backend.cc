@@ -39,6 +39,7 @@ using core::ReduceOp;
 using core::Tensor;
 using core::detail::str_cat;
 using pg::Millis;
+using pg::wants_async;
 
 namespace {
 
@@ -91,15 +92,6 @@ bool is_gloo_timeout(const std::string& message) {
   return message.find("Timed out") != std::string::npos ||
          message.find("timed out") != std::string::npos ||
          message.find("Timeout") != std::string::npos;
-}
-
-template <typename Opts>
-bool wants_async(const Opts& opts) {
-  if constexpr (requires { opts.async_op; }) {
-    return opts.async_op;
-  } else {
-    return true;
-  }
 }
 
 // Elementwise copy of a contiguous tensor's bytes.

@@ -31,6 +31,7 @@ using core::Tensor;
 using core::detail::str_cat;
 using pg::Millis;
 using pg::WorkPtr;
+using pg::wants_async;
 
 namespace {
 
@@ -121,11 +122,6 @@ void piece_of(size_t count, int size, size_t element, int j, size_t& begin, size
   const size_t per = piece_elems(count, size, element);
   begin = std::min(count, per * static_cast<size_t>(j));
   len = std::min(count, begin + per) - begin;
-}
-
-template <typename Opts>
-bool wants_async(const Opts& opts) {
-  return opts.async_op;
 }
 
 }  // namespace
