@@ -740,24 +740,30 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
         _opts(AllgatherOptions, async_op)), async_op)
 
 
+def _root_and_list(group, group_root, root, name, tensor_list, list_name, role):
+    """The root rank of a rooted collective (default 0) and its tensor-list argument as the
+    C++ layer takes it: [list] on the root, [] elsewhere. The list is required on the root and
+    refused on the other ranks."""
+    if root is None and group_root is None:
+        root = 0
+    root = _canonical_rank(group, group_root, root, name)
+    if get_rank(group) == root:
+        if not tensor_list:
+            raise ValueError(f"Argument ``{list_name}`` must be specified on {role} rank.")
+        return root, [_check_list(tensor_list, list_name)]
+    if tensor_list:
+        raise ValueError(f"Argument ``{list_name}`` must NOT be specified on non-{role} "
+                         f"ranks.")
+    return root, []
+
+
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
     """Gathers `tensor` from every rank into `gather_list` on rank `dst`."""
     if _rank_not_in_group(group):
         _warn_not_in_group("gather")
         return None
-    if dst is None and group_dst is None:
-        dst = 0
-    root = _canonical_rank(group, group_dst, dst, "dst")
-    me = get_rank(group)
-    if me == root:
-        if not gather_list:
-            raise ValueError("Argument ``gather_list`` must be specified on destination rank.")
-        outputs = [_check_list(gather_list, "gather_list")]
-    else:
-        if gather_list:
-            raise ValueError("Argument ``gather_list`` must NOT be specified on "
-                             "non-destination ranks.")
-        outputs = []
+    root, outputs = _root_and_list(group, group_dst, dst, "dst", gather_list, "gather_list",
+                                   "destination")
     opts = GatherOptions()
     opts.rootRank = root
     opts.asyncOp = async_op
@@ -769,19 +775,8 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     if _rank_not_in_group(group):
         _warn_not_in_group("scatter")
         return None
-    if src is None and group_src is None:
-        src = 0
-    root = _canonical_rank(group, group_src, src, "src")
-    me = get_rank(group)
-    if me == root:
-        if not scatter_list:
-            raise ValueError("Argument ``scatter_list`` must be specified on source rank.")
-        inputs = [_check_list(scatter_list, "scatter_list")]
-    else:
-        if scatter_list:
-            raise ValueError("Argument ``scatter_list`` must NOT be specified on "
-                             "non-source ranks.")
-        inputs = []
+    root, inputs = _root_and_list(group, group_src, src, "src", scatter_list, "scatter_list",
+                                  "source")
     opts = ScatterOptions()
     opts.rootRank = root
     opts.asyncOp = async_op
