@@ -166,7 +166,7 @@ class _WorldMeta(type):
 
     @WORLD.setter
     def WORLD(cls, pg):
-        _world.default_pg = pg
+        _world.set_default(pg)
 
 
 class GroupMember(metaclass=_WorldMeta):
@@ -189,9 +189,23 @@ class _World:
         self.pg_backend_config: Dict[ProcessGroup, str] = {}
         self.group_count = 0
         self.pg_default_device: Dict[ProcessGroup, str] = {}
+        # Each group's inline all_reduce (ProcessGroup._allreduce_now_fn), the default group's
+        # also under None: all_reduce tries it first.
+        self.allreduce_now: Dict[Any, Callable] = {}
 
     def reset(self):
         self.__init__()
+
+    def add_group(self, pg) -> None:
+        # Not for Python subclasses: they may override allreduce.
+        if type(pg) is ProcessGroup:
+            self.allreduce_now[pg] = pg._allreduce_now_fn()
+
+    def set_default(self, pg) -> None:
+        self.default_pg = pg
+        self.allreduce_now.pop(None, None)
+        if pg in self.allreduce_now:
+            self.allreduce_now[None] = self.allreduce_now[pg]
 
 
 _world = _World()
@@ -451,6 +465,7 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
     _world.pg_map[pg] = (str(Backend(backend) if backend else Backend.GLOO), store)
     _world.pg_names[pg] = group_name
     _world.pg_backend_config[pg] = str(config)
+    _world.add_group(pg)
     if global_ranks:
         _world.pg_group_ranks[pg] = {g: i for i, g in enumerate(global_ranks)}
     else:
@@ -492,7 +507,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     _world.group_count += 1
     pg = _new_process_group_helper(world_size, rank, [], backend, store, name, pg_options,
                                    timeout)
-    _world.default_pg = pg
+    _world.set_default(pg)
 
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
@@ -514,7 +529,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     _shutdown(group)
     _C._unregister_process_group(_world.pg_names.get(group, ""))
     for table in (_world.pg_map, _world.pg_names, _world.pg_group_ranks,
-                  _world.pg_backend_config):
+                  _world.pg_backend_config, _world.allreduce_now):
         table.pop(group, None)
 
 
@@ -642,6 +657,11 @@ def _allreduce_opts(op, async_op: bool) -> AllreduceOptions:
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduces `tensor` across all ranks of `group`, in place on every rank."""
+    if not async_op:
+        # The inline path: no options or Work objects; False means it did not apply.
+        now = _world.allreduce_now.get(group)
+        if now is not None and now(tensor, op):
+            return None
     if group is None:
         group = _world.default_pg or _get_default_group()
     elif _rank_not_in_group(group):

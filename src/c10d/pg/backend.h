@@ -23,6 +23,16 @@ using core::Tensor;
 using core::Work;
 using WorkPtr = std::shared_ptr<Work>;
 
+// A dense, C-contiguous CPU buffer, described without a Tensor object, for the inline fast path
+// (see Backend::allreduce_inline). `sizes` (ndim entries) may point into the caller's memory.
+struct DenseView {
+  void* data = nullptr;
+  size_t numel = 0;
+  core::DType dtype = core::DType::kFloat32;
+  int ndim = 0;
+  const int64_t* sizes = nullptr;
+};
+
 class Backend {
  public:
   Backend(int rank, int size, Millis timeout = kDefaultPgTimeout)
@@ -83,6 +93,12 @@ class Backend {
   // Reports every rank that did not arrive within the timeout (all of them with
   // wait_all_ranks, else the first one found).
   virtual void monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks);
+
+  // The inline fast path: a synchronous allreduce of one dense buffer, run to completion on the
+  // calling thread without creating a Work; errors are thrown. Backends that can run it cheaply
+  // say so through has_inline_allreduce(); ProcessGroup calls allreduce_inline() only then.
+  virtual bool has_inline_allreduce() const { return false; }
+  virtual void allreduce_inline(const DenseView& buffer, const AllreduceOptions& opts);
 
   // Stops outstanding operations; later calls fail. Never blocks on peers.
   virtual void shutdown() {}

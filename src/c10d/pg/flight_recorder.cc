@@ -124,10 +124,10 @@ void describe(const TensorRefs& refs, std::vector<uint8_t>& dims, std::vector<in
   dims.clear();
   sizes.clear();
   dtypes.clear();
-  refs.for_each([&](const core::Tensor& t) {
-    dims.push_back(static_cast<uint8_t>(std::min<int64_t>(t.dim(), 255)));
-    for (int64_t i = 0; i < t.dim() && i < 255; ++i) sizes.push_back(t.sizes()[i]);
-    dtypes.push_back(t.dtype());
+  refs.for_each_shape([&](int ndim, const int64_t* shape, core::DType dtype) {
+    dims.push_back(static_cast<uint8_t>(std::min(ndim, 255)));
+    for (int i = 0; i < ndim && i < 255; ++i) sizes.push_back(shape[i]);
+    dtypes.push_back(dtype);
   });
 }
 

@@ -29,6 +29,7 @@
 
 #include "c10d/core/tensor.h"
 #include "c10d/core/work.h"
+#include "c10d/pg/backend.h"
 #include "c10d/pg/options.h"
 
 namespace c10d::store {
@@ -38,31 +39,38 @@ class Store;
 namespace c10d::pg {
 
 // A non-owning view of the tensors of one operation, in any of the shapes the collectives take
-// them. Valid only while the viewed objects are.
+// them (or of a DenseView, on the inline fast path). Valid only while the viewed objects are.
 class TensorRefs {
  public:
   TensorRefs() = default;
   TensorRefs(const core::Tensor& tensor) : one_(&tensor) {}
   TensorRefs(const std::vector<core::Tensor>& tensors) : list_(&tensors) {}
   TensorRefs(const std::vector<std::vector<core::Tensor>>& lists) : lists_(&lists) {}
+  TensorRefs(const DenseView& view) : view_(&view) {}
 
+  // Calls fn(ndim, sizes, dtype) for every tensor.
   template <typename Fn>
-  void for_each(Fn&& fn) const {
-    if (one_) fn(*one_);
+  void for_each_shape(Fn&& fn) const {
+    auto one = [&](const core::Tensor& t) {
+      fn(static_cast<int>(t.dim()), t.sizes().data(), t.dtype());
+    };
+    if (one_) one(*one_);
     if (list_) {
-      for (const auto& t : *list_) fn(t);
+      for (const auto& t : *list_) one(t);
     }
     if (lists_) {
       for (const auto& inner : *lists_) {
-        for (const auto& t : inner) fn(t);
+        for (const auto& t : inner) one(t);
       }
     }
+    if (view_) fn(view_->ndim, view_->sizes, view_->dtype);
   }
 
  private:
   const core::Tensor* one_ = nullptr;
   const std::vector<core::Tensor>* list_ = nullptr;
   const std::vector<std::vector<core::Tensor>>* lists_ = nullptr;
+  const DenseView* view_ = nullptr;
 };
 
 // What ProcessGroup tells the recorder about one operation.

@@ -168,6 +168,38 @@ WorkPtr ProcessGroup::allreduce(std::vector<Tensor>& tensors, const AllreduceOpt
                   [&](Backend& b) { return b.allreduce(tensors, opts); });
 }
 
+bool ProcessGroup::allreduce_inline(const DenseView& buffer, const AllreduceOptions& opts) {
+  if (any_hooks_.load(std::memory_order_acquire) ||
+      any_coalescing_.load(std::memory_order_acquire)) {
+    return false;
+  }
+  std::shared_ptr<Backend> backend;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = backends_.find(DeviceType::kCPU);
+    if (it == backends_.end() || !it->second->has_inline_allreduce()) return false;
+    backend = it->second;
+  }
+  check_reduce("allreduce", buffer.dtype, opts.reduce_op);
+  const uint64_t seq = ++seq_;
+  TraceHandle traced;
+  if (trace_) {
+    traced = FlightRecorder::instance().record(
+        trace_,
+        {.op = OpType::kAllreduce, .pg_seq = seq, .inputs = buffer, .outputs = buffer,
+         .timeout = opts.timeout},
+        /*started=*/true);
+  }
+  try {
+    backend->allreduce_inline(buffer, opts);
+  } catch (...) {
+    if (traced) FlightRecorder::instance().record_finished(traced, std::current_exception());
+    throw;
+  }
+  if (traced) FlightRecorder::instance().record_finished(traced, nullptr);
+  return true;
+}
+
 WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
                                           const AllreduceCoalescedOptions& opts) {
   check_tensor_list("allreduce_coalesced", tensors, /*same_shape=*/false);

@@ -70,6 +70,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   WorkPtr allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts = {});
   WorkPtr allreduce_coalesced(std::vector<Tensor>& tensors,
                               const AllreduceCoalescedOptions& opts = {});
+  // A synchronous allreduce of one dense CPU buffer through the backend's inline fast path:
+  // validated, numbered and traced like allreduce(), but without a Work. Returns false, having
+  // done nothing, when that path does not apply (completion hooks, coalescing, or a backend
+  // without one); the caller then uses allreduce(). Errors are thrown.
+  bool allreduce_inline(const DenseView& buffer, const AllreduceOptions& opts);
   WorkPtr reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts = {});
   WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
                     const AllgatherOptions& opts = {});

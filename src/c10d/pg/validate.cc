@@ -23,9 +23,9 @@ void check_tensor_list(std::string_view op, const std::vector<Tensor>& tensors,
   if (same_shape) core::check_same_sizes(tensors, op);
 }
 
-void check_reduce(std::string_view op, const Tensor& tensor, const core::ReduceOp& reduce_op) {
+void check_reduce(std::string_view op, core::DType dtype, const core::ReduceOp& reduce_op) {
   try {
-    core::check_reduce_op(tensor.dtype(), reduce_op);
+    core::check_reduce_op(dtype, reduce_op);
   } catch (const core::InvalidArgument& e) {
     throw core::InvalidArgument(std::string(op) + ": " + e.what());
   }

@@ -21,7 +21,11 @@ void check_tensor(std::string_view op, const Tensor& tensor);
 void check_tensor_list(std::string_view op, const std::vector<Tensor>& tensors,
                        bool same_shape = true);
 // The op is valid for the dtype (and complex tensors are allowed for it).
-void check_reduce(std::string_view op, const Tensor& tensor, const core::ReduceOp& reduce_op);
+void check_reduce(std::string_view op, core::DType dtype, const core::ReduceOp& reduce_op);
+inline void check_reduce(std::string_view op, const Tensor& tensor,
+                         const core::ReduceOp& reduce_op) {
+  check_reduce(op, tensor.dtype(), reduce_op);
+}
 // `list` must hold exactly `expected` tensors (e.g. world size), named in the message.
 void check_list_length(std::string_view op, std::string_view what, size_t actual,
                        size_t expected);

@@ -3,6 +3,13 @@
 
 #include <pybind11/pybind11.h>
 
+#include <exception>
+#include <memory>
+
+namespace c10d::pg {
+class ProcessGroup;
+}
+
 namespace c10d::python {
 
 void init_core(pybind11::module_& m);       // core_bindings.cc: errors, dtypes, Tensor, Work
@@ -13,5 +20,12 @@ void init_pg(pybind11::module_& m);         // pg_bindings.cc: options, Backend,
 void init_gloo(pybind11::module_& m);       // gloo_bindings.cc: ProcessGroupGloo (C10D_WITH_GLOO)
 void init_control(pybind11::module_& m);    // control_bindings.cc: StoreCollectives, WorkerServer
 void init_shm(pybind11::module_& m);        // shm_bindings.cc: ProcessGroupShm (C10D_WITH_SHM)
+
+// Sets the Python error for a C++ exception as pybind11 would (c10d's error classes, ValueError
+// for invalid arguments, RuntimeError otherwise); for code outside pybind11's dispatch.
+void set_python_error(std::exception_ptr error);
+
+// inline_path.cc: the plain CPython function allreduce_now(tensor, op) -> bool of `group`.
+pybind11::object make_allreduce_now(std::shared_ptr<pg::ProcessGroup> group);
 
 }  // namespace c10d::python

@@ -122,6 +122,20 @@ std::exception_ptr exception_from_python(py::handle exc) {
 
 }  // namespace
 
+void set_python_error(std::exception_ptr error) {
+  try {
+    translate_exception(error);
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+  }
+}
+
 void init_core(py::module_& m) {
   register_exceptions(m);
   init_tensor(m);

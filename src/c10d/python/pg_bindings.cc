@@ -458,6 +458,10 @@ void init_pg(py::module_& m) {
       .def_property_readonly("bound_device_id", [](const ProcessGroup&) { return py::none(); })
       .def_property_readonly("_timeout", [](const ProcessGroup& g) { return g.options().timeout; })
       .def_property_readonly("_store", &ProcessGroup::store)
+      .def("_allreduce_now_fn", &make_allreduce_now,
+           "A function allreduce_now(tensor, op) -> bool running a synchronous all_reduce of a "
+           "C-contiguous buffer through the backend's inline path when it applies (False: "
+           "nothing was done; use allreduce()).")
       .def(
           "_register_backend",
           [](ProcessGroup& g, py::handle device, py::handle /*backend_type*/,

@@ -95,6 +95,42 @@ def all_reduce(dist, backend):
     assert (t == world * (world + 1) / 2).all()
 
 
+def inline_all_reduce(dist, backend):
+    """A synchronous all_reduce on a plain array takes the inline path where the backend has
+    one; it must number, trace and order operations exactly like the general path."""
+    import json
+
+    import c10d
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg = dist.group.WORLD
+    before = pg._get_sequence_number_for_group()
+    t = np.full((2, 3), rank + 1, np.float32)
+    dist.all_reduce(t)
+    assert (t == world * (world + 1) / 2).all()
+    assert pg._get_sequence_number_for_group() == before + 1
+    dump = json.loads(c10d._dump_trace_json())
+    uid = [g["uid"] for g in dump["groups"] if g["name"] == pg.group_name][-1]
+    last = [e for e in dump["entries"] if e["group_uid"] == uid][-1]
+    assert (last["op"], last["state"]) == ("allreduce", "completed"), last
+    assert last["input_sizes"] == [[2, 3]] and last["input_dtypes"] == ["float32"], last
+    # An asynchronous operation issued first completes first, with its own result.
+    a = np.full(5, rank + 1, np.int64)
+    b = np.full(3, 10 * (rank + 1), np.int64)
+    work = dist.all_reduce(a, async_op=True)
+    dist.all_reduce(b, op=dist.ReduceOp.MAX)
+    work.wait()
+    assert (a == world * (world + 1) // 2).all() and (b == 10 * world).all()
+    # The same group explicitly, and a 0-d array.
+    z = np.array(rank + 1.0)
+    dist.all_reduce(z, group=pg)
+    assert z == world * (world + 1) / 2
+    # Completion hooks see every operation (the inline path steps aside for them).
+    seen = []
+    pg._register_on_completion_hook(lambda info: seen.append(info.seq))
+    dist.all_reduce(np.ones(2))
+    assert seen == [pg._get_sequence_number_for_group()], seen
+
+
 def all_reduce_errors(dist, backend):
     rank = dist.get_rank()
     for bad in [None, 3, "x", [1, 2]]:

@@ -148,12 +148,17 @@ class Engine {
   int size() const { return size_; }
   const WaitPolicy& policy() const { return policy_; }
 
-  // The operation about to run (exec_mutex held).
+  // The operation about to run (exec_mutex held); throws when the engine cannot run it.
   void begin(const char* name, uint64_t seq, Millis timeout) {
     name_ = name;
     seq_ = seq;
     timeout_ = timeout;
     deadline_ = core::Deadline(timeout);
+    if (!broken.empty()) {
+      throw DistBackendError(
+          str_cat(describe(), ": the backend is unusable after an earlier failure: ", broken));
+    }
+    if (aborted.load()) throw DistBackendError(str_cat(describe(), ": the backend was shut down"));
   }
 
   std::string describe() const {
@@ -969,14 +974,6 @@ void ShmBackend::run_task(Engine& engine, Task& task) noexcept {
     std::lock_guard<std::mutex> lock(engine.exec_mutex);
     try {
       engine.begin(task.name, task.seq, task.timeout);
-      if (!engine.broken.empty()) {
-        throw DistBackendError(str_cat(engine.describe(),
-                                       ": the backend is unusable after an earlier failure: ",
-                                       engine.broken));
-      }
-      if (engine.aborted.load()) {
-        throw DistBackendError(str_cat(engine.describe(), ": the backend was shut down"));
-      }
       task.body(engine);
     } catch (...) {
       error = std::current_exception();
@@ -1093,6 +1090,33 @@ WorkPtr ShmBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
         for (const Tensor& out : tensors) copy(out.data(), acc.data(), acc.nbytes());
       },
       tensors);
+}
+
+void ShmBackend::allreduce_inline(const pg::DenseView& buffer, const pg::AllreduceOptions& opts) {
+  Queue& q = *queue_;
+  uint64_t seq;
+  {
+    std::unique_lock<std::mutex> lock(q.mutex);
+    if (q.stopping || q.pending != 0) {
+      // Earlier asynchronous operations are queued (or the backend is shut down): the general
+      // path keeps the order and reports the state.
+      lock.unlock();
+      return Backend::allreduce_inline(buffer, opts);
+    }
+    seq = q.next_seq++;
+    ++q.pending;
+  }
+  struct Finish {
+    Queue& q;
+    ~Finish() {
+      std::lock_guard<std::mutex> lock(q.mutex);
+      --q.pending;
+    }
+  } finish{q};
+  std::lock_guard<std::mutex> exec(engine_->exec_mutex);
+  engine_->begin("allreduce", seq, effective_timeout(opts.timeout));
+  char* data = static_cast<char*>(buffer.data);
+  engine_->allreduce(data, data, buffer.numel, buffer.dtype, opts.reduce_op, true);
 }
 
 WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
