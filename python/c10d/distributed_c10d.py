@@ -8,6 +8,7 @@ import collections
 import io
 import os
 import pickle
+import types
 import warnings
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -189,9 +190,11 @@ class _World:
         self.pg_backend_config: Dict[ProcessGroup, str] = {}
         self.group_count = 0
         self.pg_default_device: Dict[ProcessGroup, str] = {}
-        # Each group's inline all_reduce (ProcessGroup._allreduce_now_fn), the default group's
-        # also under None: all_reduce tries it first.
-        self.allreduce_now: Dict[Any, Callable] = {}
+        # Each group's inline entry points (ProcessGroup._inline_ops), the default group's also
+        # under None. Synchronous collectives try them first; they return False (nothing done)
+        # when the inline path does not apply. Rooted ones use them for the default group only,
+        # where global and group ranks agree.
+        self.inline: Dict[Any, Any] = {}
 
     def reset(self):
         self.__init__()
@@ -199,13 +202,13 @@ class _World:
     def add_group(self, pg) -> None:
         # Not for Python subclasses: they may override allreduce.
         if type(pg) is ProcessGroup:
-            self.allreduce_now[pg] = pg._allreduce_now_fn()
+            self.inline[pg] = types.SimpleNamespace(**pg._inline_ops())
 
     def set_default(self, pg) -> None:
         self.default_pg = pg
-        self.allreduce_now.pop(None, None)
-        if pg in self.allreduce_now:
-            self.allreduce_now[None] = self.allreduce_now[pg]
+        self.inline.pop(None, None)
+        if pg in self.inline:
+            self.inline[None] = self.inline[pg]
 
 
 _world = _World()
@@ -529,7 +532,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     _shutdown(group)
     _C._unregister_process_group(_world.pg_names.get(group, ""))
     for table in (_world.pg_map, _world.pg_names, _world.pg_group_ranks,
-                  _world.pg_backend_config, _world.allreduce_now):
+                  _world.pg_backend_config, _world.inline):
         table.pop(group, None)
 
 
@@ -658,9 +661,8 @@ def _allreduce_opts(op, async_op: bool) -> AllreduceOptions:
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduces `tensor` across all ranks of `group`, in place on every rank."""
     if not async_op:
-        # The inline path: no options or Work objects; False means it did not apply.
-        now = _world.allreduce_now.get(group)
-        if now is not None and now(tensor, op):
+        fast = _world.inline.get(group)
+        if fast is not None and fast.allreduce(tensor, op):
             return None
     if group is None:
         group = _world.default_pg or _get_default_group()
@@ -690,6 +692,10 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     """Copies `tensor` from rank `src` to every rank of `group`."""
+    if group is None and not async_op and group_src is None:
+        fast = _world.inline.get(None)
+        if fast is not None and fast.broadcast(tensor, 0 if src is None else src):
+            return None
     if _rank_not_in_group(group):
         _warn_not_in_group("broadcast")
         return None
@@ -704,6 +710,10 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
     """Reduces `tensor` across ranks into rank `dst`'s tensor."""
+    if group is None and not async_op and group_dst is None:
+        fast = _world.inline.get(None)
+        if fast is not None and fast.reduce(tensor, 0 if dst is None else dst, op):
+            return None
     if _rank_not_in_group(group):
         _warn_not_in_group("reduce")
         return None
@@ -736,6 +746,10 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
     """Gathers `input_tensor` from every rank into `output_tensor`, concatenated (or stacked)
     in rank order."""
+    if not async_op:
+        fast = _world.inline.get(group)
+        if fast is not None and fast.all_gather_into_tensor(output_tensor, input_tensor):
+            return None
     if _rank_not_in_group(group):
         _warn_not_in_group("all_gather_into_tensor")
         return None
@@ -779,6 +793,10 @@ def _root_and_list(group, group_root, root, name, tensor_list, list_name, role):
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
     """Gathers `tensor` from every rank into `gather_list` on rank `dst`."""
+    if group is None and not async_op and group_dst is None:
+        fast = _world.inline.get(None)
+        if fast is not None and fast.gather(tensor, gather_list, 0 if dst is None else dst):
+            return None
     if _rank_not_in_group(group):
         _warn_not_in_group("gather")
         return None
@@ -792,6 +810,10 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
     """Sends scatter_list[i] on rank `src` to rank i's `tensor`."""
+    if group is None and not async_op and group_src is None:
+        fast = _world.inline.get(None)
+        if fast is not None and fast.scatter(tensor, scatter_list, 0 if src is None else src):
+            return None
     if _rank_not_in_group(group):
         _warn_not_in_group("scatter")
         return None
@@ -817,6 +839,10 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduces `input` (world_size chunks) across ranks; rank i gets chunk i in `output`."""
+    if not async_op:
+        fast = _world.inline.get(group)
+        if fast is not None and fast.reduce_scatter_tensor(output, input, op):
+            return None
     if _rank_not_in_group(group):
         _warn_not_in_group("reduce_scatter_tensor")
         return None
@@ -836,6 +862,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                       group=None, async_op=False):
     """Splits `input` along dimension 0 (evenly, or by input_split_sizes), sends split i to
     rank i, and concatenates what arrives into `output`."""
+    if not async_op and output_split_sizes is None and input_split_sizes is None:
+        fast = _world.inline.get(group)
+        if fast is not None and fast.all_to_all_single(output, input):
+            return None
     if _rank_not_in_group(group):
         _warn_not_in_group("all_to_all_single")
         return None
@@ -858,6 +888,10 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
 def barrier(group=None, async_op=False, device_ids=None):
     """Blocks until every rank of `group` has entered the barrier."""
+    if not async_op:
+        fast = _world.inline.get(group)
+        if fast is not None and fast.barrier():
+            return None
     if _rank_not_in_group(group):
         _warn_not_in_group("barrier")
         return None

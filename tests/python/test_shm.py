@@ -103,6 +103,12 @@ def test_fuzzed_sizes_agree_with_numpy():
     _all_ok(_run("fuzz", 3, timeout=50))
 
 
+def test_rooted_operations_back_to_back_agree_with_numpy():
+    # Rooted operations are one-sided (the root does not wait for the others), so the root can
+    # run ahead; 4 ranks on 2 cores make every interleaving likely.
+    _all_ok(_run("mixed_rooted", 4, timeout=80))
+
+
 # ---------------------------------------------------------------------------------------------
 # Worker cases (one process per rank)
 
@@ -225,6 +231,47 @@ def case_fuzz(dist):
         exp = np.concatenate([np.arange(start, start + splits[rank]) + 1000 * j
                               for j in range(world)]).astype(np.int32)
         np.testing.assert_array_equal(recv, exp, err_msg=f"all_to_all n={n}")
+    dist.destroy_process_group()
+
+
+def case_mixed_rooted(dist):
+    rank, world = _init(dist)
+    rng = np.random.default_rng(99)  # the same sequence on every rank
+    slot = (1 << 20) // 4
+    for i in range(400):
+        kind = rng.integers(0, 5)
+        root = int(rng.integers(0, world))
+        n = int(rng.choice([1, 7, 300, 9000, slot + 3, 2 * slot + 1]))
+
+        def data(r):
+            return (np.arange(n, dtype=np.int32) * (r + 1) + i) % 1000
+
+        what = f"step {i} kind {kind} root {root} n {n}"
+        if kind == 0:
+            t = data(rank)
+            dist.broadcast(t, src=root)
+            np.testing.assert_array_equal(t, data(root), err_msg=what)
+        elif kind == 1:
+            t = data(rank)
+            dist.reduce(t, dst=root)
+            if rank == root:
+                np.testing.assert_array_equal(t, sum(data(r) for r in range(world)), err_msg=what)
+        elif kind == 2:
+            out = [np.zeros(n, np.int32) for _ in range(world)] if rank == root else None
+            dist.gather(data(rank), out, dst=root)
+            if rank == root:
+                for r in range(world):
+                    np.testing.assert_array_equal(out[r], data(r), err_msg=what)
+        elif kind == 3:
+            t = np.zeros(n, np.int32)
+            ins = [data(r) + 7 for r in range(world)] if rank == root else None
+            dist.scatter(t, ins, src=root)
+            np.testing.assert_array_equal(t, data(rank) + 7, err_msg=what)
+        else:
+            t = data(rank)
+            dist.all_reduce(t)
+            np.testing.assert_array_equal(t, sum(data(r) for r in range(world)), err_msg=what)
+    dist.barrier()
     dist.destroy_process_group()
 
 

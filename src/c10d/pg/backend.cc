@@ -36,14 +36,7 @@ WorkPtr Backend::broadcast(std::vector<Tensor>&, const BroadcastOptions&) {
 WorkPtr Backend::allreduce(std::vector<Tensor>&, const AllreduceOptions&) {
   throw_not_supported("allreduce");
 }
-void Backend::allreduce_inline(const DenseView& buffer, const AllreduceOptions& opts) {
-  std::vector<Tensor> tensors{Tensor(buffer.data, buffer.dtype,
-                                     std::vector<int64_t>(buffer.sizes, buffer.sizes + buffer.ndim),
-                                     {}, nullptr)};
-  AllreduceOptions sync = opts;
-  sync.async_op = false;
-  allreduce(tensors, sync)->wait();
-}
+void Backend::run_inline(const InlineOp&) { throw_not_supported("inline operations"); }
 
 WorkPtr Backend::allreduce_coalesced(std::vector<Tensor>& tensors,
                                      const AllreduceCoalescedOptions& opts) {

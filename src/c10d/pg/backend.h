@@ -23,14 +23,34 @@ using core::Tensor;
 using core::Work;
 using WorkPtr = std::shared_ptr<Work>;
 
-// A dense, C-contiguous CPU buffer, described without a Tensor object, for the inline fast path
-// (see Backend::allreduce_inline). `sizes` (ndim entries) may point into the caller's memory.
+// A dense, C-contiguous CPU buffer, described without a Tensor object, for the inline fast path.
+// `sizes` (ndim entries) may point into the caller's memory.
 struct DenseView {
   void* data = nullptr;
   size_t numel = 0;
   core::DType dtype = core::DType::kFloat32;
   int ndim = 0;
   const int64_t* sizes = nullptr;
+
+  size_t nbytes() const { return numel * core::element_size(dtype); }
+  char* bytes() const { return static_cast<char*>(data); }
+};
+
+// One synchronous collective for the inline fast path (Backend::run_inline). The kinds, and
+// what they read:
+//   kAllreduce, kBroadcast, kReduce, kBarrier: `input` (in place), `root`, `reduce_op`;
+//   kAllgatherBase, kReduceScatterBase, kAlltoallBase (equal splits): `output` and `input`;
+//   kGather / kScatter: `input` / `output` and, on the root, `list` (one buffer per rank).
+// ProcessGroup hands over only well-formed calls (see ProcessGroup::run_inline).
+struct InlineOp {
+  core::OpType type = core::OpType::kUnknown;
+  DenseView input;
+  DenseView output;
+  const DenseView* list = nullptr;
+  size_t list_size = 0;
+  int root = 0;
+  core::ReduceOp reduce_op;
+  Millis timeout = kUnsetTimeout;
 };
 
 class Backend {
@@ -94,11 +114,11 @@ class Backend {
   // wait_all_ranks, else the first one found).
   virtual void monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks);
 
-  // The inline fast path: a synchronous allreduce of one dense buffer, run to completion on the
-  // calling thread without creating a Work; errors are thrown. Backends that can run it cheaply
-  // say so through has_inline_allreduce(); ProcessGroup calls allreduce_inline() only then.
-  virtual bool has_inline_allreduce() const { return false; }
-  virtual void allreduce_inline(const DenseView& buffer, const AllreduceOptions& opts);
+  // The inline fast path: a synchronous collective run to completion on the calling thread
+  // without creating a Work; errors are thrown. A backend that can run an operation kind this
+  // way cheaply says so through has_inline(); ProcessGroup calls run_inline() only then.
+  virtual bool has_inline(core::OpType /*type*/) const { return false; }
+  virtual void run_inline(const InlineOp& op);
 
   // Stops outstanding operations; later calls fail. Never blocks on peers.
   virtual void shutdown() {}

@@ -46,7 +46,8 @@ class TensorRefs {
   TensorRefs(const core::Tensor& tensor) : one_(&tensor) {}
   TensorRefs(const std::vector<core::Tensor>& tensors) : list_(&tensors) {}
   TensorRefs(const std::vector<std::vector<core::Tensor>>& lists) : lists_(&lists) {}
-  TensorRefs(const DenseView& view) : view_(&view) {}
+  TensorRefs(const DenseView& view) : views_(&view), num_views_(1) {}
+  TensorRefs(const DenseView* views, size_t count) : views_(views), num_views_(count) {}
 
   // Calls fn(ndim, sizes, dtype) for every tensor.
   template <typename Fn>
@@ -63,14 +64,15 @@ class TensorRefs {
         for (const auto& t : inner) one(t);
       }
     }
-    if (view_) fn(view_->ndim, view_->sizes, view_->dtype);
+    for (size_t i = 0; i < num_views_; ++i) fn(views_[i].ndim, views_[i].sizes, views_[i].dtype);
   }
 
  private:
   const core::Tensor* one_ = nullptr;
   const std::vector<core::Tensor>* list_ = nullptr;
   const std::vector<std::vector<core::Tensor>>* lists_ = nullptr;
-  const DenseView* view_ = nullptr;
+  const DenseView* views_ = nullptr;
+  size_t num_views_ = 0;
 };
 
 // What ProcessGroup tells the recorder about one operation.

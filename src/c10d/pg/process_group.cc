@@ -168,30 +168,93 @@ WorkPtr ProcessGroup::allreduce(std::vector<Tensor>& tensors, const AllreduceOpt
                   [&](Backend& b) { return b.allreduce(tensors, opts); });
 }
 
-bool ProcessGroup::allreduce_inline(const DenseView& buffer, const AllreduceOptions& opts) {
+namespace {
+
+bool same_dtype_and_numel(const DenseView& a, const DenseView& b) {
+  return a.dtype == b.dtype && a.numel == b.numel;
+}
+
+// Whether `op` is a call the general path would accept as it is, on `rank` of `size` ranks.
+bool well_formed(const InlineOp& op, int rank, int size) {
+  const bool root_ok = op.root >= 0 && op.root < size;
+  const auto n = static_cast<size_t>(size);
+  switch (op.type) {
+    case OpType::kAllreduce:
+      return core::is_valid_reduce_op(op.input.dtype, op.reduce_op);
+    case OpType::kBroadcast:
+      return root_ok;
+    case OpType::kReduce:
+      return root_ok && core::is_valid_reduce_op(op.input.dtype, op.reduce_op);
+    case OpType::kAllgatherBase:
+      return op.output.dtype == op.input.dtype && op.output.numel == op.input.numel * n;
+    case OpType::kReduceScatterBase:
+      return op.output.dtype == op.input.dtype && op.input.numel == op.output.numel * n &&
+             core::is_valid_reduce_op(op.input.dtype, op.reduce_op);
+    case OpType::kAlltoallBase:
+      // Equal splits of dimension 0 on both sides.
+      return same_dtype_and_numel(op.output, op.input) && op.input.ndim >= 1 &&
+             op.output.ndim >= 1 && op.input.sizes[0] % size == 0 &&
+             op.output.sizes[0] % size == 0;
+    case OpType::kGather:
+    case OpType::kScatter: {
+      if (!root_ok) return false;
+      if (rank != op.root) return op.list_size == 0;
+      const DenseView& mine = op.type == OpType::kGather ? op.input : op.output;
+      if (op.list_size != n) return false;
+      for (size_t i = 0; i < n; ++i) {
+        if (!same_dtype_and_numel(op.list[i], mine)) return false;
+      }
+      return true;
+    }
+    case OpType::kBarrier:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+bool ProcessGroup::run_inline(const InlineOp& op) {
   if (any_hooks_.load(std::memory_order_acquire) ||
-      any_coalescing_.load(std::memory_order_acquire)) {
+      any_coalescing_.load(std::memory_order_acquire) || !well_formed(op, rank_, size_)) {
     return false;
   }
   std::shared_ptr<Backend> backend;
   {
     std::lock_guard lock(mutex_);
     auto it = backends_.find(DeviceType::kCPU);
-    if (it == backends_.end() || !it->second->has_inline_allreduce()) return false;
+    if (it == backends_.end() || !it->second->has_inline(op.type)) return false;
     backend = it->second;
   }
-  check_reduce("allreduce", buffer.dtype, opts.reduce_op);
   const uint64_t seq = ++seq_;
   TraceHandle traced;
   if (trace_) {
-    traced = FlightRecorder::instance().record(
-        trace_,
-        {.op = OpType::kAllreduce, .pg_seq = seq, .inputs = buffer, .outputs = buffer,
-         .timeout = opts.timeout},
-        /*started=*/true);
+    TraceOp trace{.op = op.type, .pg_seq = seq, .timeout = op.timeout};
+    switch (op.type) {
+      case OpType::kBarrier:
+        break;
+      case OpType::kAllreduce:
+      case OpType::kBroadcast:
+      case OpType::kReduce:
+        trace.inputs = trace.outputs = op.input;
+        break;
+      case OpType::kGather:
+        trace.inputs = op.input;
+        trace.outputs = TensorRefs(op.list, op.list_size);
+        break;
+      case OpType::kScatter:
+        trace.inputs = TensorRefs(op.list, op.list_size);
+        trace.outputs = op.output;
+        break;
+      default:
+        trace.inputs = op.input;
+        trace.outputs = op.output;
+    }
+    traced = FlightRecorder::instance().record(trace_, trace, /*started=*/true);
   }
   try {
-    backend->allreduce_inline(buffer, opts);
+    backend->run_inline(op);
   } catch (...) {
     if (traced) FlightRecorder::instance().record_finished(traced, std::current_exception());
     throw;

@@ -70,11 +70,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   WorkPtr allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts = {});
   WorkPtr allreduce_coalesced(std::vector<Tensor>& tensors,
                               const AllreduceCoalescedOptions& opts = {});
-  // A synchronous allreduce of one dense CPU buffer through the backend's inline fast path:
-  // validated, numbered and traced like allreduce(), but without a Work. Returns false, having
-  // done nothing, when that path does not apply (completion hooks, coalescing, or a backend
-  // without one); the caller then uses allreduce(). Errors are thrown.
-  bool allreduce_inline(const DenseView& buffer, const AllreduceOptions& opts);
+  // A synchronous collective on dense CPU buffers through the backend's inline fast path:
+  // numbered and traced like the general path, but without Tensor or Work objects. Returns
+  // false, having done nothing, unless the call is the plain well-formed case that path runs
+  // (no completion hooks, not coalescing, a backend with an inline path for the kind, and
+  // arguments the general path would accept); the caller then uses the general method, which
+  // validates and reports errors. Errors of the operation itself are thrown.
+  bool run_inline(const InlineOp& op);
   WorkPtr reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts = {});
   WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
                     const AllgatherOptions& opts = {});

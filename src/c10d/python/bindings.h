@@ -25,7 +25,8 @@ void init_shm(pybind11::module_& m);        // shm_bindings.cc: ProcessGroupShm 
 // for invalid arguments, RuntimeError otherwise); for code outside pybind11's dispatch.
 void set_python_error(std::exception_ptr error);
 
-// inline_path.cc: the plain CPython function allreduce_now(tensor, op) -> bool of `group`.
-pybind11::object make_allreduce_now(std::shared_ptr<pg::ProcessGroup> group);
+// inline_path.cc: the inline entry points of `group` by name ("allreduce", "broadcast", ...),
+// plain CPython functions returning False when the inline path does not apply.
+pybind11::dict make_inline_ops(std::shared_ptr<pg::ProcessGroup> group);
 
 }  // namespace c10d::python

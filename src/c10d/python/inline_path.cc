@@ -1,10 +1,10 @@
-// The inline all_reduce entry point: a plain CPython function (METH_FASTCALL, no pybind11
-// argument dispatch, no Tensor or Work objects) that all_reduce() tries first for a synchronous
-// call on the default group. It reads the array through the buffer protocol and hands it to
-// ProcessGroup::allreduce_inline() with the GIL released. Anything it does not handle (other
-// tensor kinds, PREMUL_SUM, read-only or strided arrays, hooks, coalescing, backends without an
-// inline path) makes it return False before doing anything, and the general path takes over,
-// with its full argument checks and error messages.
+// The inline entry points: plain CPython functions (METH_FASTCALL, no pybind11 argument
+// dispatch, no Tensor, options or Work objects) that the synchronous collectives of
+// distributed_c10d.py try first. They read arrays through the buffer protocol and hand them to
+// ProcessGroup::run_inline() with the GIL released. Anything they do not handle (other tensor
+// kinds, PREMUL_SUM, read-only or strided arrays, malformed calls, hooks, coalescing, backends
+// without an inline path) makes them return False before doing anything, and the general path
+// takes over with its full argument checks and error messages.
 #include <pybind11/pybind11.h>
 
 #include <exception>
@@ -21,61 +21,114 @@ namespace py = pybind11;
 namespace c10d::python {
 namespace {
 
-constexpr const char* kCapsuleName = "c10d._C.allreduce_now";
+using core::OpType;
+using pg::DenseView;
+using pg::InlineOp;
 
-struct AllreduceNow {
+constexpr const char* kCapsuleName = "c10d._C.inline_ops";
+
+struct InlineState {
   std::shared_ptr<pg::ProcessGroup> group;
-  // The ReduceOp.RedOpType members the fast path accepts, compared by identity.
+  // The ReduceOp.RedOpType members accepted, compared by identity.
   std::vector<std::pair<py::object, core::ReduceOp::Kind>> kinds;
 };
 
-// Releases a Py_buffer on every exit path (the GIL is held when it runs).
-struct BufferGuard {
+// A Py_buffer released on every exit path (the GIL is held then).
+struct Buffer {
   Py_buffer view{};
   bool held = false;
-  ~BufferGuard() {
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
     if (held) PyBuffer_Release(&view);
   }
 };
 
-PyObject* allreduce_now(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  auto* state = static_cast<AllreduceNow*>(PyCapsule_GetPointer(self, kCapsuleName));
-  if (state == nullptr) return nullptr;
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "allreduce_now(tensor, op) takes exactly 2 arguments");
-    return nullptr;
-  }
-  PyObject* tensor = args[0];
-  const core::ReduceOp::Kind* kind = nullptr;
-  for (const auto& [member, k] : state->kinds) {
-    if (member.ptr() == args[1]) kind = &k;
-  }
-  if (kind == nullptr || !PyObject_CheckBuffer(tensor)) Py_RETURN_FALSE;
-  BufferGuard buffer;
-  if (PyObject_GetBuffer(tensor, &buffer.view, PyBUF_RECORDS_RO | PyBUF_WRITABLE) != 0) {
+// Describes `obj` when it is a C-contiguous buffer of a supported dtype (writable if asked);
+// false, with no Python error set, otherwise.
+bool dense(PyObject* obj, bool writable, Buffer& buffer, DenseView& out) {
+  if (!PyObject_CheckBuffer(obj)) return false;
+  const int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj, &buffer.view, flags) != 0) {
     PyErr_Clear();
-    Py_RETURN_FALSE;
+    return false;
   }
   buffer.held = true;
   const Py_buffer& v = buffer.view;
-  if (!PyBuffer_IsContiguous(&v, 'C') || v.itemsize <= 0) Py_RETURN_FALSE;
-  const auto dtype =
-      core::from_buffer_format(v.format != nullptr ? v.format : "B", static_cast<size_t>(v.itemsize));
-  if (!dtype || core::element_size(*dtype) != static_cast<size_t>(v.itemsize)) Py_RETURN_FALSE;
-
+  if (v.itemsize <= 0 || !PyBuffer_IsContiguous(&v, 'C')) return false;
+  const auto dtype = core::from_buffer_format(v.format != nullptr ? v.format : "B",
+                                              static_cast<size_t>(v.itemsize));
+  if (!dtype || core::element_size(*dtype) != static_cast<size_t>(v.itemsize)) return false;
   static_assert(sizeof(Py_ssize_t) == sizeof(int64_t));
-  const pg::DenseView dense{.data = v.buf,
-                            .numel = static_cast<size_t>(v.len / v.itemsize),
-                            .dtype = *dtype,
-                            .ndim = v.ndim,
-                            .sizes = reinterpret_cast<const int64_t*>(v.shape)};
-  pg::AllreduceOptions opts;
-  opts.reduce_op = *kind;
+  out = {.data = v.buf,
+         .numel = static_cast<size_t>(v.len / v.itemsize),
+         .dtype = *dtype,
+         .ndim = v.ndim,
+         .sizes = reinterpret_cast<const int64_t*>(v.shape)};
+  return true;
+}
+
+bool reduce_kind(const InlineState& state, PyObject* obj, core::ReduceOp& op) {
+  for (const auto& [member, kind] : state.kinds) {
+    if (member.ptr() == obj) {
+      op = kind;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool int_arg(PyObject* obj, int& value) {
+  if (!PyLong_CheckExact(obj)) return false;
+  const long v = PyLong_AsLong(obj);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  if (v < INT32_MIN || v > INT32_MAX) return false;
+  value = static_cast<int>(v);
+  return true;
+}
+
+// The buffers of a list/tuple argument; None means no list.
+struct BufferList {
+  std::unique_ptr<Buffer[]> buffers;
+  std::vector<DenseView> views;
+};
+
+bool dense_list(PyObject* obj, bool writable, BufferList& out) {
+  if (obj == Py_None) return true;
+  if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+  PyObject** items = PySequence_Fast_ITEMS(obj);
+  out.buffers.reset(new Buffer[static_cast<size_t>(n)]);
+  out.views.resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!dense(items[i], writable, out.buffers[i], out.views[i])) return false;
+  }
+  return true;
+}
+
+InlineState* state_of(PyObject* self) {
+  return static_cast<InlineState*>(PyCapsule_GetPointer(self, kCapsuleName));
+}
+
+bool check_nargs(Py_ssize_t nargs, Py_ssize_t expected, const char* name) {
+  if (nargs == expected) return true;
+  PyErr_Format(PyExc_TypeError, "%s takes exactly %zd arguments (%zd given)", name, expected,
+               nargs);
+  return false;
+}
+
+// Runs `op` with the GIL released: True if it ran, False if the inline path did not apply,
+// NULL with the Python error set if it failed.
+PyObject* run(InlineState& state, const InlineOp& op) {
   bool done = false;
   std::exception_ptr error;
   PyThreadState* thread = PyEval_SaveThread();
   try {
-    done = state->group->allreduce_inline(dense, opts);
+    done = state.group->run_inline(op);
   } catch (...) {
     error = std::current_exception();
   }
@@ -87,32 +140,143 @@ PyObject* allreduce_now(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
   return PyBool_FromLong(done);
 }
 
-PyMethodDef g_allreduce_now_def = {
-    "allreduce_now", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(allreduce_now)),
-    METH_FASTCALL,
-    "allreduce_now(tensor, op) -> bool: a synchronous in-place all_reduce of a C-contiguous "
-    "writable buffer on this group, if the inline path applies; False (nothing done) if not."};
+// allreduce(tensor, op) / broadcast(tensor, root) / reduce(tensor, root, op): in place.
+PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  InlineState* state = state_of(self);
+  if (state == nullptr || !check_nargs(nargs, 2, "allreduce")) return nullptr;
+  Buffer buffer;
+  InlineOp op{.type = OpType::kAllreduce};
+  if (!reduce_kind(*state, args[1], op.reduce_op) || !dense(args[0], true, buffer, op.input)) {
+    Py_RETURN_FALSE;
+  }
+  return run(*state, op);
+}
+
+PyObject* broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  InlineState* state = state_of(self);
+  if (state == nullptr || !check_nargs(nargs, 2, "broadcast")) return nullptr;
+  Buffer buffer;
+  InlineOp op{.type = OpType::kBroadcast};
+  if (!int_arg(args[1], op.root) || !dense(args[0], true, buffer, op.input)) Py_RETURN_FALSE;
+  return run(*state, op);
+}
+
+PyObject* reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  InlineState* state = state_of(self);
+  if (state == nullptr || !check_nargs(nargs, 3, "reduce")) return nullptr;
+  Buffer buffer;
+  InlineOp op{.type = OpType::kReduce};
+  if (!int_arg(args[1], op.root) || !reduce_kind(*state, args[2], op.reduce_op) ||
+      !dense(args[0], true, buffer, op.input)) {
+    Py_RETURN_FALSE;
+  }
+  return run(*state, op);
+}
+
+// (output, input) pairs: all_gather_into_tensor, reduce_scatter_tensor(+ op), all_to_all_single.
+PyObject* output_input(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType type,
+                       const char* name, bool with_op) {
+  InlineState* state = state_of(self);
+  if (state == nullptr || !check_nargs(nargs, with_op ? 3 : 2, name)) return nullptr;
+  Buffer out, in;
+  InlineOp op{.type = type};
+  if ((with_op && !reduce_kind(*state, args[2], op.reduce_op)) ||
+      !dense(args[0], true, out, op.output) || !dense(args[1], false, in, op.input)) {
+    Py_RETURN_FALSE;
+  }
+  return run(*state, op);
+}
+
+PyObject* all_gather_into_tensor(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return output_input(self, args, nargs, OpType::kAllgatherBase, "all_gather_into_tensor", false);
+}
+
+PyObject* reduce_scatter_tensor(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return output_input(self, args, nargs, OpType::kReduceScatterBase, "reduce_scatter_tensor",
+                      true);
+}
+
+PyObject* all_to_all_single(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return output_input(self, args, nargs, OpType::kAlltoallBase, "all_to_all_single", false);
+}
+
+// gather(tensor, gather_list or None, root) / scatter(tensor, scatter_list or None, root).
+PyObject* rooted_list(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType type,
+                      const char* name) {
+  InlineState* state = state_of(self);
+  if (state == nullptr || !check_nargs(nargs, 3, name)) return nullptr;
+  const bool gather = type == OpType::kGather;
+  Buffer mine;
+  BufferList list;
+  InlineOp op{.type = type};
+  if (!int_arg(args[2], op.root) ||
+      !dense(args[0], !gather, mine, gather ? op.input : op.output) ||
+      !dense_list(args[1], gather, list)) {
+    Py_RETURN_FALSE;
+  }
+  op.list = list.views.data();
+  op.list_size = list.views.size();
+  return run(*state, op);
+}
+
+PyObject* gather(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return rooted_list(self, args, nargs, OpType::kGather, "gather");
+}
+
+PyObject* scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return rooted_list(self, args, nargs, OpType::kScatter, "scatter");
+}
+
+PyObject* barrier(PyObject* self, PyObject* const* /*args*/, Py_ssize_t nargs) {
+  InlineState* state = state_of(self);
+  if (state == nullptr || !check_nargs(nargs, 0, "barrier")) return nullptr;
+  return run(*state, InlineOp{.type = OpType::kBarrier});
+}
+
+template <PyObject* (*Fn)(PyObject*, PyObject* const*, Py_ssize_t)>
+constexpr PyCFunction fastcall() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Fn));
+}
+
+PyMethodDef g_methods[] = {
+    {"allreduce", fastcall<allreduce>(), METH_FASTCALL, "allreduce(tensor, op) -> bool"},
+    {"broadcast", fastcall<broadcast>(), METH_FASTCALL, "broadcast(tensor, root) -> bool"},
+    {"reduce", fastcall<reduce>(), METH_FASTCALL, "reduce(tensor, root, op) -> bool"},
+    {"all_gather_into_tensor", fastcall<all_gather_into_tensor>(), METH_FASTCALL,
+     "all_gather_into_tensor(output, input) -> bool"},
+    {"reduce_scatter_tensor", fastcall<reduce_scatter_tensor>(), METH_FASTCALL,
+     "reduce_scatter_tensor(output, input, op) -> bool"},
+    {"all_to_all_single", fastcall<all_to_all_single>(), METH_FASTCALL,
+     "all_to_all_single(output, input) -> bool (equal splits)"},
+    {"gather", fastcall<gather>(), METH_FASTCALL, "gather(tensor, gather_list, root) -> bool"},
+    {"scatter", fastcall<scatter>(), METH_FASTCALL, "scatter(tensor, scatter_list, root) -> bool"},
+    {"barrier", fastcall<barrier>(), METH_FASTCALL, "barrier() -> bool"},
+};
 
 }  // namespace
 
-py::object make_allreduce_now(std::shared_ptr<pg::ProcessGroup> group) {
-  auto state = std::make_unique<AllreduceNow>();
+py::dict make_inline_ops(std::shared_ptr<pg::ProcessGroup> group) {
+  auto state = std::make_unique<InlineState>();
   state->group = std::move(group);
-  py::dict members = py::module_::import("c10d._C").attr("ReduceOp").attr("RedOpType").attr(
-      "__members__");
+  py::dict members =
+      py::module_::import("c10d._C").attr("ReduceOp").attr("RedOpType").attr("__members__");
   for (auto [name, member] : members) {
-    const auto k = member.cast<core::ReduceOp::Kind>();
-    if (k != core::ReduceOp::PREMUL_SUM && k != core::ReduceOp::UNUSED) {
-      state->kinds.emplace_back(py::reinterpret_borrow<py::object>(member), k);
+    const auto kind = member.cast<core::ReduceOp::Kind>();
+    if (kind != core::ReduceOp::PREMUL_SUM && kind != core::ReduceOp::UNUSED) {
+      state->kinds.emplace_back(py::reinterpret_borrow<py::object>(member), kind);
     }
   }
   py::capsule capsule(state.get(), kCapsuleName, [](PyObject* c) {
-    delete static_cast<AllreduceNow*>(PyCapsule_GetPointer(c, kCapsuleName));
+    delete static_cast<InlineState*>(PyCapsule_GetPointer(c, kCapsuleName));
   });
   state.release();
-  PyObject* fn = PyCFunction_NewEx(&g_allreduce_now_def, capsule.ptr(), nullptr);
-  if (fn == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(fn);
+  py::dict out;
+  for (PyMethodDef& def : g_methods) {
+    PyObject* fn = PyCFunction_NewEx(&def, capsule.ptr(), nullptr);
+    if (fn == nullptr) throw py::error_already_set();
+    out[def.ml_name] = py::reinterpret_steal<py::object>(fn);
+  }
+  return out;
 }
 
 }  // namespace c10d::python

@@ -458,10 +458,11 @@ void init_pg(py::module_& m) {
       .def_property_readonly("bound_device_id", [](const ProcessGroup&) { return py::none(); })
       .def_property_readonly("_timeout", [](const ProcessGroup& g) { return g.options().timeout; })
       .def_property_readonly("_store", &ProcessGroup::store)
-      .def("_allreduce_now_fn", &make_allreduce_now,
-           "A function allreduce_now(tensor, op) -> bool running a synchronous all_reduce of a "
-           "C-contiguous buffer through the backend's inline path when it applies (False: "
-           "nothing was done; use allreduce()).")
+      .def("_inline_ops", &make_inline_ops,
+           "The group's inline entry points by name (allreduce, broadcast, reduce, "
+           "all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, gather, scatter, "
+           "barrier): synchronous collectives on C-contiguous buffers that return False, having "
+           "done nothing, when the inline path does not apply.")
       .def(
           "_register_backend",
           [](ProcessGroup& g, py::handle device, py::handle /*backend_type*/,

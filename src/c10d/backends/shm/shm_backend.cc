@@ -167,10 +167,10 @@ class Engine {
 
   // --- collectives (raw memory; every rank passes consistent sizes) ---
 
-  void barrier() { sync(step_ + 1); }
+  void barrier() { sync(next_step()); }
 
   void monitored_barrier(bool wait_all_ranks) {
-    const uint32_t s = step_ + 1;
+    const uint32_t s = next_step();
     publish(s);
     try {
       for (int r = 0; r < size_; ++r) {
@@ -186,6 +186,7 @@ class Engine {
       throw DistTimeoutError(broken);
     }
     step_ = s;
+    all_reached_ = s;
   }
 
   void broadcast(char* data, size_t bytes, int root) {
@@ -195,16 +196,21 @@ class Engine {
       const std::vector<char*> bases = exchange_heap_offsets(data, bytes);
       if (bases[root] != nullptr) {
         if (rank_ != root) copy(data, bases[root], bytes);
-        sync(step_ + 1);  // the root's tensor must not change while peers read it
+        sync(next_step());  // the root's tensor must not change while peers read it
         return;
       }
     }
+    // One-sided: the root publishes and moves on; the others wait only for the root.
     for (size_t off = 0; off < bytes; off += kSlotBytes) {
       const size_t len = std::min(kSlotBytes, bytes - off);
-      const uint32_t s = step_ + 1;
-      if (rank_ == root) copy(seg_.in(rank_, s), data + off, len);
-      sync(s);
-      if (rank_ != root) copy(data + off, seg_.in(root, s), len);
+      const uint32_t s = next_step();
+      if (rank_ == root) {
+        copy(seg_.in(rank_, s), data + off, len);
+      } else {
+        wait_peer(root, s);
+        copy(data + off, seg_.in(root, s), len);
+      }
+      finish_step(s);
     }
   }
 
@@ -242,13 +248,13 @@ class Engine {
           char* d = dst(r);
           if (d != nullptr) copy(d, bases[r], bytes);
         }
-        sync(step_ + 1);  // inputs must not change while peers read them
+        sync(next_step());  // inputs must not change while peers read them
         return;
       }
     }
     for (size_t off = 0; off < bytes; off += kSlotBytes) {
       const size_t len = std::min(kSlotBytes, bytes - off);
-      const uint32_t s = step_ + 1;
+      const uint32_t s = next_step();
       if (size_ > 1) copy(seg_.in(rank_, s), in + off, len);
       sync(s);
       for (int r = 0; r < size_; ++r) {
@@ -258,20 +264,47 @@ class Engine {
     }
   }
 
+  // Rank `root` receives every rank's `bytes` from `in` at outs[r]. One-sided: only the root
+  // waits.
+  void gather(const char* in, size_t bytes, int root, const std::vector<char*>& outs) {
+    if (bytes == 0) return;
+    for (size_t off = 0; off < bytes; off += kSlotBytes) {
+      const size_t len = std::min(kSlotBytes, bytes - off);
+      const uint32_t s = next_step();
+      if (rank_ != root) {
+        copy(seg_.in(rank_, s), in + off, len);
+      } else {
+        for (int r = 0; r < size_; ++r) {
+          if (r == root) {
+            copy(outs[r] + off, in + off, len);
+          } else {
+            wait_peer(r, s);
+            copy(outs[r] + off, seg_.in(r, s), len);
+          }
+        }
+      }
+      finish_step(s);
+    }
+  }
+
   // The root sends srcs[j] (bytes each) to rank j's `out`.
   void scatter(const std::vector<const char*>& srcs, char* out, size_t bytes, int root) {
     if (bytes == 0) return;
     const size_t quota = kSlotBytes / size_ / kLine * kLine;
     for (size_t off = 0; off < bytes; off += quota) {
       const size_t len = std::min(quota, bytes - off);
-      const uint32_t s = step_ + 1;
+      const uint32_t s = next_step();
+      // One-sided, as broadcast.
       if (rank_ == root) {
         for (int j = 0; j < size_; ++j) {
           if (j != root) copy(seg_.in(root, s) + j * quota, srcs[j] + off, len);
         }
+        copy(out + off, srcs[rank_] + off, len);
+      } else {
+        wait_peer(root, s);
+        copy(out + off, seg_.in(root, s) + rank_ * quota, len);
       }
-      sync(s);
-      copy(out + off, rank_ == root ? srcs[rank_] + off : seg_.in(root, s) + rank_ * quota, len);
+      finish_step(s);
     }
   }
 
@@ -284,7 +317,7 @@ class Engine {
     const size_t quota = kSlotBytes / size_ / kLine * kLine / es;  // elements per rank per round
     for (size_t off = 0; off < count; off += quota) {
       const size_t m = std::min(quota, count - off);
-      const uint32_t s = step_ + 1;
+      const uint32_t s = next_step();
       for (int j = 0; j < size_; ++j) {
         char* slot = seg_.in(rank_, s) + j * quota * es;
         copy(slot, blocks[j] + off * es, m * es);
@@ -303,13 +336,35 @@ class Engine {
     }
   }
 
+  // reduce_scatter of one flat input: block j (count elements) of `in` goes to rank j.
+  void reduce_scatter_flat(const char* in, char* out, size_t count, DType dtype,
+                           const ReduceOp& op) {
+    const size_t block = count * core::element_size(dtype);
+    std::vector<const char*> blocks(size_);
+    for (int j = 0; j < size_; ++j) blocks[j] = in + j * block;
+    reduce_scatter(blocks, out, count, dtype, op);
+  }
+
+  // alltoall with equal parts: part j (`bytes` each) of `in` goes to rank j, whose part
+  // for this rank lands in part j of `out`.
+  void alltoall_equal(const char* in, char* out, size_t bytes) {
+    std::vector<const char*> send(size_);
+    std::vector<char*> recv(size_);
+    for (int j = 0; j < size_; ++j) {
+      send[j] = in + j * bytes;
+      recv[j] = out + j * bytes;
+    }
+    const std::vector<size_t> lens(size_, bytes);
+    alltoall(send, lens, recv, lens);
+  }
+
   // This rank sends send_len[j] bytes at send[j] to rank j and receives recv_len[j] bytes from
   // it. A size that does not match the sender's is reported after the exchange (so every rank
   // still takes the same steps).
   void alltoall(const std::vector<const char*>& send, const std::vector<size_t>& send_len,
                 const std::vector<char*>& recv, const std::vector<size_t>& recv_len) {
     // Step 1: everyone learns every send size (and so the number of rounds).
-    uint32_t s = step_ + 1;
+    uint32_t s = next_step();
     auto* table = reinterpret_cast<uint64_t*>(seg_.meta(rank_, s));
     for (int j = 0; j < size_; ++j) table[j] = send_len[j];
     sync(s);
@@ -330,7 +385,7 @@ class Engine {
     copy(recv[rank_], send[rank_], std::min(send_len[rank_], recv_len[rank_]));
     const size_t quota = kSlotBytes / size_ / kLine * kLine;
     for (size_t off = 0; off < longest && size_ > 1; off += quota) {
-      s = step_ + 1;
+      s = next_step();
       for (int j = 0; j < size_; ++j) {
         if (j == rank_ || send_len[j] <= off) continue;
         copy(seg_.in(rank_, s) + j * quota, send[j] + off, std::min(quota, send_len[j] - off));
@@ -349,12 +404,12 @@ class Engine {
   void one_shot(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
                 bool premul) {
     const size_t bytes = count * core::element_size(dtype);
-    const uint32_t s = step_ + 1;
+    const uint32_t s = next_step();
     char* mine = seg_.in(rank_, s);
     copy(mine, in, bytes);
     if (premul) core::apply_premul(mine, count, dtype, op);
+    if (out == nullptr) return finish_step(s);  // reduce: only the root waits
     sync(s);
-    if (out == nullptr) return;
     // The same order on every rank, so every rank computes identical bits.
     core::reduce_into(out, seg_.in(0, s), seg_.in(1, s), count, dtype, op);
     for (int r = 2; r < size_; ++r) core::reduce(out, seg_.in(r, s), count, dtype, op);
@@ -370,7 +425,7 @@ class Engine {
     const size_t chunk = kSlotBytes / es;
     const size_t chunks = ceil_div(count, chunk);
     for (size_t k = 0; k <= chunks; ++k) {
-      const uint32_t s = step_ + 1;
+      const uint32_t s = next_step();
       const size_t off = k * chunk;
       const size_t e = k < chunks ? std::min(chunk, count - off) : 0;
       if (e != 0) {
@@ -408,7 +463,7 @@ class Engine {
     // PREMUL_SUM scales the sum instead of each input, exact only for floating types.
     const bool eligible =
         in == data && (!premul || core::is_floating(dtype) || core::is_complex(dtype));
-    uint32_t s = step_ + 1;
+    uint32_t s = next_step();
     auto* meta = reinterpret_cast<int64_t*>(seg_.meta(rank_, s));
     *meta = eligible ? seg_.heap_offset(data, count * es) : -1;
     sync(s);
@@ -433,14 +488,14 @@ class Engine {
         if (j != rank_) copy(base[j] + at * es, acc, m * es);
       }
     }
-    sync(step_ + 1);  // nobody returns while a peer may still write its tensor
+    sync(next_step());  // nobody returns while a peer may still write its tensor
     return true;
   }
 
   // One step in which every rank publishes where [data, data + bytes) lies in its shared heap;
   // returns each rank's address of it (null for ranks whose data is elsewhere).
   std::vector<char*> exchange_heap_offsets(const void* data, size_t bytes) {
-    const uint32_t s = step_ + 1;
+    const uint32_t s = next_step();
     *reinterpret_cast<int64_t*>(seg_.meta(rank_, s)) = seg_.heap_offset(data, bytes);
     sync(s);
     std::vector<char*> bases(size_, nullptr);
@@ -453,13 +508,36 @@ class Engine {
 
   // --- the step protocol ---
 
+  // Step protocol. A rank publishes step s once it wrote its slots for s and finished reading
+  // everything of step s - 1; it may read the peers' step-s slots once they published s. A
+  // two-sided step (sync) waits for every peer; a one-sided one (finish_step) waits for those
+  // whose data it reads, if any, so a root can run ahead. Either way a rank writes its slots of
+  // parity s % 2 only after every peer published s - 1 (next_step), so nobody still reads
+  // them from step s - 2.
   void publish(uint32_t s) { post(seg_.header(rank_)->step, s); }
+
+  uint32_t next_step() {
+    const uint32_t s = step_ + 1;
+    if (!reached(all_reached_, s - 1)) {
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) wait_peer(r, s - 1);
+      }
+      all_reached_ = s - 1;
+    }
+    return s;
+  }
 
   void sync(uint32_t s) {
     publish(s);
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) wait_peer(r, s);
     }
+    step_ = s;
+    all_reached_ = s;
+  }
+
+  void finish_step(uint32_t s) {
+    publish(s);
     step_ = s;
   }
 
@@ -541,7 +619,8 @@ class Engine {
   const int rank_;
   const int size_;
   const WaitPolicy policy_;
-  uint32_t step_ = 0;  // last step this rank completed; guarded by exec_mutex
+  uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
+  uint32_t all_reached_ = 0;  // a step every peer is known to have published
   const char* name_ = "";
   uint64_t seq_ = 0;
   Millis timeout_{0};
@@ -1092,16 +1171,77 @@ WorkPtr ShmBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
       tensors);
 }
 
-void ShmBackend::allreduce_inline(const pg::DenseView& buffer, const pg::AllreduceOptions& opts) {
+namespace {
+
+const char* inline_name(OpType type) {
+  switch (type) {
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kReduce: return "reduce";
+    case OpType::kAllgatherBase: return "allgather_base";
+    case OpType::kReduceScatterBase: return "reduce_scatter_base";
+    case OpType::kAlltoallBase: return "alltoall_base";
+    case OpType::kGather: return "gather";
+    case OpType::kScatter: return "scatter";
+    case OpType::kBarrier: return "barrier";
+    default: return nullptr;
+  }
+}
+
+void run_inline_op(Engine& e, const pg::InlineOp& op) {
+  const pg::DenseView& in = op.input;
+  const pg::DenseView& out = op.output;
+  const bool root = e.rank() == op.root;
+  switch (op.type) {
+    case OpType::kAllreduce:
+      return e.allreduce(in.bytes(), in.bytes(), in.numel, in.dtype, op.reduce_op, true);
+    case OpType::kBroadcast:
+      return e.broadcast(in.bytes(), in.nbytes(), op.root);
+    case OpType::kReduce:
+      return e.allreduce(in.bytes(), root ? in.bytes() : nullptr, in.numel, in.dtype,
+                         op.reduce_op, false);
+    case OpType::kAllgatherBase: {
+      const size_t per = in.nbytes();
+      return e.allgather(in.bytes(), per, [&](int r) { return out.bytes() + r * per; });
+    }
+    case OpType::kReduceScatterBase:
+      return e.reduce_scatter_flat(in.bytes(), out.bytes(), out.numel, out.dtype, op.reduce_op);
+    case OpType::kAlltoallBase:
+      return e.alltoall_equal(in.bytes(), out.bytes(), in.nbytes() / e.size());
+    case OpType::kGather: {
+      std::vector<char*> outs;
+      for (size_t j = 0; j < op.list_size; ++j) outs.push_back(op.list[j].bytes());
+      return e.gather(in.bytes(), in.nbytes(), op.root, outs);
+    }
+    case OpType::kScatter: {
+      std::vector<const char*> srcs;
+      for (size_t j = 0; j < op.list_size; ++j) srcs.push_back(op.list[j].bytes());
+      return e.scatter(srcs, out.bytes(), out.nbytes(), op.root);
+    }
+    case OpType::kBarrier:
+      return e.barrier();
+    default:
+      throw core::NotSupported(str_cat("shm: no inline ", core::op_type_name(op.type)));
+  }
+}
+
+}  // namespace
+
+bool ShmBackend::has_inline(OpType type) const { return inline_name(type) != nullptr; }
+
+void ShmBackend::run_inline(const pg::InlineOp& op) {
+  const char* name = inline_name(op.type);
   Queue& q = *queue_;
   uint64_t seq;
   {
     std::unique_lock<std::mutex> lock(q.mutex);
     if (q.stopping || q.pending != 0) {
-      // Earlier asynchronous operations are queued (or the backend is shut down): the general
-      // path keeps the order and reports the state.
+      // Earlier asynchronous operations are queued (or the backend is shut down): queue this
+      // one behind them and wait, which keeps the order and reports the state.
       lock.unlock();
-      return Backend::allreduce_inline(buffer, opts);
+      submit(op.type, name, op.timeout, false, [&op](Engine& e) { run_inline_op(e, op); }, {})
+          ->wait();
+      return;
     }
     seq = q.next_seq++;
     ++q.pending;
@@ -1114,9 +1254,8 @@ void ShmBackend::allreduce_inline(const pg::DenseView& buffer, const pg::Allredu
     }
   } finish{q};
   std::lock_guard<std::mutex> exec(engine_->exec_mutex);
-  engine_->begin("allreduce", seq, effective_timeout(opts.timeout));
-  char* data = static_cast<char*>(buffer.data);
-  engine_->allreduce(data, data, buffer.numel, buffer.dtype, opts.reduce_op, true);
+  engine_->begin(name, seq, effective_timeout(op.timeout));
+  run_inline_op(*engine_, op);
 }
 
 WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
@@ -1169,9 +1308,9 @@ WorkPtr ShmBackend::gather(std::vector<std::vector<Tensor>>& outputs,
   return submit(
       OpType::kGather, "gather", opts.timeout, wants_async(opts),
       [gathered, input, root](Engine& e) {
-        e.allgather(input.data_as<char>(), input.nbytes(), [&](int r) -> char* {
-          return e.rank() == root ? gathered[r].data_as<char>() : nullptr;
-        });
+        std::vector<char*> outs;
+        for (const Tensor& t : gathered) outs.push_back(t.data_as<char>());
+        e.gather(input.data_as<char>(), input.nbytes(), root, outs);
       },
       gathered);
 }
@@ -1212,10 +1351,8 @@ WorkPtr ShmBackend::reduce_scatter(std::vector<Tensor>& outputs,
 namespace {
 
 void reduce_scatter_flat(Engine& e, const Tensor& output, const Tensor& input, const ReduceOp& op) {
-  std::vector<const char*> blocks;
-  for (int r = 0; r < e.size(); ++r) blocks.push_back(input.data_as<char>() + r * output.nbytes());
-  e.reduce_scatter(blocks, output.data_as<char>(), static_cast<size_t>(output.numel()),
-                   output.dtype(), op);
+  e.reduce_scatter_flat(input.data_as<char>(), output.data_as<char>(),
+                        static_cast<size_t>(output.numel()), output.dtype(), op);
 }
 
 }  // namespace

@@ -64,8 +64,8 @@ class ShmBackend : public pg::Backend {
 
   pg::WorkPtr broadcast(std::vector<pg::Tensor>& tensors, const pg::BroadcastOptions& opts) override;
   pg::WorkPtr allreduce(std::vector<pg::Tensor>& tensors, const pg::AllreduceOptions& opts) override;
-  bool has_inline_allreduce() const override { return true; }
-  void allreduce_inline(const pg::DenseView& buffer, const pg::AllreduceOptions& opts) override;
+  bool has_inline(core::OpType type) const override;
+  void run_inline(const pg::InlineOp& op) override;
   pg::WorkPtr reduce(std::vector<pg::Tensor>& tensors, const pg::ReduceOptions& opts) override;
   pg::WorkPtr allgather_base(pg::Tensor& output, pg::Tensor& input,
                              const pg::AllgatherOptions& opts) override;
