@@ -52,7 +52,11 @@ struct EnvVar {
     "check; for tests.")                                                                       \
   X(kEnvShmHeapBytes, "C10D_SHM_HEAP_BYTES", "1073741824",                                    \
     "Bytes of shared heap per rank and shm process group for shm_empty() tensors (reserved "  \
-    "address space; pages are used only when touched).")
+    "address space; pages are used only when touched).")                                    \
+  X(kEnvShmCma, "C10D_SHM_CMA", "1",                                                          \
+    "Whether the shm backend copies large messages straight between the ranks' own memory "   \
+    "(process_vm_readv/writev, one copy per byte) when every rank may; 0 = always through "   \
+    "the shared slots.")
 
 #define C10D_DECLARE_ENV(id, name, def, doc) inline constexpr EnvVar id{name, def, doc};
 C10D_ENV_VARS(C10D_DECLARE_ENV)

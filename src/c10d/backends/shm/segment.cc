@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -167,6 +168,7 @@ Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, cor
   h->rank = rank;
   h->size = size;
   h->pid = static_cast<int32_t>(::getpid());
+  h->self_address = reinterpret_cast<uint64_t>(mine);
   pids_[rank] = h->pid;
 
   PeerInfo me{h->pid, fd, layout_.total, host_identity()};
@@ -217,6 +219,7 @@ Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, cor
   // Everyone must have mapped every segment before the creators close their descriptors. The
   // wait goes through the segments, not the store: a rank that is done may already have taken
   // the store's server down.
+  h->cma = probe_cma() ? 1 : 2;
   h->mapped.store(1, std::memory_order_release);
   const core::Deadline deadline(timeout);
   for (int r = 0; r < size; ++r) {
@@ -233,6 +236,57 @@ Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, cor
     }
   }
   ::close(fd);
+  cma_ = true;
+  for (int r = 0; r < size; ++r) cma_ = cma_ && header(r)->cma == 1;
+}
+
+bool Segment::probe_cma() const {
+  if (!core::env_bool(core::kEnvShmCma)) return false;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    uint64_t magic = 0;
+    iovec local{&magic, sizeof magic};
+    iovec remote{reinterpret_cast<void*>(header(r)->self_address), sizeof magic};
+    if (::process_vm_readv(pids_[r], &local, 1, &remote, 1, 0) != sizeof magic ||
+        magic != kMagic) {
+      return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// One process_vm_readv/writev transfer, resumed after partial copies.
+template <typename Call>
+void transfer(const Segment& seg, int r, const char* what, char* local, uint64_t remote,
+              size_t bytes, Call&& call) {
+  while (bytes != 0) {
+    iovec l{local, bytes};
+    iovec rm{reinterpret_cast<void*>(remote), bytes};
+    const ssize_t n = call(seg.pid(r), &l, 1, &rm, 1, 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      throw DistBackendError(str_cat("shm: ", what, " rank ", r, " (pid ", seg.pid(r),
+                                     ") failed: ", n < 0 ? std::strerror(errno) : "no progress",
+                                     "; set C10D_SHM_CMA=0 to copy through shared memory"));
+    }
+    local += n;
+    remote += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void Segment::read_peer(int r, void* local, uint64_t remote, size_t bytes) const {
+  transfer(*this, r, "reading the memory of", static_cast<char*>(local), remote, bytes,
+           ::process_vm_readv);
+}
+
+void Segment::write_peer(int r, uint64_t remote, const void* local, size_t bytes) const {
+  transfer(*this, r, "writing the memory of", static_cast<char*>(const_cast<void*>(local)),
+           remote, bytes, ::process_vm_writev);
 }
 
 Segment::~Segment() {

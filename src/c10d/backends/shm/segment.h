@@ -57,6 +57,10 @@ struct SegmentHeader {
   alignas(kLine) std::atomic<uint32_t> closed;
   // Set once this rank has mapped every peer's segment.
   std::atomic<uint32_t> mapped;
+  // Where this segment is mapped in its owner's address space, and whether the owner could
+  // read every peer's segment through process_vm_readv (1) or not (2); set before `mapped`.
+  uint64_t self_address;
+  uint32_t cma;
 };
 
 // Control block of the channel from sender s to receiver d, in s's segment. The sender writes
@@ -132,13 +136,25 @@ class Segment {
   std::string peer_gone(int r) const;
   int pid(int r) const { return pids_[r]; }
 
+  // Whether every rank may copy straight from and to every other rank's private memory
+  // (cross-memory attach; C10D_SHM_CMA=1 and the kernel allows it). The same on all ranks.
+  bool cma() const { return cma_; }
+  // Copies `bytes` between this process's `local` and `remote`, an address in rank r's
+  // address space. Throw DistBackendError naming the rank when the kernel refuses.
+  void read_peer(int r, void* local, uint64_t remote, size_t bytes) const;
+  void write_peer(int r, uint64_t remote, const void* local, size_t bytes) const;
+
  private:
+  // Whether process_vm_readv can read every peer's header (and C10D_SHM_CMA allows it).
+  bool probe_cma() const;
+
   int rank_;
   int size_;
   Layout layout_;
   std::vector<char*> bases_;
   std::vector<int> pids_;
   std::vector<int> pidfds_;  // -1 for this process (and when pidfd_open is unavailable)
+  bool cma_ = false;
   Heap heap_;
 };
 

@@ -40,6 +40,11 @@ constexpr size_t kOneShotBytes = size_t{32} << 10;
 // Owner-computes on shared-heap tensors works in pieces this large, so the reduced piece is
 // still in cache when it is copied to the peers.
 constexpr size_t kZeroCopyPiece = size_t{64} << 10;
+// From this size on, and when the kernel allows it (Segment::cma), collectives copy straight
+// between the ranks' own memory instead of through the slots: one copy per byte instead of two.
+constexpr size_t kDirectBytes = size_t{256} << 10;
+// A direct allreduce reduces pieces this large at a time, so the peer's piece is still in cache.
+constexpr size_t kDirectPiece = size_t{128} << 10;
 // How often a blocked wait checks the peers, the deadline and shutdown.
 constexpr int64_t kCheckNs = 1'000'000;
 constexpr int64_t kSleepNs = 2'000'000;
@@ -192,10 +197,11 @@ class Engine {
   void broadcast(char* data, size_t bytes, int root) {
     if (bytes == 0 || size_ == 1) return;
     if (bytes > kOneShotBytes) {
-      // A root tensor in the shared heap is read in place by every other rank.
-      const std::vector<char*> bases = exchange_heap_offsets(data, bytes);
-      if (bases[root] != nullptr) {
-        if (rank_ != root) copy(data, bases[root], bytes);
+      // A root tensor in the shared heap is read in place by every other rank; a large one
+      // elsewhere is read through the kernel.
+      const std::vector<Where> where = locate(data, bytes);
+      if (where[root].mapped != nullptr || direct(bytes)) {
+        if (rank_ != root) fetch(where[root], root, data, bytes);
         sync(next_step());  // the root's tensor must not change while peers read it
         return;
       }
@@ -233,6 +239,9 @@ class Engine {
     }
     if (bytes <= kOneShotBytes) return one_shot(in, out, count, dtype, op, premul);
     if (everyone && try_zero_copy(in, out, count, dtype, op, premul)) return;
+    if (everyone && in == out && direct(bytes) && exact_premul(premul, dtype)) {
+      return direct_allreduce(out, count, dtype, op, premul);
+    }
     pipelined(in, out, count, dtype, op, premul);
   }
 
@@ -241,12 +250,20 @@ class Engine {
   void allgather(const char* in, size_t bytes, Dst&& dst) {
     if (bytes == 0) return;
     if (bytes > kOneShotBytes && size_ > 1) {
-      // Inputs in the shared heap are read in place when every rank's is there.
-      const std::vector<char*> bases = exchange_heap_offsets(in, bytes);
-      if (std::find(bases.begin(), bases.end(), nullptr) == bases.end()) {
+      // Inputs are read in place when every rank's is in the shared heap, or through the
+      // kernel when large.
+      const std::vector<Where> where = locate(in, bytes);
+      const bool mapped = std::all_of(where.begin(), where.end(),
+                                      [](const Where& w) { return w.mapped != nullptr; });
+      if (mapped || direct(bytes)) {
         for (int r = 0; r < size_; ++r) {
           char* d = dst(r);
-          if (d != nullptr) copy(d, bases[r], bytes);
+          if (d == nullptr) continue;
+          if (r == rank_) {
+            copy(d, in, bytes);
+          } else {
+            fetch(where[r], r, d, bytes);
+          }
         }
         sync(next_step());  // inputs must not change while peers read them
         return;
@@ -268,6 +285,9 @@ class Engine {
   // waits.
   void gather(const char* in, size_t bytes, int root, const std::vector<char*>& outs) {
     if (bytes == 0) return;
+    if (direct(bytes) && size_ > 1) {
+      return allgather(in, bytes, [&](int r) { return rank_ == root ? outs[r] : nullptr; });
+    }
     for (size_t off = 0; off < bytes; off += kSlotBytes) {
       const size_t len = std::min(kSlotBytes, bytes - off);
       const uint32_t s = next_step();
@@ -290,6 +310,22 @@ class Engine {
   // The root sends srcs[j] (bytes each) to rank j's `out`.
   void scatter(const std::vector<const char*>& srcs, char* out, size_t bytes, int root) {
     if (bytes == 0) return;
+    if (direct(bytes) && size_ > 1 && size_ <= kMaxRanks) {
+      // Every rank reads its part from the root's list through the kernel.
+      const uint32_t s = next_step();
+      if (rank_ == root) {
+        auto* table = reinterpret_cast<uint64_t*>(seg_.meta(rank_, s));
+        for (int j = 0; j < size_; ++j) table[j] = reinterpret_cast<uint64_t>(srcs[j]);
+      }
+      sync(s);
+      if (rank_ == root) {
+        copy(out, srcs[rank_], bytes);
+      } else {
+        read_from(root, out, reinterpret_cast<const uint64_t*>(seg_.meta(root, s))[rank_], bytes);
+      }
+      sync(next_step());  // the root's list must not change while peers read it
+      return;
+    }
     const size_t quota = kSlotBytes / size_ / kLine * kLine;
     for (size_t off = 0; off < bytes; off += quota) {
       const size_t len = std::min(quota, bytes - off);
@@ -364,9 +400,14 @@ class Engine {
   void alltoall(const std::vector<const char*>& send, const std::vector<size_t>& send_len,
                 const std::vector<char*>& recv, const std::vector<size_t>& recv_len) {
     // Step 1: everyone learns every send size (and so the number of rounds).
+    // With the sizes go the send addresses, for the direct path.
+    const bool addresses = seg_.cma() && 2 * size_ <= kMaxRanks;
     uint32_t s = next_step();
     auto* table = reinterpret_cast<uint64_t*>(seg_.meta(rank_, s));
     for (int j = 0; j < size_; ++j) table[j] = send_len[j];
+    if (addresses) {
+      for (int j = 0; j < size_; ++j) table[size_ + j] = reinterpret_cast<uint64_t>(send[j]);
+    }
     sync(s);
     std::vector<size_t> incoming(size_);
     size_t longest = 0;
@@ -383,6 +424,15 @@ class Engine {
       }
     }
     copy(recv[rank_], send[rank_], std::min(send_len[rank_], recv_len[rank_]));
+    if (addresses && direct(longest)) {
+      for (int j = 0; j < size_; ++j) {
+        const auto* t = reinterpret_cast<const uint64_t*>(seg_.meta(j, s));
+        if (j != rank_) read_from(j, recv[j], t[size_ + rank_], std::min(incoming[j], recv_len[j]));
+      }
+      sync(next_step());  // send buffers must not change while peers read them
+      if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
+      return;
+    }
     const size_t quota = kSlotBytes / size_ / kLine * kLine;
     for (size_t off = 0; off < longest && size_ > 1; off += quota) {
       s = next_step();
@@ -461,8 +511,7 @@ class Engine {
                      bool premul) {
     const size_t es = core::element_size(dtype);
     // PREMUL_SUM scales the sum instead of each input, exact only for floating types.
-    const bool eligible =
-        in == data && (!premul || core::is_floating(dtype) || core::is_complex(dtype));
+    const bool eligible = in == data && exact_premul(premul, dtype);
     uint32_t s = next_step();
     auto* meta = reinterpret_cast<int64_t*>(seg_.meta(rank_, s));
     *meta = eligible ? seg_.heap_offset(data, count * es) : -1;
@@ -492,21 +541,95 @@ class Engine {
     return true;
   }
 
-  // One step in which every rank publishes where [data, data + bytes) lies in its shared heap;
-  // returns each rank's address of it (null for ranks whose data is elsewhere).
-  std::vector<char*> exchange_heap_offsets(const void* data, size_t bytes) {
-    const uint32_t s = next_step();
-    *reinterpret_cast<int64_t*>(seg_.meta(rank_, s)) = seg_.heap_offset(data, bytes);
-    sync(s);
-    std::vector<char*> bases(size_, nullptr);
-    for (int r = 0; r < size_; ++r) {
-      const int64_t offset = *reinterpret_cast<const int64_t*>(seg_.meta(r, s));
-      if (offset >= 0) bases[r] = seg_.heap(r) + offset;
-    }
-    return bases;
+  // PREMUL_SUM may scale the sum instead of each input only where that is exact enough: for
+  // floating and complex types.
+  static bool exact_premul(bool premul, DType dtype) {
+    return !premul || core::is_floating(dtype) || core::is_complex(dtype);
   }
 
-  // --- the step protocol ---
+  // Whether a message of `bytes` goes straight between the ranks' memory (the same answer on
+  // every rank).
+  bool direct(size_t bytes) const { return seg_.cma() && bytes >= kDirectBytes; }
+
+  // Where rank r's buffer of an operation is: mapped here (it lies in r's shared heap) or
+  // only at an address in r's own address space.
+  struct Where {
+    char* mapped = nullptr;
+    uint64_t address = 0;
+  };
+
+  // One two-sided step in which every rank publishes where [data, data + bytes) is.
+  std::vector<Where> locate(const void* data, size_t bytes) {
+    const uint32_t s = next_step();
+    auto* meta = reinterpret_cast<int64_t*>(seg_.meta(rank_, s));
+    meta[0] = seg_.heap_offset(data, bytes);
+    meta[1] = static_cast<int64_t>(reinterpret_cast<uint64_t>(data));
+    sync(s);
+    std::vector<Where> where(size_);
+    for (int r = 0; r < size_; ++r) {
+      const auto* m = reinterpret_cast<const int64_t*>(seg_.meta(r, s));
+      if (m[0] >= 0) where[r].mapped = seg_.heap(r) + m[0];
+      where[r].address = static_cast<uint64_t>(m[1]);
+    }
+    return where;
+  }
+
+  // Copies rank r's buffer (`where`) into `dst`: from the mapping if there is one, else
+  // through the kernel.
+  void fetch(const Where& where, int r, char* dst, size_t bytes) {
+    if (where.mapped != nullptr) return copy(dst, where.mapped, bytes);
+    read_from(r, dst, where.address, bytes);
+  }
+
+  // Cross-memory copies that fail as this operation, naming the peer.
+  void read_from(int r, void* local, uint64_t remote, size_t bytes) {
+    try {
+      seg_.read_peer(r, local, remote, bytes);
+    } catch (const DistBackendError& e) {
+      peer_copy_failed(r, e);
+    }
+  }
+
+  void write_to(int r, uint64_t remote, const void* local, size_t bytes) {
+    try {
+      seg_.write_peer(r, remote, local, bytes);
+    } catch (const DistBackendError& e) {
+      peer_copy_failed(r, e);
+    }
+  }
+
+  [[noreturn]] void peer_copy_failed(int r, const DistBackendError& e) {
+    const std::string gone = seg_.peer_gone(r);
+    if (!gone.empty()) fail<DistBackendError>(str_cat(describe(), ": rank ", r, " ", gone));
+    fail<DistBackendError>(str_cat(describe(), ": ", e.what()));
+  }
+
+  // Owner computes on the ranks' own tensors: rank r reads piece r of every peer's tensor
+  // through the kernel, reduces it into its own and writes the result back into every peer's.
+  // One copy in and one copy out per byte of the piece, and no slot in between.
+  void direct_allreduce(char* data, size_t count, DType dtype, const ReduceOp& op, bool premul) {
+    const std::vector<Where> where = locate(data, count * core::element_size(dtype));
+    const size_t es = core::element_size(dtype);
+    size_t b, len;
+    piece_of(count, size_, es, rank_, b, len);
+    const size_t per = std::max<size_t>(1, kDirectPiece / es);
+    scratch_.resize(per * es);
+    for (size_t at = b; at < b + len; at += per) {
+      const size_t m = std::min(per, b + len - at);
+      char* acc = data + at * es;
+      for (int j = 0; j < size_; ++j) {
+        if (j == rank_) continue;
+        read_from(j, scratch_.data(), where[j].address + at * es, m * es);
+        core::reduce(acc, scratch_.data(), m, dtype, op);
+      }
+      if (premul) core::apply_premul(acc, m, dtype, op);
+      core::apply_postdiv(acc, m, dtype, op, size_);
+      for (int j = 0; j < size_; ++j) {
+        if (j != rank_) write_to(j, where[j].address + at * es, acc, m * es);
+      }
+    }
+    sync(next_step());  // nobody returns while a peer may still write its tensor
+  }
 
   // Step protocol. A rank publishes step s once it wrote its slots for s and finished reading
   // everything of step s - 1; it may read the peers' step-s slots once they published s. A
@@ -621,6 +744,7 @@ class Engine {
   const WaitPolicy policy_;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
+  std::vector<char> scratch_;  // direct_allreduce's landing area for peers' pieces
   const char* name_ = "";
   uint64_t seq_ = 0;
   Millis timeout_{0};
