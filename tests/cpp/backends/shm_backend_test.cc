@@ -273,6 +273,53 @@ TEST(ShmBackend, GathersScatterReduceScatterAlltoall) {
   }
 }
 
+// Large messages copy straight between the ranks' memory when the kernel allows it, else go
+// through the slots; both must give the same results (C10D_SHM_CMA chooses).
+TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
+  for (const char* cma : {"1", "0"}) {
+    ::setenv("C10D_SHM_CMA", cma, 1);
+    run_ranks(3, [cma](int rank, ShmBackend& b) {
+      const std::string mode = std::string(" C10D_SHM_CMA=") + cma;
+      const int64_t n = (int64_t{3} << 20) / 4 + 5;  // past the direct allreduce threshold
+      for (const ReduceOp& op : {ReduceOp(ReduceOp::SUM), ReduceOp::premul_sum(0.5)}) {
+        Tensor t = filled(n, DType::kFloat32, rank);
+        std::vector<Tensor> ts{t};
+        pg::AllreduceOptions opts;
+        opts.reduce_op = op;
+        b.allreduce(ts, opts)->wait();
+        expect_same(t, expected_reduce(n, DType::kFloat32, 3, op), "allreduce" + mode);
+      }
+      pg::BroadcastOptions bo;
+      bo.root_rank = 2;
+      Tensor bt = filled(n, DType::kFloat32, rank);
+      std::vector<Tensor> bts{bt};
+      b.broadcast(bts, bo)->wait();
+      expect_same(bt, filled(n, DType::kFloat32, 2), "broadcast" + mode);
+      // Uneven alltoall of 0.4-1.2 MB per pair.
+      std::vector<int64_t> in_splits, out_splits;
+      int64_t in_rows = 0;
+      for (int j = 0; j < 3; ++j) {
+        in_splits.push_back((j + 1) * 50000);
+        in_rows += (j + 1) * 50000;
+        out_splits.push_back((rank + 1) * 50000);
+      }
+      Tensor in = Tensor::empty({in_rows}, DType::kInt64);
+      int64_t at = 0;
+      for (int j = 0; j < 3; ++j) {
+        for (int64_t i = 0; i < in_splits[j]; ++i) in.data_as<int64_t>()[at++] = 1000 * rank + j;
+      }
+      Tensor out = Tensor::empty({(rank + 1) * 50000 * 3}, DType::kInt64);
+      b.alltoall_base(out, in, out_splits, in_splits, {})->wait();
+      for (int j = 0; j < 3; ++j) {
+        for (int64_t i = 0; i < (rank + 1) * 50000; ++i) {
+          ASSERT_EQ(out.data_as<int64_t>()[j * (rank + 1) * 50000 + i], 1000 * j + rank) << mode;
+        }
+      }
+    });
+  }
+  ::unsetenv("C10D_SHM_CMA");
+}
+
 TEST(ShmBackend, SendRecvAnySourceAndTags) {
   run_ranks(3, [](int rank, ShmBackend& b) {
     const int next = (rank + 1) % 3, prev = (rank + 2) % 3;

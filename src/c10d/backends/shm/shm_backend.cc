@@ -43,8 +43,12 @@ constexpr size_t kZeroCopyPiece = size_t{64} << 10;
 // From this size on, and when the kernel allows it (Segment::cma), collectives copy straight
 // between the ranks' own memory instead of through the slots: one copy per byte instead of two.
 constexpr size_t kDirectBytes = size_t{256} << 10;
-// A direct allreduce reduces pieces this large at a time, so the peer's piece is still in cache.
-constexpr size_t kDirectPiece = size_t{128} << 10;
+// Allreduce streams through the slots in cache-sized chunks, which beats the direct path up to
+// a few MiB; past that the direct path's smaller memory traffic wins.
+constexpr size_t kDirectAllreduceBytes = size_t{2} << 20;
+// A direct allreduce moves pieces this large per system call: large enough that the calls and
+// the kernel's page pinning are cheap per byte, small enough that the piece stays in cache.
+constexpr size_t kDirectPiece = size_t{2} << 20;
 // How often a blocked wait checks the peers, the deadline and shutdown.
 constexpr int64_t kCheckNs = 1'000'000;
 constexpr int64_t kSleepNs = 2'000'000;
@@ -239,7 +243,8 @@ class Engine {
     }
     if (bytes <= kOneShotBytes) return one_shot(in, out, count, dtype, op, premul);
     if (everyone && try_zero_copy(in, out, count, dtype, op, premul)) return;
-    if (everyone && in == out && direct(bytes) && exact_premul(premul, dtype)) {
+    if (everyone && in == out && seg_.cma() && bytes >= kDirectAllreduceBytes &&
+        exact_premul(premul, dtype)) {
       return direct_allreduce(out, count, dtype, op, premul);
     }
     pipelined(in, out, count, dtype, op, premul);
