@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "c10d/backends/shm/segment.h"
+#include "c10d/core/copy.h"
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 #include "c10d/core/reduce.h"
@@ -115,9 +116,7 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-void copy(void* dst, const void* src, size_t n) {
-  if (n != 0 && dst != src) std::memcpy(dst, src, n);
-}
+void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n); }
 
 // Elements per piece when `count` elements are split across `size` owners, rounded up to a
 // whole cache line of elements so owners never share a line.
