@@ -46,7 +46,7 @@ constexpr size_t kZeroCopyPiece = size_t{64} << 10;
 constexpr size_t kDirectBytes = size_t{256} << 10;
 // Allreduce streams through the slots in cache-sized chunks, which beats the direct path up to
 // a few MiB; past that the direct path's smaller memory traffic wins.
-constexpr size_t kDirectAllreduceBytes = size_t{2} << 20;
+constexpr size_t kDirectAllreduceBytes = size_t{4} << 20;
 // A direct allreduce moves pieces this large per system call: large enough that the calls and
 // the kernel's page pinning are cheap per byte, small enough that the piece stays in cache.
 constexpr size_t kDirectPiece = size_t{2} << 20;
