@@ -172,7 +172,7 @@ def case_host_mismatch(dist):
 
 def _fuzz_sizes(world, rng):
     slot = (1 << 20) // 8  # float64 elements in one step slot of the backend
-    sizes = [0, 1, 3, 7, world + 1, 1001, 8191, slot - 1, slot + 5, 3 * slot + 17]
+    sizes = [0, 1, 3, 7, world + 1, 1001, 8191, slot - 1, slot + 5, 3 * slot + 17, 5 * slot + 3]
     sizes += [int(x) for x in rng.integers(1, 400000, 3)]
     return sizes
 

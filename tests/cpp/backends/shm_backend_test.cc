@@ -280,7 +280,7 @@ TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
     ::setenv("C10D_SHM_CMA", cma, 1);
     run_ranks(3, [cma](int rank, ShmBackend& b) {
       const std::string mode = std::string(" C10D_SHM_CMA=") + cma;
-      const int64_t n = (int64_t{3} << 20) / 4 + 5;  // past the direct allreduce threshold
+      const int64_t n = (int64_t{5} << 20) / 4 + 5;  // past the direct allreduce threshold
       for (const ReduceOp& op : {ReduceOp(ReduceOp::SUM), ReduceOp::premul_sum(0.5)}) {
         Tensor t = filled(n, DType::kFloat32, rank);
         std::vector<Tensor> ts{t};
