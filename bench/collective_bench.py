@@ -198,6 +198,14 @@ def worker(args) -> int:
     impl = {"c10d": C10dImpl, "torch": TorchImpl, "mpi": MpiImpl}[args.impl](args.backend)
     dtype = np.dtype(args.dtype)
     results = []
+    # Warm up for at least 50 ms before the first measurement, for every implementation alike;
+    # without it the first size pays for cold caches and clock ramp-up. Ranks agree on when to
+    # stop (max over ranks), so they issue the same number of calls.
+    warm = impl.op(args.ops.split(",")[0], 1, dtype)
+    start = time.perf_counter()
+    while impl.max_over_ranks(time.perf_counter() - start) < 0.05:
+        for _ in range(100):
+            warm()
     for name in args.ops.split(","):
         for size in sizes(args.min_bytes, args.max_bytes, args.factor):
             count = max(size // dtype.itemsize, 1)
