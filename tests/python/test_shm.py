@@ -109,6 +109,10 @@ def test_rooted_operations_back_to_back_agree_with_numpy():
     _all_ok(_run("mixed_rooted", 4, timeout=80))
 
 
+def test_ranks_running_different_collectives_fail_instead_of_mixing_data():
+    _all_ok(_run("mismatch", 2, timeout=40, pg_timeout=10))
+
+
 # ---------------------------------------------------------------------------------------------
 # Worker cases (one process per rank)
 
@@ -232,6 +236,25 @@ def case_fuzz(dist):
                               for j in range(world)]).astype(np.int32)
         np.testing.assert_array_equal(recv, exp, err_msg=f"all_to_all n={n}")
     dist.destroy_process_group()
+
+
+def case_mismatch(dist):
+    rank, world = _init(dist)
+    t = np.full(4, rank + 1.0)
+    dist.all_reduce(t)
+    try:
+        if rank == 0:
+            dist.broadcast(np.zeros(4), src=1)  # while rank 1 runs an all_reduce
+        else:
+            dist.all_reduce(np.ones(4))
+    except RuntimeError as e:
+        if rank == 0:
+            # Rank 0 sees rank 1's step and says which collective it belongs to.
+            assert "ALLREDUCE" in str(e) and "same order" in str(e), str(e)
+        print(f"MISMATCH_OK rank {rank}: {e}")
+        dist.destroy_process_group()
+        return
+    raise AssertionError("mismatched collectives passed")
 
 
 def case_mixed_rooted(dist):

@@ -42,6 +42,10 @@ inline constexpr size_t kChannelBytes = size_t{64} << 10;
 struct alignas(kLine) FutexWord {
   std::atomic<uint32_t> value;
   std::atomic<uint32_t> waiters;
+  // For the step word: which operation published the last step of each parity (its sequence
+  // number and OpType), so a rank can tell when a peer runs a different collective. On the
+  // same cache line as the value, so checking it costs no extra miss.
+  std::atomic<uint64_t> op[2];
 };
 
 struct SegmentHeader {

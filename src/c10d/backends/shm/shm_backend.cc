@@ -157,9 +157,10 @@ class Engine {
   const WaitPolicy& policy() const { return policy_; }
 
   // The operation about to run (exec_mutex held); throws when the engine cannot run it.
-  void begin(const char* name, uint64_t seq, Millis timeout) {
+  void begin(const char* name, OpType type, uint64_t seq, Millis timeout) {
     name_ = name;
     seq_ = seq;
+    op_ = op_signature(type, seq);
     timeout_ = timeout;
     deadline_ = core::Deadline(timeout);
     if (!broken.empty()) {
@@ -641,13 +642,34 @@ class Engine {
   // whose data it reads, if any, so a root can run ahead. Either way a rank writes its slots of
   // parity s % 2 only after every peer published s - 1 (next_step), so nobody still reads
   // them from step s - 2.
-  void publish(uint32_t s) { post(seg_.header(rank_)->step, s); }
+  void publish(uint32_t s) {
+    FutexWord& w = seg_.header(rank_)->step;
+    w.op[s & 1].store(op_, std::memory_order_relaxed);
+    post(w, s);  // releases the signature with the step
+  }
+
+  static uint64_t op_signature(OpType type, uint64_t seq) {
+    return (seq << 8) | static_cast<uint8_t>(type);
+  }
+
+  // Peer r published step s for this operation (and not for another collective, which would
+  // mean the ranks issued different collectives or a different order): else fail naming both.
+  // Valid until this rank publishes s + 1, as r cannot reuse the parity before that.
+  void check_same_op(int r, uint32_t s) {
+    const uint64_t theirs = seg_.header(r)->step.op[s & 1].load(std::memory_order_relaxed);
+    if (theirs == op_) return;
+    const auto type = static_cast<OpType>(theirs & 0xff);
+    fail<DistBackendError>(str_cat(
+        describe(), ": rank ", r, " runs ", core::op_type_name(type), " (sequence ",
+        theirs >> 8, ") at this step instead; every rank must issue the same collectives in "
+        "the same order"));
+  }
 
   uint32_t next_step() {
     const uint32_t s = step_ + 1;
     if (!reached(all_reached_, s - 1)) {
       for (int r = 0; r < size_; ++r) {
-        if (r != rank_) wait_peer(r, s - 1);
+        if (r != rank_) await_step(r, s - 1);  // step s - 1 may be another operation's
       }
       all_reached_ = s - 1;
     }
@@ -678,7 +700,14 @@ class Engine {
     return missing;
   }
 
+  // Waits until peer r published step s of this operation.
   void wait_peer(int r, uint32_t s) {
+    await_step(r, s);
+    check_same_op(r, s);
+  }
+
+  // Waits until peer r published step s (of whatever operation).
+  void await_step(int r, uint32_t s) {
     FutexWord& w = seg_.header(r)->step;
     if (reached(w.value.load(std::memory_order_acquire), s)) return;
     const int64_t start = now_ns();
@@ -751,6 +780,7 @@ class Engine {
   std::vector<char> scratch_;  // direct_allreduce's landing area for peers' pieces
   const char* name_ = "";
   uint64_t seq_ = 0;
+  uint64_t op_ = 0;  // op_signature() of the running operation
   Millis timeout_{0};
   core::Deadline deadline_{Millis(0)};
 };
@@ -1136,6 +1166,7 @@ WorkPtr ShmBackend::submit(OpType type, const char* name, Millis timeout, bool a
                            std::vector<Tensor> outputs) {
   Task task;
   task.name = name;
+  task.type = type;
   task.body = std::move(body);
   task.outputs = std::move(outputs);
   task.timeout = effective_timeout(timeout);
@@ -1180,7 +1211,7 @@ void ShmBackend::run_task(Engine& engine, Task& task) noexcept {
   {
     std::lock_guard<std::mutex> lock(engine.exec_mutex);
     try {
-      engine.begin(task.name, task.seq, task.timeout);
+      engine.begin(task.name, task.type, task.seq, task.timeout);
       task.body(engine);
     } catch (...) {
       error = std::current_exception();
@@ -1382,7 +1413,7 @@ void ShmBackend::run_inline(const pg::InlineOp& op) {
     }
   } finish{q};
   std::lock_guard<std::mutex> exec(engine_->exec_mutex);
-  engine_->begin(name, seq, effective_timeout(op.timeout));
+  engine_->begin(name, op.type, seq, effective_timeout(op.timeout));
   run_inline_op(*engine_, op);
 }
 

@@ -109,6 +109,7 @@ class ShmBackend : public pg::Backend {
   struct Task {
     std::shared_ptr<core::Work> work;
     const char* name = "";
+    core::OpType type = core::OpType::kUnknown;
     uint64_t seq = 0;
     pg::Millis timeout{0};
     Body body;
