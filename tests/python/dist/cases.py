@@ -124,10 +124,14 @@ def inline_all_reduce(dist, backend):
     z = np.array(rank + 1.0)
     dist.all_reduce(z, group=pg)
     assert z == world * (world + 1) / 2
-    # Completion hooks see every operation (the inline path steps aside for them).
+    # Completion hooks see every operation (the inline path steps aside for them). Hooks may
+    # run on the backend's thread after wait() returned, as in PyTorch: wait for it.
     seen = []
     pg._register_on_completion_hook(lambda info: seen.append(info.seq))
     dist.all_reduce(np.ones(2))
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert seen == [pg._get_sequence_number_for_group()], seen
 
 

@@ -473,9 +473,13 @@ class Engine {
 
   // Chunks of the slot size: at step k every rank copies in chunk k and, after the barrier,
   // copies out the reduced pieces of chunk k-1 and reduces its own piece of chunk k into its
-  // out area of the next parity. One barrier per chunk.
+  // out area of the next parity. One barrier per chunk. A rank's own piece stays out of the
+  // slots: it reduces it straight from its input into its output (and then publishes it in
+  // its out area), so only the peers' pieces are copied in and out. With PREMUL_SUM, whose
+  // scaling is applied to the slot copies, every piece goes through the slots.
   void pipelined(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
                  bool premul) {
+    const bool own_direct = !premul;
     const size_t es = core::element_size(dtype);
     const size_t chunk = kSlotBytes / es;
     const size_t chunks = ceil_div(count, chunk);
@@ -483,30 +487,43 @@ class Engine {
       const uint32_t s = next_step();
       const size_t off = k * chunk;
       const size_t e = k < chunks ? std::min(chunk, count - off) : 0;
+      size_t b = 0, len = 0;  // this rank's piece of chunk k
+      if (e != 0) piece_of(e, size_, es, rank_, b, len);
       if (e != 0) {
         char* slot = seg_.in(rank_, s);
-        copy(slot, in + off * es, e * es);
-        if (premul) core::apply_premul(slot, e, dtype, op);
+        const char* src = in + off * es;
+        if (own_direct) {
+          copy(slot, src, b * es);
+          copy(slot + (b + len) * es, src + (b + len) * es, (e - b - len) * es);
+        } else {
+          copy(slot, src, e * es);
+          if (premul) core::apply_premul(slot, e, dtype, op);
+        }
       }
       sync(s);
       if (k >= 1 && out != nullptr) {
         const size_t prev_off = (k - 1) * chunk;
         const size_t prev_e = std::min(chunk, count - prev_off);
         for (int j = 0; j < size_; ++j) {
-          size_t b, len;
-          piece_of(prev_e, size_, es, j, b, len);
-          copy(out + (prev_off + b) * es, seg_.out(j, s) + b * es, len * es);
+          if (own_direct && j == rank_) continue;  // already in place
+          size_t pb, plen;
+          piece_of(prev_e, size_, es, j, pb, plen);
+          copy(out + (prev_off + pb) * es, seg_.out(j, s) + pb * es, plen * es);
         }
       }
-      if (e != 0) {
-        size_t b, len;
-        piece_of(e, size_, es, rank_, b, len);
-        if (len == 0) continue;
-        char* dst = seg_.out(rank_, s + 1) + b * es;
-        core::reduce_into(dst, seg_.in(0, s) + b * es, seg_.in(1, s) + b * es, len, dtype, op);
-        for (int j = 2; j < size_; ++j) core::reduce(dst, seg_.in(j, s) + b * es, len, dtype, op);
-        core::apply_postdiv(dst, len, dtype, op, size_);
+      if (len == 0) continue;
+      // Operands in a fixed order (this rank's, then the peers' by rank); each piece is
+      // reduced by one rank only, so every rank gets identical bits.
+      const char* mine = own_direct ? in + (off + b) * es : seg_.in(rank_, s) + b * es;
+      char* published = seg_.out(rank_, s + 1) + b * es;
+      char* dst = own_direct && out != nullptr ? out + (off + b) * es : published;
+      const int first = rank_ == 0 ? 1 : 0;
+      core::reduce_into(dst, mine, seg_.in(first, s) + b * es, len, dtype, op);
+      for (int j = first + 1; j < size_; ++j) {
+        if (j != rank_) core::reduce(dst, seg_.in(j, s) + b * es, len, dtype, op);
       }
+      core::apply_postdiv(dst, len, dtype, op, size_);
+      copy(published, dst, len * es);
     }
   }
 
