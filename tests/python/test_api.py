@@ -147,6 +147,14 @@ def test_completion_hooks_and_coalescing(world1):
     dist.broadcast(t, 0)
     assert [op for op, _ in seen] == ["ALLREDUCE", "BROADCAST"]
     assert seen[1][1] == seen[0][1] + 1
+
+    def broken_hook(info):
+        raise KeyError("hook failure")
+
+    # A hook that raises is logged; the collective and the other hooks are unaffected.
+    pg._register_on_completion_hook(broken_hook)
+    dist.all_reduce(t)
+    assert (t == 1).all() and [op for op, _ in seen][-1] == "ALLREDUCE"
     pg._start_coalescing("cpu")
     works = [dist.all_reduce(np.ones(2), async_op=True) for _ in range(3)]
     work = pg._end_coalescing("cpu")

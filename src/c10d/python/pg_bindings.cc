@@ -28,6 +28,28 @@ using pg::WorkPtr;
 
 using TensorLists = std::vector<std::vector<Tensor>>;
 
+bool interpreter_running() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
+
+// A completion hook calling `fn`. Hooks run on backend threads: once the interpreter is
+// finalizing, taking the GIL would end such a thread in the middle of C++ frames (and the
+// process with std::terminate), so from then on hooks are skipped and the function leaked.
+ProcessGroup::Hook python_hook(py::function fn) {
+  std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
+    if (!interpreter_running()) return;
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+  return [held](std::shared_ptr<pg::WorkInfo> info) {
+    if (!interpreter_running()) return;
+    py::gil_scoped_acquire gil;
+    try {
+      (*held)(std::move(info));
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error(e.what());  // ProcessGroup logs it; `e` dies under the GIL
+    }
+  };
+}
+
 // A tensor or a list of tensors -> list (torch's single-tensor overloads).
 std::vector<Tensor> tensor_or_list(py::handle obj, bool writable, const char* what) {
   if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
@@ -484,8 +506,12 @@ void init_pg(py::module_& m) {
            })
       .def("_get_sequence_number_for_group", &ProcessGroup::sequence_number)
       .def("_set_sequence_number_for_group", [](ProcessGroup&) {})
-      .def("_register_on_completion_hook", &ProcessGroup::register_on_completion_hook,
-           py::arg("hook"))
+      .def(
+          "_register_on_completion_hook",
+          [](ProcessGroup& g, py::function hook) {
+            g.register_on_completion_hook(python_hook(std::move(hook)));
+          },
+          py::arg("hook"))
       .def("_has_hooks", &ProcessGroup::has_hooks)
       .def("_wait_for_pending_works", [](ProcessGroup&) {})
       .def("_enable_collectives_timing", &ProcessGroup::enable_collectives_timing)
