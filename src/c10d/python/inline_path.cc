@@ -7,6 +7,7 @@
 // takes over with its full argument checks and error messages.
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <exception>
 #include <memory>
 #include <vector>
@@ -92,20 +93,32 @@ bool int_arg(PyObject* obj, int& value) {
 }
 
 // The buffers of a list/tuple argument; None means no list.
+// Lists of up to kInlineList buffers (the usual world sizes) need no allocation.
 struct BufferList {
-  std::unique_ptr<Buffer[]> buffers;
-  std::vector<DenseView> views;
+  static constexpr size_t kInlineList = 16;
+  std::array<Buffer, kInlineList> local_buffers;
+  std::array<DenseView, kInlineList> local_views;
+  std::unique_ptr<Buffer[]> heap_buffers;
+  std::unique_ptr<DenseView[]> heap_views;
+  DenseView* views = nullptr;
+  size_t size = 0;
 };
 
 bool dense_list(PyObject* obj, bool writable, BufferList& out) {
   if (obj == Py_None) return true;
   if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj)) return false;
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+  out.size = static_cast<size_t>(PySequence_Fast_GET_SIZE(obj));
   PyObject** items = PySequence_Fast_ITEMS(obj);
-  out.buffers.reset(new Buffer[static_cast<size_t>(n)]);
-  out.views.resize(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!dense(items[i], writable, out.buffers[i], out.views[i])) return false;
+  Buffer* buffers = out.local_buffers.data();
+  out.views = out.local_views.data();
+  if (out.size > BufferList::kInlineList) {
+    out.heap_buffers.reset(new Buffer[out.size]);
+    out.heap_views.reset(new DenseView[out.size]);
+    buffers = out.heap_buffers.get();
+    out.views = out.heap_views.get();
+  }
+  for (size_t i = 0; i < out.size; ++i) {
+    if (!dense(items[i], writable, buffers[i], out.views[i])) return false;
   }
   return true;
 }
@@ -140,37 +153,32 @@ PyObject* run(InlineState& state, const InlineOp& op) {
   return PyBool_FromLong(done);
 }
 
-// allreduce(tensor, op) / broadcast(tensor, root) / reduce(tensor, root, op): in place.
-PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+// In place on one tensor: allreduce(tensor, op) / broadcast(tensor, root) /
+// reduce(tensor, root, op).
+PyObject* in_place(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType type,
+                   const char* name, bool with_root, bool with_op) {
   InlineState* state = state_of(self);
-  if (state == nullptr || !check_nargs(nargs, 2, "allreduce")) return nullptr;
+  if (state == nullptr || !check_nargs(nargs, 1 + with_root + with_op, name)) return nullptr;
   Buffer buffer;
-  InlineOp op{.type = OpType::kAllreduce};
-  if (!reduce_kind(*state, args[1], op.reduce_op) || !dense(args[0], true, buffer, op.input)) {
-    Py_RETURN_FALSE;
-  }
-  return run(*state, op);
-}
-
-PyObject* broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  InlineState* state = state_of(self);
-  if (state == nullptr || !check_nargs(nargs, 2, "broadcast")) return nullptr;
-  Buffer buffer;
-  InlineOp op{.type = OpType::kBroadcast};
-  if (!int_arg(args[1], op.root) || !dense(args[0], true, buffer, op.input)) Py_RETURN_FALSE;
-  return run(*state, op);
-}
-
-PyObject* reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  InlineState* state = state_of(self);
-  if (state == nullptr || !check_nargs(nargs, 3, "reduce")) return nullptr;
-  Buffer buffer;
-  InlineOp op{.type = OpType::kReduce};
-  if (!int_arg(args[1], op.root) || !reduce_kind(*state, args[2], op.reduce_op) ||
+  InlineOp op{.type = type};
+  if ((with_root && !int_arg(args[1], op.root)) ||
+      (with_op && !reduce_kind(*state, args[1 + with_root], op.reduce_op)) ||
       !dense(args[0], true, buffer, op.input)) {
     Py_RETURN_FALSE;
   }
   return run(*state, op);
+}
+
+PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return in_place(self, args, nargs, OpType::kAllreduce, "allreduce", false, true);
+}
+
+PyObject* broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return in_place(self, args, nargs, OpType::kBroadcast, "broadcast", true, false);
+}
+
+PyObject* reduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return in_place(self, args, nargs, OpType::kReduce, "reduce", true, true);
 }
 
 // (output, input) pairs: all_gather_into_tensor, reduce_scatter_tensor(+ op), all_to_all_single.
@@ -214,8 +222,8 @@ PyObject* rooted_list(PyObject* self, PyObject* const* args, Py_ssize_t nargs, O
       !dense_list(args[1], gather, list)) {
     Py_RETURN_FALSE;
   }
-  op.list = list.views.data();
-  op.list_size = list.views.size();
+  op.list = list.views;
+  op.list_size = list.size;
   return run(*state, op);
 }
 
