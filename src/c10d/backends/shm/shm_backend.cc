@@ -286,12 +286,13 @@ class Engine {
     }
   }
 
-  // Rank `root` receives every rank's `bytes` from `in` at outs[r]. One-sided: only the root
-  // waits.
-  void gather(const char* in, size_t bytes, int root, const std::vector<char*>& outs) {
+  // Rank `root` receives every rank's `bytes` from `in` at out_of(r) (called on the root
+  // only). One-sided: only the root waits.
+  template <typename Out>
+  void gather(const char* in, size_t bytes, int root, Out&& out_of) {
     if (bytes == 0) return;
     if (direct(bytes) && size_ > 1) {
-      return allgather(in, bytes, [&](int r) { return rank_ == root ? outs[r] : nullptr; });
+      return allgather(in, bytes, [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
     }
     for (size_t off = 0; off < bytes; off += kSlotBytes) {
       const size_t len = std::min(kSlotBytes, bytes - off);
@@ -301,10 +302,10 @@ class Engine {
       } else {
         for (int r = 0; r < size_; ++r) {
           if (r == root) {
-            copy(outs[r] + off, in + off, len);
+            copy(out_of(r) + off, in + off, len);
           } else {
             wait_peer(r, s);
-            copy(outs[r] + off, seg_.in(r, s), len);
+            copy(out_of(r) + off, seg_.in(r, s), len);
           }
         }
       }
@@ -312,19 +313,20 @@ class Engine {
     }
   }
 
-  // The root sends srcs[j] (bytes each) to rank j's `out`.
-  void scatter(const std::vector<const char*>& srcs, char* out, size_t bytes, int root) {
+  // The root sends src_of(j) (bytes each; called on the root only) to rank j's `out`.
+  template <typename Src>
+  void scatter(Src&& src_of, char* out, size_t bytes, int root) {
     if (bytes == 0) return;
     if (direct(bytes) && size_ > 1 && size_ <= kMaxRanks) {
       // Every rank reads its part from the root's list through the kernel.
       const uint32_t s = next_step();
       if (rank_ == root) {
         auto* table = reinterpret_cast<uint64_t*>(seg_.meta(rank_, s));
-        for (int j = 0; j < size_; ++j) table[j] = reinterpret_cast<uint64_t>(srcs[j]);
+        for (int j = 0; j < size_; ++j) table[j] = reinterpret_cast<uint64_t>(src_of(j));
       }
       sync(s);
       if (rank_ == root) {
-        copy(out, srcs[rank_], bytes);
+        copy(out, src_of(rank_), bytes);
       } else {
         read_from(root, out, reinterpret_cast<const uint64_t*>(seg_.meta(root, s))[rank_], bytes);
       }
@@ -338,9 +340,9 @@ class Engine {
       // One-sided, as broadcast.
       if (rank_ == root) {
         for (int j = 0; j < size_; ++j) {
-          if (j != root) copy(seg_.in(root, s) + j * quota, srcs[j] + off, len);
+          if (j != root) copy(seg_.in(root, s) + j * quota, src_of(j) + off, len);
         }
-        copy(out + off, srcs[rank_] + off, len);
+        copy(out + off, src_of(rank_) + off, len);
       } else {
         wait_peer(root, s);
         copy(out + off, seg_.in(root, s) + rank_ * quota, len);
@@ -350,8 +352,9 @@ class Engine {
   }
 
   // blocks[j] (count elements) is this rank's contribution to rank j's `out`.
-  void reduce_scatter(const std::vector<const char*>& blocks, char* out, size_t count,
-                      DType dtype, const ReduceOp& op) {
+  template <typename Block>
+  void reduce_scatter(Block&& block_of, char* out, size_t count, DType dtype,
+                      const ReduceOp& op) {
     if (count == 0) return;
     const size_t es = core::element_size(dtype);
     const bool premul = op.kind == ReduceOp::PREMUL_SUM;
@@ -361,7 +364,7 @@ class Engine {
       const uint32_t s = next_step();
       for (int j = 0; j < size_; ++j) {
         char* slot = seg_.in(rank_, s) + j * quota * es;
-        copy(slot, blocks[j] + off * es, m * es);
+        copy(slot, block_of(j) + off * es, m * es);
         if (premul) core::apply_premul(slot, m, dtype, op);
       }
       sync(s);
@@ -381,9 +384,7 @@ class Engine {
   void reduce_scatter_flat(const char* in, char* out, size_t count, DType dtype,
                            const ReduceOp& op) {
     const size_t block = count * core::element_size(dtype);
-    std::vector<const char*> blocks(size_);
-    for (int j = 0; j < size_; ++j) blocks[j] = in + j * block;
-    reduce_scatter(blocks, out, count, dtype, op);
+    reduce_scatter([&](int j) { return in + j * block; }, out, count, dtype, op);
   }
 
   // alltoall with equal parts: part j (`bytes` each) of `in` goes to rank j, whose part
@@ -1384,16 +1385,11 @@ void run_inline_op(Engine& e, const pg::InlineOp& op) {
       return e.reduce_scatter_flat(in.bytes(), out.bytes(), out.numel, out.dtype, op.reduce_op);
     case OpType::kAlltoallBase:
       return e.alltoall_equal(in.bytes(), out.bytes(), in.nbytes() / e.size());
-    case OpType::kGather: {
-      std::vector<char*> outs;
-      for (size_t j = 0; j < op.list_size; ++j) outs.push_back(op.list[j].bytes());
-      return e.gather(in.bytes(), in.nbytes(), op.root, outs);
-    }
-    case OpType::kScatter: {
-      std::vector<const char*> srcs;
-      for (size_t j = 0; j < op.list_size; ++j) srcs.push_back(op.list[j].bytes());
-      return e.scatter(srcs, out.bytes(), out.nbytes(), op.root);
-    }
+    case OpType::kGather:
+      return e.gather(in.bytes(), in.nbytes(), op.root, [&](int r) { return op.list[r].bytes(); });
+    case OpType::kScatter:
+      return e.scatter([&](int j) { return op.list[j].bytes(); }, out.bytes(), out.nbytes(),
+                       op.root);
     case OpType::kBarrier:
       return e.barrier();
     default:
@@ -1484,9 +1480,8 @@ WorkPtr ShmBackend::gather(std::vector<std::vector<Tensor>>& outputs,
   return submit(
       OpType::kGather, "gather", opts.timeout, wants_async(opts),
       [gathered, input, root](Engine& e) {
-        std::vector<char*> outs;
-        for (const Tensor& t : gathered) outs.push_back(t.data_as<char>());
-        e.gather(input.data_as<char>(), input.nbytes(), root, outs);
+        e.gather(input.data_as<char>(), input.nbytes(), root,
+                 [&](int r) { return gathered[r].data_as<char>(); });
       },
       gathered);
 }
@@ -1500,9 +1495,8 @@ WorkPtr ShmBackend::scatter(std::vector<Tensor>& outputs,
   return submit(
       OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
       [sources, output, root](Engine& e) {
-        std::vector<const char*> srcs;
-        for (const Tensor& t : sources) srcs.push_back(t.data_as<char>());
-        e.scatter(srcs, output.data_as<char>(), output.nbytes(), root);
+        e.scatter([&](int j) { return sources[j].data_as<const char>(); },
+                  output.data_as<char>(), output.nbytes(), root);
       },
       {output});
 }
@@ -1516,9 +1510,8 @@ WorkPtr ShmBackend::reduce_scatter(std::vector<Tensor>& outputs,
   return submit(
       OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
       [output, pieces, op](Engine& e) {
-        std::vector<const char*> blocks;
-        for (const Tensor& t : pieces) blocks.push_back(t.data_as<char>());
-        e.reduce_scatter(blocks, output.data_as<char>(), static_cast<size_t>(output.numel()),
+        e.reduce_scatter([&](int j) { return pieces[j].data_as<const char>(); },
+                         output.data_as<char>(), static_cast<size_t>(output.numel()),
                          output.dtype(), op);
       },
       {output});
