@@ -242,10 +242,13 @@ class Engine {
       return;
     }
     if (bytes <= kOneShotBytes) return one_shot(in, out, count, dtype, op, premul);
-    if (everyone && try_zero_copy(in, out, count, dtype, op, premul)) return;
-    if (everyone && in == out && seg_.cma() && bytes >= kDirectAllreduceBytes &&
-        exact_premul(premul, dtype)) {
-      return direct_allreduce(out, count, dtype, op, premul);
+    if (everyone && in == out && exact_premul(premul, dtype)) {
+      // Owner computes on the tensors themselves when every rank's lies in its shared heap,
+      // or, for large ones, through the kernel.
+      const std::vector<Where> where = locate(out, bytes);
+      if (all_mapped(where) || (seg_.cma() && bytes >= kDirectAllreduceBytes)) {
+        return owner_computes(where, out, count, dtype, op, premul);
+      }
     }
     pipelined(in, out, count, dtype, op, premul);
   }
@@ -258,9 +261,7 @@ class Engine {
       // Inputs are read in place when every rank's is in the shared heap, or through the
       // kernel when large.
       const std::vector<Where> where = locate(in, bytes);
-      const bool mapped = std::all_of(where.begin(), where.end(),
-                                      [](const Where& w) { return w.mapped != nullptr; });
-      if (mapped || direct(bytes)) {
+      if (all_mapped(where) || direct(bytes)) {
         for (int r = 0; r < size_; ++r) {
           char* d = dst(r);
           if (d == nullptr) continue;
@@ -528,42 +529,6 @@ class Engine {
     }
   }
 
-  // When every rank's tensor lives in its shared heap, rank r reduces piece r straight from the
-  // peers' tensors and writes the result into all of them: one copy per byte.
-  bool try_zero_copy(const char* in, char* data, size_t count, DType dtype, const ReduceOp& op,
-                     bool premul) {
-    const size_t es = core::element_size(dtype);
-    // PREMUL_SUM scales the sum instead of each input, exact only for floating types.
-    const bool eligible = in == data && exact_premul(premul, dtype);
-    uint32_t s = next_step();
-    auto* meta = reinterpret_cast<int64_t*>(seg_.meta(rank_, s));
-    *meta = eligible ? seg_.heap_offset(data, count * es) : -1;
-    sync(s);
-    std::vector<char*> base(size_);
-    for (int j = 0; j < size_; ++j) {
-      const int64_t offset = *reinterpret_cast<const int64_t*>(seg_.meta(j, s));
-      if (offset < 0) return false;
-      base[j] = seg_.heap(j) + offset;
-    }
-    size_t b, len;
-    piece_of(count, size_, es, rank_, b, len);
-    const size_t step_elems = std::max<size_t>(1, kZeroCopyPiece / es);
-    for (size_t at = b; at < b + len; at += step_elems) {
-      const size_t m = std::min(step_elems, b + len - at);
-      char* acc = base[rank_] + at * es;
-      for (int j = 0; j < size_; ++j) {
-        if (j != rank_) core::reduce(acc, base[j] + at * es, m, dtype, op);
-      }
-      if (premul) core::apply_premul(acc, m, dtype, op);
-      core::apply_postdiv(acc, m, dtype, op, size_);
-      for (int j = 0; j < size_; ++j) {
-        if (j != rank_) copy(base[j] + at * es, acc, m * es);
-      }
-    }
-    sync(next_step());  // nobody returns while a peer may still write its tensor
-    return true;
-  }
-
   // PREMUL_SUM may scale the sum instead of each input only where that is exact enough: for
   // floating and complex types.
   static bool exact_premul(bool premul, DType dtype) {
@@ -580,6 +545,11 @@ class Engine {
     char* mapped = nullptr;
     uint64_t address = 0;
   };
+
+  static bool all_mapped(const std::vector<Where>& where) {
+    return std::all_of(where.begin(), where.end(),
+                       [](const Where& w) { return w.mapped != nullptr; });
+  }
 
   // One two-sided step in which every rank publishes where [data, data + bytes) is.
   std::vector<Where> locate(const void* data, size_t bytes) {
@@ -627,28 +597,40 @@ class Engine {
     fail<DistBackendError>(str_cat(describe(), ": ", e.what()));
   }
 
-  // Owner computes on the ranks' own tensors: rank r reads piece r of every peer's tensor
-  // through the kernel, reduces it into its own and writes the result back into every peer's.
-  // One copy in and one copy out per byte of the piece, and no slot in between.
-  void direct_allreduce(char* data, size_t count, DType dtype, const ReduceOp& op, bool premul) {
-    const std::vector<Where> where = locate(data, count * core::element_size(dtype));
+  // Owner computes on the ranks' own tensors (`where`, from locate): rank r reduces piece r of
+  // every peer's tensor into its own and writes the result into every peer's, in place for
+  // tensors in the shared heaps and through the kernel for the others. One copy in and one
+  // copy out per byte of the piece, and no slot in between.
+  void owner_computes(const std::vector<Where>& where, char* data, size_t count, DType dtype,
+                      const ReduceOp& op, bool premul) {
     const size_t es = core::element_size(dtype);
     size_t b, len;
     piece_of(count, size_, es, rank_, b, len);
-    const size_t per = std::max<size_t>(1, kDirectPiece / es);
-    scratch_.resize(per * es);
+    const bool mapped = all_mapped(where);
+    const size_t per = std::max<size_t>(1, (mapped ? kZeroCopyPiece : kDirectPiece) / es);
+    if (!mapped) scratch_.resize(per * es);
     for (size_t at = b; at < b + len; at += per) {
       const size_t m = std::min(per, b + len - at);
       char* acc = data + at * es;
       for (int j = 0; j < size_; ++j) {
         if (j == rank_) continue;
-        read_from(j, scratch_.data(), where[j].address + at * es, m * es);
-        core::reduce(acc, scratch_.data(), m, dtype, op);
+        const char* theirs = scratch_.data();
+        if (where[j].mapped != nullptr) {
+          theirs = where[j].mapped + at * es;
+        } else {
+          read_from(j, scratch_.data(), where[j].address + at * es, m * es);
+        }
+        core::reduce(acc, theirs, m, dtype, op);
       }
       if (premul) core::apply_premul(acc, m, dtype, op);
       core::apply_postdiv(acc, m, dtype, op, size_);
       for (int j = 0; j < size_; ++j) {
-        if (j != rank_) write_to(j, where[j].address + at * es, acc, m * es);
+        if (j == rank_) continue;
+        if (where[j].mapped != nullptr) {
+          copy(where[j].mapped + at * es, acc, m * es);
+        } else {
+          write_to(j, where[j].address + at * es, acc, m * es);
+        }
       }
     }
     sync(next_step());  // nobody returns while a peer may still write its tensor
@@ -795,7 +777,7 @@ class Engine {
   const WaitPolicy policy_;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
-  std::vector<char> scratch_;  // direct_allreduce's landing area for peers' pieces
+  std::vector<char> scratch_;  // owner_computes' landing area for peers' pieces read through the kernel
   const char* name_ = "";
   uint64_t seq_ = 0;
   uint64_t op_ = 0;  // op_signature() of the running operation
