@@ -13,4 +13,14 @@ namespace c10d::core {
 
 void copy_bytes(void* dst, const void* src, size_t n);
 
+// Copies with non-temporal stores (falls back to copy_bytes off x86-64 and below a few KiB),
+// ending with a store fence, so a release store that follows also orders these stores.
+//
+// For buffers another core reads after every write, such as the slots of a shared-memory
+// backend: a plain store first has to take the line back from the reader's cache. When the
+// two cores sit in different core complexes (which a VM's vCPUs do now and then) that costs
+// 3-5x the copy itself; streaming stores skip the line fill and the reader gets the data
+// from memory.
+void stream_bytes(void* dst, const void* src, size_t n);
+
 }  // namespace c10d::core

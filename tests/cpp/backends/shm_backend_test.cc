@@ -274,12 +274,15 @@ TEST(ShmBackend, GathersScatterReduceScatterAlltoall) {
 }
 
 // Large messages copy straight between the ranks' memory when the kernel allows it, else go
-// through the slots; both must give the same results (C10D_SHM_CMA chooses).
+// through the slots, written with plain or streaming stores; all must give the same results
+// (C10D_SHM_CMA and C10D_SHM_STREAM choose).
 TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
-  for (const char* cma : {"1", "0"}) {
+  for (const auto& [cma, stream] : {std::pair{"1", "auto"}, {"0", "0"}, {"0", "1"}}) {
     ::setenv("C10D_SHM_CMA", cma, 1);
-    run_ranks(3, [cma](int rank, ShmBackend& b) {
-      const std::string mode = std::string(" C10D_SHM_CMA=") + cma;
+    ::setenv("C10D_SHM_STREAM", stream, 1);
+    run_ranks(3, [cma = cma, stream = stream](int rank, ShmBackend& b) {
+      const std::string mode =
+          std::string(" C10D_SHM_CMA=") + cma + " C10D_SHM_STREAM=" + stream;
       const int64_t n = (int64_t{5} << 20) / 4 + 5;  // past the direct allreduce threshold
       for (const ReduceOp& op : {ReduceOp(ReduceOp::SUM), ReduceOp::premul_sum(0.5)}) {
         Tensor t = filled(n, DType::kFloat32, rank);
@@ -318,6 +321,7 @@ TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
     });
   }
   ::unsetenv("C10D_SHM_CMA");
+  ::unsetenv("C10D_SHM_STREAM");
 }
 
 TEST(ShmBackend, SendRecvAnySourceAndTags) {

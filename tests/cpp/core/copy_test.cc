@@ -9,12 +9,16 @@
 namespace c10d::core {
 namespace {
 
+using CopyFn = void (*)(void*, const void*, size_t);
+
 // Every size class and every destination offset (including the 1-63 bytes past the source,
-// modulo 4 KiB, that take the vector loop) copies exactly the bytes asked for.
-TEST(CopyBytes, CopiesExactlyAtEveryDistance) {
+// modulo 4 KiB, that take copy_bytes' vector loop, and the unaligned heads and tails around
+// stream_bytes' whole lines) copies exactly the bytes asked for.
+void expect_exact_copies(CopyFn copy) {
   std::vector<unsigned char> src(300000), dst(300000 + 8192);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
-  for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{2047}, size_t{2048}, size_t{4099},
+  for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{2047}, size_t{2048}, size_t{4095},
+                   size_t{4099}, size_t{4096 + 64 + 1},
                    size_t{65536 + 17}, size_t{262144}}) {
     for (size_t shift : {size_t{0}, size_t{1}, size_t{16}, size_t{63}, size_t{64}, size_t{4080}}) {
       std::fill(dst.begin(), dst.end(), 0xAB);
@@ -22,13 +26,17 @@ TEST(CopyBytes, CopiesExactlyAtEveryDistance) {
       const size_t base = (reinterpret_cast<uintptr_t>(src.data()) -
                            reinterpret_cast<uintptr_t>(dst.data())) & 4095;
       unsigned char* d = dst.data() + base + shift;
-      copy_bytes(d, src.data(), n);
+      copy(d, src.data(), n);
       ASSERT_EQ(std::memcmp(d, src.data(), n), 0) << "n " << n << " shift " << shift;
       ASSERT_EQ(d[n], 0xAB) << "wrote past the end: n " << n << " shift " << shift;
       if (base + shift > 0) ASSERT_EQ(d[-1], 0xAB) << "wrote before the start";
     }
   }
 }
+
+TEST(CopyBytes, CopiesExactlyAtEveryDistance) { expect_exact_copies(copy_bytes); }
+
+TEST(StreamBytes, CopiesExactlyAtEveryDistance) { expect_exact_copies(stream_bytes); }
 
 }  // namespace
 }  // namespace c10d::core

@@ -118,6 +118,47 @@ size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n); }
 
+// Copies into memory that peers read after every write: the slots and the p2p channels.
+//
+// A plain store to such a line first takes it back from the reader's cache. On this project's
+// machines (KVM guests) that flips between cheap and 5-7x the copy itself every few seconds,
+// most likely as the host moves the vCPUs between core complexes: 512 KiB took 16 us one
+// moment and 60-120 us the next. Streaming stores (core::stream_bytes) cost the same
+// in both placements, about 45 us, and make the reader fetch from memory. So large copies are
+// timed: a plain copy slower than kSlowBytesPerNs switches this writer to streaming stores,
+// and every kReprobeNs one plain copy checks whether the placement changed back.
+// C10D_SHM_STREAM=0/1 fixes the choice.
+class SharedWriter {
+ public:
+  SharedWriter() {
+    const std::string mode = core::env_string(core::kEnvShmStream);
+    if (mode == "auto") return;
+    fixed_ = true;
+    streaming_ = core::env_bool(core::kEnvShmStream);
+  }
+
+  void operator()(void* dst, const void* src, size_t n) {
+    if (n < kTimedBytes) return core::copy_bytes(dst, src, n);
+    if (fixed_) {
+      return streaming_ ? core::stream_bytes(dst, src, n) : core::copy_bytes(dst, src, n);
+    }
+    const int64_t start = now_ns();
+    if (streaming_ && start < reprobe_at_) return core::stream_bytes(dst, src, n);
+    core::copy_bytes(dst, src, n);
+    const int64_t took = now_ns() - start;
+    streaming_ = static_cast<double>(n) < kSlowBytesPerNs * static_cast<double>(took);
+    if (streaming_) reprobe_at_ = start + kReprobeNs;
+  }
+
+ private:
+  static constexpr size_t kTimedBytes = size_t{32} << 10;
+  static constexpr double kSlowBytesPerNs = 12.0;  // 12 GB/s; in-cache copies run at ~30
+  static constexpr int64_t kReprobeNs = 20'000'000;
+  bool fixed_ = false;
+  bool streaming_ = false;
+  int64_t reprobe_at_ = 0;
+};
+
 // Elements per piece when `count` elements are split across `size` owners, rounded up to a
 // whole cache line of elements so owners never share a line.
 size_t piece_elems(size_t count, int size, size_t element) {
@@ -215,7 +256,7 @@ class Engine {
       const size_t len = std::min(kSlotBytes, bytes - off);
       const uint32_t s = next_step();
       if (rank_ == root) {
-        copy(seg_.in(rank_, s), data + off, len);
+        copy_shared(seg_.in(rank_, s), data + off, len);
       } else {
         wait_peer(root, s);
         copy(data + off, seg_.in(root, s), len);
@@ -278,7 +319,7 @@ class Engine {
     for (size_t off = 0; off < bytes; off += kSlotBytes) {
       const size_t len = std::min(kSlotBytes, bytes - off);
       const uint32_t s = next_step();
-      if (size_ > 1) copy(seg_.in(rank_, s), in + off, len);
+      if (size_ > 1) copy_shared(seg_.in(rank_, s), in + off, len);
       sync(s);
       for (int r = 0; r < size_; ++r) {
         char* d = dst(r);
@@ -299,7 +340,7 @@ class Engine {
       const size_t len = std::min(kSlotBytes, bytes - off);
       const uint32_t s = next_step();
       if (rank_ != root) {
-        copy(seg_.in(rank_, s), in + off, len);
+        copy_shared(seg_.in(rank_, s), in + off, len);
       } else {
         for (int r = 0; r < size_; ++r) {
           if (r == root) {
@@ -341,7 +382,7 @@ class Engine {
       // One-sided, as broadcast.
       if (rank_ == root) {
         for (int j = 0; j < size_; ++j) {
-          if (j != root) copy(seg_.in(root, s) + j * quota, src_of(j) + off, len);
+          if (j != root) copy_shared(seg_.in(root, s) + j * quota, src_of(j) + off, len);
         }
         copy(out + off, src_of(rank_) + off, len);
       } else {
@@ -365,7 +406,7 @@ class Engine {
       const uint32_t s = next_step();
       for (int j = 0; j < size_; ++j) {
         char* slot = seg_.in(rank_, s) + j * quota * es;
-        copy(slot, block_of(j) + off * es, m * es);
+        copy_shared(slot, block_of(j) + off * es, m * es);
         if (premul) core::apply_premul(slot, m, dtype, op);
       }
       sync(s);
@@ -445,7 +486,7 @@ class Engine {
       s = next_step();
       for (int j = 0; j < size_; ++j) {
         if (j == rank_ || send_len[j] <= off) continue;
-        copy(seg_.in(rank_, s) + j * quota, send[j] + off, std::min(quota, send_len[j] - off));
+        copy_shared(seg_.in(rank_, s) + j * quota, send[j] + off, std::min(quota, send_len[j] - off));
       }
       sync(s);
       for (int j = 0; j < size_; ++j) {
@@ -495,10 +536,10 @@ class Engine {
         char* slot = seg_.in(rank_, s);
         const char* src = in + off * es;
         if (own_direct) {
-          copy(slot, src, b * es);
-          copy(slot + (b + len) * es, src + (b + len) * es, (e - b - len) * es);
+          copy_shared(slot, src, b * es);
+          copy_shared(slot + (b + len) * es, src + (b + len) * es, (e - b - len) * es);
         } else {
-          copy(slot, src, e * es);
+          copy_shared(slot, src, e * es);
           if (premul) core::apply_premul(slot, e, dtype, op);
         }
       }
@@ -525,7 +566,7 @@ class Engine {
         if (j != rank_) core::reduce(dst, seg_.in(j, s) + b * es, len, dtype, op);
       }
       core::apply_postdiv(dst, len, dtype, op, size_);
-      copy(published, dst, len * es);
+      copy_shared(published, dst, len * es);
     }
   }
 
@@ -775,6 +816,7 @@ class Engine {
   const int rank_;
   const int size_;
   const WaitPolicy policy_;
+  SharedWriter copy_shared;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
   std::vector<char> scratch_;  // owner_computes' landing area for peers' pieces read through the kernel
@@ -961,7 +1003,7 @@ class P2PEngine {
         const uint32_t posted = ch->posted.load(std::memory_order_relaxed);
         if (ch->consumed.load(std::memory_order_acquire) != posted) break;  // slot busy
         const size_t len = std::min(kChannelBytes, op.bytes - op.done);
-        copy(seg_.channel_data(rank_, d), op.data + op.done, len);
+        copy_shared(seg_.channel_data(rank_, d), op.data + op.done, len);
         ch->tag = op.tag;
         ch->bytes = static_cast<uint32_t>(len);
         ch->total = op.bytes;
@@ -1087,6 +1129,7 @@ class P2PEngine {
   const int rank_;
   const int size_;
   std::mutex mutex_;
+  SharedWriter copy_shared;  // guarded by mutex_
   std::vector<std::deque<std::shared_ptr<P2POp>>> sends_;  // per destination; guarded by mutex_
   std::deque<std::shared_ptr<P2POp>> recvs_;                // posted, unmatched; guarded by mutex_
   std::deque<std::shared_ptr<Unexpected>> unexpected_;      // arrival order; guarded by mutex_
