@@ -125,8 +125,8 @@ void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n);
 // most likely as the host moves the vCPUs between core complexes: 512 KiB took 16 us one
 // moment and 60-120 us the next. Streaming stores (core::stream_bytes) cost the same
 // in both placements, about 45 us, and make the reader fetch from memory. So large copies are
-// timed: a plain copy slower than kSlowBytesPerNs switches this writer to streaming stores,
-// and every kReprobeNs one plain copy checks whether the placement changed back.
+// timed: plain copies slower than kSlowBytesPerNs switch this writer to streaming stores,
+// and every kReprobeNs it tries plain ones again.
 // C10D_SHM_STREAM=0/1 fixes the choice.
 class SharedWriter {
  public:
@@ -143,20 +143,39 @@ class SharedWriter {
       return streaming_ ? core::stream_bytes(dst, src, n) : core::copy_bytes(dst, src, n);
     }
     const int64_t start = now_ns();
-    if (streaming_ && start < reprobe_at_) return core::stream_bytes(dst, src, n);
+    if (streaming_) {
+      if (start < reprobe_at_) return core::stream_bytes(dst, src, n);
+      streaming_ = false;  // try plain stores again
+      unjudged_ = kWarmCopies;
+    }
     core::copy_bytes(dst, src, n);
     const int64_t took = now_ns() - start;
-    streaming_ = static_cast<double>(n) < kSlowBytesPerNs * static_cast<double>(took);
-    if (streaming_) reprobe_at_ = start + kReprobeNs;
+    if (unjudged_ > 0) {
+      --unjudged_;
+      return;
+    }
+    const bool slow = static_cast<double>(n) < kSlowBytesPerNs * static_cast<double>(took);
+    slow_run_ = slow ? slow_run_ + 1 : 0;
+    if (slow_run_ < kSlowRun) return;
+    streaming_ = true;
+    reprobe_at_ = start + kReprobeNs;
+    slow_run_ = 0;
   }
 
  private:
   static constexpr size_t kTimedBytes = size_t{32} << 10;
   static constexpr double kSlowBytesPerNs = 12.0;  // 12 GB/s; in-cache copies run at ~30
   static constexpr int64_t kReprobeNs = 20'000'000;
+  // Plain copies after streaming ones are slow whatever the placement (the lines come back
+  // from memory and out of the reader's cache), so the first few are not judged...
+  static constexpr int kWarmCopies = 8;
+  // ... and one slow copy (a preemption, a cold source) does not switch.
+  static constexpr int kSlowRun = 3;
   bool fixed_ = false;
   bool streaming_ = false;
   int64_t reprobe_at_ = 0;
+  int unjudged_ = 0;
+  int slow_run_ = 0;
 };
 
 // Elements per piece when `count` elements are split across `size` owners, rounded up to a
