@@ -21,6 +21,16 @@ void init_gloo(pybind11::module_& m);       // gloo_bindings.cc: ProcessGroupGlo
 void init_control(pybind11::module_& m);    // control_bindings.cc: StoreCollectives, WorkerServer
 void init_shm(pybind11::module_& m);        // shm_bindings.cc: ProcessGroupShm (C10D_WITH_SHM)
 
+// Whether Python code may still run. Once the interpreter is finalizing, a C++ thread that
+// takes the GIL is ended in the middle of its C++ frames (and the process with
+// std::terminate), so callbacks from backend, server and future threads check this first.
+bool interpreter_running();
+
+// A Python object owned by C++ code that other threads run or drop: released under the GIL
+// by whichever thread drops the last reference, and leaked once the interpreter is
+// finalizing.
+std::shared_ptr<pybind11::object> hold_python(pybind11::object obj);
+
 // Sets the Python error for a C++ exception as pybind11 would (c10d's error classes, ValueError
 // for invalid arguments, RuntimeError otherwise); for code outside pybind11's dispatch.
 void set_python_error(std::exception_ptr error);

@@ -64,15 +64,8 @@ class PyResponse : public Response {
 // its own threads without the GIL, so it takes the GIL, and turns a Python exception into a
 // C++ one (which the server answers with 500 and the message).
 control::HandlerFunc wrap_python_handler(py::function handler) {
-  // Released under the GIL from whichever thread drops the last copy; leaked if the
-  // interpreter is already gone.
-  std::shared_ptr<py::object> fn(new py::object(std::move(handler)), [](py::object* o) {
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
-      delete o;
-    }
-  });
-  return [fn](const Request& request, Response& response) {
+  return [fn = hold_python(std::move(handler))](const Request& request, Response& response) {
+    if (!interpreter_running()) throw std::runtime_error("the Python interpreter is shutting down");
     py::gil_scoped_acquire gil;
     try {
       // The objects are borrowed for the call: a handler must not keep them.

@@ -87,16 +87,6 @@ void translate_exception(std::exception_ptr p) {
   }
 }
 
-// A Python object held by a C++ FutureValue; released under the GIL.
-std::shared_ptr<void> hold_object(py::object obj) {
-  return std::shared_ptr<void>(new py::object(std::move(obj)), [](void* p) {
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
-      delete static_cast<py::object*>(p);
-    }
-  });
-}
-
 py::object value_to_python(const FutureValue& value) {
   if (value.object) return *static_cast<py::object*>(value.object.get());
   py::list out;
@@ -106,7 +96,7 @@ py::object value_to_python(const FutureValue& value) {
 
 FutureValue value_from_python(py::handle obj) {
   FutureValue value;
-  value.object = hold_object(py::reinterpret_borrow<py::object>(obj));
+  value.object = hold_python(py::reinterpret_borrow<py::object>(obj));
   return value;
 }
 
@@ -121,6 +111,16 @@ std::exception_ptr exception_from_python(py::handle exc) {
 }
 
 }  // namespace
+
+bool interpreter_running() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
+
+std::shared_ptr<py::object> hold_python(py::object obj) {
+  return std::shared_ptr<py::object>(new py::object(std::move(obj)), [](py::object* o) {
+    if (!interpreter_running()) return;
+    py::gil_scoped_acquire gil;
+    delete o;
+  });
+}
 
 void set_python_error(std::exception_ptr error) {
   try {
@@ -189,9 +189,12 @@ void init_core(py::module_& m) {
       .def(
           "then",
           [](const std::shared_ptr<Future>& f, py::function callback) {
-            return f->then([self = f, callback](Future&) -> FutureValue {
+            return f->then([self = f, fn = hold_python(std::move(callback))](Future&) {
+              if (!interpreter_running()) {
+                throw std::runtime_error("Future.then: the Python interpreter is shutting down");
+              }
               py::gil_scoped_acquire gil;
-              return value_from_python(callback(self));
+              return value_from_python((*fn)(self));
             });
           },
           py::arg("callback"),
@@ -200,10 +203,11 @@ void init_core(py::module_& m) {
       .def(
           "add_done_callback",
           [](const std::shared_ptr<Future>& f, py::function callback) {
-            f->add_callback([self = f, callback](Future&) {
+            f->add_callback([self = f, fn = hold_python(std::move(callback))](Future&) {
+              if (!interpreter_running()) return;
               py::gil_scoped_acquire gil;
               try {
-                callback(self);
+                (*fn)(self);
               } catch (py::error_already_set& e) {
                 e.discard_as_unraisable("c10d.Future done-callback");
               }

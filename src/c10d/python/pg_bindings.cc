@@ -28,18 +28,10 @@ using pg::WorkPtr;
 
 using TensorLists = std::vector<std::vector<Tensor>>;
 
-bool interpreter_running() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
-
-// A completion hook calling `fn`. Hooks run on backend threads: once the interpreter is
-// finalizing, taking the GIL would end such a thread in the middle of C++ frames (and the
-// process with std::terminate), so from then on hooks are skipped and the function leaked.
+// A completion hook calling `fn` on a backend thread; skipped once the interpreter is
+// finalizing (see interpreter_running).
 ProcessGroup::Hook python_hook(py::function fn) {
-  std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
-    if (!interpreter_running()) return;
-    py::gil_scoped_acquire gil;
-    delete f;
-  });
-  return [held](std::shared_ptr<pg::WorkInfo> info) {
+  return [held = hold_python(std::move(fn))](std::shared_ptr<pg::WorkInfo> info) {
     if (!interpreter_running()) return;
     py::gil_scoped_acquire gil;
     try {
