@@ -107,7 +107,9 @@ struct BufferList {
 bool dense_list(PyObject* obj, bool writable, BufferList& out) {
   if (obj == Py_None) return true;
   if (!PyList_CheckExact(obj) && !PyTuple_CheckExact(obj)) return false;
-  out.size = static_cast<size_t>(PySequence_Fast_GET_SIZE(obj));
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+  if (n < 0) return false;
+  out.size = static_cast<size_t>(n);
   PyObject** items = PySequence_Fast_ITEMS(obj);
   Buffer* buffers = out.local_buffers.data();
   out.views = out.local_views.data();
