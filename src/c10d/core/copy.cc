@@ -40,10 +40,10 @@ void stream_lines(char* dst, const char* src, size_t n) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
   }
 }
-#endif
 
 // Below this a streaming copy saves too little to pay for reading the data back from memory.
 constexpr size_t kStreamMin = 4096;
+#endif
 
 }  // namespace
 

@@ -324,6 +324,50 @@ TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
   ::unsetenv("C10D_SHM_STREAM");
 }
 
+// Small alltoalls finish in the step that exchanges the sizes; one large part anywhere sends
+// everyone through the rounds. Sizes the receiver does not expect fail on that rank after the
+// exchange, in both cases, and the group stays usable.
+TEST(ShmBackend, AlltoallSmallLargeMixedAndMismatchedSizes) {
+  run_ranks(2, [](int rank, ShmBackend& b) {
+    for (const int64_t big : {int64_t{16}, int64_t{300000}}) {  // rank 1 -> rank 0 part
+      std::vector<int64_t> in_splits =
+          rank == 0 ? std::vector<int64_t>{3, 5} : std::vector<int64_t>{big, 7};
+      std::vector<int64_t> out_splits =
+          rank == 0 ? std::vector<int64_t>{3, big} : std::vector<int64_t>{5, 7};
+      Tensor in = Tensor::empty({in_splits[0] + in_splits[1]}, DType::kInt64);
+      for (int64_t i = 0; i < in.numel(); ++i) in.data_as<int64_t>()[i] = 1000000 * rank + i;
+      Tensor out = Tensor::empty({out_splits[0] + out_splits[1]}, DType::kInt64);
+      b.alltoall_base(out, in, out_splits, in_splits, {})->wait();
+      // Part j of `out` is rank j's part for this rank: elements at offset
+      // (parts before this rank in j's input) onward.
+      int64_t at = 0;
+      for (int j = 0; j < 2; ++j) {
+        const int64_t from = rank == 0 ? 0 : (j == 0 ? 3 : big);
+        for (int64_t i = 0; i < out_splits[j]; ++i) {
+          ASSERT_EQ(out.data_as<int64_t>()[at + i], 1000000 * j + from + i)
+              << "big " << big << " part " << j << " element " << i;
+        }
+        at += out_splits[j];
+      }
+      // Rank 1 expects 2 elements fewer from rank 0 than rank 0 sends.
+      std::vector<int64_t> wrong = rank == 0 ? out_splits : std::vector<int64_t>{3, 7};
+      Tensor out2 = Tensor::empty({wrong[0] + wrong[1]}, DType::kInt64);
+      if (rank == 1) {
+        try {
+          b.alltoall_base(out2, in, wrong, in_splits, {})->wait();
+          ADD_FAILURE() << "a size mismatch went unnoticed";
+        } catch (const core::InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("rank 0 sends 40 bytes but this rank expects 24"),
+                    std::string::npos)
+              << e.what();
+        }
+      } else {
+        b.alltoall_base(out2, in, wrong, in_splits, {})->wait();
+      }
+    }
+  });
+}
+
 TEST(ShmBackend, SendRecvAnySourceAndTags) {
   run_ranks(3, [](int rank, ShmBackend& b) {
     const int next = (rank + 1) % 3, prev = (rank + 2) % 3;

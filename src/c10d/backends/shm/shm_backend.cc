@@ -467,13 +467,22 @@ class Engine {
   void alltoall(const std::vector<const char*>& send, const std::vector<size_t>& send_len,
                 const std::vector<char*>& recv, const std::vector<size_t>& recv_len) {
     // Step 1: everyone learns every send size (and so the number of rounds).
-    // With the sizes go the send addresses, for the direct path.
+    // With the sizes go the send addresses, for the direct path, and small parts themselves:
+    // a rank whose parts all fit `small` writes them too, and when every rank did (each sees
+    // all sizes) this step is the whole exchange.
     const bool addresses = seg_.cma() && 2 * size_ <= kMaxRanks;
+    const size_t quota = kSlotBytes / size_ / kLine * kLine;
+    const size_t small = std::min(quota, kOneShotBytes);
     uint32_t s = next_step();
     auto* table = reinterpret_cast<uint64_t*>(seg_.meta(rank_, s));
     for (int j = 0; j < size_; ++j) table[j] = send_len[j];
     if (addresses) {
       for (int j = 0; j < size_; ++j) table[size_ + j] = reinterpret_cast<uint64_t>(send[j]);
+    }
+    if (*std::max_element(send_len.begin(), send_len.end()) <= small) {
+      for (int j = 0; j < size_; ++j) {
+        if (j != rank_) copy(seg_.in(rank_, s) + j * quota, send[j], send_len[j]);
+      }
     }
     sync(s);
     std::vector<size_t> incoming(size_);
@@ -491,6 +500,14 @@ class Engine {
       }
     }
     copy(recv[rank_], send[rank_], std::min(send_len[rank_], recv_len[rank_]));
+    if (longest <= small) {
+      for (int j = 0; j < size_; ++j) {
+        const size_t n = std::min(incoming[j], recv_len[j]);
+        if (j != rank_) copy(recv[j], seg_.in(j, s) + rank_ * quota, n);
+      }
+      if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
+      return;
+    }
     if (addresses && direct(longest)) {
       for (int j = 0; j < size_; ++j) {
         const auto* t = reinterpret_cast<const uint64_t*>(seg_.meta(j, s));
@@ -500,12 +517,12 @@ class Engine {
       if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
       return;
     }
-    const size_t quota = kSlotBytes / size_ / kLine * kLine;
     for (size_t off = 0; off < longest && size_ > 1; off += quota) {
       s = next_step();
       for (int j = 0; j < size_; ++j) {
         if (j == rank_ || send_len[j] <= off) continue;
-        copy_shared(seg_.in(rank_, s) + j * quota, send[j] + off, std::min(quota, send_len[j] - off));
+        copy_shared(seg_.in(rank_, s) + j * quota, send[j] + off,
+                    std::min(quota, send_len[j] - off));
       }
       sync(s);
       for (int j = 0; j < size_; ++j) {
