@@ -1,10 +1,11 @@
 // The inline entry points: plain CPython functions (METH_FASTCALL, no pybind11 argument
 // dispatch, no Tensor, options or Work objects) that the synchronous collectives of
-// distributed_c10d.py try first. They read arrays through the buffer protocol and hand them to
-// ProcessGroup::run_inline() with the GIL released. Anything they do not handle (other tensor
-// kinds, PREMUL_SUM, read-only or strided arrays, malformed calls, hooks, coalescing, backends
-// without an inline path) makes them return False before doing anything, and the general path
-// takes over with its full argument checks and error messages.
+// distributed_c10d.py try first. They read arrays through the buffer protocol, and other
+// tensors (torch's) through __dlpack__, and hand them to ProcessGroup::run_inline() with the
+// GIL released. Anything they do not handle (PREMUL_SUM, read-only or strided arrays, tensors
+// DLPack cannot export, malformed calls, hooks, coalescing, backends without an inline path)
+// makes them return False before doing anything, and the general path takes over with its
+// full argument checks and error messages.
 #include <pybind11/pybind11.h>
 
 #include <array>
@@ -16,6 +17,7 @@
 #include "c10d/core/reduce_op.h"
 #include "c10d/pg/process_group.h"
 #include "c10d/python/bindings.h"
+#include "c10d/python/tensor_convert.h"
 
 namespace py = pybind11;
 
@@ -34,10 +36,12 @@ struct InlineState {
   std::vector<std::pair<py::object, core::ReduceOp::Kind>> kinds;
 };
 
-// A Py_buffer released on every exit path (the GIL is held then).
+// A Py_buffer, or a tensor imported through __dlpack__ (torch tensors), released on every
+// exit path (the GIL is held then, which some DLPack deleters need).
 struct Buffer {
   Py_buffer view{};
   bool held = false;
+  core::Tensor imported;
   Buffer() = default;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -46,10 +50,31 @@ struct Buffer {
   }
 };
 
-// Describes `obj` when it is a C-contiguous buffer of a supported dtype (writable if asked);
-// false, with no Python error set, otherwise.
+// Describes an object with __dlpack__ when it imports as a C-contiguous tensor; false, with no
+// Python error set, otherwise (the general path then reports what is wrong).
+bool dense_dlpack(PyObject* obj, bool writable, Buffer& buffer, DenseView& out) {
+  static PyObject* const name = PyUnicode_InternFromString("__dlpack__");
+  if (!PyObject_HasAttr(obj, name)) return false;
+  try {
+    buffer.imported = to_tensor(obj, writable, "inline");
+  } catch (...) {  // pybind11 has already taken the Python error, if any
+    PyErr_Clear();
+    return false;
+  }
+  const core::Tensor& t = buffer.imported;
+  if (!t.is_contiguous()) return false;
+  out = {.data = t.data(),
+         .numel = static_cast<size_t>(t.numel()),
+         .dtype = t.dtype(),
+         .ndim = static_cast<int>(t.dim()),
+         .sizes = t.sizes().data()};
+  return true;
+}
+
+// Describes `obj` when it is a C-contiguous buffer of a supported dtype (writable if asked) or
+// a tensor with __dlpack__; false, with no Python error set, otherwise.
 bool dense(PyObject* obj, bool writable, Buffer& buffer, DenseView& out) {
-  if (!PyObject_CheckBuffer(obj)) return false;
+  if (!PyObject_CheckBuffer(obj)) return dense_dlpack(obj, writable, buffer, out);
   const int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
   if (PyObject_GetBuffer(obj, &buffer.view, flags) != 0) {
     PyErr_Clear();

@@ -61,7 +61,16 @@ core::Tensor from_buffer(py::handle obj, bool writable, std::string_view what) {
 }
 
 core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
-  py::object capsule = obj.attr("__dlpack__")();
+  // Collectives are not autograd operations (as in torch.distributed): a tensor that requires
+  // grad, such as a torch Parameter, is used through a detached view of the same memory, as
+  // torch refuses to export it directly.
+  py::object source = py::reinterpret_borrow<py::object>(obj);
+  if (PyObject_HasAttrString(obj.ptr(), "requires_grad") &&
+      PyObject_IsTrue(source.attr("requires_grad").ptr()) == 1 &&
+      PyObject_HasAttrString(obj.ptr(), "detach")) {
+    source = source.attr("detach")();
+  }
+  py::object capsule = source.attr("__dlpack__")();
   PyObject* raw = capsule.ptr();
   if (!PyCapsule_IsValid(raw, "dltensor")) {
     throw py::type_error(str_cat(what, ": __dlpack__ of ", type_name(obj),

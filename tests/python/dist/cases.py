@@ -487,6 +487,29 @@ def torch_interop(dist, backend):
     dist.all_gather(out, torch.full((2,), rank, dtype=torch.int64))
     assert [int(o[0]) for o in out] == list(range(world))
     _raises(ValueError, lambda: dist.all_reduce(torch.zeros(4, 4).t()), "non-contiguous torch")
+    # Every synchronous form takes torch tensors (the inline path where there is one).
+    x = torch.full((world, 3), float(rank), dtype=torch.float64)
+    y = torch.zeros(world, 3, dtype=torch.float64)
+    dist.all_to_all_single(y, x)
+    assert torch.equal(y, torch.arange(world, dtype=torch.float64).repeat_interleave(3)
+                       .reshape(world, 3)), y
+    g = [torch.zeros(2, dtype=torch.int32) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.full((2,), rank, dtype=torch.int32), g, dst=0)
+    if rank == 0:
+        assert [int(v[1]) for v in g] == list(range(world)), g
+    b = torch.full((5,), float(rank))
+    dist.broadcast(b, src=world - 1)
+    assert torch.all(b == world - 1), b
+    # Tensors that require grad, such as Parameters, take part as in torch.distributed (not
+    # recorded by autograd), in place.
+    p = torch.nn.Parameter(torch.full((3,), float(rank)))
+    dist.broadcast(p, src=0)
+    assert p.requires_grad and torch.all(p.detach() == 0), p
+    dist.all_reduce(p)
+    assert torch.all(p.detach() == 0), p
+    q = torch.full((3,), 1.0, requires_grad=True)
+    dist.all_reduce(q, op=dist.ReduceOp.SUM)
+    assert torch.all(q.detach() == world), q
 
 
 def recv_timeout(dist, backend):
