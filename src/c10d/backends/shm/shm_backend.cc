@@ -48,8 +48,10 @@ constexpr size_t kDirectBytes = size_t{256} << 10;
 // a few MiB; past that the direct path's smaller memory traffic wins.
 constexpr size_t kDirectAllreduceBytes = size_t{4} << 20;
 // A direct allreduce moves pieces this large per system call: large enough that the calls and
-// the kernel's page pinning are cheap per byte, small enough that the piece stays in cache.
-constexpr size_t kDirectPiece = size_t{2} << 20;
+// the kernel's page pinning are cheap per byte, small enough that the landing area and the
+// piece being reduced stay in the L2 cache (16 MiB, 2 ranks: ~2.6 ms against ~2.9 with 2 MiB
+// pieces, median of 24 timings each).
+constexpr size_t kDirectPiece = size_t{512} << 10;
 // How often a blocked wait checks the peers, the deadline and shutdown.
 constexpr int64_t kCheckNs = 1'000'000;
 constexpr int64_t kSleepNs = 2'000'000;
