@@ -419,21 +419,37 @@ TEST(ShmBackend, SendRecvAnySourceAndTags) {
   });
 }
 
+// Operations run in submission order whoever runs them: the caller (synchronous ones), the
+// worker thread, or a caller waiting for a queued one (which runs everything queued before it
+// first). Ranks wait in different orders: forward, backward, only the last, or from a second
+// thread while the first one waits too.
 TEST(ShmBackend, AsyncOperationsCompleteInOrder) {
   run_ranks(4, [](int rank, ShmBackend& b) {
-    std::vector<Tensor> tensors;
-    std::vector<pg::WorkPtr> works;
-    for (int i = 0; i < 20; ++i) {
-      tensors.push_back(filled(i * 1000, DType::kFloat32, rank, i));
-      std::vector<Tensor> ts{tensors.back()};
-      pg::AllreduceOptions opts;
-      opts.async_op = i % 3 != 0;  // inline ones must queue behind pending async ones
-      works.push_back(b.allreduce(ts, opts));
-    }
-    for (int i = 0; i < 20; ++i) {
-      works[i]->wait();
-      expect_same(tensors[i], expected_reduce(i * 1000, DType::kFloat32, 4, ReduceOp::SUM, i),
-                  "async " + std::to_string(i));
+    for (int round = 0; round < 3; ++round) {
+      std::vector<Tensor> tensors;
+      std::vector<pg::WorkPtr> works;
+      for (int i = 0; i < 20; ++i) {
+        tensors.push_back(filled(i * 1000, DType::kFloat32, rank, i));
+        std::vector<Tensor> ts{tensors.back()};
+        pg::AllreduceOptions opts;
+        opts.async_op = i % 3 != 0;  // inline ones must queue behind pending async ones
+        works.push_back(b.allreduce(ts, opts));
+      }
+      const int order = (rank + round) % 4;
+      if (order == 1) {
+        for (int i = 19; i >= 0; --i) works[i]->wait();
+      } else if (order == 2) {
+        works[19]->wait();
+      } else if (order == 3) {
+        std::thread other([&] { works[12]->wait(); });
+        works[19]->wait();
+        other.join();
+      }
+      for (int i = 0; i < 20; ++i) {
+        works[i]->wait();
+        expect_same(tensors[i], expected_reduce(i * 1000, DType::kFloat32, 4, ReduceOp::SUM, i),
+                    "async " + std::to_string(i) + " wait order " + std::to_string(order));
+      }
     }
   });
 }

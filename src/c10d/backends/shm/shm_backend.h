@@ -117,9 +117,16 @@ class ShmBackend : public pg::Backend {
   };
   struct Queue;
 
+  class QueuedWork;
+
   pg::WorkPtr submit(core::OpType type, const char* name, pg::Millis timeout, bool async,
                      Body body, std::vector<pg::Tensor> outputs);
   static void run_task(Engine& engine, Task& task) noexcept;
+  // Runs queued operations on the calling thread, in order, up to and including sequence
+  // `seq`, while no other thread runs one; returns once `seq` ran or that cannot be done here.
+  static void run_queued_until(Queue& queue, Engine& engine, uint64_t seq);
+  // Bookkeeping after an operation ran, on whichever thread ran it.
+  static void finished_one(Queue& queue);
   static void worker_loop(std::shared_ptr<Queue> queue, std::shared_ptr<Engine> engine);
   pg::WorkPtr post_p2p(core::OpType type, pg::Tensor tensor, int peer, int tag);
 
