@@ -1223,8 +1223,10 @@ class ShmBackend::QueuedWork : public core::Work {
         engine_(std::move(engine)),
         seq_(seq) {}
 
+  // With a timeout the caller only waits: running the operation here would bind it to the
+  // caller's deadline, while it must keep running past it.
   bool wait(Millis timeout) override {
-    if (!is_completed()) {
+    if (timeout <= core::kNoTimeout && !is_completed()) {
       const std::shared_ptr<Queue> queue = queue_.lock();
       const std::shared_ptr<Engine> engine = engine_.lock();
       if (queue && engine) run_queued_until(*queue, *engine, seq_);
