@@ -11,34 +11,32 @@ namespace c10d::core {
 namespace {
 
 #if defined(__x86_64__)
-// 64 bytes per iteration with unaligned 16-byte loads and stores (SSE2: every x86-64 CPU).
-void vector_copy(char* dst, const char* src, size_t n) {
+// Copies the whole 64-byte lines of [src, src + n) with unaligned 16-byte loads (SSE2: every
+// x86-64 CPU) and unaligned stores, or non-temporal ones (`dst` 16-byte aligned then); returns
+// the bytes copied.
+template <bool kStream>
+size_t copy_lines(char* dst, const char* src, size_t n) {
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    __m128i v[4];
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * k));
+    }
+    for (int k = 0; k < 4; ++k) {
+      auto* to = reinterpret_cast<__m128i*>(dst + i + 16 * k);
+      if constexpr (kStream) {
+        _mm_stream_si128(to, v[k]);
+      } else {
+        _mm_storeu_si128(to, v[k]);
+      }
+    }
   }
-  std::memcpy(dst + i, src + i, n - i);
+  return i;
 }
 
-// Non-temporal 16-byte stores (SSE2) to a 64-byte aligned destination, whole lines only.
-void stream_lines(char* dst, const char* src, size_t n) {
-  for (size_t i = 0; i < n; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
+void vector_copy(char* dst, const char* src, size_t n) {
+  const size_t i = copy_lines<false>(dst, src, n);
+  std::memcpy(dst + i, src + i, n - i);
 }
 
 // Below this a streaming copy saves too little to pay for reading the data back from memory.
@@ -66,8 +64,7 @@ void stream_bytes(void* dst, const void* src, size_t n) {
     const auto* s = static_cast<const char*>(src);
     const size_t head = (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63;
     copy_bytes(d, s, head);
-    const size_t body = (n - head) & ~size_t{63};
-    stream_lines(d + head, s + head, body);
+    const size_t body = copy_lines<true>(d + head, s + head, n - head);
     copy_bytes(d + head + body, s + head + body, n - head - body);
     _mm_sfence();
     return;
