@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "c10d/core/env.h"
@@ -247,8 +248,21 @@ bool Segment::probe_cma() const {
     uint64_t magic = 0;
     iovec local{&magic, sizeof magic};
     iovec remote{reinterpret_cast<void*>(header(r)->self_address), sizeof magic};
-    if (::process_vm_readv(pids_[r], &local, 1, &remote, 1, 0) != sizeof magic ||
-        magic != kMagic) {
+    const ssize_t n = ::process_vm_readv(pids_[r], &local, 1, &remote, 1, 0);
+    if (n != sizeof magic || magic != kMagic) {
+      if (n < 0 && errno == EPERM) {
+        // Usually Yama (kernel.yama.ptrace_scope >= 1), which lets a process read only the
+        // memory of its descendants. Said once per process: it costs large messages a copy.
+        static std::once_flag once;
+        std::call_once(once, [&] {
+          core::log(core::LogLevel::kWarning,
+                    str_cat("shm: the kernel does not let rank ", rank_,
+                            " read the memory of rank ", r, " (pid ", pids_[r], ", EPERM; usually "
+                            "kernel.yama.ptrace_scope >= 1), so large messages go through shared "
+                            "memory, one more copy per byte. sysctl kernel.yama.ptrace_scope=0 "
+                            "allows it; C10D_SHM_CMA=0 skips the check and this message."));
+        });
+      }
       return false;
     }
   }
