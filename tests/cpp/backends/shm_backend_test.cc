@@ -454,6 +454,34 @@ TEST(ShmBackend, AsyncOperationsCompleteInOrder) {
   });
 }
 
+// An asynchronous operation nobody waits for still runs: here rank 0 only waits for a message
+// that rank 1 sends after the collective. Both with the worker polling (async operations in
+// recent use) and asleep (after a pause).
+TEST(ShmBackend, AsyncOperationRunsWithoutWait) {
+  run_ranks(2, [](int rank, ShmBackend& b) {
+    for (int round = 0; round < 3; ++round) {
+      if (round == 2) std::this_thread::sleep_for(400ms);  // past the polling window
+      Tensor t = filled(1000, DType::kFloat32, rank, round);
+      std::vector<Tensor> ts{t};
+      Tensor flag = Tensor::empty({1}, DType::kInt32);
+      std::vector<Tensor> fs{flag};
+      pg::AllreduceOptions opts;
+      if (rank == 0) {
+        opts.async_op = true;
+        pg::WorkPtr work = b.allreduce(ts, opts);
+        b.recv(fs, 1, 5)->wait();
+        work->wait();
+      } else {
+        opts.async_op = false;
+        b.allreduce(ts, opts)->wait();
+        b.send(fs, 0, 5)->wait();
+      }
+      expect_same(t, expected_reduce(1000, DType::kFloat32, 2, ReduceOp::SUM, round),
+                  "round " + std::to_string(round));
+    }
+  });
+}
+
 TEST(ShmBackend, MonitoredBarrierNamesMissingRank) {
   run_ranks(3, [](int rank, ShmBackend& b) {
     if (rank == 2) {
