@@ -265,7 +265,7 @@ class Engine {
     if (bytes > kOneShotBytes) {
       // A root tensor in the shared heap is read in place by every other rank; a large one
       // elsewhere is read through the kernel.
-      const std::vector<Where> where = locate(data, bytes);
+      const std::vector<Where>& where = locate(data, bytes);
       if (where[root].mapped != nullptr || direct(bytes)) {
         if (rank_ != root) fetch(where[root], root, data, bytes);
         sync(next_step());  // the root's tensor must not change while peers read it
@@ -307,7 +307,7 @@ class Engine {
     if (everyone && in == out && exact_premul(premul, dtype)) {
       // Owner computes on the tensors themselves when every rank's lies in its shared heap,
       // or, for large ones, through the kernel.
-      const std::vector<Where> where = locate(out, bytes);
+      const std::vector<Where>& where = locate(out, bytes);
       if (all_mapped(where) || (seg_.cma() && bytes >= kDirectAllreduceBytes)) {
         return owner_computes(where, out, count, dtype, op, premul);
       }
@@ -322,7 +322,7 @@ class Engine {
     if (bytes > kOneShotBytes && size_ > 1) {
       // Inputs are read in place when every rank's is in the shared heap, or through the
       // kernel when large.
-      const std::vector<Where> where = locate(in, bytes);
+      const std::vector<Where>& where = locate(in, bytes);
       if (all_mapped(where) || direct(bytes)) {
         for (int r = 0; r < size_; ++r) {
           char* d = dst(r);
@@ -453,14 +453,14 @@ class Engine {
   // alltoall with equal parts: part j (`bytes` each) of `in` goes to rank j, whose part
   // for this rank lands in part j of `out`.
   void alltoall_equal(const char* in, char* out, size_t bytes) {
-    std::vector<const char*> send(size_);
-    std::vector<char*> recv(size_);
+    equal_send_.resize(size_);
+    equal_recv_.resize(size_);
+    equal_lens_.assign(size_, bytes);
     for (int j = 0; j < size_; ++j) {
-      send[j] = in + j * bytes;
-      recv[j] = out + j * bytes;
+      equal_send_[j] = in + j * bytes;
+      equal_recv_[j] = out + j * bytes;
     }
-    const std::vector<size_t> lens(size_, bytes);
-    alltoall(send, lens, recv, lens);
+    alltoall(equal_send_, equal_lens_, equal_recv_, equal_lens_);
   }
 
   // This rank sends send_len[j] bytes at send[j] to rank j and receives recv_len[j] bytes from
@@ -487,7 +487,8 @@ class Engine {
       }
     }
     sync(s);
-    std::vector<size_t> incoming(size_);
+    std::vector<size_t>& incoming = incoming_;
+    incoming.resize(size_);
     size_t longest = 0;
     for (int i = 0; i < size_; ++i) {
       const auto* t = reinterpret_cast<const uint64_t*>(seg_.meta(i, s));
@@ -631,13 +632,15 @@ class Engine {
   }
 
   // One two-sided step in which every rank publishes where [data, data + bytes) is.
-  std::vector<Where> locate(const void* data, size_t bytes) {
+  // The result lives in the engine (valid until the next locate).
+  const std::vector<Where>& locate(const void* data, size_t bytes) {
     const uint32_t s = next_step();
     auto* meta = reinterpret_cast<int64_t*>(seg_.meta(rank_, s));
     meta[0] = seg_.heap_offset(data, bytes);
     meta[1] = static_cast<int64_t>(reinterpret_cast<uint64_t>(data));
     sync(s);
-    std::vector<Where> where(size_);
+    std::vector<Where>& where = where_;
+    where.assign(size_, Where{});
     for (int r = 0; r < size_; ++r) {
       const auto* m = reinterpret_cast<const int64_t*>(seg_.meta(r, s));
       if (m[0] >= 0) where[r].mapped = seg_.heap(r) + m[0];
@@ -857,7 +860,13 @@ class Engine {
   SharedWriter copy_shared;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
-  std::vector<char> scratch_;  // owner_computes' landing area for peers' pieces read through the kernel
+  // Per-operation buffers kept between operations, so that collectives do not allocate.
+  std::vector<char> scratch_;  // owner_computes' landing area for pieces read through the kernel
+  std::vector<Where> where_;   // locate()
+  std::vector<size_t> incoming_;  // alltoall: bytes each peer sends this rank
+  std::vector<const char*> equal_send_;  // alltoall_equal's parts
+  std::vector<char*> equal_recv_;
+  std::vector<size_t> equal_lens_;
   const char* name_ = "";
   uint64_t seq_ = 0;
   uint64_t op_ = 0;  // op_signature() of the running operation
