@@ -52,11 +52,11 @@ struct Buffer {
 
 // Describes an object with __dlpack__ when it imports as a C-contiguous tensor; false, with no
 // Python error set, otherwise (the general path then reports what is wrong).
-bool dense_dlpack(PyObject* obj, bool writable, Buffer& buffer, DenseView& out) {
+bool dense_dlpack(PyObject* obj, Buffer& buffer, DenseView& out) {
   static PyObject* const name = PyUnicode_InternFromString("__dlpack__");
   if (!PyObject_HasAttr(obj, name)) return false;
   try {
-    buffer.imported = to_tensor(obj, writable, "inline");
+    buffer.imported = from_dlpack_object(obj, "inline");
   } catch (...) {  // pybind11 has already taken the Python error, if any
     PyErr_Clear();
     return false;
@@ -74,7 +74,7 @@ bool dense_dlpack(PyObject* obj, bool writable, Buffer& buffer, DenseView& out) 
 // Describes `obj` when it is a C-contiguous buffer of a supported dtype (writable if asked) or
 // a tensor with __dlpack__; false, with no Python error set, otherwise.
 bool dense(PyObject* obj, bool writable, Buffer& buffer, DenseView& out) {
-  if (!PyObject_CheckBuffer(obj)) return dense_dlpack(obj, writable, buffer, out);
+  if (!PyObject_CheckBuffer(obj)) return dense_dlpack(obj, buffer, out);  // always writable
   const int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
   if (PyObject_GetBuffer(obj, &buffer.view, flags) != 0) {
     PyErr_Clear();

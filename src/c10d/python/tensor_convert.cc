@@ -60,17 +60,23 @@ core::Tensor from_buffer(py::handle obj, bool writable, std::string_view what) {
   return core::Tensor(buffer->buf, *dtype, std::move(sizes), std::move(strides), std::move(owner));
 }
 
+}  // namespace
+
 core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
+  static PyObject* const requires_grad = PyUnicode_InternFromString("requires_grad");
+  static PyObject* const detach = PyUnicode_InternFromString("detach");
+  static PyObject* const dlpack = PyUnicode_InternFromString("__dlpack__");
   // Collectives are not autograd operations (as in torch.distributed): a tensor that requires
   // grad, such as a torch Parameter, is used through a detached view of the same memory, as
   // torch refuses to export it directly.
   py::object source = py::reinterpret_borrow<py::object>(obj);
-  if (PyObject_HasAttrString(obj.ptr(), "requires_grad") &&
-      PyObject_IsTrue(source.attr("requires_grad").ptr()) == 1 &&
-      PyObject_HasAttrString(obj.ptr(), "detach")) {
-    source = source.attr("detach")();
+  py::object grad = py::reinterpret_steal<py::object>(PyObject_GetAttr(obj.ptr(), requires_grad));
+  if (!grad) {
+    PyErr_Clear();
+  } else if (PyObject_IsTrue(grad.ptr()) == 1 && PyObject_HasAttr(obj.ptr(), detach)) {
+    source = source.attr(detach)();
   }
-  py::object capsule = source.attr("__dlpack__")();
+  py::object capsule = source.attr(dlpack)();
   PyObject* raw = capsule.ptr();
   if (!PyCapsule_IsValid(raw, "dltensor")) {
     throw py::type_error(str_cat(what, ": __dlpack__ of ", type_name(obj),
@@ -85,8 +91,6 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
     throw py::type_error(str_cat(what, ": ", e.what()));
   }
 }
-
-}  // namespace
 
 core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
   if (obj.is_none()) throw py::type_error(str_cat(what, ": expected a tensor, got None"));
