@@ -17,10 +17,10 @@ void copy_bytes(void* dst, const void* src, size_t n);
 // ending with a store fence, so a release store that follows also orders these stores.
 //
 // For buffers another core reads after every write, such as the slots of a shared-memory
-// backend: a plain store first has to take the line back from the reader's cache. When the
-// two cores sit in different core complexes (which a VM's vCPUs do now and then) that costs
-// 3-5x the copy itself; streaming stores skip the line fill and the reader gets the data
-// from memory.
+// backend: a plain store first has to take the line back from the reader's cache. On some
+// machines (seen on KVM guests, most likely while the vCPUs sit in different core complexes)
+// that costs 5-7x the copy itself; streaming stores skip the line fill and the reader gets the
+// data from memory.
 void stream_bytes(void* dst, const void* src, size_t n);
 
 }  // namespace c10d::core
