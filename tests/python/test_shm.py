@@ -109,6 +109,13 @@ def test_rooted_operations_back_to_back_agree_with_numpy():
     _all_ok(_run("mixed_rooted", 4, timeout=80))
 
 
+def test_small_rooted_operations_run_ahead_through_the_ring():
+    # Small steps use a ring of kRingDepth entries, so a root (broadcast, scatter) or a sender
+    # (gather, reduce) may be several operations ahead of a slow rank; each block starts with
+    # one rank asleep, so the others fill the ring before it reads anything.
+    _all_ok(_run("ring_run_ahead", 4, timeout=80))
+
+
 def test_ranks_running_different_collectives_fail_instead_of_mixing_data():
     _all_ok(_run("mismatch", 2, timeout=40, pg_timeout=10))
 
@@ -255,6 +262,41 @@ def case_mismatch(dist):
         dist.destroy_process_group()
         return
     raise AssertionError("mismatched collectives passed")
+
+
+def case_ring_run_ahead(dist):
+    rank, world = _init(dist)
+    for block in range(24):
+        kind, root, n = block % 4, (block // 4) % world, (1, 33, 1000, 4000)[block % 4]
+        if rank == (root + 1 + block) % world:
+            time.sleep(0.005)
+        for i in range(20):
+            def data(r):
+                return np.arange(n, dtype=np.int32) * (r + 1) + 100 * i + block
+            what = f"block {block} op {i} kind {kind} root {root} n {n}"
+            if kind == 0:
+                t = data(rank)
+                dist.broadcast(t, src=root)
+                np.testing.assert_array_equal(t, data(root), err_msg=what)
+            elif kind == 1:
+                t = data(rank)
+                dist.reduce(t, dst=root)
+                if rank == root:
+                    np.testing.assert_array_equal(t, sum(data(r) for r in range(world)),
+                                                  err_msg=what)
+            elif kind == 2:
+                out = [np.zeros(n, np.int32) for _ in range(world)] if rank == root else None
+                dist.gather(data(rank), out, dst=root)
+                if rank == root:
+                    for r in range(world):
+                        np.testing.assert_array_equal(out[r], data(r), err_msg=what)
+            else:
+                t = np.zeros(n, np.int32)
+                ins = [data(r) + 7 for r in range(world)] if rank == root else None
+                dist.scatter(t, ins, src=root)
+                np.testing.assert_array_equal(t, data(rank) + 7, err_msg=what)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def case_mixed_rooted(dist):

@@ -81,7 +81,8 @@ Layout::Layout(int size, size_t heap_bytes_in) {
   channels = round_up(sizeof(SegmentHeader), 4096);
   slots = channels + round_up(n * sizeof(ChannelCtrl), 4096);
   slot_stride = kMetaBytes + 2 * kSlotBytes;
-  channel_data = slots + 2 * slot_stride;
+  ring = slots + 2 * slot_stride;
+  channel_data = ring + kRingDepth * kRingBytes;
   heap = round_up(channel_data + n * kChannelBytes, size_t{2} << 20);
   heap_bytes = round_up(heap_bytes_in, 4096);
   total = heap + heap_bytes;

@@ -6,6 +6,7 @@
 //   header          step flag, p2p doorbell, closed flag (each on its own cache line)
 //   channel ctrl    one ChannelCtrl per destination rank (sender side lives here)
 //   slots[2]        per step parity: meta (kMetaBytes) | in (kSlotBytes) | out (kSlotBytes)
+//   ring            kRingDepth small data areas (kRingBytes), one per step modulo the depth
 //   channel data    kChannelBytes per destination rank
 //   heap            memory handed out by ShmBackend::empty() (sparse: pages appear on use)
 //
@@ -34,6 +35,12 @@ inline constexpr size_t kSlotBytes = size_t{1} << 20;
 // Per-step metadata (heap offsets, alltoall sizes): 8 bytes per rank.
 inline constexpr size_t kMetaBytes = 8192;
 inline constexpr int kMaxRanks = static_cast<int>(kMetaBytes / 8);
+// Small steps use a ring of data areas instead of the parity slots, so that a rank may run up
+// to kRingDepth - 1 steps ahead of its slowest peer (one-sided collectives: the root of a
+// broadcast, the senders of a gather). When ranks outnumber cores this lets each rank do
+// several operations per time slice instead of handing the core over for every one.
+inline constexpr uint32_t kRingDepth = 14;
+inline constexpr size_t kRingBytes = size_t{16} << 10;
 // Point-to-point bytes in flight per (sender, receiver) pair.
 inline constexpr size_t kChannelBytes = size_t{64} << 10;
 
@@ -42,11 +49,13 @@ inline constexpr size_t kChannelBytes = size_t{64} << 10;
 struct alignas(kLine) FutexWord {
   std::atomic<uint32_t> value;
   std::atomic<uint32_t> waiters;
-  // For the step word: which operation published the last step of each parity (its sequence
-  // number and OpType), so a rank can tell when a peer runs a different collective. On the
-  // same cache line as the value, so checking it costs no extra miss.
-  std::atomic<uint64_t> op[2];
+  // For the step word: which operation published each of the last kRingDepth steps (the low
+  // 24 bits of its sequence number and its OpType), so a rank can tell when a peer runs a
+  // different collective. On the same cache line as the value, so checking it costs no extra
+  // miss.
+  std::atomic<uint32_t> op[kRingDepth];
 };
+static_assert(sizeof(FutexWord) == kLine, "a step word and its signatures share one line");
 
 struct SegmentHeader {
   uint64_t magic;
@@ -83,6 +92,7 @@ struct Layout {
   size_t channels;      // offset of ChannelCtrl[size]
   size_t slots;         // offset of slot 0
   size_t slot_stride;   // meta + in + out
+  size_t ring;          // offset of ring entry 0
   size_t channel_data;  // offset of channel data[size]
   size_t heap;          // offset of the heap
   size_t heap_bytes;
@@ -125,6 +135,10 @@ class Segment {
   }
   char* in(int r, uint32_t parity) const { return meta(r, parity) + kMetaBytes; }
   char* out(int r, uint32_t parity) const { return in(r, parity) + kSlotBytes; }
+  // Rank r's ring entry for step s.
+  char* ring(int r, uint32_t s) const {
+    return bases_[r] + layout_.ring + (s % kRingDepth) * kRingBytes;
+  }
   ChannelCtrl* channel(int from, int to) const {
     return reinterpret_cast<ChannelCtrl*>(bases_[from] + layout_.channels) + to;
   }

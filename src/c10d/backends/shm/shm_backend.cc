@@ -273,14 +273,15 @@ class Engine {
       }
     }
     // One-sided: the root publishes and moves on; the others wait only for the root.
+    const bool small = fits_ring(bytes);
     for (size_t off = 0; off < bytes; off += kSlotBytes) {
       const size_t len = std::min(kSlotBytes, bytes - off);
-      const uint32_t s = next_step();
+      const uint32_t s = next_step(small);
       if (rank_ == root) {
-        copy_shared(seg_.in(rank_, s), data + off, len);
+        copy_shared(slot(rank_, s, small), data + off, len);
       } else {
         wait_peer(root, s);
-        copy(data + off, seg_.in(root, s), len);
+        copy(data + off, slot(root, s, small), len);
       }
       finish_step(s);
     }
@@ -357,18 +358,19 @@ class Engine {
     if (direct(bytes) && size_ > 1) {
       return allgather(in, bytes, [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
     }
+    const bool small = fits_ring(bytes);
     for (size_t off = 0; off < bytes; off += kSlotBytes) {
       const size_t len = std::min(kSlotBytes, bytes - off);
-      const uint32_t s = next_step();
+      const uint32_t s = next_step(small);
       if (rank_ != root) {
-        copy_shared(seg_.in(rank_, s), in + off, len);
+        copy_shared(slot(rank_, s, small), in + off, len);
       } else {
         for (int r = 0; r < size_; ++r) {
           if (r == root) {
             copy(out_of(r) + off, in + off, len);
           } else {
             wait_peer(r, s);
-            copy(out_of(r) + off, seg_.in(r, s), len);
+            copy(out_of(r) + off, slot(r, s, small), len);
           }
         }
       }
@@ -396,19 +398,22 @@ class Engine {
       sync(next_step());  // the root's list must not change while peers read it
       return;
     }
-    const size_t quota = kSlotBytes / size_ / kLine * kLine;
+    // Every part in one ring entry when they fit, else in rounds of the slot.
+    const size_t part = ceil_div(bytes, kLine) * kLine;
+    const bool small = fits_ring(part * static_cast<size_t>(size_));
+    const size_t quota = small ? part : kSlotBytes / size_ / kLine * kLine;
     for (size_t off = 0; off < bytes; off += quota) {
       const size_t len = std::min(quota, bytes - off);
-      const uint32_t s = next_step();
+      const uint32_t s = next_step(small);
       // One-sided, as broadcast.
       if (rank_ == root) {
         for (int j = 0; j < size_; ++j) {
-          if (j != root) copy_shared(seg_.in(root, s) + j * quota, src_of(j) + off, len);
+          if (j != root) copy_shared(slot(root, s, small) + j * quota, src_of(j) + off, len);
         }
         copy(out + off, src_of(rank_) + off, len);
       } else {
         wait_peer(root, s);
-        copy(out + off, seg_.in(root, s) + rank_ * quota, len);
+        copy(out + off, slot(root, s, small) + rank_ * quota, len);
       }
       finish_step(s);
     }
@@ -541,15 +546,16 @@ class Engine {
   void one_shot(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
                 bool premul) {
     const size_t bytes = count * core::element_size(dtype);
-    const uint32_t s = next_step();
-    char* mine = seg_.in(rank_, s);
+    const bool small = fits_ring(bytes);
+    const uint32_t s = next_step(small);
+    char* mine = slot(rank_, s, small);
     copy(mine, in, bytes);
     if (premul) core::apply_premul(mine, count, dtype, op);
     if (out == nullptr) return finish_step(s);  // reduce: only the root waits
     sync(s);
     // The same order on every rank, so every rank computes identical bits.
-    core::reduce_into(out, seg_.in(0, s), seg_.in(1, s), count, dtype, op);
-    for (int r = 2; r < size_; ++r) core::reduce(out, seg_.in(r, s), count, dtype, op);
+    core::reduce_into(out, slot(0, s, small), slot(1, s, small), count, dtype, op);
+    for (int r = 2; r < size_; ++r) core::reduce(out, slot(r, s, small), count, dtype, op);
     core::apply_postdiv(out, count, dtype, op, size_);
   }
 
@@ -726,36 +732,62 @@ class Engine {
   // them from step s - 2.
   void publish(uint32_t s) {
     FutexWord& w = seg_.header(rank_)->step;
-    w.op[s & 1].store(op_, std::memory_order_relaxed);
+    w.op[s % kRingDepth].store(op_, std::memory_order_relaxed);
     post(w, s);  // releases the signature with the step
   }
 
-  static uint64_t op_signature(OpType type, uint64_t seq) {
-    return (seq << 8) | static_cast<uint8_t>(type);
+  static uint32_t op_signature(OpType type, uint64_t seq) {
+    return static_cast<uint32_t>(seq << 8) | static_cast<uint8_t>(type);
+  }
+
+  // The full sequence number whose low 24 bits a peer's signature carries (the one nearest
+  // this operation's).
+  uint64_t signature_sequence(uint32_t signature) const {
+    constexpr uint64_t kSpan = uint64_t{1} << 24;
+    const uint64_t low = signature >> 8;
+    uint64_t seq = (seq_ & ~(kSpan - 1)) | low;
+    if (seq > seq_ + kSpan / 2 && seq >= kSpan) seq -= kSpan;
+    if (seq + kSpan / 2 < seq_) seq += kSpan;
+    return seq;
   }
 
   // Peer r published step s for this operation (and not for another collective, which would
   // mean the ranks issued different collectives or a different order): else fail naming both.
-  // Valid until this rank publishes s + 1, as r cannot reuse the parity before that.
+  // Valid while this rank has not published s + 1: r cannot reuse the entry (s + kRingDepth)
+  // before that.
   void check_same_op(int r, uint32_t s) {
-    const uint64_t theirs = seg_.header(r)->step.op[s & 1].load(std::memory_order_relaxed);
+    const uint32_t theirs =
+        seg_.header(r)->step.op[s % kRingDepth].load(std::memory_order_relaxed);
     if (theirs == op_) return;
     const auto type = static_cast<OpType>(theirs & 0xff);
     fail<DistBackendError>(str_cat(
         describe(), ": rank ", r, " runs ", core::op_type_name(type), " (sequence ",
-        theirs >> 8, ") at this step instead; every rank must issue the same collectives in "
-        "the same order"));
+        signature_sequence(theirs), ") at this step instead; every rank must issue the same "
+        "collectives in the same order"));
   }
 
-  uint32_t next_step() {
+  // Opens the next step. A step that uses the parity slots (the default) waits until every
+  // peer published the previous step, so nobody still reads those slots from two steps ago.
+  // A `small` one uses only its ring entry (ring_slot), last used kRingDepth steps ago, so it
+  // waits only for peers that far behind: one-sided collectives run ahead. Every rank opens a
+  // given step with the same `small`.
+  uint32_t next_step(bool small = false) {
     const uint32_t s = step_ + 1;
-    if (!reached(all_reached_, s - 1)) {
+    const uint32_t need = small ? s - (kRingDepth - 1) : s - 1;
+    if (!reached(all_reached_, need)) {
       for (int r = 0; r < size_; ++r) {
-        if (r != rank_) await_step(r, s - 1);  // step s - 1 may be another operation's
+        if (r != rank_) await_step(r, need);  // step `need` may be another operation's
       }
-      all_reached_ = s - 1;
+      all_reached_ = need;
     }
     return s;
+  }
+
+  // Whether a step moving `bytes` per rank fits a ring entry, and rank r's entry (or its
+  // parity slot) for step s.
+  static bool fits_ring(size_t bytes) { return bytes <= kRingBytes; }
+  char* slot(int r, uint32_t s, bool small) const {
+    return small ? seg_.ring(r, s) : seg_.in(r, s);
   }
 
   void sync(uint32_t s) {
@@ -869,7 +901,7 @@ class Engine {
   std::vector<size_t> equal_lens_;
   const char* name_ = "";
   uint64_t seq_ = 0;
-  uint64_t op_ = 0;  // op_signature() of the running operation
+  uint32_t op_ = 0;  // op_signature() of the running operation
   Millis timeout_{0};
   core::Deadline deadline_{Millis(0)};
 };
