@@ -118,6 +118,14 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
+// owner_computes' piece for tensors read through the kernel: kDirectPiece, shared by the ranks
+// that share a core (the piece and its landing area should stay in that core's L2).
+size_t direct_piece(int size) {
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  const size_t per_core = ceil_div(static_cast<size_t>(size), static_cast<size_t>(cores));
+  return std::max<size_t>(kLine, kDirectPiece / per_core / kLine * kLine);
+}
+
 void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n); }
 
 // Copies into memory that peers read after every write: the slots and the p2p channels.
@@ -207,7 +215,8 @@ class Engine {
         seg_(*segment_),
         rank_(seg_.rank()),
         size_(seg_.size()),
-        policy_(wait_policy(size_)) {}
+        policy_(wait_policy(size_)),
+        direct_piece_(direct_piece(size_)) {}
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -695,7 +704,7 @@ class Engine {
     size_t b, len;
     piece_of(count, size_, es, rank_, b, len);
     const bool mapped = all_mapped(where);
-    const size_t per = std::max<size_t>(1, (mapped ? kZeroCopyPiece : kDirectPiece) / es);
+    const size_t per = std::max<size_t>(1, (mapped ? kZeroCopyPiece : direct_piece_) / es);
     if (!mapped) scratch_.resize(per * es);
     for (size_t at = b; at < b + len; at += per) {
       const size_t m = std::min(per, b + len - at);
@@ -889,6 +898,7 @@ class Engine {
   const int rank_;
   const int size_;
   const WaitPolicy policy_;
+  const size_t direct_piece_;  // owner_computes' piece through the kernel
   SharedWriter copy_shared;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
