@@ -44,7 +44,9 @@ from ._C import (  # noqa: F401  (re-exported API)
 )
 from .distributed_c10d import *  # noqa: F401,F403
 from .distributed_c10d import (  # noqa: F401  (private names tests and tools use)
+    _all_gather_base,
     _get_default_group,
+    _reduce_scatter_base,
     _rank_not_in_group,
     _world,
     is_available,

@@ -37,8 +37,15 @@ from ._C import (
 default_pg_timeout = timedelta(minutes=30)
 
 
-class _ArgumentError(ValueError, AssertionError):
-    """A bad argument. A ValueError, and an AssertionError where torch uses assert."""
+# Bad arguments raise these: a ValueError (TypeError) that is also a RuntimeError, since
+# torch.distributed raises RuntimeError for the checks its C++ layer makes (and older releases
+# for most Python ones) and ValueError/TypeError for others.
+_DistValueError = _C._ArgumentValueError
+_DistTypeError = _C._ArgumentTypeError
+
+
+class _ArgumentError(_DistValueError, AssertionError):
+    """A bad argument. Also an AssertionError where torch uses assert."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -69,7 +76,7 @@ class Backend(str):
 
     def __new__(cls, name: str):
         if not isinstance(name, str):
-            raise ValueError(f"Backend name must be a string, got {type(name).__name__}")
+            raise _DistValueError(f"Backend name must be a string, got {type(name).__name__}")
         value = getattr(Backend, name.upper(), Backend.UNDEFINED)
         if value == Backend.UNDEFINED:
             value = name.lower()
@@ -82,9 +89,9 @@ class Backend(str):
         (or ``func(backend_options, pg_options)`` with ``extended_api``) returns a
         ProcessGroup (for example a Python subclass) or a backend object."""
         if hasattr(Backend, name.upper()):
-            raise ValueError(f"{name.upper()} c10d backend already exists")
+            raise _DistValueError(f"{name.upper()} c10d backend already exists")
         if name.upper() in Backend._plugins:
-            raise ValueError(f"{name} c10d backend creator function already exists")
+            raise _DistValueError(f"{name} c10d backend creator function already exists")
         setattr(Backend, name.upper(), name.lower())
         Backend.backend_list.append(name.lower())
         if devices is None:
@@ -114,12 +121,12 @@ class BackendConfig:
         elif ":" in backend:
             for pair in backend.lower().split(","):
                 if ":" not in pair:
-                    raise ValueError(f"Invalid backend string {backend!r}: expected entries "
+                    raise _DistValueError(f"Invalid backend string {backend!r}: expected entries "
                                      f"'<device>:<backend>' separated by commas")
                 device, name = (part.strip() for part in pair.split(":", 1))
                 self.device_backend_map[device] = Backend(name)
         else:
-            raise ValueError(f"Invalid backend: {backend!r}. Use one of "
+            raise _DistValueError(f"Invalid backend: {backend!r}. Use one of "
                              f"{sorted(set(Backend.backend_list) - {'undefined'})}, a backend "
                              f"registered with Backend.register_backend, or a string like "
                              f"'cpu:gloo'.")
@@ -134,7 +141,7 @@ class BackendConfig:
 def get_default_backend_for_device(device) -> str:
     device = str(device).split(":")[0]
     if device not in Backend.default_device_backend_map:
-        raise ValueError(f"Default backend not registered for device: {device}")
+        raise _DistValueError(f"Default backend not registered for device: {device}")
     return Backend.default_device_backend_map[device]
 
 
@@ -216,7 +223,7 @@ _world = _World()
 
 def _get_default_group() -> ProcessGroup:
     if _world.default_pg is None:
-        raise ValueError("Default process group has not been initialized, please make sure "
+        raise _DistValueError("Default process group has not been initialized, please make sure "
                          "to call init_process_group.")
     return _world.default_pg
 
@@ -316,17 +323,17 @@ def get_world_size(group: Optional[ProcessGroup] = None) -> int:
 def get_backend(group: Optional[ProcessGroup] = None) -> Backend:
     pg = _resolve_group(group)
     if _rank_not_in_group(pg):
-        raise ValueError("Invalid process group specified")
+        raise _DistValueError("Invalid process group specified")
     entry = _world.pg_map.get(pg)
     if entry is None:
-        raise ValueError("Invalid process group specified")
+        raise _DistValueError("Invalid process group specified")
     return Backend(entry[0])
 
 
 def get_backend_config(group: Optional[ProcessGroup] = None) -> str:
     pg = _resolve_group(group)
     if _rank_not_in_group(pg):
-        raise ValueError("Invalid process group specified")
+        raise _DistValueError("Invalid process group specified")
     return str(_world.pg_backend_config[pg])
 
 
@@ -334,7 +341,7 @@ def _group_ranks(group: ProcessGroup) -> Dict[int, int]:
     if group is None or group is GroupMember.WORLD:
         group = _get_default_group()
     if group not in _world.pg_group_ranks:
-        raise ValueError(f"Group {group} is not registered, please create group with "
+        raise _DistValueError(f"Group {group} is not registered, please create group with "
                          f"c10d.new_group API")
     return _world.pg_group_ranks[group]
 
@@ -343,7 +350,7 @@ def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
     """The rank in `group` of the process with global rank `global_rank`."""
     ranks = _group_ranks(group)
     if global_rank not in ranks:
-        raise ValueError(f"Global rank {global_rank} is not part of group {group}")
+        raise _DistValueError(f"Global rank {global_rank} is not part of group {group}")
     return ranks[global_rank]
 
 
@@ -352,7 +359,7 @@ def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     for global_rank, rank in _group_ranks(group).items():
         if rank == group_rank:
             return global_rank
-    raise ValueError(f"Group rank {group_rank} is not part of group {group}")
+    raise _DistValueError(f"Group rank {group_rank} is not part of group {group}")
 
 
 def get_process_group_ranks(group: Optional[ProcessGroup]) -> List[int]:
@@ -365,11 +372,11 @@ def _canonical_rank(group, group_rank, global_rank, name, required=True) -> Opti
     """Resolves the pair (group_X, X) of arguments into a rank of `group`."""
     if group_rank is not None:
         if global_rank is not None:
-            raise ValueError(f"Can't specify both group_{name} and {name}")
+            raise _DistValueError(f"Can't specify both group_{name} and {name}")
         return group_rank
     if global_rank is None:
         if required:
-            raise ValueError(f"Must specify either group_{name} or {name}")
+            raise _DistValueError(f"Must specify either group_{name} or {name}")
         return None
     if group is None or group is GroupMember.WORLD:
         return global_rank
@@ -384,7 +391,7 @@ def _timeout_or_default(timeout) -> timedelta:
     if timeout is None:
         return default_pg_timeout
     if not isinstance(timeout, timedelta):
-        raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got "
+        raise _DistTypeError(f"Expected timeout argument to be of type datetime.timedelta, got "
                         f"{type(timeout).__name__}")
     return timeout
 
@@ -484,7 +491,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     else through `init_method` (default ``env://``: MASTER_ADDR, MASTER_PORT, RANK,
     WORLD_SIZE). Every rank must call it."""
     if _world.default_pg is not None:
-        raise ValueError("trying to initialize the default process group twice!")
+        raise _DistValueError("trying to initialize the default process group twice!")
     if store is not None and init_method is not None:
         raise _ArgumentError("Cannot specify both init_method and store.")
     timeout = _timeout_or_default(timeout)
@@ -518,9 +525,9 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     if group is GroupMember.NON_GROUP_MEMBER:
         return
     if group is None or group is GroupMember.WORLD:
-        if _world.default_pg is None:
-            raise ValueError("Default process group has not been initialized, please make "
-                             "sure to call init_process_group.")
+        if _world.default_pg is None:  # torch asserts here
+            raise _ArgumentError("Default process group has not been initialized, please "
+                                 "make sure to call init_process_group.")
         for pg in list(_world.pg_map):
             _shutdown(pg)
         for name in _world.pg_names.values():
@@ -528,7 +535,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         _world.reset()
         return
     if group not in _world.pg_map:
-        raise ValueError("Invalid process group specified")
+        raise _DistValueError("Invalid process group specified")
     _shutdown(group)
     _C._unregister_process_group(_world.pg_names.get(group, ""))
     for table in (_world.pg_map, _world.pg_names, _world.pg_group_ranks,
@@ -558,10 +565,10 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
         ranks = list(range(world_size))
     ranks = sorted(int(r) for r in ranks)
     if len(set(ranks)) != len(ranks):
-        raise ValueError(f"new_group: ranks contain duplicates: {ranks}")
+        raise _DistValueError(f"new_group: ranks contain duplicates: {ranks}")
     for r in ranks:
         if r < 0 or r >= world_size:
-            raise ValueError(f"Invalid rank {r} in new_group: ranks must be in [0, "
+            raise _DistValueError(f"Invalid rank {r} in new_group: ranks must be in [0, "
                              f"{world_size})")
     if backend is None:
         backend = _world.pg_map[default][0]
@@ -587,12 +594,12 @@ def new_subgroups(group_size: Optional[int] = None, group=None, timeout=None, ba
     if group_size is None:
         group_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if group_size <= 0:
-        raise ValueError(f"The arg 'group_size' ({group_size}) must be positive")
+        raise _DistValueError(f"The arg 'group_size' ({group_size}) must be positive")
     if group_size > world_size:
-        raise ValueError(f"The arg 'group_size' ({group_size}) must not exceed the world size "
+        raise _DistValueError(f"The arg 'group_size' ({group_size}) must not exceed the world size "
                          f"({world_size})")
     if world_size % group_size != 0:
-        raise ValueError("The world size must be divisible by 'group_size'")
+        raise _DistValueError("The world size must be divisible by 'group_size'")
     enumeration = [list(range(start, start + group_size))
                    for start in range(0, world_size, group_size)]
     return new_subgroups_by_enumeration(enumeration, timeout, backend, pg_options, group_desc)
@@ -602,12 +609,12 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
                                  pg_options=None, group_desc=None):
     """Creates one group per list of ranks. Returns (this rank's subgroup or None, all)."""
     if not ranks_per_subgroup_list:
-        raise ValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
+        raise _DistValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
     seen = set()
     for ranks in ranks_per_subgroup_list:
         for r in ranks:
             if r in seen:
-                raise ValueError(f"Rank {r} has appeared in both subgroup "
+                raise _DistValueError(f"Rank {r} has appeared in both subgroup "
                                  f"{[s for s in ranks_per_subgroup_list if r in s][0]} and "
                                  f"{ranks}")
             seen.add(r)
@@ -728,7 +735,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 
 def _check_list(value, name):
     if not isinstance(value, (list, tuple)):
-        raise TypeError(f"Invalid function argument: {name} should be a list of tensors, got "
+        raise _DistTypeError(f"Invalid function argument: {name} should be a list of tensors, got "
                         f"{type(value).__name__}")
     return list(value)
 
@@ -783,10 +790,10 @@ def _root_and_list(group, group_root, root, name, tensor_list, list_name, role):
     root = _canonical_rank(group, group_root, root, name)
     if get_rank(group) == root:
         if not tensor_list:
-            raise ValueError(f"Argument ``{list_name}`` must be specified on {role} rank.")
+            raise _DistValueError(f"Argument ``{list_name}`` must be specified on {role} rank.")
         return root, [_check_list(tensor_list, list_name)]
     if tensor_list:
-        raise ValueError(f"Argument ``{list_name}`` must NOT be specified on non-{role} "
+        raise _DistValueError(f"Argument ``{list_name}`` must NOT be specified on non-{role} "
                          f"ranks.")
     return root, []
 
@@ -950,8 +957,8 @@ def send(tensor, dst=None, group=None, tag=0, group_dst=None):
 
 
 def recv(tensor, src=None, group=None, tag=0, group_src=None):
-    """Receives into `tensor` from rank `src` (any rank if None); returns the sender's rank
-    (global, or in `group` when group_src was given)."""
+    """Receives into `tensor` from rank `src` (any rank if None); returns the sender's global
+    rank (as torch does, also when the source was given as group_src)."""
     if _rank_not_in_group(group):
         _warn_not_in_group("recv")
         return -1
@@ -961,7 +968,7 @@ def recv(tensor, src=None, group=None, tag=0, group_src=None):
         sender = work._source_rank()
     else:
         sender = _canonical_rank(group, group_src, src, "src")
-    if group_src is not None or group is None or group is GroupMember.WORLD:
+    if group is None or group is GroupMember.WORLD:
         return sender
     return get_global_rank(group, sender)
 
@@ -972,10 +979,10 @@ class P2POp:
     def __init__(self, op: Callable, tensor, peer: Optional[int] = None, group=None,
                  tag: int = 0, group_peer: Optional[int] = None):
         if op not in (isend, irecv):
-            raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``c10d.isend`` or "
-                             "``c10d.irecv``.")
+            raise _DistValueError("Invalid ``op``. Expected ``op`` to be of type ``c10d.isend`` "
+                                  "or ``c10d.irecv``.")
         if (peer is None) == (group_peer is None):
-            raise ValueError("Specify exactly one of peer and group_peer")
+            raise _DistValueError("Specify exactly one of peer and group_peer")
         self.op = op
         self.tensor = tensor
         self.peer = peer
@@ -991,19 +998,21 @@ class P2POp:
 def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     """Starts every send/receive of the list; returns their Works."""
     if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
-        raise ValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
+        raise _DistValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
                          "``c10d.P2POp``.")
     groups = {id(p.group) for p in p2p_op_list}
     if len(groups) > 1:
-        raise ValueError("All ops need to use the same group.")
-    works = []
+        raise _DistValueError("All ops need to use the same group.")
+    works: List[Optional[Work]] = [None] * len(p2p_op_list)
     # Receives are posted before sends, so two ranks exchanging in either order never wait
-    # on each other.
-    for p in sorted(p2p_op_list, key=lambda p: 0 if p.op is irecv else 1):
+    # on each other. The Works come back in the order of the list, as torch's do.
+    order = sorted(range(len(p2p_op_list)), key=lambda i: 0 if p2p_op_list[i].op is irecv else 1)
+    for i in order:
+        p = p2p_op_list[i]
         if p.op is isend:
-            works.append(isend(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+            works[i] = isend(p.tensor, p.peer, p.group, p.tag, p.group_peer)
         else:
-            works.append(irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
     return works
 
 
@@ -1027,8 +1036,8 @@ def all_gather_object(object_list, obj, group=None):
         _warn_not_in_group("all_gather_object")
         return
     world = get_world_size(group)
-    if len(object_list) != world:
-        raise ValueError(f"object_list must have {world} entries (the group size), got "
+    if len(object_list) < world:
+        raise _DistValueError(f"object_list must have {world} entries (the group size), got "
                          f"{len(object_list)}")
     data = _to_bytes_tensor(obj)
     sizes = np.zeros(world, dtype=np.int64)
@@ -1055,10 +1064,10 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     world = get_world_size(group)
     if me == root:
         if object_gather_list is None or len(object_gather_list) != world:
-            raise ValueError("Argument ``object_gather_list`` must be specified on the "
+            raise _DistValueError("Argument ``object_gather_list`` must be specified on the "
                              "destination rank with one entry per rank.")
     elif object_gather_list is not None:
-        raise ValueError("Argument ``object_gather_list`` must NOT be specified on "
+        raise _DistValueError("Argument ``object_gather_list`` must NOT be specified on "
                          "non-destination ranks.")
     data = _to_bytes_tensor(obj)
     sizes = np.zeros(world, dtype=np.int64)
@@ -1107,7 +1116,7 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
         _warn_not_in_group("scatter_object_list")
         return
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
-        raise ValueError("Expected argument scatter_object_output_list to be a list of size "
+        raise _DistValueError("Expected argument scatter_object_output_list to be a list of size "
                          "at least 1.")
     if src is None and group_src is None:
         src = 0
@@ -1116,7 +1125,7 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     world = get_world_size(group)
     if me == root:
         if scatter_object_input_list is None or len(scatter_object_input_list) != world:
-            raise ValueError("Argument ``scatter_object_input_list`` must have one entry per "
+            raise _DistValueError("Argument ``scatter_object_input_list`` must have one entry per "
                              "rank on the source rank.")
         blobs = [_to_bytes_tensor(o) for o in scatter_object_input_list]
         longest = np.array([max(b.size for b in blobs)], dtype=np.int64)
@@ -1199,3 +1208,4 @@ __all__ = [
 ]
 
 from ._C import DebugLevel, PrefixStore, get_debug_level  # noqa: E402,F401
+

@@ -113,8 +113,8 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1,
         raise TypeError(f"init_method must be a str URL, got {type(url).__name__}")
     scheme = urlparse(url).scheme
     if scheme not in _handlers:
-        raise ValueError(f"No rendezvous handler for {scheme}:// (known: "
-                         f"{', '.join(sorted(_handlers))})")
+        raise _C._ArgumentValueError(f"No rendezvous handler for {scheme}:// (known: "
+                                     f"{', '.join(sorted(_handlers))})")
     return _handlers[scheme](url, rank, world_size, timeout)
 
 

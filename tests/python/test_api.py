@@ -213,3 +213,61 @@ def test_launcher_stops_others_when_one_fails(tmp_path):
     assert "worker rank 1" in out.stderr and "exit code 7" in out.stderr
     assert "rank one gives up" in out.stderr
     assert "stopped the other workers" in out.stderr
+
+
+def test_argument_errors_are_also_runtime_errors(world1):
+    # torch.distributed raises RuntimeError for these (its backends' checks, older releases'
+    # Python checks) or ValueError (newer releases): c10d's errors are both.
+    t = np.ones(2, dtype=np.float32)
+    with pytest.raises(RuntimeError, match="root rank"):
+        dist.broadcast(t, src=1)
+    with pytest.raises(ValueError, match="root rank"):
+        dist.broadcast(t, src=1, async_op=True)
+    with pytest.raises(RuntimeError):
+        dist.all_gather([np.zeros(2, dtype=np.float64)], t)
+    with pytest.raises(RuntimeError):
+        dist.all_reduce(t, op=dist.ReduceOp.BAND)
+    with pytest.raises(RuntimeError):
+        dist.send(t, 0)
+    with pytest.raises(RuntimeError, match="twice"):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    with pytest.raises(RuntimeError):
+        dist.new_group([0, 1])
+    with pytest.raises(RuntimeError):
+        dist.get_group_rank(dist.new_group([0]), 5)
+    with pytest.raises(TypeError) as info:
+        dist.all_gather(np.zeros(2), t)
+    assert isinstance(info.value, RuntimeError)
+    with pytest.raises(ValueError) as info:
+        dist.P2POp(dist.send, t, 0)
+    assert isinstance(info.value, RuntimeError)
+    dist.destroy_process_group()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        dist.get_world_size()
+    with pytest.raises(AssertionError):  # torch asserts
+        dist.destroy_process_group()
+    with pytest.raises(RuntimeError, match="No rendezvous handler"):
+        dist.init_process_group("gloo", init_method="nope://x", rank=0, world_size=1)
+
+
+def test_public_functions_keep_identity_and_signature():
+    import inspect
+    assert dist.isend is dist.distributed_c10d.isend
+    assert list(inspect.signature(dist.all_reduce).parameters) == ["tensor", "op", "group",
+                                                                   "async_op"]
+    assert dist._all_gather_base is dist.distributed_c10d._all_gather_base
+    assert dist._reduce_scatter_base is dist.distributed_c10d._reduce_scatter_base
+
+
+def test_non_member_warning_points_at_the_caller(world1):
+    with pytest.warns(UserWarning, match="does not belong") as record:
+        assert dist.all_reduce(np.ones(1), group=dist.GroupMember.NON_GROUP_MEMBER) is None
+    assert record[0].filename == __file__
+
+
+def test_all_gather_object_accepts_a_longer_list(world1):
+    out = [None, "untouched"]
+    dist.all_gather_object(out, {"a": 1})
+    assert out == [{"a": 1}, "untouched"]
+    with pytest.raises(ValueError):
+        dist.all_gather_object([], 1)

@@ -39,3 +39,8 @@ def test_desync_detected_at_detail(backend):
     harness.check_all_ok(results)
     for r in results:
         assert "DESYNC_OK" in r.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_p2p_torch_conformance(backend):
+    harness.check_all_ok(harness.run("p2p_torch_conformance", 3, backend))

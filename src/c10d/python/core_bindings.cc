@@ -28,6 +28,8 @@ PyObject* g_backend_error = nullptr;
 PyObject* g_timeout_error = nullptr;
 PyObject* g_store_timeout_error = nullptr;
 PyObject* g_queue_empty_error = nullptr;
+PyObject* g_argument_value_error = nullptr;
+PyObject* g_argument_type_error = nullptr;
 
 PyObject* new_exception(py::module_& m, const char* name, PyObject* bases, const char* doc) {
   std::string qualified = std::string("c10d.") + name;
@@ -57,6 +59,18 @@ void register_exceptions(py::module_& m) {
                     "DistTimeoutError).");
   g_queue_empty_error = new_exception(m, "DistQueueEmptyError", g_store_error,
                                       "queue_pop found the queue empty and was told not to block.");
+  // Bad arguments. torch.distributed raises RuntimeError for the checks its C++ layer makes
+  // (and older releases for most Python ones) and ValueError/TypeError for others, so c10d's
+  // are both: code written for either catches them.
+  py::tuple value_bases = py::make_tuple(py::handle(PyExc_ValueError),
+                                         py::handle(PyExc_RuntimeError));
+  g_argument_value_error = new_exception(m, "_ArgumentValueError", value_bases.ptr(),
+                                         "A bad argument (a ValueError and a RuntimeError).");
+  py::tuple type_bases = py::make_tuple(py::handle(PyExc_TypeError),
+                                        py::handle(PyExc_RuntimeError));
+  g_argument_type_error = new_exception(m, "_ArgumentTypeError", type_bases.ptr(),
+                                        "An argument of the wrong type (a TypeError and a "
+                                        "RuntimeError).");
 
   py::register_exception_translator(&translate_exception);
 }
@@ -82,7 +96,11 @@ void translate_exception(std::exception_ptr p) {
     } catch (const core::DistError& e) {
       PyErr_SetString(g_dist_error, e.what());
     } catch (const core::InvalidArgument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      PyErr_SetString(g_argument_value_error, e.what());
+    } catch (const py::value_error& e) {  // the bindings' own checks
+      PyErr_SetString(g_argument_value_error, e.what());
+    } catch (const py::type_error& e) {
+      PyErr_SetString(g_argument_type_error, e.what());
     }
   }
 }

@@ -347,6 +347,35 @@ def point_to_point(dist, backend):
     dist.barrier()
 
 
+def p2p_torch_conformance(dist, backend):
+    """Point-to-point results torch's API defines: batch_isend_irecv's Works in list order,
+    recv returning global ranks also for group_src, RuntimeError-compatible argument errors."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    got = np.zeros(2, np.int64)
+    ops = [dist.P2POp(dist.isend, np.full(2, rank, np.int64), nxt),
+           dist.P2POp(dist.irecv, got, prv)]
+    works = dist.batch_isend_irecv(ops)
+    assert [w.op_type for w in works] == ["SEND", "RECV"], [w.op_type for w in works]
+    for w in works:
+        w.wait()
+    assert (got == prv).all()
+    # Group [1, 2]: group rank 0 is global rank 1.
+    g = dist.new_group([1, 2])
+    buf = np.zeros(1, np.int64)
+    if rank == 1:
+        dist.send(np.array([5], np.int64), group=g, group_dst=1)
+        dist.send(np.array([6], np.int64), group=g, group_dst=1)
+        dist.send(np.array([7], np.int64), group=g, group_dst=1)
+    elif rank == 2:
+        assert dist.recv(buf, group=g, group_src=0) == 1 and buf[0] == 5
+        assert dist.recv(buf, src=1, group=g) == 1 and buf[0] == 6
+        assert dist.recv(buf, group=g) == 1 and buf[0] == 7
+    for bad in (lambda: dist.send(np.zeros(1), rank), lambda: dist.recv(np.zeros(1), world)):
+        _raises(RuntimeError, bad, "bad peer")
+    dist.barrier()
+
+
 def barriers_and_async(dist, backend):
     rank, world = dist.get_rank(), dist.get_world_size()
     dist.barrier()
