@@ -109,6 +109,15 @@ def test_rooted_operations_back_to_back_agree_with_numpy():
     _all_ok(_run("mixed_rooted", 4, timeout=80))
 
 
+@pytest.mark.parametrize("variant", ["allreduce_count", "allreduce_dtype", "allreduce_large",
+                                     "allreduce_op", "broadcast_bytes", "allgather_bytes"])
+def test_ranks_disagreeing_on_shape_fail_instead_of_mixing_data(variant):
+    # Every step carries a hash of the collective's shape (size, dtype, root, reduction), so
+    # ranks that pass different ones fail naming both sides instead of returning wrong data.
+    _all_ok(_run("shape_mismatch", 2, timeout=40, pg_timeout=10,
+                 env_for_rank=lambda r: {"C10D_TEST_VARIANT": variant}))
+
+
 def test_small_rooted_operations_run_ahead_through_the_ring():
     # Small steps use a ring of kRingDepth entries, so a root (broadcast, scatter) or a sender
     # (gather, reduce) may be several operations ahead of a slow rank; each block starts with
@@ -262,6 +271,38 @@ def case_mismatch(dist):
         dist.destroy_process_group()
         return
     raise AssertionError("mismatched collectives passed")
+
+
+def case_shape_mismatch(dist):
+    rank, world = _init(dist)
+    variant = os.environ["C10D_TEST_VARIANT"]
+    dist.all_reduce(np.ones(4))  # agreed: passes
+    expect = {"allreduce_count": "elements of float64", "allreduce_dtype": "elements of float",
+              "allreduce_large": "elements of float32", "allreduce_op": "MAX",
+              "broadcast_bytes": "bytes, root 0", "allgather_bytes": "bytes"}[variant]
+    try:
+        if variant == "allreduce_count":
+            dist.all_reduce(np.ones(2 + rank))
+        elif variant == "allreduce_dtype":
+            dist.all_reduce(np.ones(3, (np.float32, np.float64)[rank]))
+        elif variant == "allreduce_large":
+            dist.all_reduce(np.ones((1 << 20) + rank, np.float32))
+        elif variant == "allreduce_op":
+            dist.all_reduce(np.ones(3), op=(dist.ReduceOp.SUM, dist.ReduceOp.MAX)[rank])
+        elif variant == "broadcast_bytes":
+            dist.broadcast(np.ones(5 + rank), src=0)
+        else:
+            out = np.zeros((2 + rank) * world)
+            dist.all_gather_into_tensor(out, np.ones(2 + rank))
+    except RuntimeError as e:
+        assert "same sizes" in str(e) and expect in str(e), str(e)
+        print(f"SHAPE_MISMATCH_OK rank {rank}: {e}")
+        dist.destroy_process_group()
+        return
+    if variant == "broadcast_bytes" and rank == 0:
+        dist.destroy_process_group()  # the root only publishes: its peers find the mismatch
+        return
+    raise AssertionError(f"{variant}: mismatched shapes passed")
 
 
 def case_ring_run_ahead(dist):

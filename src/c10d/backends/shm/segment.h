@@ -57,6 +57,18 @@ struct alignas(kLine) FutexWord {
 };
 static_assert(sizeof(FutexWord) == kLine, "a step word and its signatures share one line");
 
+// A collective as the ranks must agree on it: what runs (sequence, OpType) and its shape.
+struct StepDescription {
+  uint64_t seq = 0;
+  uint64_t count = 0;  // elements of `dtype`, or bytes when dtype is kBytes
+  int32_t root = -1;   // -1: none
+  uint8_t type = 0;    // OpType
+  uint8_t dtype = kBytes;
+  uint8_t reduce = kNoReduce;  // ReduceOp::Kind
+  static constexpr uint8_t kBytes = 0xff;
+  static constexpr uint8_t kNoReduce = 0xff;
+};
+
 struct SegmentHeader {
   uint64_t magic;
   int32_t rank;
@@ -74,6 +86,10 @@ struct SegmentHeader {
   // read every peer's segment through process_vm_readv (1) or not (2); set before `mapped`.
   uint64_t self_address;
   uint32_t cma;
+  // What this rank ran at each of its last kRingDepth steps, in full (the step word carries
+  // only a hash), for the message when a peer's signature differs. Written before the step
+  // is published; read only after a mismatch.
+  alignas(kLine) StepDescription described[kRingDepth];
 };
 
 // Control block of the channel from sender s to receiver d, in s's segment. The sender writes

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "c10d/backends/shm/segment.h"
@@ -231,7 +232,10 @@ class Engine {
   void begin(const char* name, OpType type, uint64_t seq, Millis timeout) {
     name_ = name;
     seq_ = seq;
-    op_ = op_signature(type, seq);
+    described_ = StepDescription{};
+    described_.seq = seq;
+    described_.type = static_cast<uint8_t>(type);
+    op_ = signature(described_);
     timeout_ = timeout;
     deadline_ = core::Deadline(timeout);
     if (!broken.empty()) {
@@ -270,6 +274,7 @@ class Engine {
   }
 
   void broadcast(char* data, size_t bytes, int root) {
+    expect(bytes, std::nullopt, root);
     if (bytes == 0 || size_ == 1) return;
     if (bytes > kOneShotBytes) {
       // A root tensor in the shared heap is read in place by every other rank; a large one
@@ -302,6 +307,7 @@ class Engine {
   // every rank wants the result, which allows the zero-copy path.
   void allreduce(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
                  bool everyone, bool premul_done = false) {
+    expect(count, dtype, -1, op.kind);
     if (count == 0) return;
     const size_t es = core::element_size(dtype);
     const size_t bytes = count * es;
@@ -328,6 +334,7 @@ class Engine {
   // Every rank publishes `bytes` from `in`; dst(r) (null to skip) receives rank r's bytes.
   template <typename Dst>
   void allgather(const char* in, size_t bytes, Dst&& dst) {
+    expect(bytes);
     if (bytes == 0) return;
     if (bytes > kOneShotBytes && size_ > 1) {
       // Inputs are read in place when every rank's is in the shared heap, or through the
@@ -363,6 +370,7 @@ class Engine {
   // only). One-sided: only the root waits.
   template <typename Out>
   void gather(const char* in, size_t bytes, int root, Out&& out_of) {
+    expect(bytes, std::nullopt, root);
     if (bytes == 0) return;
     if (direct(bytes) && size_ > 1) {
       return allgather(in, bytes, [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
@@ -390,6 +398,7 @@ class Engine {
   // The root sends src_of(j) (bytes each; called on the root only) to rank j's `out`.
   template <typename Src>
   void scatter(Src&& src_of, char* out, size_t bytes, int root) {
+    expect(bytes, std::nullopt, root);
     if (bytes == 0) return;
     if (direct(bytes) && size_ > 1 && size_ <= kMaxRanks) {
       // Every rank reads its part from the root's list through the kernel.
@@ -432,6 +441,7 @@ class Engine {
   template <typename Block>
   void reduce_scatter(Block&& block_of, char* out, size_t count, DType dtype,
                       const ReduceOp& op) {
+    expect(count, dtype, -1, op.kind);
     if (count == 0) return;
     const size_t es = core::element_size(dtype);
     const bool premul = op.kind == ReduceOp::PREMUL_SUM;
@@ -740,39 +750,65 @@ class Engine {
   // parity s % 2 only after every peer published s - 1 (next_step), so nobody still reads
   // them from step s - 2.
   void publish(uint32_t s) {
-    FutexWord& w = seg_.header(rank_)->step;
-    w.op[s % kRingDepth].store(op_, std::memory_order_relaxed);
-    post(w, s);  // releases the signature with the step
+    SegmentHeader* h = seg_.header(rank_);
+    h->described[s % kRingDepth] = described_;
+    h->step.op[s % kRingDepth].store(op_, std::memory_order_relaxed);
+    post(h->step, s);  // releases the description and the signature with the step
   }
 
-  static uint32_t op_signature(OpType type, uint64_t seq) {
-    return static_cast<uint32_t>(seq << 8) | static_cast<uint8_t>(type);
+  // The shape every rank must give the collective about to run (count in elements of dtype,
+  // or in bytes without one); it becomes part of every step's signature.
+  void expect(size_t count, std::optional<DType> dtype = std::nullopt, int root = -1,
+              std::optional<ReduceOp::Kind> reduce = std::nullopt) {
+    described_.count = count;
+    described_.dtype = dtype ? static_cast<uint8_t>(*dtype) : StepDescription::kBytes;
+    described_.root = root;
+    described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : StepDescription::kNoReduce;
+    op_ = signature(described_);
   }
 
-  // The full sequence number whose low 24 bits a peer's signature carries (the one nearest
-  // this operation's).
-  uint64_t signature_sequence(uint32_t signature) const {
-    constexpr uint64_t kSpan = uint64_t{1} << 24;
-    const uint64_t low = signature >> 8;
-    uint64_t seq = (seq_ & ~(kSpan - 1)) | low;
-    if (seq > seq_ + kSpan / 2 && seq >= kSpan) seq -= kSpan;
-    if (seq + kSpan / 2 < seq_) seq += kSpan;
-    return seq;
+  // 32 bits for the step word: the OpType and a 24-bit hash of everything else.
+  static uint32_t signature(const StepDescription& d) {
+    uint64_t h = d.seq * 0x9e3779b97f4a7c15ULL;
+    h ^= (d.count + 0x632be59bd9b4e019ULL) * 0xbf58476d1ce4e5b9ULL;
+    h ^= (static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 16 |
+          static_cast<uint64_t>(d.dtype) << 8 | d.reduce) * 0x94d049bb133111ebULL;
+    h ^= h >> 31;
+    h *= 0xd6e8feb86659fd93ULL;
+    h ^= h >> 32;
+    return static_cast<uint32_t>(h << 8) | d.type;
   }
 
-  // Peer r published step s for this operation (and not for another collective, which would
-  // mean the ranks issued different collectives or a different order): else fail naming both.
-  // Valid while this rank has not published s + 1: r cannot reuse the entry (s + kRingDepth)
-  // before that.
+  static std::string shape_text(const StepDescription& d) {
+    std::string text =
+        d.dtype == StepDescription::kBytes
+            ? str_cat(d.count, " bytes")
+            : str_cat(d.count, " elements of ",
+                      core::dtype_name(static_cast<DType>(d.dtype)));
+    if (d.root >= 0) text += str_cat(", root ", d.root);
+    if (d.reduce != StepDescription::kNoReduce) {
+      text += str_cat(", ", ReduceOp(static_cast<ReduceOp::Kind>(d.reduce)).name());
+    }
+    return text;
+  }
+
+  static std::string description_text(const StepDescription& d) {
+    return str_cat(core::op_type_name(static_cast<OpType>(d.type)), " (sequence ", d.seq,
+                   ") on ", shape_text(d));
+  }
+
+  // Peer r published step s for this operation with the same shape. Otherwise the ranks
+  // issued different collectives, or in a different order, or with different sizes, dtypes,
+  // roots or reductions: fail naming both sides. Valid while this rank has not published
+  // s + 1: r cannot reuse the entry (s + kRingDepth) before that.
   void check_same_op(int r, uint32_t s) {
-    const uint32_t theirs =
-        seg_.header(r)->step.op[s % kRingDepth].load(std::memory_order_relaxed);
-    if (theirs == op_) return;
-    const auto type = static_cast<OpType>(theirs & 0xff);
+    const SegmentHeader* h = seg_.header(r);
+    if (h->step.op[s % kRingDepth].load(std::memory_order_relaxed) == op_) return;
+    const StepDescription theirs = h->described[s % kRingDepth];
     fail<DistBackendError>(str_cat(
-        describe(), ": rank ", r, " runs ", core::op_type_name(type), " (sequence ",
-        signature_sequence(theirs), ") at this step instead; every rank must issue the same "
-        "collectives in the same order"));
+        describe(), ": rank ", r, " runs ", description_text(theirs), " at this step while this "
+        "rank runs ", description_text(described_), "; every rank must issue the same collectives "
+        "in the same order, with the same sizes, dtypes, roots and reductions"));
   }
 
   // Opens the next step. A step that uses the parity slots (the default) waits until every
@@ -911,7 +947,8 @@ class Engine {
   std::vector<size_t> equal_lens_;
   const char* name_ = "";
   uint64_t seq_ = 0;
-  uint32_t op_ = 0;  // op_signature() of the running operation
+  StepDescription described_;  // the running operation (begin, expect)
+  uint32_t op_ = 0;            // signature(described_)
   Millis timeout_{0};
   core::Deadline deadline_{Millis(0)};
 };
