@@ -108,7 +108,7 @@ void translate_exception(std::exception_ptr p) {
 py::object value_to_python(const FutureValue& value) {
   if (value.object) return *static_cast<py::object*>(value.object.get());
   py::list out;
-  for (const auto& t : value.tensors) out.append(from_tensor(t));
+  for (const auto& t : value.tensors) out.append(to_python(t));
   return out;
 }
 
@@ -268,7 +268,7 @@ void init_core(py::module_& m) {
                py::gil_scoped_release release;
                tensors = w.result();
              }
-             for (const auto& t : tensors) out.append(from_tensor(t));
+             for (const auto& t : tensors) out.append(to_python(t));
              return out;
            })
       .def("synchronize", [](Work&) {})

@@ -4,9 +4,11 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "c10d/core/exception.h"
+#include "c10d/python/bindings.h"
 
 namespace py = pybind11;
 
@@ -16,6 +18,31 @@ namespace {
 using core::detail::str_cat;
 
 std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
+
+// Owners of converted tensors, named so that to_python() can find the caller's object again.
+// A buffer's owner is its Py_buffer (whose `obj` is the exporter, e.g. the numpy array)...
+struct ReleaseBuffer {
+  void operator()(void* p) const {
+    auto* buffer = static_cast<Py_buffer*>(p);
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      PyBuffer_Release(buffer);
+    }
+    delete buffer;
+  }
+};
+
+// ... and a DLPack tensor's owner keeps the object it came from (a torch tensor, say) next to
+// the DLPack owner.
+struct DLPackSource {
+  std::shared_ptr<py::object> object;  // released under the GIL (hold_python)
+  std::shared_ptr<void> dlpack;
+  const void* data;
+  std::vector<int64_t> sizes;
+};
+struct DeleteDLPackSource {
+  void operator()(void* p) const { delete static_cast<DLPackSource*>(p); }
+};
 
 core::Tensor from_buffer(py::handle obj, bool writable, std::string_view what) {
   auto view = std::make_unique<Py_buffer>();
@@ -32,14 +59,7 @@ core::Tensor from_buffer(py::handle obj, bool writable, std::string_view what) {
     throw py::type_error(str_cat(what, ": cannot read a buffer from ", type_name(obj)));
   }
   // From here the buffer is released by the owner, whichever thread drops the last reference.
-  std::shared_ptr<void> owner(view.release(), [](void* p) {
-    auto* buffer = static_cast<Py_buffer*>(p);
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire gil;
-      PyBuffer_Release(buffer);
-    }
-    delete buffer;
-  });
+  std::shared_ptr<void> owner(view.release(), ReleaseBuffer{});
   auto* buffer = static_cast<Py_buffer*>(owner.get());
   const std::string format = buffer->format != nullptr ? buffer->format : "B";
   auto dtype = core::from_buffer_format(format, static_cast<size_t>(buffer->itemsize));
@@ -85,11 +105,17 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(raw, "dltensor"));
   // Mark the capsule consumed: from here the tensor's owner calls the deleter.
   PyCapsule_SetName(raw, "used_dltensor");
+  core::Tensor t;
   try {
-    return core::Tensor::from_dlpack(managed);
+    t = core::Tensor::from_dlpack(managed);
   } catch (const core::InvalidArgument& e) {
     throw py::type_error(str_cat(what, ": ", e.what()));
   }
+  std::shared_ptr<void> owner(
+      new DLPackSource{hold_python(py::reinterpret_borrow<py::object>(obj)), t.owner(),
+                       t.data(), t.sizes()},
+      DeleteDLPackSource{});
+  return core::Tensor(t.data(), t.dtype(), t.sizes(), t.strides(), std::move(owner), t.device());
 }
 
 core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
@@ -157,6 +183,22 @@ py::object from_tensor(const core::Tensor& tensor) {
   py::capsule base(keep, [](void* p) { delete static_cast<core::Tensor*>(p); });
   py::dtype dtype(std::string(core::dtype_name(tensor.dtype())));
   return py::array(dtype, shape, strides, tensor.data(), base);
+}
+
+py::object to_python(const core::Tensor& tensor) {
+  const std::shared_ptr<void>& owner = tensor.owner();
+  if (std::get_deleter<ReleaseBuffer>(owner) != nullptr) {
+    const auto* buffer = static_cast<const Py_buffer*>(owner.get());
+    const bool whole = buffer->obj != nullptr && buffer->buf == tensor.data() &&
+                       static_cast<size_t>(buffer->len) == tensor.nbytes() &&
+                       std::equal(tensor.sizes().begin(), tensor.sizes().end(), buffer->shape,
+                                  buffer->shape + buffer->ndim);
+    if (whole) return py::reinterpret_borrow<py::object>(buffer->obj);
+  } else if (std::get_deleter<DeleteDLPackSource>(owner) != nullptr) {
+    const auto* source = static_cast<const DLPackSource*>(owner.get());
+    if (source->data == tensor.data() && source->sizes == tensor.sizes()) return *source->object;
+  }
+  return from_tensor(tensor);
 }
 
 void init_tensor(py::module_& m) {

@@ -24,6 +24,11 @@ core::Tensor from_dlpack_object(pybind11::handle obj, std::string_view what);
 // A Python view of a tensor's memory: a numpy array when the dtype exists in numpy, otherwise
 // a DLPack capsule. The array keeps the memory alive.
 pybind11::object from_tensor(const core::Tensor& tensor);
+// The caller's own object when `tensor` is exactly a tensor it passed in (the numpy array,
+// torch tensor, ... that to_tensor converted), else from_tensor(tensor). Results handed back
+// to Python (Work.result, Future values) use this, so they are the caller's tensors, as in
+// torch.distributed.
+pybind11::object to_python(const core::Tensor& tensor);
 
 // A DLPack capsule ("dltensor") sharing the tensor's memory.
 pybind11::capsule to_dlpack_capsule(const core::Tensor& tensor);

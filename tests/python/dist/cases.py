@@ -539,6 +539,18 @@ def torch_interop(dist, backend):
     q = torch.full((3,), 1.0, requires_grad=True)
     dist.all_reduce(q, op=dist.ReduceOp.SUM)
     assert torch.all(q.detach() == world), q
+    # Asynchronous results are the caller's own tensors, as torch's Work.result() and
+    # get_future().wait() return them.
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    assert w.result()[0] is t and w.get_future().wait()[0] is t
+    w = dist.broadcast(p, src=0, async_op=True)
+    w.wait()
+    assert w.result()[0] is p
+    a = np.ones(6, np.float32)
+    w = dist.all_reduce(a, async_op=True)
+    w.wait()
+    assert w.result()[0] is a and w.get_future().value()[0] is a
 
 
 def recv_timeout(dist, backend):
