@@ -32,17 +32,25 @@ struct ReleaseBuffer {
   }
 };
 
-// ... and a DLPack tensor's owner keeps the object it came from (a torch tensor, say) next to
-// the DLPack owner.
-struct DLPackSource {
+// ... and a tensor imported another way (DLPack, say) keeps the object it came from (a torch
+// tensor) next to the owner of its memory.
+struct PythonSource {
   std::shared_ptr<py::object> object;  // released under the GIL (hold_python)
-  std::shared_ptr<void> dlpack;
+  std::shared_ptr<void> memory;
   const void* data;
   std::vector<int64_t> sizes;
 };
-struct DeleteDLPackSource {
-  void operator()(void* p) const { delete static_cast<DLPackSource*>(p); }
+struct DeletePythonSource {
+  void operator()(void* p) const { delete static_cast<PythonSource*>(p); }
 };
+
+core::Tensor with_source(const core::Tensor& t, py::handle obj) {
+  std::shared_ptr<void> owner(
+      new PythonSource{hold_python(py::reinterpret_borrow<py::object>(obj)), t.owner(),
+                       t.data(), t.sizes()},
+      DeletePythonSource{});
+  return core::Tensor(t.data(), t.dtype(), t.sizes(), t.strides(), std::move(owner), t.device());
+}
 
 core::Tensor from_buffer(py::handle obj, bool writable, std::string_view what) {
   auto view = std::make_unique<Py_buffer>();
@@ -96,7 +104,22 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
   } else if (PyObject_IsTrue(grad.ptr()) == 1 && PyObject_HasAttr(obj.ptr(), detach)) {
     source = source.attr(detach)();
   }
-  py::object capsule = source.attr(dlpack)();
+  py::object capsule;
+  try {
+    capsule = source.attr(dlpack)();
+  } catch (py::error_already_set& e) {
+    // Some exporters cannot put every dtype in DLPack (torch 1.13 refuses bool); one that also
+    // offers a numpy view of the same memory is used through it.
+    static PyObject* const numpy = PyUnicode_InternFromString("numpy");
+    if (!PyObject_HasAttr(source.ptr(), numpy)) throw;
+    py::object array;
+    try {
+      array = source.attr(numpy)();
+    } catch (py::error_already_set&) {
+      throw e;
+    }
+    return with_source(from_buffer(array, false, what), obj);
+  }
   PyObject* raw = capsule.ptr();
   if (!PyCapsule_IsValid(raw, "dltensor")) {
     throw py::type_error(str_cat(what, ": __dlpack__ of ", type_name(obj),
@@ -111,11 +134,7 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
   } catch (const core::InvalidArgument& e) {
     throw py::type_error(str_cat(what, ": ", e.what()));
   }
-  std::shared_ptr<void> owner(
-      new DLPackSource{hold_python(py::reinterpret_borrow<py::object>(obj)), t.owner(),
-                       t.data(), t.sizes()},
-      DeleteDLPackSource{});
-  return core::Tensor(t.data(), t.dtype(), t.sizes(), t.strides(), std::move(owner), t.device());
+  return with_source(t, obj);
 }
 
 core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
@@ -194,8 +213,8 @@ py::object to_python(const core::Tensor& tensor) {
                        std::equal(tensor.sizes().begin(), tensor.sizes().end(), buffer->shape,
                                   buffer->shape + buffer->ndim);
     if (whole) return py::reinterpret_borrow<py::object>(buffer->obj);
-  } else if (std::get_deleter<DeleteDLPackSource>(owner) != nullptr) {
-    const auto* source = static_cast<const DLPackSource*>(owner.get());
+  } else if (std::get_deleter<DeletePythonSource>(owner) != nullptr) {
+    const auto* source = static_cast<const PythonSource*>(owner.get());
     if (source->data == tensor.data() && source->sizes == tensor.sizes()) return *source->object;
   }
   return from_tensor(tensor);

@@ -551,6 +551,13 @@ def torch_interop(dist, backend):
     w = dist.all_reduce(a, async_op=True)
     w.wait()
     assert w.result()[0] is a and w.get_future().value()[0] is a
+    # torch 1.13 cannot export bool through DLPack: its numpy view of the same memory is used.
+    flags = torch.tensor([rank == 0, False, True])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    assert flags.tolist() == [True, False, True], flags
+    w = dist.broadcast(flags, src=world - 1, async_op=True)
+    w.wait()
+    assert w.result()[0] is flags
 
 
 def recv_timeout(dist, backend):
