@@ -985,10 +985,16 @@ class P2POp:
             raise _DistValueError("Specify exactly one of peer and group_peer")
         self.op = op
         self.tensor = tensor
-        self.peer = peer
-        self.group = group
         self.tag = tag
-        self.group_peer = group_peer
+        # As torch fills them in: the group (the default one for None), the peer's global rank
+        # and its rank in the group.
+        self.group = _get_default_group() if group is None else group
+        if _rank_not_in_group(self.group):
+            self.peer, self.group_peer = peer, group_peer
+        else:
+            self.group_peer = _canonical_rank(self.group, group_peer, peer, "peer")
+            self.peer = (peer if peer is not None
+                         else get_global_rank(self.group, self.group_peer))
 
     def __repr__(self):
         return (f"P2POp({self.op.__name__}, peer={self.peer}, group_peer={self.group_peer}, "
@@ -1009,10 +1015,10 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     order = sorted(range(len(p2p_op_list)), key=lambda i: 0 if p2p_op_list[i].op is irecv else 1)
     for i in order:
         p = p2p_op_list[i]
-        if p.op is isend:
-            works[i] = isend(p.tensor, p.peer, p.group, p.tag, p.group_peer)
-        else:
-            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+        peer = {"group_dst" if p.op is isend else "group_src": p.group_peer}
+        if _rank_not_in_group(p.group):  # warns and returns None, as a plain isend/irecv does
+            peer = {"dst" if p.op is isend else "src": p.peer}
+        works[i] = p.op(p.tensor, group=p.group, tag=p.tag, **peer)
     return works
 
 

@@ -357,6 +357,9 @@ def p2p_torch_conformance(dist, backend):
            dist.P2POp(dist.irecv, got, prv)]
     works = dist.batch_isend_irecv(ops)
     assert [w.op_type for w in works] == ["SEND", "RECV"], [w.op_type for w in works]
+    # P2POp fills in the group and both forms of the peer's rank, as torch's does.
+    assert ops[0].peer == nxt and ops[0].group_peer == nxt and ops[1].peer == prv
+    assert ops[0].group is dist.distributed_c10d._get_default_group()
     for w in works:
         w.wait()
     assert (got == prv).all()
@@ -367,6 +370,8 @@ def p2p_torch_conformance(dist, backend):
         dist.send(np.array([5], np.int64), group=g, group_dst=1)
         dist.send(np.array([6], np.int64), group=g, group_dst=1)
         dist.send(np.array([7], np.int64), group=g, group_dst=1)
+        op = dist.P2POp(dist.isend, buf, group=g, group_peer=1)
+        assert (op.peer, op.group_peer, op.group) == (2, 1, g), (op.peer, op.group_peer)
     elif rank == 2:
         assert dist.recv(buf, group=g, group_src=0) == 1 and buf[0] == 5
         assert dist.recv(buf, src=1, group=g) == 1 and buf[0] == 6
