@@ -675,3 +675,69 @@ def trace_hang(dist, backend):
         work = dist.irecv(np.zeros(1, np.float32), 0, group=side)  # rank 0 never sends
         wait_for_dump(1)
         assert not work.is_completed()
+
+
+def functional_collectives(dist, backend):
+    """c10d._functional_collectives: out-of-place results of the input's kind, the input left
+    unchanged, groups given as ProcessGroup, name, rank list or list of rank lists."""
+    import c10d._functional_collectives as funcol
+    rank, world = dist.get_rank(), dist.get_world_size()
+    W = dist.group.WORLD
+
+    def base(r):
+        return np.arange(6, dtype=np.float32).reshape(2, 3) + r
+
+    x = base(rank)
+    y = funcol.wait_tensor(funcol.all_reduce(x, "sum", W))
+    np.testing.assert_array_equal(y, sum(base(r) for r in range(world)))
+    np.testing.assert_array_equal(x, base(rank))  # input unchanged
+    np.testing.assert_array_equal(funcol.all_reduce(x, "max", list(range(world))),
+                                  base(world - 1))
+    g0 = funcol.all_gather_tensor(x, 0, W)
+    np.testing.assert_array_equal(g0, np.concatenate([base(r) for r in range(world)], axis=0))
+    g1 = funcol.all_gather_tensor(x, 1, W)
+    np.testing.assert_array_equal(g1, np.concatenate([base(r) for r in range(world)], axis=1))
+    z = np.arange(2 * 4 * world).reshape(2, 4 * world)
+    rs = funcol.reduce_scatter_tensor(z * (rank + 1), "sum", 1, W)
+    total = world * (world + 1) // 2
+    np.testing.assert_array_equal(rs, np.split(z * total, world, axis=1)[rank])
+    rs0 = funcol.reduce_scatter_tensor(np.full((2 * world, 3), rank + 1), "sum", 0, W)
+    assert rs0.shape == (2, 3) and (rs0 == total).all(), rs0
+    b = funcol.broadcast(np.full(4, rank), world - 1, W)
+    assert (b == world - 1).all(), b
+    a2a = funcol.all_to_all_single(np.arange(2 * world) + 100 * rank, None, None, W)
+    np.testing.assert_array_equal(
+        a2a, np.concatenate([np.arange(2 * rank, 2 * rank + 2) + 100 * r for r in range(world)]))
+    # Uneven splits: rank r sends r + 1 rows to everyone.
+    sent = np.full((world * (rank + 1), 2), rank)
+    got = funcol.all_to_all_single(sent, [r + 1 for r in range(world)], [rank + 1] * world, W)
+    np.testing.assert_array_equal(got[:, 0], np.repeat(np.arange(world), np.arange(1, world + 1)))
+    shifted = funcol.permute_tensor(np.full(3, rank), [(i + 1) % world for i in range(world)], W)
+    assert (shifted == (rank - 1) % world).all(), shifted
+    outs = funcol.all_reduce_coalesced([np.ones(2), np.full(3, rank)], "sum", W)
+    assert (outs[0] == world).all() and (outs[1] == world * (world - 1) // 2).all(), outs
+    # The in-place forms with the classic signatures.
+    t = np.full(3, float(rank))
+    funcol.all_reduce_inplace(t, "sum")
+    assert (t == world * (world - 1) / 2).all(), t
+    lst = [np.zeros(2) for _ in range(world)]
+    funcol.all_gather_inplace(lst, np.full(2, float(rank)))
+    assert [v[0] for v in lst] == list(range(world)), lst
+    _raises(ValueError, lambda: funcol.all_reduce(x, "nope", W), "unknown reduce op")
+    _raises(ValueError, lambda: funcol.all_reduce_inplace(t, async_op=True), "async in-place")
+    # Pairs of ranks as a list of lists: each rank reduces within its own pair.
+    if world % 2 == 0:
+        pairs = [[i, i + 1] for i in range(0, world, 2)]
+        s = funcol.all_reduce(np.full(1, rank), "sum", pairs)
+        assert s[0] == 2 * (rank - rank % 2) + 1, s
+    try:
+        import torch
+    except ImportError:
+        return
+    tt = torch.full((2, 2), float(rank))
+    out = funcol.all_reduce(tt, "avg", W)
+    assert isinstance(out, torch.Tensor), type(out)
+    assert torch.allclose(out, torch.full((2, 2), (world - 1) / 2)), out
+    assert torch.all(tt == rank)
+    tg = funcol.all_gather_tensor(tt, 1, W)
+    assert isinstance(tg, torch.Tensor) and tg.shape == (2, 2 * world), tg.shape

@@ -1,0 +1,301 @@
+"""Functional collectives: out-of-place versions of the collectives, as in
+``torch.distributed._functional_collectives`` (``import c10d._functional_collectives as funcol``).
+
+Each function leaves its input unchanged and returns a new tensor of the input's kind (a numpy
+array for numpy input, a torch tensor for torch input). c10d runs them eagerly, so a result is
+ready when it is returned and ``wait_tensor`` returns its argument.
+
+``group`` may be a ProcessGroup, a group name, a list of global ranks, or a list of lists of
+ranks (every rank then uses the list it belongs to). Groups given by ranks are created on first
+use with ``new_group``, so, as with ``new_group``, every rank must make such a call the first
+time, in the same order.
+"""
+
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import distributed_c10d as _c10d
+from ._C import ProcessGroup, ReduceOp
+
+RANK_TYPES = Union[List[int], List[List[int]], ProcessGroup, str]
+
+__all__ = [
+    "wait_tensor", "broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd",
+    "reduce_scatter_tensor", "reduce_scatter_tensor_autograd", "all_reduce_coalesced",
+    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "all_to_all_single",
+    "all_to_all_single_autograd", "permute_tensor", "all_gather_tensor_inplace",
+    "reduce_scatter_tensor_inplace", "all_reduce_inplace", "all_to_all_inplace",
+    "all_gather_inplace", "REDUCE_OP_TO_STR",
+]
+
+REDUCE_OP_TO_STR = {
+    ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.PRODUCT: "product", ReduceOp.MIN: "min",
+    ReduceOp.MAX: "max", ReduceOp.BAND: "band", ReduceOp.BOR: "bor", ReduceOp.BXOR: "bxor",
+}
+
+# Groups made from rank lists: (tag, ranks) -> group.
+_groups_by_ranks: Dict[Tuple[str, Tuple[int, ...]], ProcessGroup] = {}
+
+
+# --------------------------------------------------------------------------------------------
+# Groups, reduce ops and tensors of the caller's kind
+
+
+def _group_of_ranks(ranks: Sequence[int], tag: str) -> ProcessGroup:
+    key = (tag, tuple(int(r) for r in ranks))
+    if not tag and sorted(key[1]) == list(range(_c10d.get_world_size())):
+        return _c10d._get_default_group()
+    # Only groups made here are reused: a group the caller made is known to its members only,
+    # and every rank must make the same new_group calls.
+    pg = _groups_by_ranks.get(key)
+    if pg is None:
+        pg = _groups_by_ranks[key] = _c10d.new_group(list(key[1]))
+    return pg
+
+
+def _resolve_group(group: RANK_TYPES, tag: str = "") -> ProcessGroup:
+    if isinstance(group, ProcessGroup):
+        return group
+    if isinstance(group, str):
+        for pg, name in _c10d._world.pg_names.items():
+            if name == group:
+                return pg
+        raise _c10d._DistValueError(f"no process group is named {group!r}")
+    if isinstance(group, (list, tuple)) and group:
+        if all(isinstance(g, (list, tuple)) for g in group):
+            sizes = {len(g) for g in group}
+            if len(sizes) != 1:
+                raise _c10d._DistValueError(f"group sizes must be identical, got {sorted(sizes)}")
+            me = _c10d.get_rank()
+            mine = None
+            for ranks in group:  # every rank creates every group, in the same order
+                pg = _group_of_ranks(ranks, tag)
+                if me in ranks:
+                    mine = pg
+            if mine is None:
+                raise _c10d._DistValueError(f"rank {me} is in none of the groups {group}")
+            return mine
+        if all(isinstance(r, int) for r in group):
+            pg = _group_of_ranks(group, tag)
+            if pg is _c10d.GroupMember.NON_GROUP_MEMBER:
+                raise _c10d._DistValueError(
+                    f"rank {_c10d.get_rank()} is not one of the group's ranks {list(group)}")
+            return pg
+    raise _c10d._DistValueError(f"Unsupported group type: {type(group).__name__}, {group!r}")
+
+
+def _reduce_op(name) -> ReduceOp:
+    if isinstance(name, ReduceOp) or isinstance(name, type(ReduceOp.SUM)):
+        return name
+    op = getattr(ReduceOp, str(name).upper(), None)
+    if op is None or str(name).upper() in ("UNUSED", "PREMUL_SUM"):
+        raise _c10d._DistValueError(f"unknown reduce op {name!r}: expected one of "
+                                    f"{', '.join(REDUCE_OP_TO_STR.values())}")
+    return op
+
+
+def _is_torch(t) -> bool:
+    return type(t).__module__.startswith("torch")
+
+
+def _empty(like, shape):
+    if _is_torch(like):
+        return like.new_empty(tuple(shape))
+    return np.empty(tuple(shape), dtype=np.asarray(like).dtype)
+
+
+def _clone(t):
+    """A C-contiguous copy of `t`, of its kind."""
+    if _is_torch(t):
+        return t.detach().contiguous().clone()
+    return np.array(t, copy=True, order="C")
+
+
+def _move_dim_chunks(t, parts: int, src_dim: int, dst_dim: int):
+    """Splits `t` into `parts` equal chunks along src_dim and concatenates them along dst_dim."""
+    if _is_torch(t):
+        import torch
+        return torch.cat(torch.chunk(t, parts, dim=src_dim), dim=dst_dim).contiguous()
+    return np.ascontiguousarray(np.concatenate(np.split(t, parts, axis=src_dim), axis=dst_dim))
+
+
+def _shape(t) -> List[int]:
+    return list(t.shape)
+
+
+# --------------------------------------------------------------------------------------------
+# Collectives
+
+
+def wait_tensor(tensor):
+    """Waits for a tensor returned by a functional collective (c10d's are already complete)."""
+    return tensor
+
+
+def broadcast(self, src: int, group: RANK_TYPES, tag: str = ""):
+    """A copy of rank `src`'s tensor (`src` is a rank of the group) on every rank."""
+    pg = _resolve_group(group, tag)
+    out = _clone(self)
+    _c10d.broadcast(out, group=pg, group_src=src)
+    return out
+
+
+def all_reduce(self, reduceOp: str, group: RANK_TYPES, tag: str = ""):
+    """The reduction (``"sum"``, ``"avg"``, ``"max"``, ...) of every rank's tensor."""
+    pg = _resolve_group(group, tag)
+    out = _clone(self)
+    _c10d.all_reduce(out, op=_reduce_op(reduceOp), group=pg)
+    return out
+
+
+def all_gather_tensor(self, gather_dim: int, group: RANK_TYPES, tag: str = ""):
+    """Every rank's tensor, concatenated along `gather_dim` in rank order."""
+    pg = _resolve_group(group, tag)
+    n = pg.size()
+    shape = _shape(self) or [1]
+    out = _empty(self, [shape[0] * n] + shape[1:])
+    _c10d.all_gather_into_tensor(out, _clone(self).reshape(shape), group=pg)
+    if gather_dim != 0 and n > 1:
+        out = _move_dim_chunks(out, n, 0, gather_dim)
+    return out
+
+
+def reduce_scatter_tensor(self, reduceOp: str, scatter_dim: int, group: RANK_TYPES,
+                          tag: str = ""):
+    """This rank's chunk (along `scatter_dim`, in rank order) of the reduction of every rank's
+    tensor."""
+    pg = _resolve_group(group, tag)
+    n = pg.size()
+    shape = _shape(self)
+    if not shape or shape[scatter_dim] % n != 0:
+        raise _c10d._DistValueError(
+            f"reduce_scatter_tensor: dimension {scatter_dim} of the input (shape {shape}) must "
+            f"be a multiple of the group size {n}")
+    # Chunk j along scatter_dim goes to rank j: with the chunks stacked along dimension 0,
+    # rank j's block of the flat input is that chunk, already in the output's shape.
+    flat = _clone(self) if scatter_dim == 0 else _move_dim_chunks(self, n, scatter_dim, 0)
+    flat_shape = _shape(flat)
+    out = _empty(self, [flat_shape[0] // n] + flat_shape[1:])
+    _c10d.reduce_scatter_tensor(out, flat, op=_reduce_op(reduceOp), group=pg)
+    return out
+
+
+def all_reduce_coalesced(self: List, reduceOp: str, group: RANK_TYPES, tag: str = ""):
+    """all_reduce of each tensor of the list."""
+    return [all_reduce(t, reduceOp, group, tag) for t in self]
+
+
+def all_gather_into_tensor_coalesced(self: List, group: RANK_TYPES, tag: str = ""):
+    """all_gather_tensor (along dimension 0) of each tensor of the list."""
+    return [all_gather_tensor(t, 0, group, tag) for t in self]
+
+
+def reduce_scatter_tensor_coalesced(inputs: List, reduceOp: str, scatter_dim: List[int],
+                                    group: RANK_TYPES, tag: str = ""):
+    """reduce_scatter_tensor of each tensor of the list, along its entry of `scatter_dim`."""
+    if len(scatter_dim) != len(inputs):
+        raise _c10d._DistValueError("reduce_scatter_tensor_coalesced: scatter_dim needs one "
+                                    "entry per input")
+    return [reduce_scatter_tensor(t, reduceOp, d, group, tag)
+            for t, d in zip(inputs, scatter_dim)]
+
+
+def all_to_all_single(self, output_split_sizes: Optional[List[int]],
+                      input_split_sizes: Optional[List[int]], group: RANK_TYPES, tag: str = ""):
+    """Rows ``input_split_sizes[j]`` of this rank's tensor go to rank j; the result holds the
+    rows every rank sent here, in rank order (equal splits of dimension 0 when both are None)."""
+    pg = _resolve_group(group, tag)
+    n = pg.size()
+    shape = _shape(self) or [1]
+    if (output_split_sizes is None) != (input_split_sizes is None):
+        raise _c10d._DistValueError("output_split_sizes and input_split_sizes must either be "
+                                    "given together or both be None")
+    if output_split_sizes is None:
+        output_split_sizes = [shape[0] // n] * n
+        input_split_sizes = output_split_sizes
+    out = _empty(self, [sum(output_split_sizes)] + shape[1:])
+    _c10d.all_to_all_single(out, _clone(self).reshape(shape), list(output_split_sizes),
+                            list(input_split_sizes), group=pg)
+    return out
+
+
+def permute_tensor(self, src_dst: List[int], group: RANK_TYPES, tag: str = ""):
+    """Group rank m's tensor goes to group rank src_dst[m]; returns what this rank receives."""
+    pg = _resolve_group(group, tag)
+    n, me = pg.size(), pg.rank()
+    numel = int(np.prod(_shape(self), dtype=np.int64))
+    out_splits, in_splits = [0] * n, [0] * n
+    for src, dst in enumerate(src_dst):
+        if src == me:
+            in_splits[dst] = numel
+        if dst == me:
+            out_splits[src] = numel
+    flat = _clone(self).reshape(-1)
+    return all_to_all_single(flat, out_splits, in_splits, pg, tag).reshape(_shape(self))
+
+
+# c10d has no autograd: the autograd variants are the plain ones.
+all_gather_tensor_autograd = all_gather_tensor
+reduce_scatter_tensor_autograd = reduce_scatter_tensor
+all_to_all_single_autograd = all_to_all_single
+
+
+# --------------------------------------------------------------------------------------------
+# In-place forms with the signatures of the classic collectives (torch maps those onto the
+# functional ones when tracing); synchronous only.
+
+
+def _copy_into(dst, src):
+    if _is_torch(dst):
+        dst.copy_(src)
+    else:
+        np.copyto(dst, src)
+    return dst
+
+
+def _sync_only(async_op: bool, name: str) -> None:
+    if async_op:
+        raise _c10d._DistValueError(f"{name}: the in-place functional form has no async version")
+
+
+def _group_or_world(group):
+    return _c10d._get_default_group() if group is None else group
+
+
+def all_gather_tensor_inplace(output_tensor, input_tensor, group=None, async_op: bool = False,
+                              tag: str = "", gather_dim: int = 0):
+    _sync_only(async_op, "all_gather_tensor_inplace")
+    return _copy_into(output_tensor,
+                      all_gather_tensor(input_tensor, gather_dim, _group_or_world(group), tag))
+
+
+def reduce_scatter_tensor_inplace(output, input, op="sum", group=None, async_op: bool = False,
+                                  scatter_dim: int = 0, tag: str = ""):
+    _sync_only(async_op, "reduce_scatter_tensor_inplace")
+    return _copy_into(output,
+                      reduce_scatter_tensor(input, op, scatter_dim, _group_or_world(group), tag))
+
+
+def all_reduce_inplace(tensor, op="sum", group=None, async_op: bool = False, tag: str = ""):
+    _sync_only(async_op, "all_reduce_inplace")
+    return _copy_into(tensor, all_reduce(tensor, op, _group_or_world(group), tag))
+
+
+def all_to_all_inplace(output, input, output_split_sizes=None, input_split_sizes=None,
+                       group=None, async_op=False, tag: str = ""):
+    _sync_only(async_op, "all_to_all_inplace")
+    return _copy_into(output, all_to_all_single(input, output_split_sizes, input_split_sizes,
+                                                _group_or_world(group), tag))
+
+
+def all_gather_inplace(tensor_list, tensor, group=None, async_op=False, tag: str = ""):
+    _sync_only(async_op, "all_gather_inplace")
+    rows = _shape(tensor)[0] if _shape(tensor) else 1
+    if any((_shape(t)[0] if _shape(t) else 1) != rows for t in tensor_list):
+        raise _c10d._DistValueError("all_gather_inplace: every output must have the input's "
+                                    "first dimension")
+    gathered = all_gather_tensor(tensor, 0, _group_or_world(group), tag)
+    for i, dst in enumerate(tensor_list):
+        _copy_into(dst, gathered[i * rows:(i + 1) * rows].reshape(_shape(dst)))
+    return tensor_list
