@@ -305,6 +305,32 @@ def case_shape_mismatch(dist):
     raise AssertionError(f"{variant}: mismatched shapes passed")
 
 
+def _rooted_op(dist, kind, root, rank, world, data, what):
+    """Runs rooted collective `kind` (0 broadcast, 1 reduce, 2 gather, 3 scatter) of data(r)
+    and checks its result."""
+    if kind == 0:
+        t = data(rank)
+        dist.broadcast(t, src=root)
+        np.testing.assert_array_equal(t, data(root), err_msg=what)
+    elif kind == 1:
+        t = data(rank)
+        dist.reduce(t, dst=root)
+        if rank == root:
+            np.testing.assert_array_equal(t, sum(data(r) for r in range(world)), err_msg=what)
+    elif kind == 2:
+        n = data(rank).shape[0]
+        out = [np.zeros(n, np.int32) for _ in range(world)] if rank == root else None
+        dist.gather(data(rank), out, dst=root)
+        if rank == root:
+            for r in range(world):
+                np.testing.assert_array_equal(out[r], data(r), err_msg=what)
+    else:
+        t = np.zeros(data(rank).shape[0], np.int32)
+        ins = [data(r) + 7 for r in range(world)] if rank == root else None
+        dist.scatter(t, ins, src=root)
+        np.testing.assert_array_equal(t, data(rank) + 7, err_msg=what)
+
+
 def case_ring_run_ahead(dist):
     rank, world = _init(dist)
     for block in range(24):
@@ -314,28 +340,8 @@ def case_ring_run_ahead(dist):
         for i in range(20):
             def data(r):
                 return np.arange(n, dtype=np.int32) * (r + 1) + 100 * i + block
-            what = f"block {block} op {i} kind {kind} root {root} n {n}"
-            if kind == 0:
-                t = data(rank)
-                dist.broadcast(t, src=root)
-                np.testing.assert_array_equal(t, data(root), err_msg=what)
-            elif kind == 1:
-                t = data(rank)
-                dist.reduce(t, dst=root)
-                if rank == root:
-                    np.testing.assert_array_equal(t, sum(data(r) for r in range(world)),
-                                                  err_msg=what)
-            elif kind == 2:
-                out = [np.zeros(n, np.int32) for _ in range(world)] if rank == root else None
-                dist.gather(data(rank), out, dst=root)
-                if rank == root:
-                    for r in range(world):
-                        np.testing.assert_array_equal(out[r], data(r), err_msg=what)
-            else:
-                t = np.zeros(n, np.int32)
-                ins = [data(r) + 7 for r in range(world)] if rank == root else None
-                dist.scatter(t, ins, src=root)
-                np.testing.assert_array_equal(t, data(rank) + 7, err_msg=what)
+            _rooted_op(dist, kind, root, rank, world, data,
+                       f"block {block} op {i} kind {kind} root {root} n {n}")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -353,26 +359,8 @@ def case_mixed_rooted(dist):
             return (np.arange(n, dtype=np.int32) * (r + 1) + i) % 1000
 
         what = f"step {i} kind {kind} root {root} n {n}"
-        if kind == 0:
-            t = data(rank)
-            dist.broadcast(t, src=root)
-            np.testing.assert_array_equal(t, data(root), err_msg=what)
-        elif kind == 1:
-            t = data(rank)
-            dist.reduce(t, dst=root)
-            if rank == root:
-                np.testing.assert_array_equal(t, sum(data(r) for r in range(world)), err_msg=what)
-        elif kind == 2:
-            out = [np.zeros(n, np.int32) for _ in range(world)] if rank == root else None
-            dist.gather(data(rank), out, dst=root)
-            if rank == root:
-                for r in range(world):
-                    np.testing.assert_array_equal(out[r], data(r), err_msg=what)
-        elif kind == 3:
-            t = np.zeros(n, np.int32)
-            ins = [data(r) + 7 for r in range(world)] if rank == root else None
-            dist.scatter(t, ins, src=root)
-            np.testing.assert_array_equal(t, data(rank) + 7, err_msg=what)
+        if kind < 4:
+            _rooted_op(dist, kind, root, rank, world, data, what)
         else:
             t = data(rank)
             dist.all_reduce(t)
