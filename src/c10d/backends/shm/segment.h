@@ -49,10 +49,10 @@ inline constexpr size_t kChannelBytes = size_t{64} << 10;
 struct alignas(kLine) FutexWord {
   std::atomic<uint32_t> value;
   std::atomic<uint32_t> waiters;
-  // For the step word: which operation published each of the last kRingDepth steps (the low
-  // 24 bits of its sequence number and its OpType), so a rank can tell when a peer runs a
-  // different collective. On the same cache line as the value, so checking it costs no extra
-  // miss.
+  // For the step word: the signature of the operation that published each of the last
+  // kRingDepth steps (its OpType and a 24-bit hash of its sequence number and shape), so a
+  // rank can tell when a peer runs a different collective or the same with another shape. On
+  // the same cache line as the value, so checking it costs no extra miss.
   std::atomic<uint32_t> op[kRingDepth];
 };
 static_assert(sizeof(FutexWord) == kLine, "a step word and its signatures share one line");

@@ -819,9 +819,9 @@ class Engine {
 
   // Opens the next step. A step that uses the parity slots (the default) waits until every
   // peer published the previous step, so nobody still reads those slots from two steps ago.
-  // A `small` one uses only its ring entry (ring_slot), last used kRingDepth steps ago, so it
-  // waits only for peers that far behind: one-sided collectives run ahead. Every rank opens a
-  // given step with the same `small`.
+  // A `small` one uses only its ring entry (slot(r, s, true)), last used kRingDepth steps
+  // ago, so it waits only for peers that far behind: one-sided collectives run ahead. Every
+  // rank opens a given step with the same `small`.
   uint32_t next_step(bool small = false) {
     const uint32_t s = step_ + 1;
     const uint32_t need = small ? s - (kRingDepth - 1) : s - 1;
