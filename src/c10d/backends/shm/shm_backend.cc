@@ -652,8 +652,9 @@ class Engine {
   bool direct(size_t bytes) const { return seg_.cma() && bytes >= kDirectBytes; }
   // The same for broadcast, gather and all_gather. With more ranks than cores their slot path
   // (one-sided for broadcast and gather) beats the direct one, whose final wait needs every
-  // rank to run, up to a few MiB: at 4 ranks on 2 cores, gather of 1 MiB per rank took 80-90 us
-  // against 150-190 direct, broadcast of 1 MiB 190-250 against 315-400 (3 runs each).
+  // rank to run, up to a few MiB: at 4 ranks on 2 cores, gather of 256 KiB per rank took
+  // 80-90 us against 150-190 direct (1 MiB per rank: 350-460 against 730-760), broadcast of
+  // 1 MiB 190-250 against 315-400 (3 runs each).
   bool direct_fanout(size_t bytes) const { return seg_.cma() && bytes >= direct_fanout_; }
 
   // Where rank r's buffer of an operation is: mapped here (it lies in r's shared heap) or
