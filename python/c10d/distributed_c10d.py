@@ -122,14 +122,14 @@ class BackendConfig:
             for pair in backend.lower().split(","):
                 if ":" not in pair:
                     raise _DistValueError(f"Invalid backend string {backend!r}: expected entries "
-                                     f"'<device>:<backend>' separated by commas")
+                                          f"'<device>:<backend>' separated by commas")
                 device, name = (part.strip() for part in pair.split(":", 1))
                 self.device_backend_map[device] = Backend(name)
         else:
             raise _DistValueError(f"Invalid backend: {backend!r}. Use one of "
-                             f"{sorted(set(Backend.backend_list) - {'undefined'})}, a backend "
-                             f"registered with Backend.register_backend, or a string like "
-                             f"'cpu:gloo'.")
+                                  f"{sorted(set(Backend.backend_list) - {'undefined'})}, a backend "
+                                  f"registered with Backend.register_backend, or a string like "
+                                  f"'cpu:gloo'.")
 
     def __repr__(self):
         return ",".join(f"{device}:{name}" for device, name in self.device_backend_map.items())
@@ -224,7 +224,7 @@ _world = _World()
 def _get_default_group() -> ProcessGroup:
     if _world.default_pg is None:
         raise _DistValueError("Default process group has not been initialized, please make sure "
-                         "to call init_process_group.")
+                              "to call init_process_group.")
     return _world.default_pg
 
 
@@ -342,7 +342,7 @@ def _group_ranks(group: ProcessGroup) -> Dict[int, int]:
         group = _get_default_group()
     if group not in _world.pg_group_ranks:
         raise _DistValueError(f"Group {group} is not registered, please create group with "
-                         f"c10d.new_group API")
+                              f"c10d.new_group API")
     return _world.pg_group_ranks[group]
 
 
@@ -392,7 +392,7 @@ def _timeout_or_default(timeout) -> timedelta:
         return default_pg_timeout
     if not isinstance(timeout, timedelta):
         raise _DistTypeError(f"Expected timeout argument to be of type datetime.timedelta, got "
-                        f"{type(timeout).__name__}")
+                             f"{type(timeout).__name__}")
     return timeout
 
 
@@ -569,7 +569,7 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
     for r in ranks:
         if r < 0 or r >= world_size:
             raise _DistValueError(f"Invalid rank {r} in new_group: ranks must be in [0, "
-                             f"{world_size})")
+                                  f"{world_size})")
     if backend is None:
         backend = _world.pg_map[default][0]
     # Every rank advances the counter, members or not, so names stay in step.
@@ -597,7 +597,7 @@ def new_subgroups(group_size: Optional[int] = None, group=None, timeout=None, ba
         raise _DistValueError(f"The arg 'group_size' ({group_size}) must be positive")
     if group_size > world_size:
         raise _DistValueError(f"The arg 'group_size' ({group_size}) must not exceed the world size "
-                         f"({world_size})")
+                              f"({world_size})")
     if world_size % group_size != 0:
         raise _DistValueError("The world size must be divisible by 'group_size'")
     enumeration = [list(range(start, start + group_size))
@@ -615,8 +615,8 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
         for r in ranks:
             if r in seen:
                 raise _DistValueError(f"Rank {r} has appeared in both subgroup "
-                                 f"{[s for s in ranks_per_subgroup_list if r in s][0]} and "
-                                 f"{ranks}")
+                                      f"{[s for s in ranks_per_subgroup_list if r in s][0]} and "
+                                      f"{ranks}")
             seen.add(r)
     me = get_rank()
     current = None
@@ -736,7 +736,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 def _check_list(value, name):
     if not isinstance(value, (list, tuple)):
         raise _DistTypeError(f"Invalid function argument: {name} should be a list of tensors, got "
-                        f"{type(value).__name__}")
+                             f"{type(value).__name__}")
     return list(value)
 
 
@@ -794,7 +794,7 @@ def _root_and_list(group, group_root, root, name, tensor_list, list_name, role):
         return root, [_check_list(tensor_list, list_name)]
     if tensor_list:
         raise _DistValueError(f"Argument ``{list_name}`` must NOT be specified on non-{role} "
-                         f"ranks.")
+                              f"ranks.")
     return root, []
 
 
@@ -1005,7 +1005,7 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     """Starts every send/receive of the list; returns their Works."""
     if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise _DistValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
-                         "``c10d.P2POp``.")
+                              "``c10d.P2POp``.")
     groups = {id(p.group) for p in p2p_op_list}
     if len(groups) > 1:
         raise _DistValueError("All ops need to use the same group.")
@@ -1044,7 +1044,7 @@ def all_gather_object(object_list, obj, group=None):
     world = get_world_size(group)
     if len(object_list) < world:
         raise _DistValueError(f"object_list must have {world} entries (the group size), got "
-                         f"{len(object_list)}")
+                              f"{len(object_list)}")
     data = _to_bytes_tensor(obj)
     sizes = np.zeros(world, dtype=np.int64)
     all_gather_into_tensor(sizes, np.array([data.size], dtype=np.int64), group)
@@ -1071,10 +1071,10 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     if me == root:
         if object_gather_list is None or len(object_gather_list) != world:
             raise _DistValueError("Argument ``object_gather_list`` must be specified on the "
-                             "destination rank with one entry per rank.")
+                                  "destination rank with one entry per rank.")
     elif object_gather_list is not None:
         raise _DistValueError("Argument ``object_gather_list`` must NOT be specified on "
-                         "non-destination ranks.")
+                              "non-destination ranks.")
     data = _to_bytes_tensor(obj)
     sizes = np.zeros(world, dtype=np.int64)
     all_gather_into_tensor(sizes, np.array([data.size], dtype=np.int64), group)
@@ -1123,7 +1123,7 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
         return
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
         raise _DistValueError("Expected argument scatter_object_output_list to be a list of size "
-                         "at least 1.")
+                              "at least 1.")
     if src is None and group_src is None:
         src = 0
     root = _canonical_rank(group, group_src, src, "src")
@@ -1132,7 +1132,7 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     if me == root:
         if scatter_object_input_list is None or len(scatter_object_input_list) != world:
             raise _DistValueError("Argument ``scatter_object_input_list`` must have one entry per "
-                             "rank on the source rank.")
+                                  "rank on the source rank.")
         blobs = [_to_bytes_tensor(o) for o in scatter_object_input_list]
         longest = np.array([max(b.size for b in blobs)], dtype=np.int64)
     else:
@@ -1214,4 +1214,3 @@ __all__ = [
 ]
 
 from ._C import DebugLevel, PrefixStore, get_debug_level  # noqa: E402,F401
-
