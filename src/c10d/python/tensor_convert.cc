@@ -24,7 +24,7 @@ std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("_
 struct ReleaseBuffer {
   void operator()(void* p) const {
     auto* buffer = static_cast<Py_buffer*>(p);
-    if (Py_IsInitialized()) {
+    if (interpreter_running()) {  // else the export is leaked with the interpreter
       py::gil_scoped_acquire gil;
       PyBuffer_Release(buffer);
     }
@@ -32,8 +32,8 @@ struct ReleaseBuffer {
   }
 };
 
-// ... and a tensor imported another way (DLPack, say) keeps the object it came from (a torch
-// tensor) next to the owner of its memory.
+// ... and a tensor to_tensor imported another way (DLPack, say) keeps the object it came from
+// (a torch tensor) next to the owner of its memory.
 struct PythonSource {
   std::shared_ptr<py::object> object;  // released under the GIL (hold_python)
   std::shared_ptr<void> memory;
@@ -118,7 +118,7 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
     } catch (py::error_already_set&) {
       throw e;
     }
-    return with_source(from_buffer(array, false, what), obj);
+    return from_buffer(array, false, what);
   }
   PyObject* raw = capsule.ptr();
   if (!PyCapsule_IsValid(raw, "dltensor")) {
@@ -128,13 +128,11 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(raw, "dltensor"));
   // Mark the capsule consumed: from here the tensor's owner calls the deleter.
   PyCapsule_SetName(raw, "used_dltensor");
-  core::Tensor t;
   try {
-    t = core::Tensor::from_dlpack(managed);
+    return core::Tensor::from_dlpack(managed);
   } catch (const core::InvalidArgument& e) {
     throw py::type_error(str_cat(what, ": ", e.what()));
   }
-  return with_source(t, obj);
 }
 
 core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
@@ -144,7 +142,8 @@ core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
   if (PyObject_CheckBuffer(obj.ptr()) && !py::isinstance<py::str>(obj)) {
     return from_buffer(obj, writable, what);
   }
-  if (py::hasattr(obj, "__dlpack__")) return from_dlpack_object(obj, what);
+  // The tensor keeps `obj` too, so that results hand the caller's object back (to_python).
+  if (py::hasattr(obj, "__dlpack__")) return with_source(from_dlpack_object(obj, what), obj);
   throw py::type_error(str_cat(what, ": expected a tensor (numpy array, buffer or object with "
                                      "__dlpack__), got ", type_name(obj)));
 }

@@ -18,7 +18,9 @@ namespace c10d::python {
 core::Tensor to_tensor(pybind11::handle obj, bool writable, std::string_view what);
 std::vector<core::Tensor> to_tensors(pybind11::handle seq, bool writable, std::string_view what);
 // The __dlpack__ half of to_tensor, for callers that know `obj` has no buffer protocol. A
-// tensor that requires grad (torch) is exported through detach().
+// tensor that requires grad (torch) is exported through detach(), and a dtype DLPack cannot
+// carry through the object's numpy() view. Unlike to_tensor, the result does not keep `obj`
+// (the inline path needs no result object and no extra allocation).
 core::Tensor from_dlpack_object(pybind11::handle obj, std::string_view what);
 
 // A Python view of a tensor's memory: a numpy array when the dtype exists in numpy, otherwise
