@@ -105,10 +105,18 @@ def _empty(like, shape):
     return np.empty(tuple(shape), dtype=np.asarray(like).dtype)
 
 
-def _clone(t):
-    """A C-contiguous copy of `t`, of its kind."""
+def _contiguous(t):
+    """`t` itself when C-contiguous, else a C-contiguous copy (for inputs only read)."""
     if _is_torch(t):
-        return t.detach().contiguous().clone()
+        return t.detach().contiguous()
+    return np.ascontiguousarray(t)
+
+
+def _clone(t):
+    """A C-contiguous copy of `t`, of its kind (for results computed in place)."""
+    if _is_torch(t):
+        c = t.detach().contiguous()
+        return c.clone() if c.data_ptr() == t.data_ptr() else c
     return np.array(t, copy=True, order="C")
 
 
@@ -155,7 +163,7 @@ def all_gather_tensor(self, gather_dim: int, group: RANK_TYPES, tag: str = ""):
     n = pg.size()
     shape = _shape(self) or [1]
     out = _empty(self, [shape[0] * n] + shape[1:])
-    _c10d.all_gather_into_tensor(out, _clone(self).reshape(shape), group=pg)
+    _c10d.all_gather_into_tensor(out, _contiguous(self).reshape(shape), group=pg)
     if gather_dim != 0 and n > 1:
         out = _move_dim_chunks(out, n, 0, gather_dim)
     return out
@@ -174,7 +182,7 @@ def reduce_scatter_tensor(self, reduceOp: str, scatter_dim: int, group: RANK_TYP
             f"be a multiple of the group size {n}")
     # Chunk j along scatter_dim goes to rank j: with the chunks stacked along dimension 0,
     # rank j's block of the flat input is that chunk, already in the output's shape.
-    flat = _clone(self) if scatter_dim == 0 else _move_dim_chunks(self, n, scatter_dim, 0)
+    flat = _contiguous(self) if scatter_dim == 0 else _move_dim_chunks(self, n, scatter_dim, 0)
     flat_shape = _shape(flat)
     out = _empty(self, [flat_shape[0] // n] + flat_shape[1:])
     _c10d.reduce_scatter_tensor(out, flat, op=_reduce_op(reduceOp), group=pg)
@@ -215,7 +223,7 @@ def all_to_all_single(self, output_split_sizes: Optional[List[int]],
         output_split_sizes = [shape[0] // n] * n
         input_split_sizes = output_split_sizes
     out = _empty(self, [sum(output_split_sizes)] + shape[1:])
-    _c10d.all_to_all_single(out, _clone(self).reshape(shape), list(output_split_sizes),
+    _c10d.all_to_all_single(out, _contiguous(self).reshape(shape), list(output_split_sizes),
                             list(input_split_sizes), group=pg)
     return out
 
@@ -231,7 +239,7 @@ def permute_tensor(self, src_dst: List[int], group: RANK_TYPES, tag: str = ""):
             in_splits[dst] = numel
         if dst == me:
             out_splits[src] = numel
-    flat = _clone(self).reshape(-1)
+    flat = _contiguous(self).reshape(-1)
     return all_to_all_single(flat, out_splits, in_splits, pg, tag).reshape(_shape(self))
 
 
