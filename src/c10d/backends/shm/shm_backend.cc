@@ -106,9 +106,16 @@ struct WaitPolicy {
   int64_t yield_ns;
 };
 
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+// How many ranks share a core when every rank runs on this host.
+size_t ranks_per_core(int size) {
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  return ceil_div(static_cast<size_t>(size), static_cast<size_t>(cores));
+}
+
 WaitPolicy wait_policy(int size) {
-  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-  if (size <= cores) return {200'000, 2'000'000};
+  if (ranks_per_core(size) <= 1) return {200'000, 2'000'000};
   return {500, 500'000};
 }
 
@@ -116,14 +123,6 @@ std::string join_ranks(const std::vector<int>& ranks) {
   std::string out;
   for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
   return out;
-}
-
-size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
-
-// How many ranks share a core when every rank runs on this host.
-size_t ranks_per_core(int size) {
-  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-  return ceil_div(static_cast<size_t>(size), static_cast<size_t>(cores));
 }
 
 // owner_computes' piece for tensors read through the kernel: kDirectPiece, shared by the ranks
