@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,8 +47,10 @@ def sizes(min_bytes: int, max_bytes: int, factor: int):
         s *= factor
 
 
-def iterations(size: int, scale: float) -> int:
-    return max(3, min(2000, int(scale * 64e6 / max(size, 64))))
+def iterations(size: int, scale: float, rounds: int = 1) -> int:
+    """Timed calls per size in one round; `rounds` rounds share what one round would make."""
+    total = max(3, min(2000, int(scale * 64e6 / max(size, 64))))
+    return max(3, -(-total // rounds))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +214,7 @@ def worker(args) -> int:
             count = max(size // dtype.itemsize, 1)
             try:
                 fn = impl.op(name, count, dtype)
-                iters = iterations(size, args.time_scale)
+                iters = iterations(size, args.time_scale, args.rounds)
                 for _ in range(max(2, iters // 10)):
                     fn()
                 impl.barrier()
@@ -243,7 +246,7 @@ def launch(impl: str, args, out_path: str) -> bool:
     common = [__file__, "--worker", "--impl", impl, "--out", out_path, "--backend", args.backend,
               "--ops", args.ops, "--min-bytes", str(args.min_bytes), "--max-bytes",
               str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype,
-              "--time-scale", str(args.time_scale)]
+              "--time-scale", str(args.time_scale), "--rounds", str(args.rounds)]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     if args.backend == "shm-zc":
         # Every size's buffers live in the shared heap (touched pages only use memory).
@@ -291,6 +294,22 @@ print(best * 1e6)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     return float(out.stdout.strip()) if out.returncode == 0 else float("nan")
+
+
+def median_of_rounds(rounds):
+    """One result per (op, bytes): the median of the rounds' times (those that ran), with
+    every round's time under "rounds_us"."""
+    merged = {}
+    for results in rounds:
+        for r in results:
+            row = merged.setdefault((r["op"], r["bytes"]), dict(r, rounds_us=[]))
+            row["rounds_us"].append(r["us"])
+    for row in merged.values():
+        times = sorted(us for us in row["rounds_us"] if us)
+        row["us"] = statistics.median(times) if times else None
+        if times:
+            row.pop("error", None)
+    return list(merged.values())
 
 
 def fmt_size(n: int) -> str:
@@ -370,6 +389,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="scales the iteration counts (lower = quicker, noisier)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every implementation this many times, interleaved, sharing the "
+                        "iterations of one run, and report the median per size")
     p.add_argument("--compare", action="store_true",
                    help="also run torch.distributed (gloo) and mpi4py when installed")
     p.add_argument("--plot", default=None, help="write a busbw-vs-size PNG here")
@@ -384,21 +406,28 @@ def main(argv=None) -> int:
 
     runs = [("c10d", b) for b in args.backend.split(",")]
     runs += [(peer, "gloo") for peer in (peers_available() if args.compare else [])]
-    all_results = {}
+    # Every implementation runs once per round, the rounds one after another, so that a slow
+    # spell of this shared machine (they last seconds to minutes) hits all of them alike
+    # instead of the one that happened to run then; each row is the median over the rounds.
+    per_round = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for impl, backend in runs:
-            label = f"c10d-{backend}" if impl == "c10d" else impl
-            out = os.path.join(tmp, label + ".json")
-            print(f"# running {label} on {args.nproc} ranks ...", file=sys.stderr, flush=True)
-            if launch(impl, argparse.Namespace(**dict(vars(args), backend=backend)), out):
-                with open(out) as f:
-                    all_results[label] = json.load(f)["results"]
-            else:
-                print(f"# {label} failed; left out of the table", file=sys.stderr)
+        for k in range(args.rounds):
+            for impl, backend in runs:
+                label = f"c10d-{backend}" if impl == "c10d" else impl
+                out = os.path.join(tmp, f"{label}.{k}.json")
+                print(f"# round {k + 1}/{args.rounds}: running {label} on {args.nproc} ranks ...",
+                      file=sys.stderr, flush=True)
+                if launch(impl, argparse.Namespace(**dict(vars(args), backend=backend)), out):
+                    with open(out) as f:
+                        per_round.setdefault(label, []).append(json.load(f)["results"])
+                else:
+                    print(f"# {label} failed in round {k + 1}", file=sys.stderr)
+    all_results = {label: median_of_rounds(rounds) for label, rounds in per_round.items()}
     if not all_results:
         return 1
-    print(f"# {args.nproc} ranks, dtype {args.dtype}, time per call (max over ranks), "
-          f"busbw as nccl-tests; 'vs X' = X's time / first column's (> 1: first is faster)")
+    print(f"# {args.nproc} ranks, dtype {args.dtype}, time per call (max over ranks; median of "
+          f"{args.rounds} interleaved round{'s' if args.rounds > 1 else ''}), busbw as "
+          f"nccl-tests; 'vs X' = X's time / first column's (> 1: first is faster)")
     print(report(all_results, args, args.nproc))
     print(f"# Python overhead of a sync c10d all_reduce of 4 B on 1 rank: "
           f"{python_overhead_us('shm'):.2f} us/call (shm: inline path), "
