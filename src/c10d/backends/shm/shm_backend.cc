@@ -828,14 +828,21 @@ class Engine {
   // A `small` one uses only its ring entry (slot(r, s, true)), last used kRingDepth steps
   // ago, so it waits only for peers that far behind: one-sided collectives run ahead. Every
   // rank opens a given step with the same `small`.
+  //
+  // all_reached_ remembers the lowest step the peers were seen at, which can be well past
+  // `need`: a root running ahead through the ring then reads the peers' step words once per
+  // few operations, not once per operation (each read is a cache miss, as peers write them).
   uint32_t next_step(bool small = false) {
     const uint32_t s = step_ + 1;
     const uint32_t need = small ? s - (kRingDepth - 1) : s - 1;
     if (!reached(all_reached_, need)) {
+      uint32_t lowest = s;
       for (int r = 0; r < size_; ++r) {
-        if (r != rank_) await_step(r, need);  // step `need` may be another operation's
+        if (r == rank_) continue;
+        const uint32_t seen = await_step(r, need);  // step `need` may be another operation's
+        if (!reached(seen, lowest)) lowest = seen;
       }
-      all_reached_ = need;
+      all_reached_ = lowest;
     }
     return s;
   }
@@ -877,20 +884,21 @@ class Engine {
     check_same_op(r, s);
   }
 
-  // Waits until peer r published step s (of whatever operation).
-  void await_step(int r, uint32_t s) {
+  // Waits until peer r published step s (of whatever operation); returns the step seen.
+  uint32_t await_step(int r, uint32_t s) {
     FutexWord& w = seg_.header(r)->step;
-    if (reached(w.value.load(std::memory_order_acquire), s)) return;
+    uint32_t seen = w.value.load(std::memory_order_acquire);
+    if (reached(seen, s)) return seen;
     const int64_t start = now_ns();
     for (uint32_t i = 1;; ++i) {
       cpu_relax();
-      if (reached(w.value.load(std::memory_order_acquire), s)) return;
+      if (reached(seen = w.value.load(std::memory_order_acquire), s)) return seen;
       if ((i & 63) == 0 && now_ns() - start > policy_.spin_ns) break;
     }
     int64_t last_check = now_ns();
     for (;;) {
       ::sched_yield();
-      if (reached(w.value.load(std::memory_order_acquire), s)) return;
+      if (reached(seen = w.value.load(std::memory_order_acquire), s)) return seen;
       const int64_t now = now_ns();
       if (now - start > policy_.yield_ns) break;
       if (now - last_check >= kCheckNs) {
@@ -903,7 +911,7 @@ class Engine {
       const uint32_t v = w.value.load(std::memory_order_seq_cst);
       if (!reached(v, s)) futex_wait(&w.value, v, kSleepNs);
       w.waiters.fetch_sub(1, std::memory_order_relaxed);
-      if (reached(w.value.load(std::memory_order_acquire), s)) return;
+      if (reached(seen = w.value.load(std::memory_order_acquire), s)) return seen;
       const int64_t now = now_ns();
       if (now - last_check >= kCheckNs) {
         last_check = now;
