@@ -135,6 +135,60 @@ def inline_all_reduce(dist, backend):
     assert seen == [pg._get_sequence_number_for_group()], seen
 
 
+def inline_numpy_arrays(dist, backend):
+    """numpy arrays on the inline path (read from the array's own fields when numpy's headers
+    were there at build time): every dtype, 0-d and empty arrays, and the arrays that must
+    take the buffer protocol instead (subclasses, dtype objects that are not numpy's own,
+    misaligned data) or fail as they would there."""
+    import pickle
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = world * (world + 1) // 2
+    for code in "bBhilqefdFD":
+        t = np.full((2, 2), rank + 1, np.dtype(code))
+        dist.all_reduce(t)
+        assert t.dtype == np.dtype(code) and (t == total).all(), (code, t)
+    flags = np.full(3, rank == 0, np.bool_)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    assert flags.all()
+    z, e = np.array(rank + 1.0), np.ones(0, np.float32)
+    dist.all_reduce(z)
+    dist.all_reduce(e)
+    assert z == total and e.shape == (0,)
+    # A dtype object of its own (unpickled), a subclass and misaligned data.
+    own = np.full(4, rank + 1, pickle.loads(pickle.dumps(np.dtype(np.float32))))
+    dist.all_reduce(own)
+    assert (own == total).all()
+
+    class Sub(np.ndarray):
+        pass
+
+    sub = np.full(4, rank + 1, np.float64).view(Sub)
+    dist.all_reduce(sub)
+    assert (sub == total).all()
+    raw = bytearray(4 * 5 + 1)
+    odd = np.frombuffer(raw, np.float32, count=5, offset=1)
+    assert not odd.flags.aligned
+    odd[...] = rank + 1
+    dist.all_reduce(odd)
+    assert (odd == total).all()
+    # Lists of arrays (gather, scatter) and an output/input pair.
+    gathered = [np.zeros(3, np.int32) for _ in range(world)] if rank == 0 else None
+    dist.gather(np.full(3, rank, np.int32), gathered, 0)
+    if rank == 0:
+        assert all((g == r).all() for r, g in enumerate(gathered))
+    out = np.zeros((world, 2), np.float64)
+    dist.all_gather_into_tensor(out, np.full(2, rank, np.float64))
+    assert (out == np.arange(world)[:, None]).all()
+    # What the buffer path rejects is rejected the same way.
+    _raises(TypeError, lambda: dist.all_reduce(np.ones(3, np.uint16)), "uint16")
+    _raises(TypeError, lambda: dist.all_reduce(np.ones(3, ">f4")), "big-endian float32")
+    ro = np.ones(4, np.float32)
+    ro.setflags(write=False)
+    _raises(ValueError, lambda: dist.broadcast(ro, 0), "read-only broadcast")
+    _raises(ValueError, lambda: dist.all_reduce(np.ones((4, 4), np.float32).T), "transposed")
+
+
 def all_reduce_errors(dist, backend):
     rank = dist.get_rank()
     for bad in [None, 3, "x", [1, 2]]:
