@@ -46,9 +46,12 @@ constexpr size_t kZeroCopyPiece = size_t{64} << 10;
 // between the ranks' own memory instead of through the slots: one copy per byte instead of two.
 constexpr size_t kDirectBytes = size_t{256} << 10;
 // Allreduce streams through the slots in cache-sized chunks, which beats the direct path up to
-// a few MiB; past that the direct path's smaller memory traffic wins. Per rank sharing a core:
-// with 4 ranks on 2 cores the slots still win at 4 MiB (1.5-1.9 ms against 1.7-2.7).
-constexpr size_t kDirectAllreduceBytes = size_t{4} << 20;
+// several MiB; past that the direct path's smaller memory traffic wins. 3 interleaved runs
+// each, slots against direct: 2 ranks, 4 MiB 305-327 us against 483-605, 8 MiB 0.9-1.2 ms
+// against 1.3-1.4, 16 MiB mixed, 32 MiB 6.7-7.6 ms against 4.5-10; 4 ranks on 2 cores, 4 MiB
+// 1.8-2.9 ms against 1.4-2.1 (both through the slots then: noise), 8 MiB 4.4-5.3 against
+// 4.0-4.9.
+constexpr size_t kDirectAllreduceBytes = size_t{8} << 20;
 // The pipelined allreduce's chunk: step k copies chunk k in and the reduced pieces of chunk
 // k - 1 out, so with smaller chunks the copies of one step stay in L2 and overlap the peers'.
 // At 2 ranks, 3 interleaved runs each: 512 KiB in 45-48 us with 256 KiB chunks against 71-103
@@ -229,8 +232,7 @@ class Engine {
         size_(seg_.size()),
         policy_(wait_policy(size_)),
         direct_piece_(direct_piece(size_)),
-        direct_allreduce_(kDirectAllreduceBytes * ranks_per_core(size_)),
-        direct_fanout_(ranks_per_core(size_) > 1 ? direct_allreduce_ : kDirectBytes) {}
+        direct_fanout_(ranks_per_core(size_) > 1 ? kDirectAllreduceBytes : kDirectBytes) {}
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -337,7 +339,7 @@ class Engine {
       // Owner computes on the tensors themselves when every rank's lies in its shared heap,
       // or, for large ones, through the kernel.
       const std::vector<Where>& where = locate(out, bytes);
-      if (all_mapped(where) || (seg_.cma() && bytes >= direct_allreduce_)) {
+      if (all_mapped(where) || (seg_.cma() && bytes >= kDirectAllreduceBytes)) {
         return owner_computes(where, out, count, dtype, op, premul);
       }
     }
@@ -962,7 +964,6 @@ class Engine {
   const int size_;
   const WaitPolicy policy_;
   const size_t direct_piece_;      // owner_computes' piece through the kernel
-  const size_t direct_allreduce_;  // allreduce goes direct from this size (with CMA)
   const size_t direct_fanout_;     // broadcast, gather, all_gather go direct from this size
   SharedWriter copy_shared;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
