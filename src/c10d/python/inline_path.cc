@@ -59,6 +59,7 @@ struct Buffer {
   }
 };
 
+#ifdef C10D_HAVE_NUMPY_HEADERS
 // numpy.ndarray and its built-in dtype objects (numpy keeps one per native type), filled by
 // make_inline_ops() when numpy is importable; the GIL guards them.
 struct NumpyTypes {
@@ -68,10 +69,10 @@ struct NumpyTypes {
 NumpyTypes g_numpy;
 
 void load_numpy_types() {
-#ifdef C10D_HAVE_NUMPY_HEADERS
   if (g_numpy.ndarray != nullptr) return;
   try {
     py::module_ np = py::module_::import("numpy");
+    NumpyTypes loaded;
     // Every type code that maps to a DType, the platform-sized integer ones included.
     for (const char* code : {"?", "b", "B", "h", "i", "l", "q", "e", "f", "d", "F", "D"}) {
       py::object dtype = np.attr("dtype")(code);
@@ -79,30 +80,29 @@ void load_numpy_types() {
       const auto itemsize = dtype.attr("itemsize").cast<size_t>();
       const std::string format = kind == "c" ? (itemsize == 8 ? "Zf" : "Zd") : code;
       if (const auto d = core::from_buffer_format(format, itemsize)) {
-        g_numpy.dtypes.emplace_back(dtype.release().ptr(), *d);
+        loaded.dtypes.emplace_back(dtype.release().ptr(), *d);
       }
     }
     py::object ndarray = np.attr("ndarray");
-    g_numpy.ndarray = reinterpret_cast<PyTypeObject*>(ndarray.release().ptr());
+    loaded.ndarray = reinterpret_cast<PyTypeObject*>(ndarray.release().ptr());
+    g_numpy = std::move(loaded);
   } catch (const py::error_already_set&) {
     // No numpy: every array goes through the buffer protocol.
   }
-#endif
 }
 
-#ifdef C10D_HAVE_NUMPY_HEADERS
 // A numpy array (exactly numpy.ndarray) read from its own fields: numpy's buffer export
 // rebuilds the format string on every call, about 0.13 us, more than the rest of an inline
-// call's argument handling. The same answers as the buffer path: false for arrays that are not
-// C-contiguous, aligned and (if asked) writable, or whose dtype object is not one of numpy's
-// built-in ones (those then take the buffer path).
+// call's argument handling. What it does not take goes on to the buffer path: arrays that
+// are not C-contiguous or not aligned, read-only ones where a writable one is needed, and
+// dtype objects other than numpy's built-in ones.
 bool dense_ndarray(PyObject* obj, bool writable, Buffer& buffer, DenseView& out) {
   auto* a = reinterpret_cast<PyArrayObject*>(obj);
   const int flags = PyArray_FLAGS(a);
   constexpr int kNeeded = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED;
   if ((flags & kNeeded) != kNeeded) return false;
-  // numpy may mark arrays it wants to warn about on write with a private flag: leave those to
-  // the buffer protocol, which raises numpy's own warning.
+  // numpy marks arrays it warns about on write with a private flag (the sign bit): leave those
+  // to the buffer protocol, which gives numpy's own warning.
   if (writable && ((flags & NPY_ARRAY_WRITEABLE) == 0 || flags < 0)) return false;
   const auto* descr = reinterpret_cast<PyObject*>(PyArray_DESCR(a));
   const core::DType* dtype = nullptr;
@@ -127,6 +127,8 @@ bool dense_ndarray(PyObject* obj, bool writable, Buffer& buffer, DenseView& out)
          .sizes = reinterpret_cast<const int64_t*>(dims)};
   return true;
 }
+#else
+void load_numpy_types() {}  // without numpy's headers every array takes the buffer protocol
 #endif
 
 // Describes an object with __dlpack__ when it imports as a C-contiguous tensor; false, with no
