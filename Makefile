@@ -5,7 +5,7 @@ BUILD ?= build
 PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 NPROC ?= 2
-BACKEND ?= shm,gloo
+BACKEND ?= shm,shm-zc,gloo
 CMAKE_FLAGS ?=
 
 .PHONY: all deps configure build test test-cpp test-python run demo bench fuzz fuzz-build fuzz-smoke clean
