@@ -58,6 +58,9 @@ constexpr size_t kDirectAllreduceBytes = size_t{8} << 20;
 // with 1 MiB (one chunk), 1 MiB in 85-148 against 153-266, 2 MiB in 160-269 against 260-305;
 // 128 KiB chunks were slower again. At 4 ranks no size got slower.
 constexpr size_t kPipelineChunk = size_t{256} << 10;
+// With more ranks than cores, broadcast, gather and all_gather go direct only from this size
+// (see Engine::direct_fanout).
+constexpr size_t kDirectFanoutBytes = size_t{8} << 20;
 static_assert(kPipelineChunk <= kSlotBytes);
 // A direct allreduce moves pieces this large per system call: large enough that the calls and
 // the kernel's page pinning are cheap per byte, small enough that the landing area and the
@@ -232,7 +235,7 @@ class Engine {
         size_(seg_.size()),
         policy_(wait_policy(size_)),
         direct_piece_(direct_piece(size_)),
-        direct_fanout_(ranks_per_core(size_) > 1 ? kDirectAllreduceBytes : kDirectBytes) {}
+        direct_fanout_(ranks_per_core(size_) > 1 ? kDirectFanoutBytes : kDirectBytes) {}
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -593,9 +596,9 @@ class Engine {
     core::apply_postdiv(out, count, dtype, op, size_);
   }
 
-  // Chunks of kPipelineChunk bytes: at step k every rank copies in chunk k and, after the barrier,
-  // copies out the reduced pieces of chunk k-1 and reduces its own piece of chunk k into its
-  // out area of the next parity. One barrier per chunk. A rank's own piece stays out of the
+  // Chunks of kPipelineChunk bytes: at step k every rank copies in chunk k and, after the
+  // barrier, copies out the reduced pieces of chunk k-1 and reduces its own piece of chunk k
+  // into its out area of the next parity. One barrier per chunk. A rank's own piece stays out of the
   // slots: it reduces it straight from its input into its output (and then publishes it in
   // its out area), so only the peers' pieces are copied in and out. With PREMUL_SUM, whose
   // scaling is applied to the slot copies, every piece goes through the slots.
