@@ -305,7 +305,7 @@ def median_of_rounds(rounds):
             row = merged.setdefault((r["op"], r["bytes"]), dict(r, rounds_us=[]))
             row["rounds_us"].append(r["us"])
     for row in merged.values():
-        times = sorted(us for us in row["rounds_us"] if us)
+        times = [us for us in row["rounds_us"] if us]
         row["us"] = statistics.median(times) if times else None
         if times:
             row.pop("error", None)
