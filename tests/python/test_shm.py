@@ -129,6 +129,88 @@ def test_ranks_running_different_collectives_fail_instead_of_mixing_data():
     _all_ok(_run("mismatch", 2, timeout=40, pg_timeout=10))
 
 
+def _thread_ranks(world, body):
+    """Runs body(rank, inline_ops) for every rank of one shm group whose ranks are threads of
+    this process, and returns what each returned; the first error is raised."""
+    import threading
+
+    import c10d
+
+    store = c10d.HashStore()
+    results, errors = [None] * world, []
+
+    def rank_main(rank):
+        try:
+            timeout = timedelta(seconds=20)
+            pg = c10d.ProcessGroup(store, rank, world, "shm", timeout)
+            pg._register_backend("cpu", "shm",
+                                 c10d._C.ProcessGroupShm(store, rank, world, timeout))
+            results[rank] = body(rank, pg._inline_ops())
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a rank thread is still running after 60 s"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_small_collectives_of_ranks_that_are_threads_of_one_process_complete():
+    # Small inline collectives keep the GIL until they would wait. A rank that waits for a peer
+    # living in the same process must let go of it then, or the peer could never arrive.
+    def body(rank, ops):
+        t = np.zeros(4, np.float32)
+        for i in range(300):
+            t[:] = rank + i
+            assert ops["allreduce"](t, c10d_sum())
+            np.testing.assert_array_equal(t, 2 * i + 1)
+        return True
+
+    assert _thread_ranks(2, body) == [True, True]
+
+
+def test_a_small_collective_waiting_for_a_late_peer_lets_other_threads_run():
+    import threading
+
+    ticks = [0]
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    def body(rank, ops):
+        t = np.ones(1, np.float32)
+        if rank == 1:
+            time.sleep(0.5)  # rank 0 waits ~0.5 s inside the collective
+            return ops["allreduce"](t, c10d_sum())
+        threading.Thread(target=ticker, daemon=True).start()
+        before = ticks[0]
+        assert ops["allreduce"](t, c10d_sum())
+        during = ticks[0] - before
+        stop.set()
+        assert t[0] == 2
+        return during
+
+    during = _thread_ranks(2, body)[0]
+    # Without the GIL released, the ticker (and rank 1's sleep/return) would stall; with it,
+    # the ticker runs throughout the ~0.5 s wait (at most 500 ticks; a loaded machine gives
+    # fewer, but far more than the handful a held GIL allows at its 5 ms switch interval).
+    assert during >= 20, during
+
+
+def c10d_sum():
+    import c10d
+
+    return c10d.ReduceOp.SUM
+
+
 # ---------------------------------------------------------------------------------------------
 # Worker cases (one process per rank)
 

@@ -15,8 +15,10 @@ inline constexpr Millis kNoTimeout{0};
 
 class Deadline {
  public:
-  explicit Deadline(Millis timeout)
-      : infinite_(timeout <= Millis::zero()), at_(Clock::now() + timeout) {}
+  explicit Deadline(Millis timeout) : Deadline(timeout, Clock::now()) {}
+  // Counting from `start` instead of now (a clock read the caller already made).
+  Deadline(Millis timeout, Clock::time_point start)
+      : infinite_(timeout <= Millis::zero()), at_(start + timeout) {}
 
   bool infinite() const { return infinite_; }
   bool expired() const { return !infinite_ && Clock::now() >= at_; }

@@ -117,6 +117,8 @@ class Backend {
   // The inline fast path: a synchronous collective run to completion on the calling thread
   // without creating a Work; errors are thrown. A backend that can run an operation kind this
   // way cheaply says so through has_inline(); ProcessGroup calls run_inline() only then.
+  // The caller may still hold the GIL: run_inline() calls core::before_blocking() before
+  // anything that can wait for long (a peer, a queue, a lock another thread holds).
   virtual bool has_inline(core::OpType /*type*/) const { return false; }
   virtual void run_inline(const InlineOp& op);
 

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "c10d/core/blocking.h"
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 #include "c10d/store/store.h"
@@ -235,11 +236,9 @@ void FlightRecorder::close_group(TraceGroup& group) {
   group.closing = true;
 }
 
-FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
-  if (id == 0 || capacity_ == 0) return nullptr;
-  const size_t slot = (id - 1) % capacity_;
-  if (slot >= ring_.size() || ring_[slot].id != id) return nullptr;
-  return &ring_[slot];
+FlightRecorder::Entry* FlightRecorder::find(const TraceHandle& handle) {
+  if (!handle || handle.slot >= ring_.size() || ring_[handle.slot].id != handle.id) return nullptr;
+  return &ring_[handle.slot];
 }
 
 TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, const TraceOp& op,
@@ -258,18 +257,25 @@ TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, con
   ++g.in_flight;
   ++in_flight_;
 
-  const size_t slot = (handle.id - 1) % capacity_;
-  if (slot == ring_.size()) ring_.emplace_back();  // warm-up: the ring fills in id order
-  Entry& e = ring_[slot];
+  handle.slot = next_slot_;
+  if (++next_slot_ == capacity_) next_slot_ = 0;
+  if (handle.slot == ring_.size()) ring_.emplace_back();  // warm-up: the ring fills in id order
+  Entry& e = ring_[handle.slot];
   e.id = handle.id;
-  e.group = group;
+  if (e.group != group) e.group = group;  // a slot mostly holds the same group again
   e.op = op.op;
   e.seq = handle.seq;
   e.pg_seq = op.pg_seq;
   e.p2p = handle.p2p;
   e.peer = op.peer;
   describe(op.inputs, e.input_dims, e.input_sizes, e.input_dtypes);
-  describe(op.outputs, e.output_dims, e.output_sizes, e.output_dtypes);
+  if (op.outputs == op.inputs) {  // in place: the same shapes (assignment keeps capacity)
+    e.output_dims = e.input_dims;
+    e.output_sizes = e.input_sizes;
+    e.output_dtypes = e.input_dtypes;
+  } else {
+    describe(op.outputs, e.output_dims, e.output_sizes, e.output_dtypes);
+  }
   e.state = started ? State::kStarted : State::kScheduled;
   e.error.clear();
   e.time_enqueued_ns = now;
@@ -286,7 +292,7 @@ void FlightRecorder::record_started(const TraceHandle& handle) {
   TraceGroup& g = *handle.group;
   uint64_t& last = handle.p2p ? g.last_started_p2p : g.last_started;
   last = std::max(last, handle.seq);
-  if (Entry* e = find(handle.id); e != nullptr && e->state == State::kScheduled) {
+  if (Entry* e = find(handle); e != nullptr && e->state == State::kScheduled) {
     e->state = State::kStarted;
     e->time_started_ns = now;
   }
@@ -306,7 +312,7 @@ void FlightRecorder::record_finished(const TraceHandle& handle, std::exception_p
     last = std::max(last, handle.seq);
     --g.in_flight;
     --in_flight_;
-    Entry* e = find(handle.id);
+    Entry* e = find(handle);
     if (e != nullptr) {
       e->state = error ? State::kFailed : State::kCompleted;
       e->time_completed_ns = now;
@@ -326,6 +332,7 @@ void FlightRecorder::record_finished(const TraceHandle& handle, std::exception_p
 
 bool FlightRecorder::auto_dump(const std::string& reason, bool publish) {
   if (auto_dumped_.exchange(true)) return false;
+  core::before_blocking();  // files and stores: a caller holding the GIL lets go of it first
   try {
     dump_to_file(reason);
   } catch (const std::exception& e) {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "c10d/core/blocking.h"
 #include "c10d/core/dtype.h"
 #include "c10d/core/reduce_op.h"
 #include "c10d/pg/process_group.h"
@@ -245,18 +246,37 @@ bool check_nargs(Py_ssize_t nargs, Py_ssize_t expected, const char* name) {
   return false;
 }
 
-// Runs `op` with the GIL released: True if it ran, False if the inline path did not apply,
-// NULL with the Python error set if it failed.
+// Up to this many bytes in all, an operation keeps the GIL until it would block (see
+// core/blocking.h): releasing and retaking it costs ~40 ns, a tenth of a small collective.
+// Larger ones release it at once, as their copies alone take microseconds.
+constexpr size_t kKeepGilBytes = size_t{16} << 10;
+
+size_t total_bytes(const InlineOp& op) {
+  size_t bytes = op.input.nbytes() + op.output.nbytes();
+  for (size_t i = 0; i < op.list_size; ++i) bytes += op.list[i].nbytes();
+  return bytes;
+}
+
+void release_gil(void* saved) {
+  *static_cast<PyThreadState**>(saved) = PyEval_SaveThread();
+}
+
+// Runs `op` without holding the GIL while it waits: True if it ran, False if the inline path
+// did not apply, NULL with the Python error set if it failed.
 PyObject* run(InlineState& state, const InlineOp& op) {
   bool done = false;
   std::exception_ptr error;
-  PyThreadState* thread = PyEval_SaveThread();
-  try {
-    done = state.group->run_inline(op);
-  } catch (...) {
-    error = std::current_exception();
+  PyThreadState* saved = nullptr;
+  {
+    core::BlockingNoticeScope notice(release_gil, &saved);
+    if (total_bytes(op) > kKeepGilBytes) core::before_blocking();
+    try {
+      done = state.group->run_inline(op);
+    } catch (...) {
+      error = std::current_exception();
+    }
   }
-  PyEval_RestoreThread(thread);
+  if (saved != nullptr) PyEval_RestoreThread(saved);
   if (error) {
     set_python_error(error);
     return nullptr;
