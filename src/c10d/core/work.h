@@ -99,8 +99,9 @@ class Work {
   OpType op_type() const { return op_; }
   const std::string& description() const { return description_; }
   bool is_completed() const { return future_->completed(); }
-  // Completed without an error.
-  bool is_success() const { return future_->completed() && !future_->has_error(); }
+  // No error so far: true while pending too, as in torch (whose is_success() only reports
+  // whether an exception was recorded); is_completed() says whether it finished.
+  bool is_success() const { return !future_->has_error(); }
   std::exception_ptr exception() const { return future_->error(); }
   // The sender of a receive (the actual one for a receive from any source).
   int source_rank() const;

@@ -299,24 +299,45 @@ TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
       std::vector<Tensor> bts{bt};
       b.broadcast(bts, bo)->wait();
       expect_same(bt, filled(n, DType::kFloat32, 2), "broadcast" + mode);
-      // Uneven alltoall of 0.4-1.2 MB per pair.
+      // Scatter and gather of 9 MiB per rank: past their direct thresholds (4 and 8 MiB).
+      pg::ScatterOptions so;
+      so.root_rank = 1;
+      std::vector<std::vector<Tensor>> parts(1);
+      if (rank == 1) {
+        for (int r = 0; r < 3; ++r) parts[0].push_back(filled(n, DType::kFloat32, r, 7));
+      }
+      std::vector<Tensor> mine{Tensor::empty({n}, DType::kFloat32)};
+      b.scatter(mine, parts, so)->wait();
+      expect_same(mine[0], filled(n, DType::kFloat32, rank, 7), "scatter" + mode);
+      pg::GatherOptions go;
+      go.root_rank = 0;
+      std::vector<std::vector<Tensor>> gathered(1);
+      if (rank == 0) {
+        for (int r = 0; r < 3; ++r) gathered[0].push_back(Tensor::empty({n}, DType::kFloat32));
+      }
+      b.gather(gathered, mine, go)->wait();
+      for (int r = 0; r < 3 && rank == 0; ++r) {
+        expect_same(gathered[0][r], filled(n, DType::kFloat32, r, 7), "gather" + mode);
+      }
+      // Uneven alltoall of 1.6-4.8 MB per pair: the largest past the direct threshold (4 MiB).
+      constexpr int64_t kRows = 200000;
       std::vector<int64_t> in_splits, out_splits;
       int64_t in_rows = 0;
       for (int j = 0; j < 3; ++j) {
-        in_splits.push_back((j + 1) * 50000);
-        in_rows += (j + 1) * 50000;
-        out_splits.push_back((rank + 1) * 50000);
+        in_splits.push_back((j + 1) * kRows);
+        in_rows += (j + 1) * kRows;
+        out_splits.push_back((rank + 1) * kRows);
       }
       Tensor in = Tensor::empty({in_rows}, DType::kInt64);
       int64_t at = 0;
       for (int j = 0; j < 3; ++j) {
         for (int64_t i = 0; i < in_splits[j]; ++i) in.data_as<int64_t>()[at++] = 1000 * rank + j;
       }
-      Tensor out = Tensor::empty({(rank + 1) * 50000 * 3}, DType::kInt64);
+      Tensor out = Tensor::empty({(rank + 1) * kRows * 3}, DType::kInt64);
       b.alltoall_base(out, in, out_splits, in_splits, {})->wait();
       for (int j = 0; j < 3; ++j) {
-        for (int64_t i = 0; i < (rank + 1) * 50000; ++i) {
-          ASSERT_EQ(out.data_as<int64_t>()[j * (rank + 1) * 50000 + i], 1000 * j + rank) << mode;
+        for (int64_t i = 0; i < (rank + 1) * kRows; ++i) {
+          ASSERT_EQ(out.data_as<int64_t>()[j * (rank + 1) * kRows + i], 1000 * j + rank) << mode;
         }
       }
     });

@@ -43,9 +43,14 @@ constexpr size_t kOneShotBytes = size_t{32} << 10;
 // Owner-computes on shared-heap tensors works in pieces this large, so the reduced piece is
 // still in cache when it is copied to the peers.
 constexpr size_t kZeroCopyPiece = size_t{64} << 10;
-// From this size on, and when the kernel allows it (Segment::cma), collectives copy straight
-// between the ranks' own memory instead of through the slots: one copy per byte instead of two.
-constexpr size_t kDirectBytes = size_t{256} << 10;
+// From this size on (a scatter's part, an alltoall's largest part), and when the kernel allows
+// it (Segment::cma), scatter and alltoall copy straight between the ranks' own memory instead
+// of through the slots: one copy per byte instead of two, but every call pins the pages. On an
+// AMD EPYC guest (2 MiB L2, 32 MiB L3) the slots win up to a few MiB. Min of 7 timings, 2 runs
+// each, slots against direct: 2 ranks, scatter of 1 MiB 57 us against 79, 4 MiB 250 against
+// 212; alltoall of 1 MiB 32 against 57, 8 MiB 366-372 against 204-407; 4 ranks on 2 cores,
+// scatter of 256 KiB 43-48 against 53-58, 4 MiB 887-908 against 616-775.
+constexpr size_t kDirectBytes = size_t{4} << 20;
 // Allreduce streams through the slots in cache-sized chunks, which beats the direct path up to
 // several MiB; past that the direct path's smaller memory traffic wins. 3 interleaved runs
 // each, slots against direct: 2 ranks, 4 MiB 305-327 us against 483-605, 8 MiB 0.9-1.2 ms
@@ -59,8 +64,7 @@ constexpr size_t kDirectAllreduceBytes = size_t{8} << 20;
 // with 1 MiB (one chunk), 1 MiB in 85-148 against 153-266, 2 MiB in 160-269 against 260-305;
 // 128 KiB chunks were slower again. At 4 ranks no size got slower.
 constexpr size_t kPipelineChunk = size_t{256} << 10;
-// With more ranks than cores, broadcast, gather and all_gather go direct only from this size
-// (see Engine::direct_fanout).
+// Broadcast, gather and all_gather go direct only from this size (see Engine::direct_fanout).
 constexpr size_t kDirectFanoutBytes = size_t{8} << 20;
 static_assert(kPipelineChunk <= kSlotBytes);
 // A direct allreduce moves pieces this large per system call: large enough that the calls and
@@ -239,8 +243,7 @@ class Engine {
         rank_(seg_.rank()),
         size_(seg_.size()),
         policy_(wait_policy(size_)),
-        direct_piece_(direct_piece(size_)),
-        direct_fanout_(ranks_per_core(size_) > 1 ? kDirectFanoutBytes : kDirectBytes) {}
+        direct_piece_(direct_piece(size_)) {}
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -666,12 +669,15 @@ class Engine {
   // Whether a message of `bytes` goes straight between the ranks' memory (the same answer on
   // every rank).
   bool direct(size_t bytes) const { return seg_.cma() && bytes >= kDirectBytes; }
-  // The same for broadcast, gather and all_gather. With more ranks than cores their slot path
-  // (one-sided for broadcast and gather) beats the direct one, whose final wait needs every
-  // rank to run, up to a few MiB: at 4 ranks on 2 cores, gather of 256 KiB per rank took
-  // 80-90 us against 150-190 direct (1 MiB per rank: 350-460 against 730-760), broadcast of
-  // 1 MiB 190-250 against 315-400 (3 runs each).
-  bool direct_fanout(size_t bytes) const { return seg_.cma() && bytes >= direct_fanout_; }
+  // The same for broadcast, gather and all_gather, whose slot path (one-sided for broadcast
+  // and gather) beats the direct one, whose final wait needs every rank to run, up to several
+  // MiB. At 4 ranks on 2 cores, gather of 256 KiB per rank took 80-90 us against 150-190
+  // direct (1 MiB per rank: 350-460 against 730-760), broadcast of 1 MiB 190-250 against
+  // 315-400 (3 runs each). At 2 ranks (min of 7 timings, 2 runs): gather of 2 MiB per rank
+  // 92-133 us against 180-185, broadcast of 2 MiB 81-132 against 144-149, all_gather of
+  // 2 MiB 134-175 against 210-212; at 8 MiB broadcast 339-529 against 317-325, the others
+  // even.
+  bool direct_fanout(size_t bytes) const { return seg_.cma() && bytes >= kDirectFanoutBytes; }
 
   // Where rank r's buffer of an operation is: mapped here (it lies in r's shared heap) or
   // only at an address in r's own address space.
@@ -988,7 +994,6 @@ class Engine {
   const int size_;
   const WaitPolicy policy_;
   const size_t direct_piece_;      // owner_computes' piece through the kernel
-  const size_t direct_fanout_;     // broadcast, gather, all_gather go direct from this size
   SharedWriter copy_shared;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
