@@ -283,7 +283,7 @@ TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
     run_ranks(3, [cma = cma, stream = stream](int rank, ShmBackend& b) {
       const std::string mode =
           std::string(" C10D_SHM_CMA=") + cma + " C10D_SHM_STREAM=" + stream;
-      // Past the direct allreduce threshold (8 MiB).
+      // Past the direct allreduce threshold when ranks outnumber cores (8 MiB; 3 ranks here).
       const int64_t n = (int64_t{9} << 20) / 4 + 5;
       for (const ReduceOp& op : {ReduceOp(ReduceOp::SUM), ReduceOp::premul_sum(0.5)}) {
         Tensor t = filled(n, DType::kFloat32, rank);

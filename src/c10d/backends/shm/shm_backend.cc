@@ -52,12 +52,14 @@ constexpr size_t kZeroCopyPiece = size_t{64} << 10;
 // scatter of 256 KiB 43-48 against 53-58, 4 MiB 887-908 against 616-775.
 constexpr size_t kDirectBytes = size_t{4} << 20;
 // Allreduce streams through the slots in cache-sized chunks, which beats the direct path up to
-// several MiB; past that the direct path's smaller memory traffic wins. 3 interleaved runs
-// each, slots against direct: 2 ranks, 4 MiB 305-327 us against 483-605, 8 MiB 0.9-1.2 ms
-// against 1.3-1.4, 16 MiB mixed, 32 MiB 6.7-7.6 ms against 4.5-10; 4 ranks on 2 cores, 4 MiB
-// 1.8-2.9 ms against 1.4-2.1 (both through the slots then: noise), 8 MiB 4.4-5.3 against
-// 4.0-4.9.
-constexpr size_t kDirectAllreduceBytes = size_t{8} << 20;
+// tens of MiB while every rank has a core; past that the direct path's smaller memory traffic
+// wins. Slots against direct, 2 ranks (min of 7 timings, 2 runs): 8 MiB 337 us against
+// 422-553, 16 MiB 823-840 against 1149-1551, 32 MiB 2.21-2.23 ms against 2.58-2.90, 64 MiB
+// 5.20-5.33 against 5.49-5.82 (even, so direct from there). With more ranks than cores the
+// direct path wins from 8 MiB: 4 ranks, 32 MiB 6.3-8.4 ms against 5.7-7.0, 64 MiB 13.4-16.2
+// against 10.7-12.9.
+constexpr size_t kDirectAllreduceBytes = size_t{64} << 20;
+constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{8} << 20;
 // The pipelined allreduce's chunk: step k copies chunk k in and the reduced pieces of chunk
 // k - 1 out, so with smaller chunks the copies of one step stay in L2 and overlap the peers'.
 // At 2 ranks, 3 interleaved runs each: 512 KiB in 45-48 us with 256 KiB chunks against 71-103
@@ -243,7 +245,9 @@ class Engine {
         rank_(seg_.rank()),
         size_(seg_.size()),
         policy_(wait_policy(size_)),
-        direct_piece_(direct_piece(size_)) {}
+        direct_piece_(direct_piece(size_)),
+        direct_allreduce_(ranks_per_core(size_) > 1 ? kDirectAllreduceSharedCoreBytes
+                                                    : kDirectAllreduceBytes) {}
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -350,7 +354,7 @@ class Engine {
       // Owner computes on the tensors themselves when every rank's lies in its shared heap,
       // or, for large ones, through the kernel.
       const std::vector<Where>& where = locate(out, bytes);
-      if (all_mapped(where) || (seg_.cma() && bytes >= kDirectAllreduceBytes)) {
+      if (all_mapped(where) || (seg_.cma() && bytes >= direct_allreduce_)) {
         return owner_computes(where, out, count, dtype, op, premul);
       }
     }
@@ -994,6 +998,7 @@ class Engine {
   const int size_;
   const WaitPolicy policy_;
   const size_t direct_piece_;      // owner_computes' piece through the kernel
+  const size_t direct_allreduce_;  // allreduce of ordinary tensors goes direct from this size
   SharedWriter copy_shared;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
