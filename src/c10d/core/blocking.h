@@ -9,8 +9,8 @@ namespace c10d::core {
 
 using BlockingNotice = void (*)(void* context);
 
-// Installs `notice` for this thread until the returned scope ends (the previous one, if any,
-// comes back then). A notice that has fired stays spent.
+// Installs `notice` for this thread for the scope's lifetime (the previous one, if any, comes
+// back when it ends). A notice that has fired stays spent.
 class BlockingNoticeScope {
  public:
   BlockingNoticeScope(BlockingNotice notice, void* context);

@@ -236,9 +236,11 @@ void FlightRecorder::close_group(TraceGroup& group) {
   group.closing = true;
 }
 
-FlightRecorder::Entry* FlightRecorder::find(const TraceHandle& handle) {
-  if (!handle || handle.slot >= ring_.size() || ring_[handle.slot].id != handle.id) return nullptr;
-  return &ring_[handle.slot];
+FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
+  if (id == 0 || capacity_ == 0) return nullptr;
+  const size_t slot = (id - 1) % capacity_;
+  if (slot >= ring_.size() || ring_[slot].id != id) return nullptr;
+  return &ring_[slot];
 }
 
 TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, const TraceOp& op,
@@ -257,12 +259,11 @@ TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, con
   ++g.in_flight;
   ++in_flight_;
 
-  handle.slot = next_slot_;
-  if (++next_slot_ == capacity_) next_slot_ = 0;
-  if (handle.slot == ring_.size()) ring_.emplace_back();  // warm-up: the ring fills in id order
-  Entry& e = ring_[handle.slot];
+  const size_t slot = (handle.id - 1) % capacity_;
+  if (slot == ring_.size()) ring_.emplace_back();  // warm-up: the ring fills in id order
+  Entry& e = ring_[slot];
   e.id = handle.id;
-  if (e.group != group) e.group = group;  // a slot mostly holds the same group again
+  e.group = group;
   e.op = op.op;
   e.seq = handle.seq;
   e.pg_seq = op.pg_seq;
@@ -292,7 +293,7 @@ void FlightRecorder::record_started(const TraceHandle& handle) {
   TraceGroup& g = *handle.group;
   uint64_t& last = handle.p2p ? g.last_started_p2p : g.last_started;
   last = std::max(last, handle.seq);
-  if (Entry* e = find(handle); e != nullptr && e->state == State::kScheduled) {
+  if (Entry* e = find(handle.id); e != nullptr && e->state == State::kScheduled) {
     e->state = State::kStarted;
     e->time_started_ns = now;
   }
@@ -312,7 +313,7 @@ void FlightRecorder::record_finished(const TraceHandle& handle, std::exception_p
     last = std::max(last, handle.seq);
     --g.in_flight;
     --in_flight_;
-    Entry* e = find(handle);
+    Entry* e = find(handle.id);
     if (e != nullptr) {
       e->state = error ? State::kFailed : State::kCompleted;
       e->time_completed_ns = now;

@@ -121,7 +121,6 @@ struct TraceGroup {
 struct TraceHandle {
   uint64_t id = 0;
   uint64_t seq = 0;
-  size_t slot = 0;  // where in the ring the record is (unless overwritten since)
   bool p2p = false;
   std::shared_ptr<TraceGroup> group;
   explicit operator bool() const { return id != 0; }
@@ -198,7 +197,7 @@ class FlightRecorder {
  private:
   struct Entry;
 
-  Entry* find(const TraceHandle& handle);  // expects mutex_ held
+  Entry* find(uint64_t id);  // expects mutex_ held
   int dump_rank_locked() const;  // expects mutex_ held
   std::string dump_json_locked(bool include_completed, bool only_active,
                                const std::string& reason, int indent) const;  // mutex_ held
@@ -211,7 +210,6 @@ class FlightRecorder {
   mutable std::mutex mutex_;
   std::vector<Entry> ring_;                          // guarded by mutex_; grows to capacity_
   uint64_t next_id_ = 1;                             // guarded by mutex_
-  size_t next_slot_ = 0;  // guarded by mutex_; (next_id_ - 1) % capacity_, kept without a division
   uint64_t next_group_uid_ = 1;                      // guarded by mutex_
   std::vector<std::weak_ptr<TraceGroup>> groups_;    // guarded by mutex_, registration order
   int64_t in_flight_ = 0;                            // guarded by mutex_
