@@ -48,6 +48,10 @@ class _ArgumentError(_DistValueError, AssertionError):
     """A bad argument. Also an AssertionError where torch uses assert."""
 
 
+class _EmptyListError(_DistValueError, IndexError):
+    """An empty list where one entry is needed. Also an IndexError, which torch raises there."""
+
+
 # --------------------------------------------------------------------------------------------
 # Backend names and configuration
 
@@ -1006,6 +1010,8 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise _DistValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
                               "``c10d.P2POp``.")
+    if not p2p_op_list:
+        raise _EmptyListError("batch_isend_irecv needs at least one P2POp")
     groups = {id(p.group) for p in p2p_op_list}
     if len(groups) > 1:
         raise _DistValueError("All ops need to use the same group.")

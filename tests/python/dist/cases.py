@@ -417,6 +417,9 @@ def p2p_torch_conformance(dist, backend):
     for w in works:
         w.wait()
     assert (got == prv).all()
+    # An empty list raises where torch does (IndexError), with a message.
+    _raises(IndexError, lambda: dist.batch_isend_irecv([]), "empty batch_isend_irecv")
+    _raises(ValueError, lambda: dist.batch_isend_irecv([]), "empty batch_isend_irecv")
     # Group [1, 2]: group rank 0 is global rank 1.
     g = dist.new_group([1, 2])
     buf = np.zeros(1, np.int64)
