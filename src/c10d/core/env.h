@@ -59,8 +59,7 @@ struct EnvVar {
     "the shared slots.")                                                                      \
   X(kEnvShmStream, "C10D_SHM_STREAM", "auto",                                                 \
     "How the shm backend writes large blocks into the shared slots: 1 = non-temporal stores, " \
-    "0 = plain stores, auto = plain while they are fast, streaming while the readers' caches " \
-    "make them slow (timed as it runs).")
+    "0 = plain stores, auto = whichever makes whole operations faster (timed as it runs).")
 
 #define C10D_DECLARE_ENV(id, name, def, doc) inline constexpr EnvVar id{name, def, doc};
 C10D_ENV_VARS(C10D_DECLARE_ENV)

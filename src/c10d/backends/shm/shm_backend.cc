@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstring>
 #include <optional>
 #include <utility>
 
+#include "c10d/backends/shm/mode_probe.h"
 #include "c10d/backends/shm/segment.h"
 #include "c10d/core/blocking.h"
 #include "c10d/core/copy.h"
@@ -159,62 +161,60 @@ void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n);
 
 // Copies into memory that peers read after every write: the slots and the p2p channels.
 //
-// A plain store to such a line first takes it back from the reader's cache. On this project's
-// machines (KVM guests) that flips between cheap and 5-7x the copy itself every few seconds,
-// most likely as the host moves the vCPUs between core complexes: 512 KiB took 16 us one
-// moment and 60-120 us the next. Streaming stores (core::stream_bytes) cost the same
-// in both placements, about 45 us, and make the reader fetch from memory. So large copies are
-// timed: plain copies slower than kSlowBytesPerNs switch this writer to streaming stores,
-// and every kReprobeNs it tries plain ones again.
-// C10D_SHM_STREAM=0/1 fixes the choice.
+// Plain stores first take each line back from the reader's cache. On this project's KVM
+// guests that is cheap most of the time and, for seconds at a time (most likely while the
+// host runs the vCPUs on different core complexes), several times the copy itself: allreduce
+// of 1 MiB at 2 ranks on an EPYC Zen 4 guest took 98-116 us with plain stores against
+// 123-175 with streaming (non-temporal) ones, and 612-673 against 130-175 in the slow
+// periods. The writer's own timing cannot tell the two apart (streaming copies always look
+// 3-7x faster to it, as the readers pay for them), so with C10D_SHM_STREAM=auto whole
+// operations are timed (begin_op/end_op) and a ModeProbe per type of operation keeps
+// whichever mode ran them faster, probing again every 50 ms. A writer without
+// begin_op/end_op (the p2p channels) keeps plain stores. C10D_SHM_STREAM=0/1 fixes the choice.
 class SharedWriter {
  public:
   SharedWriter() {
-    const std::string mode = core::env_string(core::kEnvShmStream);
-    if (mode == "auto") return;
-    fixed_ = true;
-    streaming_ = core::env_bool(core::kEnvShmStream);
+    if (core::env_string(core::kEnvShmStream) == "auto") {
+      adaptive_ = true;
+    } else {
+      streaming_ = core::env_bool(core::kEnvShmStream);
+    }
   }
 
   void operator()(void* dst, const void* src, size_t n) {
-    if (n < kTimedBytes) return core::copy_bytes(dst, src, n);
-    if (fixed_) {
-      return streaming_ ? core::stream_bytes(dst, src, n) : core::copy_bytes(dst, src, n);
+    if (adaptive_ && n >= kTimedBytes) {
+      if (op_bytes_ == 0) op_start_ = now_ns();
+      op_bytes_ += n;
     }
-    const int64_t start = now_ns();
-    if (streaming_) {
-      if (start < reprobe_at_) return core::stream_bytes(dst, src, n);
-      streaming_ = false;  // try plain stores again
-      unjudged_ = kWarmCopies;
-    }
+    if (streaming_) return core::stream_bytes(dst, src, n);
     core::copy_bytes(dst, src, n);
-    const int64_t took = now_ns() - start;
-    if (unjudged_ > 0) {
-      --unjudged_;
-      return;
-    }
-    const bool slow = static_cast<double>(n) < kSlowBytesPerNs * static_cast<double>(took);
-    slow_run_ = slow ? slow_run_ + 1 : 0;
-    if (slow_run_ < kSlowRun) return;
-    streaming_ = true;
-    reprobe_at_ = start + kReprobeNs;
-    slow_run_ = 0;
+  }
+
+  // Operations of each type are probed on their own: which stores suit them can differ.
+  void begin_op(OpType type) {
+    op_bytes_ = 0;
+    probe_ = &probes_[std::min(static_cast<size_t>(type), probes_.size() - 1)];
+    if (adaptive_) streaming_ = probe_->mode();
+  }
+
+  // The operation that wrote through this writer since begin_op completed.
+  void end_op() {
+    if (!adaptive_ || op_bytes_ < kJudgedBytes) return;
+    const int64_t now = now_ns();
+    probe_->record(static_cast<double>(now - op_start_) / static_cast<double>(op_bytes_), now,
+                   op_bytes_);
   }
 
  private:
   static constexpr size_t kTimedBytes = size_t{32} << 10;
-  static constexpr double kSlowBytesPerNs = 12.0;  // 12 GB/s; in-cache copies run at ~30
-  static constexpr int64_t kReprobeNs = 20'000'000;
-  // Plain copies after streaming ones are slow whatever the placement (the lines come back
-  // from memory and out of the reader's cache), so the first few are not judged...
-  static constexpr int kWarmCopies = 8;
-  // ... and one slow copy (a preemption, a cold source) does not switch.
-  static constexpr int kSlowRun = 3;
-  bool fixed_ = false;
+  static constexpr size_t kJudgedBytes = size_t{256} << 10;  // smaller ones are mostly overhead
+  bool adaptive_ = false;
   bool streaming_ = false;
-  int64_t reprobe_at_ = 0;
-  int unjudged_ = 0;
-  int slow_run_ = 0;
+  size_t op_bytes_ = 0;
+  int64_t op_start_ = 0;
+  // Mode true: streaming. One per OpType (kUnknown last).
+  std::array<ModeProbe, static_cast<size_t>(OpType::kUnknown) + 1> probes_;
+  ModeProbe* probe_ = &probes_.back();
 };
 
 // Elements per piece when `count` elements are split across `size` owners, rounded up to a
@@ -273,7 +273,11 @@ class Engine {
           str_cat(describe(), ": the backend is unusable after an earlier failure: ", broken));
     }
     if (aborted.load()) throw DistBackendError(str_cat(describe(), ": the backend was shut down"));
+    copy_shared.begin_op(type);
   }
+
+  // The operation begun last completed.
+  void end() { copy_shared.end_op(); }
 
   std::string describe() const {
     return str_cat("shm ", name_, " (sequence ", seq_, ", rank ", rank_, " of ", size_, ")");
@@ -316,11 +320,12 @@ class Engine {
         return;
       }
     }
-    // One-sided: the root publishes and moves on; the others wait only for the root.
+    // One-sided: the root publishes and moves on; the others wait only for the root. Large
+    // tensors go in chunks, so the root writes one while the others read the one before.
     const bool small = fits_ring(bytes);
-    for (size_t off = 0; off < bytes; off += kSlotBytes) {
-      const size_t len = std::min(kSlotBytes, bytes - off);
-      const uint32_t s = next_step(small);
+    for (size_t off = 0; off < bytes; off += kPipelineChunk) {
+      const size_t len = std::min(kPipelineChunk, bytes - off);
+      const uint32_t s = next_step(small, true);
       if (rank_ == root) {
         copy_shared(slot(rank_, s, small), data + off, len);
       } else {
@@ -406,9 +411,9 @@ class Engine {
       return allgather(in, bytes, [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
     }
     const bool small = fits_ring(bytes);
-    for (size_t off = 0; off < bytes; off += kSlotBytes) {
-      const size_t len = std::min(kSlotBytes, bytes - off);
-      const uint32_t s = next_step(small);
+    for (size_t off = 0; off < bytes; off += kPipelineChunk) {
+      const size_t len = std::min(kPipelineChunk, bytes - off);
+      const uint32_t s = next_step(small, true);
       if (rank_ != root) {
         copy_shared(slot(rank_, s, small), in + off, len);
       } else {
@@ -852,6 +857,9 @@ class Engine {
 
   // Opens the next step. A step that uses the parity slots (the default) waits until every
   // peer published the previous step, so nobody still reads those slots from two steps ago.
+  // A `one_sided` one, whose readers finish reading before they publish it (broadcast, gather,
+  // scatter), needs only the step two back published when that step was one-sided too: then a
+  // writer fills chunk k + 1 while its readers still copy out chunk k.
   // A `small` one uses only its ring entry (slot(r, s, true)), last used kRingDepth steps
   // ago, so it waits only for peers that far behind: one-sided collectives run ahead. Every
   // rank opens a given step with the same `small`.
@@ -859,9 +867,15 @@ class Engine {
   // all_reached_ remembers the lowest step the peers were seen at, which can be well past
   // `need`: a root running ahead through the ring then reads the peers' step words once per
   // few operations, not once per operation (each read is a cache miss, as peers write them).
-  uint32_t next_step(bool small = false) {
+  uint32_t next_step(bool small = false, bool one_sided = false) {
     const uint32_t s = step_ + 1;
-    const uint32_t need = small ? s - (kRingDepth - 1) : s - 1;
+    uint32_t need = s - 1;
+    if (small) {
+      need = s - (kRingDepth - 1);
+    } else if (one_sided && (two_sided_ & 2) == 0) {
+      need = s - 2;
+    }
+    two_sided_ = ((two_sided_ << 1) | (small || one_sided ? 0 : 1)) & 3;
     if (!reached(all_reached_, need)) {
       uint32_t lowest = s;
       for (int r = 0; r < size_; ++r) {
@@ -1002,6 +1016,9 @@ class Engine {
   SharedWriter copy_shared;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
+  // Whether the parity slots were read after their step was published (not one-sided):
+  // bit 0 for the last step opened, bit 1 for the one before (next_step).
+  uint32_t two_sided_ = 3;
   // Per-operation buffers kept between operations, so that collectives do not allocate.
   std::vector<char> scratch_;  // owner_computes' landing area for pieces read through the kernel
   std::vector<Where> where_;   // locate()
@@ -1521,6 +1538,7 @@ void ShmBackend::run_task(Engine& engine, Task& task) noexcept {
     try {
       engine.begin(task.name, task.type, task.seq, task.timeout);
       task.body(engine);
+      engine.end();
     } catch (...) {
       error = std::current_exception();
     }
@@ -1732,6 +1750,7 @@ void ShmBackend::run_inline(const pg::InlineOp& op) {
   }
   engine_->begin(name, op.type, seq, effective_timeout(op.timeout));
   run_inline_op(*engine_, op);
+  engine_->end();
 }
 
 WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {

@@ -1,0 +1,95 @@
+#include "c10d/backends/shm/mode_probe.h"
+
+#include <gtest/gtest.h>
+
+namespace c10d::backends::shm {
+namespace {
+
+// Runs operations costing cost_of(mode) each, one ns apart, and returns the modes they ran in.
+template <typename Cost>
+std::vector<bool> run(ModeProbe& probe, int ops, Cost cost_of, int64_t& now) {
+  std::vector<bool> modes;
+  for (int i = 0; i < ops; ++i) {
+    modes.push_back(probe.mode());
+    probe.record(cost_of(probe.mode()), ++now);
+  }
+  return modes;
+}
+
+ModeProbe::Config quick() { return {/*samples=*/3, /*hold_ops=*/10, /*hold_ns=*/0}; }
+
+TEST(ModeProbe, SwitchesToTheFasterModeAndHoldsIt) {
+  ModeProbe probe(quick());
+  int64_t now = 0;
+  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  // Three timed in the first mode, then four in the other (the first not judged).
+  EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true}));
+  EXPECT_TRUE(probe.mode());
+  modes = run(probe, 10, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  EXPECT_EQ(modes, std::vector<bool>(10, true));
+}
+
+TEST(ModeProbe, ReturnsWhenTheTrialLoses) {
+  ModeProbe probe(quick());
+  int64_t now = 0;
+  run(probe, 7, [](bool m) { return m ? 3.0 : 2.0; }, now);
+  EXPECT_FALSE(probe.mode());
+  // A tie keeps the held mode too.
+  ModeProbe tie(quick());
+  run(tie, 7, [](bool) { return 1.0; }, now);
+  EXPECT_FALSE(tie.mode());
+}
+
+TEST(ModeProbe, TheFirstOperationAfterASwitchIsNotJudged) {
+  ModeProbe probe(quick());
+  int64_t now = 0;
+  int trial_ops = 0;
+  run(probe, 7, [&](bool m) {
+    if (!m) return 2.0;
+    return ++trial_ops == 1 ? 0.5 : 3.0;  // only the unjudged one is cheap
+  }, now);
+  EXPECT_FALSE(probe.mode());
+}
+
+TEST(ModeProbe, ProbesAgainAfterTheHoldAndFollowsAChange) {
+  ModeProbe probe(quick());
+  int64_t now = 0;
+  run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  ASSERT_TRUE(probe.mode());
+  // Now the first mode is the faster one: after the hold (10 operations) the next probe
+  // (3 in the held mode, 4 in the other) finds it.
+  auto modes = run(probe, 17, [](bool m) { return m ? 2.0 : 1.0; }, now);
+  EXPECT_EQ(std::count(modes.begin(), modes.begin() + 13, true), 13);
+  EXPECT_FALSE(probe.mode());
+}
+
+TEST(ModeProbe, HoldsForAtLeastItsTime) {
+  ModeProbe probe({3, 2, /*hold_ns=*/1000});
+  int64_t now = 0;
+  run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  ASSERT_TRUE(probe.mode());
+  // Far more operations than hold_ops, all within hold_ns: no probe, so no switch.
+  auto modes = run(probe, 500, [](bool m) { return m ? 2.0 : 1.0; }, now);
+  EXPECT_EQ(modes, std::vector<bool>(500, true));
+  now += 1000;
+  run(probe, 8, [](bool m) { return m ? 2.0 : 1.0; }, now);
+  EXPECT_FALSE(probe.mode());
+}
+
+TEST(ModeProbe, AnotherKindOfOperationRestartsTheProbe) {
+  ModeProbe probe(quick());
+  int64_t now = 0;
+  // Baseline on kind 1 (cost 2), then the trial's operations are of kind 2, cheap in either
+  // mode: they must not be compared with kind 1's baseline.
+  for (int i = 0; i < 3; ++i) probe.record(2.0, ++now, 1);
+  ASSERT_TRUE(probe.mode());
+  probe.record(0.1, ++now, 2);  // restarts: back to the held mode, a new baseline
+  EXPECT_FALSE(probe.mode());
+  for (int i = 0; i < 2; ++i) probe.record(0.1, ++now, 2);
+  ASSERT_TRUE(probe.mode());  // kind 2's trial
+  for (int i = 0; i < 4; ++i) probe.record(0.2, ++now, 2);
+  EXPECT_FALSE(probe.mode());  // the trial lost on kind 2's own terms
+}
+
+}  // namespace
+}  // namespace c10d::backends::shm
