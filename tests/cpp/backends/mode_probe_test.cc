@@ -16,7 +16,7 @@ std::vector<bool> run(ModeProbe& probe, int ops, Cost cost_of, int64_t& now) {
   return modes;
 }
 
-ModeProbe::Config quick() { return {/*samples=*/3, /*hold_ops=*/10, /*hold_ns=*/0}; }
+ModeProbe::Config quick() { return {/*samples=*/3, /*hold_ops=*/10, /*hold_ns=*/0, /*first=*/0}; }
 
 TEST(ModeProbe, SwitchesToTheFasterModeAndHoldsIt) {
   ModeProbe probe(quick());
@@ -64,7 +64,7 @@ TEST(ModeProbe, ProbesAgainAfterTheHoldAndFollowsAChange) {
 }
 
 TEST(ModeProbe, HoldsForAtLeastItsTime) {
-  ModeProbe probe({3, 2, /*hold_ns=*/1000});
+  ModeProbe probe({3, 2, /*hold_ns=*/1000, 0});
   int64_t now = 0;
   run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
   ASSERT_TRUE(probe.mode());
@@ -73,6 +73,46 @@ TEST(ModeProbe, HoldsForAtLeastItsTime) {
   EXPECT_EQ(modes, std::vector<bool>(500, true));
   now += 1000;
   run(probe, 8, [](bool m) { return m ? 2.0 : 1.0; }, now);
+  EXPECT_FALSE(probe.mode());
+}
+
+TEST(ModeProbe, HeldOperationsNeedNoClockUntilTheHoldMayEnd) {
+  ModeProbe probe({3, 10, /*hold_ns=*/1000, 0});
+  int64_t now = 0;
+  run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  ASSERT_TRUE(probe.mode());
+  // Nine untimed operations, then the tenth is timed to see whether the hold is over.
+  for (int i = 0; i < 9; ++i) {
+    ASSERT_FALSE(probe.wants_time()) << i;
+    probe.skip();
+  }
+  ASSERT_TRUE(probe.wants_time());
+  probe.record(2.0, ++now);  // too early: another nine untimed
+  EXPECT_FALSE(probe.wants_time());
+  for (int i = 0; i < 9; ++i) probe.skip();
+  ASSERT_TRUE(probe.wants_time());
+  now += 1000;
+  probe.record(2.0, now);  // the hold is over: every operation of the probe is timed
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(probe.wants_time()) << i;
+    probe.record(probe.mode() ? 2.0 : 1.0, ++now);
+  }
+  EXPECT_FALSE(probe.mode());
+  EXPECT_FALSE(probe.wants_time());
+}
+
+TEST(ModeProbe, TheFirstOperationsOfAKindAreNotJudged) {
+  ModeProbe probe({3, 10, 0, /*first_hold_ops=*/8});
+  int64_t now = 0;
+  // Cold first operations in the held mode must not make the other mode look faster.
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_FALSE(probe.wants_time()) << i;
+    probe.skip();
+  }
+  ASSERT_TRUE(probe.wants_time());
+  probe.record(50.0, ++now);  // the eighth ends the first hold
+  auto modes = run(probe, 7, [](bool m) { return m ? 2.0 : 1.0; }, now);
+  EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true}));
   EXPECT_FALSE(probe.mode());
 }
 

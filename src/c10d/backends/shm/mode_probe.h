@@ -14,16 +14,30 @@ class ModeProbe {
   // Operations of every kind are compared per unit of work (e.g. ns per byte), so the
   // caller reports `cost` already divided by the work done.
   struct Config {
-    int samples = 3;           // operations timed in each mode per probe
-    int hold_ops = 64;         // operations between probes, at least ...
-    int64_t hold_ns = 50'000'000;  // ... and at least this long
+    int samples = 3;                // operations timed in each mode per probe
+    int hold_ops = 64;              // operations between probes, at least ...
+    int64_t hold_ns = 50'000'000;   // ... and at least this long
+    int first_hold_ops = 8;         // before the first probe: the first operations of a kind
+                                    // pay for cold caches and first touches in either mode
   };
 
   ModeProbe() : ModeProbe(Config{}) {}
-  explicit ModeProbe(Config config) : config_(config) {}
+  explicit ModeProbe(Config config)
+      : config_(config),
+        phase_(config.first_hold_ops > 0 ? Phase::kHold : Phase::kBaseline),
+        hold_ops_(config.first_hold_ops) {}
 
   // The mode the next operation runs in: false or true.
   bool mode() const { return mode_; }
+
+  // Whether the next operation must be timed: a probe runs, or the hold may be over (then
+  // record() looks at the clock). Other operations are reported with skip().
+  bool wants_time() const {
+    return phase_ != Phase::kHold || count_ + 1 >= hold_ops_;
+  }
+
+  // An operation ran in the held mode without being timed.
+  void skip() { ++count_; }
 
   // One operation of kind `key` ran in mode() at `cost` per unit of work and ended at `now_ns`.
   void record(double cost, int64_t now_ns, uint64_t key = 0) {
@@ -37,7 +51,11 @@ class ModeProbe {
     key_ = key;
     switch (phase_) {
       case Phase::kHold:
-        if (++count_ < config_.hold_ops || now_ns < probe_at_) return;
+        if (++count_ < hold_ops_) return;
+        if (now_ns < probe_at_) {  // look again after another hold_ops operations
+          count_ = 0;
+          return;
+        }
         phase_ = Phase::kBaseline;
         count_ = 0;
         best_[0] = best_[1] = kNone;
@@ -57,6 +75,7 @@ class ModeProbe {
         if (!(best_[1] < best_[0])) mode_ = !mode_;  // the trial lost: back
         phase_ = Phase::kHold;
         count_ = 0;
+        hold_ops_ = config_.hold_ops;
         probe_at_ = now_ns + config_.hold_ns;
         return;
     }
@@ -67,7 +86,8 @@ class ModeProbe {
   static constexpr double kNone = 1e300;
   Config config_;
   bool mode_ = false;
-  Phase phase_ = Phase::kBaseline;  // the first probe starts at once
+  Phase phase_;
+  int hold_ops_;  // this hold's length in operations
   int count_ = 0;
   int64_t probe_at_ = 0;
   uint64_t key_ = 0;

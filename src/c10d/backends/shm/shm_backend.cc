@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <climits>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -162,15 +164,21 @@ void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n);
 // Copies into memory that peers read after every write: the slots and the p2p channels.
 //
 // Plain stores first take each line back from the reader's cache. On this project's KVM
-// guests that is cheap most of the time and, for seconds at a time (most likely while the
-// host runs the vCPUs on different core complexes), several times the copy itself: allreduce
-// of 1 MiB at 2 ranks on an EPYC Zen 4 guest took 98-116 us with plain stores against
-// 123-175 with streaming (non-temporal) ones, and 612-673 against 130-175 in the slow
-// periods. The writer's own timing cannot tell the two apart (streaming copies always look
-// 3-7x faster to it, as the readers pay for them), so with C10D_SHM_STREAM=auto whole
-// operations are timed (begin_op/end_op) and a ModeProbe per type of operation keeps
-// whichever mode ran them faster, probing again every 50 ms. A writer without
-// begin_op/end_op (the p2p channels) keeps plain stores. C10D_SHM_STREAM=0/1 fixes the choice.
+// guests that is cheap most of the time and, for seconds at a time (while the host runs the
+// two vCPUs on different core complexes: a cache line's round trip then takes ~300 ns instead
+// of ~65), several times the copy itself. Writing n bytes and having a peer read them
+// (EPYC Zen 4 guest, plain against streaming stores): 4 KiB 0.5 us against 1.4 in the fast
+// placement, 2.4 against 1.5 in the slow one; 256 KiB 44 against 27, and 170 against 30;
+// 1 MiB 100 against 115, and 480-660 against 90-120. The writer's own timing cannot choose
+// (streaming copies always look 3-7x faster to it, as the readers pay for them), so with
+// C10D_SHM_STREAM=auto whole operations are timed: a ModeProbe per type of operation and
+// size class (select) keeps whichever mode ran them faster, probing again every 50 ms; only
+// the probes read the clock. The writers of one-sided operations (a broadcast's root, a
+// gather's senders) return before their readers finish, so their probes lean to streaming:
+// in the fast placement a gather of 4 KiB then takes 1.6 us against 1.1 with plain stores,
+// which cost 5x in the slow placement (5 launches each, medians; broadcast of 1 MiB: 87 us
+// auto, 141 plain, 82 streaming). A writer without begin_op/select/end_op (the p2p channels) keeps plain stores.
+// C10D_SHM_STREAM=0/1 fixes the choice.
 class SharedWriter {
  public:
   SharedWriter() {
@@ -182,39 +190,55 @@ class SharedWriter {
   }
 
   void operator()(void* dst, const void* src, size_t n) {
-    if (adaptive_ && n >= kTimedBytes) {
-      if (op_bytes_ == 0) op_start_ = now_ns();
-      op_bytes_ += n;
-    }
+    written_ += n;
     if (streaming_) return core::stream_bytes(dst, src, n);
     core::copy_bytes(dst, src, n);
   }
 
-  // Operations of each type are probed on their own: which stores suit them can differ.
   void begin_op(OpType type) {
-    op_bytes_ = 0;
-    probe_ = &probes_[std::min(static_cast<size_t>(type), probes_.size() - 1)];
-    if (adaptive_) streaming_ = probe_->mode();
+    written_ = 0;
+    type_ = type;
+    probe_ = nullptr;
   }
 
-  // The operation that wrote through this writer since begin_op completed.
+  // The operation moves `bytes` per rank: its type and size class choose the probe.
+  void select(size_t bytes) {
+    if (!adaptive_) return;
+    probe_ = nullptr;
+    streaming_ = false;
+    if (bytes < kProbedBytes) return;  // streaming would not change them (core::stream_bytes)
+    const size_t size_class =
+        std::min<size_t>(kSizeClasses - 1, (std::bit_width(bytes) - std::bit_width(kProbedBytes)) / 2);
+    const size_t type = std::min(static_cast<size_t>(type_), kTypes - 1);
+    probe_ = &probes_[type * kSizeClasses + size_class];
+    bytes_ = bytes;
+    streaming_ = probe_->mode();
+    timed_ = probe_->wants_time();
+    if (timed_) start_ = now_ns();
+  }
+
+  // The operation begun last completed (not called when it failed).
   void end_op() {
-    if (!adaptive_ || op_bytes_ < kJudgedBytes) return;
+    if (probe_ == nullptr || written_ < kProbedBytes) return;
+    if (!timed_) return probe_->skip();
     const int64_t now = now_ns();
-    probe_->record(static_cast<double>(now - op_start_) / static_cast<double>(op_bytes_), now,
-                   op_bytes_);
+    probe_->record(static_cast<double>(now - start_) / static_cast<double>(written_), now, bytes_);
   }
 
  private:
-  static constexpr size_t kTimedBytes = size_t{32} << 10;
-  static constexpr size_t kJudgedBytes = size_t{256} << 10;  // smaller ones are mostly overhead
+  static constexpr size_t kProbedBytes = size_t{4} << 10;
+  // Size classes by powers of 4 from 4 KiB: [4, 16) KiB ... [1, 4) MiB, 4 MiB and up.
+  static constexpr size_t kSizeClasses = 6;
+  static constexpr size_t kTypes = static_cast<size_t>(OpType::kUnknown) + 1;
   bool adaptive_ = false;
   bool streaming_ = false;
-  size_t op_bytes_ = 0;
-  int64_t op_start_ = 0;
-  // Mode true: streaming. One per OpType (kUnknown last).
-  std::array<ModeProbe, static_cast<size_t>(OpType::kUnknown) + 1> probes_;
-  ModeProbe* probe_ = &probes_.back();
+  bool timed_ = false;
+  OpType type_ = OpType::kUnknown;
+  size_t written_ = 0;
+  size_t bytes_ = 0;
+  int64_t start_ = 0;
+  ModeProbe* probe_ = nullptr;
+  std::array<ModeProbe, kTypes * kSizeClasses> probes_;  // mode true: streaming
 };
 
 // Elements per piece when `count` elements are split across `size` owners, rounded up to a
@@ -531,6 +555,7 @@ class Engine {
     // With the sizes go the send addresses, for the direct path, and small parts themselves:
     // a rank whose parts all fit `small` writes them too, and when every rank did (each sees
     // all sizes) this step is the whole exchange.
+    copy_shared.select(std::accumulate(send_len.begin(), send_len.end(), size_t{0}));
     const bool addresses = seg_.cma() && 2 * size_ <= kMaxRanks;
     const size_t quota = kSlotBytes / size_ / kLine * kLine;
     const size_t small = std::min(quota, kOneShotBytes);
@@ -542,7 +567,7 @@ class Engine {
     }
     if (*std::max_element(send_len.begin(), send_len.end()) <= small) {
       for (int j = 0; j < size_; ++j) {
-        if (j != rank_) copy(seg_.in(rank_, s) + j * quota, send[j], send_len[j]);
+        if (j != rank_) copy_shared(seg_.in(rank_, s) + j * quota, send[j], send_len[j]);
       }
     }
     sync(s);
@@ -603,7 +628,7 @@ class Engine {
     const bool small = fits_ring(bytes);
     const uint32_t s = next_step(small);
     char* mine = slot(rank_, s, small);
-    copy(mine, in, bytes);
+    copy_shared(mine, in, bytes);
     if (premul) core::apply_premul(mine, count, dtype, op);
     if (out == nullptr) return finish_step(s);  // reduce: only the root waits
     sync(s);
@@ -809,6 +834,7 @@ class Engine {
     described_.root = root;
     described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : StepDescription::kNoReduce;
     op_ = signature(described_);
+    copy_shared.select(dtype ? count * core::element_size(*dtype) : count);
   }
 
   // 32 bits for the step word: the OpType and a 24-bit hash of everything else.
