@@ -116,6 +116,49 @@ TEST(ModeProbe, TheFirstOperationsOfAKindAreNotJudged) {
   EXPECT_FALSE(probe.mode());
 }
 
+TEST(ModeProbe, TriesEveryModeAndKeepsTheFastest) {
+  ModeProbe probe({3, 10, 0, 0}, 4);
+  int64_t now = 0;
+  const double cost[4] = {4.0, 3.0, 1.0, 2.0};
+  std::vector<int> modes;
+  for (int i = 0; i < 3 + 3 * 4; ++i) {
+    modes.push_back(probe.mode());
+    probe.record(cost[probe.mode()], ++now);
+  }
+  // Three in the held mode, then four in each other mode (the first not judged).
+  EXPECT_EQ(modes, (std::vector<int>{0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3}));
+  EXPECT_EQ(probe.mode(), 2);
+  // The next probe starts from mode 2 and visits 0, 1 and 3.
+  modes.clear();
+  for (int i = 0; i < 10 + 3 + 3 * 4; ++i) {
+    modes.push_back(probe.mode());
+    probe.record(cost[probe.mode()], ++now);
+  }
+  EXPECT_EQ(std::vector<int>(modes.begin() + 10, modes.end()),
+            (std::vector<int>{2, 2, 2, 0, 0, 0, 0, 1, 1, 1, 1, 3, 3, 3, 3}));
+  EXPECT_EQ(probe.mode(), 2);
+}
+
+TEST(ModeProbe, CostsGoToTheModeAnOperationRanIn) {
+  // A caller that follows mode() one operation late (as ranks agreeing on a mode do): every
+  // cost must count for the mode the operation really ran in.
+  ModeProbe probe({3, 10, 0, 0}, 2);
+  int64_t now = 0;
+  int ran = probe.mode();
+  for (int i = 0; i < 7; ++i) {
+    probe.record(ran == 1 ? 1.0 : 2.0, ++now, 0, ran);
+    ran = probe.mode() == 1 && i >= 3 ? 1 : 0;  // late by one
+  }
+  EXPECT_EQ(probe.mode(), 1);
+  // Costs reported for the held mode during the other's visit do not make it look faster.
+  ModeProbe other({3, 10, 0, 0}, 2);
+  for (int i = 0; i < 3; ++i) other.record(2.0, ++now, 0, 0);
+  ASSERT_EQ(other.mode(), 1);
+  other.record(5.0, ++now, 0, 0);  // still the old mode: 5.0 is mode 0's cost
+  for (int i = 0; i < 3; ++i) other.record(3.0, ++now, 0, 1);
+  EXPECT_EQ(other.mode(), 0);  // mode 1 (3.0) lost to mode 0's best (2.0)
+}
+
 TEST(ModeProbe, AnotherKindOfOperationRestartsTheProbe) {
   ModeProbe probe(quick());
   int64_t now = 0;

@@ -346,6 +346,30 @@ TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
   ::unsetenv("C10D_SHM_STREAM");
 }
 
+// With C10D_SHM_STREAM=auto and a core per rank, repeated allreduces of one size are probed
+// in every mode: plain and streaming stores, and (rank 0 proposing, every rank following one
+// operation later) 256 KiB and 1 MiB chunks. Every result must stay exact throughout, also when
+// the size, and so the probe, changes.
+TEST(ShmBackend, ProbedModesKeepResultsExact) {
+  ::setenv("C10D_SHM_STREAM", "auto", 1);
+  run_ranks(2, [](int rank, ShmBackend& b) {
+    // 400 KB, 1.2 MB and 2.4 MB + 12 bytes: one, two and three size classes, all chunked.
+    for (const int64_t n : {int64_t{100000}, int64_t{300000}, int64_t{600003}}) {
+      const Tensor want = expected_reduce(n, DType::kFloat32, 2, ReduceOp::SUM);
+      const Tensor mine = filled(n, DType::kFloat32, rank);
+      // 8 held, 3 in the held mode, 4 in each of the 3 others, and some to spare.
+      for (int i = 0; i < 32; ++i) {
+        Tensor t = Tensor::empty({n}, DType::kFloat32);
+        std::memcpy(t.data(), mine.data(), mine.nbytes());
+        std::vector<Tensor> ts{t};
+        b.allreduce(ts, {})->wait();
+        expect_same(t, want, "allreduce n=" + std::to_string(n) + " #" + std::to_string(i));
+      }
+    }
+  });
+  ::unsetenv("C10D_SHM_STREAM");
+}
+
 // Small alltoalls finish in the step that exchanges the sizes; one large part anywhere sends
 // everyone through the rounds. Sizes the receiver does not expect fail on that rank after the
 // exchange, in both cases, and the group stays usable.

@@ -1,16 +1,19 @@
-// ModeProbe: picks the faster of two ways to run repeated operations by timing whole
-// operations in each, again and again, since which one wins can change while a job runs.
-// A probe compares operations of one kind (`key`, e.g. a size): one of another kind in the
-// middle of a probe starts it again from that operation.
+// ModeProbe: picks the fastest of a few ways (modes) to run repeated operations by timing
+// whole operations in each, again and again, since which one wins can change while a job
+// runs. A probe compares operations of one kind (`key`, e.g. a size): one of another kind in
+// the middle of a probe starts it again from that operation.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 
 namespace c10d::backends::shm {
 
 class ModeProbe {
  public:
+  static constexpr int kMaxModes = 4;
+
   // Operations of every kind are compared per unit of work (e.g. ns per byte), so the
   // caller reports `cost` already divided by the work done.
   struct Config {
@@ -18,80 +21,83 @@ class ModeProbe {
     int hold_ops = 64;              // operations between probes, at least ...
     int64_t hold_ns = 50'000'000;   // ... and at least this long
     int first_hold_ops = 8;         // before the first probe: the first operations of a kind
-                                    // pay for cold caches and first touches in either mode
+                                    // pay for cold caches and first touches in any mode
   };
 
   ModeProbe() : ModeProbe(Config{}) {}
-  explicit ModeProbe(Config config)
-      : config_(config),
-        phase_(config.first_hold_ops > 0 ? Phase::kHold : Phase::kBaseline),
-        hold_ops_(config.first_hold_ops) {}
+  explicit ModeProbe(Config config, int modes = 2)
+      : config_(config), modes_(std::clamp(modes, 1, kMaxModes)) {
+    hold_ops_ = config.first_hold_ops;
+    if (hold_ops_ <= 0) start_probe();
+  }
 
-  // The mode the next operation runs in: false or true.
-  bool mode() const { return mode_; }
+  int modes() const { return modes_; }
+
+  // The mode the next operation should run in, 0 to modes() - 1.
+  int mode() const { return mode_; }
 
   // Whether the next operation must be timed: a probe runs, or the hold may be over (then
   // record() looks at the clock). Other operations are reported with skip().
-  bool wants_time() const {
-    return phase_ != Phase::kHold || count_ + 1 >= hold_ops_;
-  }
+  bool wants_time() const { return probing_ || count_ + 1 >= hold_ops_; }
 
   // An operation ran in the held mode without being timed.
   void skip() { ++count_; }
 
-  // One operation of kind `key` ran in mode() at `cost` per unit of work and ended at `now_ns`.
-  void record(double cost, int64_t now_ns, uint64_t key = 0) {
-    const bool starting = phase_ == Phase::kBaseline && count_ == 0;
-    if (phase_ != Phase::kHold && !starting && key != key_) {
-      if (phase_ == Phase::kTrial) mode_ = !mode_;  // back to the held mode
-      phase_ = Phase::kBaseline;
-      count_ = 0;
-      best_[0] = best_[1] = kNone;
-    }
+  // One operation of kind `key` ran in mode `ran` (mode() unless the caller could not follow
+  // it at once) at `cost` per unit of work and ended at `now_ns`.
+  void record(double cost, int64_t now_ns, uint64_t key = 0, int ran = -1) {
+    if (ran < 0 || ran >= modes_) ran = mode_;
+    // The first operation after a change of mode pays for the switch (e.g. cache lines left
+    // where the old mode put them), so it is not judged.
+    const bool switched = ran != last_ran_;
+    last_ran_ = ran;
+    if (probing_ && (visit_ > 0 || count_ > 0) && key != key_) start_probe();
     key_ = key;
-    switch (phase_) {
-      case Phase::kHold:
-        if (++count_ < hold_ops_) return;
-        if (now_ns < probe_at_) {  // look again after another hold_ops operations
-          count_ = 0;
-          return;
-        }
-        phase_ = Phase::kBaseline;
-        count_ = 0;
-        best_[0] = best_[1] = kNone;
-        return;
-      case Phase::kBaseline:
-        best_[0] = std::min(best_[0], cost);
-        if (++count_ < config_.samples) return;
-        phase_ = Phase::kTrial;
-        count_ = 0;
-        mode_ = !mode_;
-        return;
-      case Phase::kTrial:
-        // The first operation in the other mode pays for the switch (e.g. cache lines left
-        // where the old mode put them), so it is not judged.
-        if (count_ > 0) best_[1] = std::min(best_[1], cost);
-        if (++count_ <= config_.samples) return;
-        if (!(best_[1] < best_[0])) mode_ = !mode_;  // the trial lost: back
-        phase_ = Phase::kHold;
-        count_ = 0;
-        hold_ops_ = config_.hold_ops;
-        probe_at_ = now_ns + config_.hold_ns;
-        return;
+    if (!probing_) {
+      if (++count_ < hold_ops_) return;
+      count_ = 0;
+      if (now_ns >= probe_at_) start_probe();  // else look again after hold_ops operations
+      return;
     }
+    if (!switched) best_[ran] = std::min(best_[ran], cost);
+    if (++count_ < config_.samples + (visit_ > 0 ? 1 : 0)) return;
+    count_ = 0;
+    if (++visit_ < modes_) {
+      mode_ = visit_ - 1 < held_ ? visit_ - 1 : visit_;  // the other modes in turn
+      return;
+    }
+    for (int m = 0; m < modes_; ++m) {
+      if (best_[m] < best_[held_]) held_ = m;  // only a strictly faster mode replaces it
+    }
+    mode_ = held_;
+    probing_ = false;
+    hold_ops_ = config_.hold_ops;
+    probe_at_ = now_ns + config_.hold_ns;
   }
 
  private:
-  enum class Phase { kHold, kBaseline, kTrial };
+  // A probe visits the held mode first, then every other one.
+  void start_probe() {
+    probing_ = true;
+    visit_ = 0;
+    count_ = 0;
+    mode_ = held_;
+    best_.fill(kNone);
+  }
+
   static constexpr double kNone = 1e300;
   Config config_;
-  bool mode_ = false;
-  Phase phase_;
-  int hold_ops_;  // this hold's length in operations
-  int count_ = 0;
+  int modes_;
+  int held_ = 0;   // the mode between probes
+  int mode_ = 0;
+  bool probing_ = false;
+  int visit_ = 0;  // the probe's visit: 0 the held mode, then the others
+  int count_ = 0;  // operations in this visit, or in this hold
+  int hold_ops_ = 0;
   int64_t probe_at_ = 0;
   uint64_t key_ = 0;
-  double best_[2] = {kNone, kNone};  // fastest cost seen: [0] the held mode, [1] the other
+  int last_ran_ = 0;
+  std::array<double, kMaxModes> best_{};  // fastest cost seen per mode (set by start_probe)
 };
 
 }  // namespace c10d::backends::shm

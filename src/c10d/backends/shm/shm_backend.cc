@@ -66,9 +66,13 @@ constexpr size_t kDirectAllreduceBytes = size_t{64} << 20;
 constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{8} << 20;
 // The pipelined allreduce's chunk: step k copies chunk k in and the reduced pieces of chunk
 // k - 1 out, so with smaller chunks the copies of one step stay in L2 and overlap the peers'.
-// At 2 ranks, 3 interleaved runs each: 512 KiB in 45-48 us with 256 KiB chunks against 71-103
-// with 1 MiB (one chunk), 1 MiB in 85-148 against 153-266, 2 MiB in 160-269 against 260-305;
-// 128 KiB chunks were slower again. At 4 ranks no size got slower.
+// Which size wins depends on the machine. On an EPYC Zen 5 guest, 2 ranks, 3 interleaved runs
+// each: 512 KiB in 45-48 us with 256 KiB chunks against 71-103 with 1 MiB (one chunk), 1 MiB
+// in 85-148 against 153-266, 2 MiB in 160-269 against 260-305; 128 KiB chunks were slower
+// again. On a Zen 4 guest 1 MiB chunks (kSlotBytes) won: 1 MiB in 54-66 us against 102-117,
+// 2 MiB 101 against 219, 32 MiB 3.9 ms against 5.1. So with a core per rank the ranks probe
+// both (SharedWriter::select); this is the size they start with, and keep when ranks outnumber
+// cores (4 ranks on 2 cores: even).
 constexpr size_t kPipelineChunk = size_t{256} << 10;
 // Broadcast, gather and all_gather go direct only from this size (see Engine::direct_fanout).
 constexpr size_t kDirectFanoutBytes = size_t{8} << 20;
@@ -205,28 +209,47 @@ class SharedWriter {
     probe_ = nullptr;
   }
 
-  // The operation moves `bytes` per rank: its type and size class choose the probe.
-  void select(size_t bytes) {
+  // The operation moves `bytes` per rank: its type and size class choose the probe. A
+  // pipelined allreduce will run in chunks of kSlotBytes if `large_chunks` (which the ranks
+  // agreed on, Engine::pipelined), else of kPipelineChunk; its probe also times both.
+  void select(size_t bytes, bool large_chunks) {
+    proposal_ = large_chunks;
     if (!adaptive_) return;
     probe_ = nullptr;
     streaming_ = false;
     if (bytes < kProbedBytes) return;  // streaming would not change them (core::stream_bytes)
-    const size_t size_class =
-        std::min<size_t>(kSizeClasses - 1, (std::bit_width(bytes) - std::bit_width(kProbedBytes)) / 2);
+    const size_t size_class = std::min<size_t>(
+        kSizeClasses - 1, (std::bit_width(bytes) - std::bit_width(kProbedBytes)) / 2);
     const size_t type = std::min(static_cast<size_t>(type_), kTypes - 1);
-    probe_ = &probes_[type * kSizeClasses + size_class];
+    ModeProbe& probe = probes_[type * kSizeClasses + size_class];
+    const bool chunked = bytes > kPipelineChunk &&
+                         (type_ == OpType::kAllreduce || type_ == OpType::kAllreduceCoalesced ||
+                          type_ == OpType::kReduce);
+    // Modes: bit 0 streaming stores, bit 1 (chunked operations only) large chunks.
+    if (chunked && probe.modes() != 4) probe = ModeProbe(ModeProbe::Config{}, 4);
+    probe_ = &probe;
     bytes_ = bytes;
-    streaming_ = probe_->mode();
-    timed_ = probe_->wants_time();
+    const int mode = probe.mode();
+    streaming_ = (mode & 1) != 0;
+    ran_ = mode & 1;
+    if (chunked) {
+      proposal_ = (mode & 2) != 0;
+      ran_ |= large_chunks ? 2 : 0;
+    }
+    timed_ = probe.wants_time();
     if (timed_) start_ = now_ns();
   }
+
+  // The chunk size this rank proposes for the next pipelined allreduce (rank 0's is taken).
+  bool proposed_large_chunks() const { return proposal_; }
 
   // The operation begun last completed (not called when it failed).
   void end_op() {
     if (probe_ == nullptr || written_ < kProbedBytes) return;
     if (!timed_) return probe_->skip();
     const int64_t now = now_ns();
-    probe_->record(static_cast<double>(now - start_) / static_cast<double>(written_), now, bytes_);
+    probe_->record(static_cast<double>(now - start_) / static_cast<double>(written_), now, bytes_,
+                   ran_);
   }
 
  private:
@@ -237,12 +260,14 @@ class SharedWriter {
   bool adaptive_ = false;
   bool streaming_ = false;
   bool timed_ = false;
+  bool proposal_ = false;
+  int ran_ = 0;  // the mode the operation runs in
   OpType type_ = OpType::kUnknown;
   size_t written_ = 0;
   size_t bytes_ = 0;
   int64_t start_ = 0;
   ModeProbe* probe_ = nullptr;
-  std::array<ModeProbe, kTypes * kSizeClasses> probes_;  // mode true: streaming
+  std::array<ModeProbe, kTypes * kSizeClasses> probes_;
 };
 
 // Elements per piece when `count` elements are split across `size` owners, rounded up to a
@@ -560,7 +585,8 @@ class Engine {
     // With the sizes go the send addresses, for the direct path, and small parts themselves:
     // a rank whose parts all fit `small` writes them too, and when every rank did (each sees
     // all sizes) this step is the whole exchange.
-    copy_shared.select(std::accumulate(send_len.begin(), send_len.end(), size_t{0}));
+    copy_shared.select(std::accumulate(send_len.begin(), send_len.end(), size_t{0}),
+                       large_chunks_);
     const bool addresses = seg_.cma() && 2 * size_ <= kMaxRanks;
     const size_t quota = kSlotBytes / size_ / kLine * kLine;
     const size_t small = std::min(quota, kOneShotBytes);
@@ -653,10 +679,14 @@ class Engine {
                  bool premul) {
     const bool own_direct = !premul;
     const size_t es = core::element_size(dtype);
-    const size_t chunk = kPipelineChunk / es;
+    const size_t chunk = (large_chunks_ ? kSlotBytes : kPipelineChunk) / es;
     const size_t chunks = ceil_div(count, chunk);
     for (size_t k = 0; k <= chunks; ++k) {
       const uint32_t s = next_step();
+      // Rank 0 proposes the chunk size of the next pipelined allreduce; every rank reads it
+      // after the sync, so all run that one alike.
+      auto* agreement = reinterpret_cast<uint64_t*>(seg_.meta(0, s));
+      if (k == 0 && rank_ == 0) *agreement = copy_shared.proposed_large_chunks() ? 1 : 0;
       const size_t off = k * chunk;
       const size_t e = k < chunks ? std::min(chunk, count - off) : 0;
       size_t b = 0, len = 0;  // this rank's piece of chunk k
@@ -673,6 +703,7 @@ class Engine {
         }
       }
       sync(s);
+      if (k == 0) large_chunks_ = *agreement != 0;
       if (k >= 1 && out != nullptr) {
         const size_t prev_off = (k - 1) * chunk;
         const size_t prev_e = std::min(chunk, count - prev_off);
@@ -839,7 +870,7 @@ class Engine {
     described_.root = root;
     described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : StepDescription::kNoReduce;
     op_ = signature(described_);
-    copy_shared.select(dtype ? count * core::element_size(*dtype) : count);
+    copy_shared.select(dtype ? count * core::element_size(*dtype) : count, large_chunks_);
   }
 
   // 32 bits for the step word: the OpType and a 24-bit hash of everything else.
@@ -1047,6 +1078,9 @@ class Engine {
   SharedWriter copy_shared;
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
+  // Pipelined allreduces run in chunks of kSlotBytes instead of kPipelineChunk (agreed in the
+  // previous one; see pipelined).
+  bool large_chunks_ = false;
   // Whether the parity slots were read after their step was published (not one-sided):
   // bit 0 for the last step opened, bit 1 for the one before (next_step).
   uint32_t two_sided_ = 3;
