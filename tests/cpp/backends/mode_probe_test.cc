@@ -159,6 +159,23 @@ TEST(ModeProbe, CostsGoToTheModeAnOperationRanIn) {
   EXPECT_EQ(other.mode(), 0);  // mode 1 (3.0) lost to mode 0's best (2.0)
 }
 
+TEST(ModeProbe, AnUntriedProbeStartsFromAnAdoptedMode) {
+  ModeProbe probe({3, 10, 0, /*first_hold_ops=*/8});
+  ASSERT_TRUE(probe.untried());
+  probe.adopt(1);
+  EXPECT_EQ(probe.mode(), 1);
+  int64_t now = 0;
+  for (int i = 0; i < 7; ++i) probe.skip();
+  probe.record(1.0, ++now);
+  // Its probe starts from mode 1 and keeps it when mode 0 is slower.
+  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  EXPECT_EQ(modes, (std::vector<bool>{true, true, true, false, false, false, false}));
+  EXPECT_EQ(probe.mode(), 1);
+  EXPECT_FALSE(probe.untried());
+  probe.adopt(0);  // a tried probe keeps its own find
+  EXPECT_EQ(probe.mode(), 1);
+}
+
 TEST(ModeProbe, AnotherKindOfOperationRestartsTheProbe) {
   ModeProbe probe(quick());
   int64_t now = 0;

@@ -33,6 +33,15 @@ class ModeProbe {
 
   int modes() const { return modes_; }
 
+  // Whether this probe has not finished a probe yet (its held mode is only the initial one).
+  bool untried() const { return untried_; }
+
+  // Starts an untried probe from `mode` (e.g. what a similar probe found) instead of mode 0.
+  void adopt(int mode) {
+    if (!untried_ || probing_ || mode < 0 || mode >= modes_) return;
+    held_ = mode_ = last_ran_ = mode;
+  }
+
   // The mode the next operation should run in, 0 to modes() - 1.
   int mode() const { return mode_; }
 
@@ -71,6 +80,7 @@ class ModeProbe {
     }
     mode_ = held_;
     probing_ = false;
+    untried_ = false;
     hold_ops_ = config_.hold_ops;
     probe_at_ = now_ns + config_.hold_ns;
   }
@@ -91,6 +101,7 @@ class ModeProbe {
   int held_ = 0;   // the mode between probes
   int mode_ = 0;
   bool probing_ = false;
+  bool untried_ = true;
   int visit_ = 0;  // the probe's visit: 0 the held mode, then the others
   int count_ = 0;  // operations in this visit, or in this hold
   int hold_ops_ = 0;

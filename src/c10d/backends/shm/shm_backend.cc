@@ -183,6 +183,13 @@ void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n);
 // which cost 5x in the slow placement (5 launches each, medians; broadcast of 1 MiB: 87 us
 // auto, 141 plain, 82 streaming). A writer without begin_op/select/end_op (the p2p channels) keeps plain stores.
 // C10D_SHM_STREAM=0/1 fixes the choice.
+template <size_t N>
+std::array<int, N> make_filled(int value) {
+  std::array<int, N> a;
+  a.fill(value);
+  return a;
+}
+
 class SharedWriter {
  public:
   // `may_adapt`: whether auto may choose streaming stores. Not when ranks outnumber cores: then
@@ -227,6 +234,12 @@ class SharedWriter {
                           type_ == OpType::kReduce);
     // Modes: bit 0 streaming stores, bit 1 (chunked operations only) large chunks.
     if (chunked && probe.modes() != 4) probe = ModeProbe(ModeProbe::Config{}, 4);
+    // A kind not probed yet starts from what this type's last probe found at another size
+    // (or any type's, for the first): which stores win depends mostly on the placement.
+    if (probe.untried()) {
+      const int found = found_[type] >= 0 ? found_[type] : found_any_;
+      if (found >= 0) probe.adopt(found & (probe.modes() - 1));
+    }
     probe_ = &probe;
     bytes_ = bytes;
     const int mode = probe.mode();
@@ -250,6 +263,10 @@ class SharedWriter {
     const int64_t now = now_ns();
     probe_->record(static_cast<double>(now - start_) / static_cast<double>(written_), now, bytes_,
                    ran_);
+    if (!probe_->untried() && !probe_->wants_time()) {  // a probe just ended: remember its find
+      found_[std::min(static_cast<size_t>(type_), kTypes - 1)] = probe_->mode();
+      found_any_ = probe_->mode();
+    }
   }
 
  private:
@@ -268,6 +285,8 @@ class SharedWriter {
   int64_t start_ = 0;
   ModeProbe* probe_ = nullptr;
   std::array<ModeProbe, kTypes * kSizeClasses> probes_;
+  std::array<int, kTypes> found_ = make_filled<kTypes>(-1);  // latest find per type, or -1
+  int found_any_ = -1;
 };
 
 // Elements per piece when `count` elements are split across `size` owners, rounded up to a
