@@ -16,23 +16,24 @@ std::vector<bool> run(ModeProbe& probe, int ops, Cost cost_of, int64_t& now) {
   return modes;
 }
 
-ModeProbe::Config quick() { return {/*samples=*/3, /*hold_ops=*/10, /*hold_ns=*/0, /*first=*/0}; }
+// Other modes within 1.5x of the best are timed in full (slower ones are left early).
+ModeProbe::Config quick() { return {/*samples=*/3, /*hold_ops=*/10, /*hold_ns=*/0, 0, 0}; }
 
 TEST(ModeProbe, SwitchesToTheFasterModeAndHoldsIt) {
   ModeProbe probe(quick());
   int64_t now = 0;
-  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
   // Three timed in the first mode, then four in the other (the first not judged).
   EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true}));
   EXPECT_TRUE(probe.mode());
-  modes = run(probe, 10, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  modes = run(probe, 10, [](bool m) { return m ? 1.0 : 1.25; }, now);
   EXPECT_EQ(modes, std::vector<bool>(10, true));
 }
 
 TEST(ModeProbe, ReturnsWhenTheTrialLoses) {
   ModeProbe probe(quick());
   int64_t now = 0;
-  run(probe, 7, [](bool m) { return m ? 3.0 : 2.0; }, now);
+  run(probe, 7, [](bool m) { return m ? 2.5 : 2.0; }, now);
   EXPECT_FALSE(probe.mode());
   // A tie keeps the held mode too.
   ModeProbe tie(quick());
@@ -54,32 +55,32 @@ TEST(ModeProbe, TheFirstOperationAfterASwitchIsNotJudged) {
 TEST(ModeProbe, ProbesAgainAfterTheHoldAndFollowsAChange) {
   ModeProbe probe(quick());
   int64_t now = 0;
-  run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
   ASSERT_TRUE(probe.mode());
   // Now the first mode is the faster one: after the hold (10 operations) the next probe
   // (3 in the held mode, 4 in the other) finds it.
-  auto modes = run(probe, 17, [](bool m) { return m ? 2.0 : 1.0; }, now);
+  auto modes = run(probe, 17, [](bool m) { return m ? 1.25 : 1.0; }, now);
   EXPECT_EQ(std::count(modes.begin(), modes.begin() + 13, true), 13);
   EXPECT_FALSE(probe.mode());
 }
 
 TEST(ModeProbe, HoldsForAtLeastItsTime) {
-  ModeProbe probe({3, 2, /*hold_ns=*/1000, 0});
+  ModeProbe probe({3, 2, /*hold_ns=*/1000, 0, 0});
   int64_t now = 0;
-  run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
   ASSERT_TRUE(probe.mode());
   // Far more operations than hold_ops, all within hold_ns: no probe, so no switch.
-  auto modes = run(probe, 500, [](bool m) { return m ? 2.0 : 1.0; }, now);
+  auto modes = run(probe, 500, [](bool m) { return m ? 1.25 : 1.0; }, now);
   EXPECT_EQ(modes, std::vector<bool>(500, true));
   now += 1000;
-  run(probe, 8, [](bool m) { return m ? 2.0 : 1.0; }, now);
+  run(probe, 8, [](bool m) { return m ? 1.25 : 1.0; }, now);
   EXPECT_FALSE(probe.mode());
 }
 
 TEST(ModeProbe, HeldOperationsNeedNoClockUntilTheHoldMayEnd) {
-  ModeProbe probe({3, 10, /*hold_ns=*/1000, 0});
+  ModeProbe probe({3, 10, /*hold_ns=*/1000, 0, 0});
   int64_t now = 0;
-  run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
   ASSERT_TRUE(probe.mode());
   // Nine untimed operations, then the tenth is timed to see whether the hold is over.
   for (int i = 0; i < 9; ++i) {
@@ -95,14 +96,14 @@ TEST(ModeProbe, HeldOperationsNeedNoClockUntilTheHoldMayEnd) {
   probe.record(2.0, now);  // the hold is over: every operation of the probe is timed
   for (int i = 0; i < 7; ++i) {
     ASSERT_TRUE(probe.wants_time()) << i;
-    probe.record(probe.mode() ? 2.0 : 1.0, ++now);
+    probe.record(probe.mode() ? 1.25 : 1.0, ++now);
   }
   EXPECT_FALSE(probe.mode());
   EXPECT_FALSE(probe.wants_time());
 }
 
 TEST(ModeProbe, TheFirstOperationsOfAKindAreNotJudged) {
-  ModeProbe probe({3, 10, 0, /*first_hold_ops=*/8});
+  ModeProbe probe({3, 10, 0, /*first_hold_ops=*/8, 0});
   int64_t now = 0;
   // Cold first operations in the held mode must not make the other mode look faster.
   for (int i = 0; i < 7; ++i) {
@@ -111,15 +112,15 @@ TEST(ModeProbe, TheFirstOperationsOfAKindAreNotJudged) {
   }
   ASSERT_TRUE(probe.wants_time());
   probe.record(50.0, ++now);  // the eighth ends the first hold
-  auto modes = run(probe, 7, [](bool m) { return m ? 2.0 : 1.0; }, now);
+  auto modes = run(probe, 7, [](bool m) { return m ? 1.25 : 1.0; }, now);
   EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true}));
   EXPECT_FALSE(probe.mode());
 }
 
 TEST(ModeProbe, TriesEveryModeAndKeepsTheFastest) {
-  ModeProbe probe({3, 10, 0, 0}, 4);
+  ModeProbe probe({3, 10, 0, 0, 0}, 4);
   int64_t now = 0;
-  const double cost[4] = {4.0, 3.0, 1.0, 2.0};
+  const double cost[4] = {1.3, 1.2, 1.0, 1.1};
   std::vector<int> modes;
   for (int i = 0; i < 3 + 3 * 4; ++i) {
     modes.push_back(probe.mode());
@@ -142,16 +143,16 @@ TEST(ModeProbe, TriesEveryModeAndKeepsTheFastest) {
 TEST(ModeProbe, CostsGoToTheModeAnOperationRanIn) {
   // A caller that follows mode() one operation late (as ranks agreeing on a mode do): every
   // cost must count for the mode the operation really ran in.
-  ModeProbe probe({3, 10, 0, 0}, 2);
+  ModeProbe probe({3, 10, 0, 0, 0}, 2);
   int64_t now = 0;
   int ran = probe.mode();
   for (int i = 0; i < 7; ++i) {
-    probe.record(ran == 1 ? 1.0 : 2.0, ++now, 0, ran);
+    probe.record(ran == 1 ? 1.0 : 1.25, ++now, 0, ran);
     ran = probe.mode() == 1 && i >= 3 ? 1 : 0;  // late by one
   }
   EXPECT_EQ(probe.mode(), 1);
   // Costs reported for the held mode during the other's visit do not make it look faster.
-  ModeProbe other({3, 10, 0, 0}, 2);
+  ModeProbe other({3, 10, 0, 0, 0}, 2);
   for (int i = 0; i < 3; ++i) other.record(2.0, ++now, 0, 0);
   ASSERT_EQ(other.mode(), 1);
   other.record(5.0, ++now, 0, 0);  // still the old mode: 5.0 is mode 0's cost
@@ -159,8 +160,43 @@ TEST(ModeProbe, CostsGoToTheModeAnOperationRanIn) {
   EXPECT_EQ(other.mode(), 0);  // mode 1 (3.0) lost to mode 0's best (2.0)
 }
 
+TEST(ModeProbe, AFarSlowerModeIsLeftAfterOneJudgedOperation) {
+  ModeProbe probe({3, 10, 0, 0, 0}, 4);
+  int64_t now = 0;
+  const double cost[4] = {1.0, 5.0, 1.2, 0.9};
+  std::vector<int> modes;
+  for (int i = 0; i < 3 + 2 + 4 + 4; ++i) {
+    modes.push_back(probe.mode());
+    probe.record(cost[probe.mode()], ++now);
+  }
+  // Mode 1 (5x the best) gets the unjudged operation and one judged one only.
+  EXPECT_EQ(modes, (std::vector<int>{0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3}));
+  EXPECT_EQ(probe.mode(), 3);
+}
+
+TEST(ModeProbe, HoldsTwentyTimesAsLongAsItsProbeTook) {
+  ModeProbe probe({3, 1, /*hold_ns=*/0, 0, /*hold_per_probe=*/20});
+  int64_t now = 0;
+  for (int i = 0; i < 7; ++i) {  // a probe of 7 operations of 100 ns each
+    now += 100;
+    probe.record(probe.mode() ? 1.0 : 1.25, now);
+  }
+  ASSERT_EQ(probe.mode(), 1);
+  // The probe took 700 ns (it started at construction): no new probe for 14 us.
+  for (int i = 0; i < 100; ++i) {
+    now += 100;
+    probe.record(probe.mode() ? 1.25 : 1.0, now);
+    ASSERT_EQ(probe.mode(), 1) << i;
+  }
+  for (int i = 0; i < 60; ++i) {
+    now += 100;
+    probe.record(probe.mode() ? 1.25 : 1.0, now);
+  }
+  EXPECT_EQ(probe.mode(), 0);  // probed again from 14.7 us and found mode 0
+}
+
 TEST(ModeProbe, AnUntriedProbeStartsFromAnAdoptedMode) {
-  ModeProbe probe({3, 10, 0, /*first_hold_ops=*/8});
+  ModeProbe probe({3, 10, 0, /*first_hold_ops=*/8, 0});
   ASSERT_TRUE(probe.untried());
   probe.adopt(1);
   EXPECT_EQ(probe.mode(), 1);
@@ -168,7 +204,7 @@ TEST(ModeProbe, AnUntriedProbeStartsFromAnAdoptedMode) {
   for (int i = 0; i < 7; ++i) probe.skip();
   probe.record(1.0, ++now);
   // Its probe starts from mode 1 and keeps it when mode 0 is slower.
-  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 2.0; }, now);
+  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
   EXPECT_EQ(modes, (std::vector<bool>{true, true, true, false, false, false, false}));
   EXPECT_EQ(probe.mode(), 1);
   EXPECT_FALSE(probe.untried());

@@ -22,13 +22,15 @@ class ModeProbe {
     int64_t hold_ns = 50'000'000;   // ... and at least this long
     int first_hold_ops = 8;         // before the first probe: the first operations of a kind
                                     // pay for cold caches and first touches in any mode
+    int64_t hold_per_probe = 20;    // and a hold lasts this many times the probe before it, so
+                                    // that probes take ~5% of the time however long operations
   };
 
   ModeProbe() : ModeProbe(Config{}) {}
   explicit ModeProbe(Config config, int modes = 2)
       : config_(config), modes_(std::clamp(modes, 1, kMaxModes)) {
     hold_ops_ = config.first_hold_ops;
-    if (hold_ops_ <= 0) start_probe();
+    if (hold_ops_ <= 0) start_probe(0);
   }
 
   int modes() const { return modes_; }
@@ -60,16 +62,22 @@ class ModeProbe {
     // where the old mode put them), so it is not judged.
     const bool switched = ran != last_ran_;
     last_ran_ = ran;
-    if (probing_ && (visit_ > 0 || count_ > 0) && key != key_) start_probe();
+    if (probing_ && (visit_ > 0 || count_ > 0) && key != key_) start_probe(now_ns);
     key_ = key;
     if (!probing_) {
       if (++count_ < hold_ops_) return;
       count_ = 0;
-      if (now_ns >= probe_at_) start_probe();  // else look again after hold_ops operations
+      if (now_ns >= probe_at_) start_probe(now_ns);  // else look again after hold_ops operations
       return;
     }
-    if (!switched) best_[ran] = std::min(best_[ran], cost);
-    if (++count_ < config_.samples + (visit_ > 0 ? 1 : 0)) return;
+    // A mode far slower than the best so far is left after one judged operation: trying a
+    // bad mode is the cost of probing, so it must stay short.
+    bool abandon = false;
+    if (!switched) {
+      abandon = visit_ > 0 && cost > kAbandon * *std::min_element(best_.begin(), best_.end());
+      best_[ran] = std::min(best_[ran], cost);
+    }
+    if (++count_ < config_.samples + (visit_ > 0 ? 1 : 0) && !abandon) return;
     count_ = 0;
     if (++visit_ < modes_) {
       mode_ = visit_ - 1 < held_ ? visit_ - 1 : visit_;  // the other modes in turn
@@ -82,12 +90,13 @@ class ModeProbe {
     probing_ = false;
     untried_ = false;
     hold_ops_ = config_.hold_ops;
-    probe_at_ = now_ns + config_.hold_ns;
+    probe_at_ = now_ns + std::max(config_.hold_ns, config_.hold_per_probe * (now_ns - probe_start_));
   }
 
  private:
   // A probe visits the held mode first, then every other one.
-  void start_probe() {
+  void start_probe(int64_t now_ns) {
+    probe_start_ = now_ns;
     probing_ = true;
     visit_ = 0;
     count_ = 0;
@@ -96,6 +105,7 @@ class ModeProbe {
   }
 
   static constexpr double kNone = 1e300;
+  static constexpr double kAbandon = 1.5;
   Config config_;
   int modes_;
   int held_ = 0;   // the mode between probes
@@ -106,6 +116,7 @@ class ModeProbe {
   int count_ = 0;  // operations in this visit, or in this hold
   int hold_ops_ = 0;
   int64_t probe_at_ = 0;
+  int64_t probe_start_ = 0;
   uint64_t key_ = 0;
   int last_ran_ = 0;
   std::array<double, kMaxModes> best_{};  // fastest cost seen per mode (set by start_probe)
