@@ -70,10 +70,14 @@ constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{8} << 20;
 // each: 512 KiB in 45-48 us with 256 KiB chunks against 71-103 with 1 MiB (one chunk), 1 MiB
 // in 85-148 against 153-266, 2 MiB in 160-269 against 260-305; 128 KiB chunks were slower
 // again. On a Zen 4 guest 1 MiB chunks (kSlotBytes) won: 1 MiB in 54-66 us against 102-117,
-// 2 MiB 101 against 219, 32 MiB 3.9 ms against 5.1. So with a core per rank the ranks probe
-// both (SharedWriter::select); this is the size they start with, and keep when ranks outnumber
-// cores (4 ranks on 2 cores: even).
+// 2 MiB 101 against 219, 32 MiB 3.9 ms against 5.1. So with a core per rank the ranks time
+// both at init (Engine::calibrate) and start with the faster, and their probes try both again
+// (SharedWriter::select). When ranks outnumber cores they keep this one (4 ranks on 2 cores:
+// even).
 constexpr size_t kPipelineChunk = size_t{256} << 10;
+// Engine::calibrate times this many allreduces of kCalibrationBytes per chunk size at init.
+constexpr int kCalibrationRounds = 4;
+constexpr size_t kCalibrationBytes = size_t{2} << 20;
 // Broadcast, gather and all_gather go direct only from this size (see Engine::direct_fanout).
 constexpr size_t kDirectFanoutBytes = size_t{8} << 20;
 static_assert(kPipelineChunk <= kSlotBytes);
@@ -234,11 +238,12 @@ class SharedWriter {
                           type_ == OpType::kReduce);
     // Modes: bit 0 streaming stores, bit 1 (chunked operations only) large chunks.
     if (chunked && probe.modes() != 4) probe = ModeProbe(ModeProbe::Config{}, 4);
-    // A kind not probed yet starts from what this type's last probe found at another size
-    // (or any type's, for the first): which stores win depends mostly on the placement.
+    // A kind not probed yet starts with the stores this type's last probe found best at
+    // another size (or any type's, for the first), as that depends mostly on the placement,
+    // and with the chunks the ranks run now.
     if (probe.untried()) {
       const int found = found_[type] >= 0 ? found_[type] : found_any_;
-      if (found >= 0) probe.adopt(found & (probe.modes() - 1));
+      probe.adopt((found > 0 ? 1 : 0) | (chunked && large_chunks ? 2 : 0));
     }
     probe_ = &probe;
     bytes_ = bytes;
@@ -264,8 +269,8 @@ class SharedWriter {
     probe_->record(static_cast<double>(now - start_) / static_cast<double>(written_), now, bytes_,
                    ran_);
     if (!probe_->untried() && !probe_->wants_time()) {  // a probe just ended: remember its find
-      found_[std::min(static_cast<size_t>(type_), kTypes - 1)] = probe_->mode();
-      found_any_ = probe_->mode();
+      found_[std::min(static_cast<size_t>(type_), kTypes - 1)] = probe_->mode() & 1;
+      found_any_ = probe_->mode() & 1;
     }
   }
 
@@ -285,7 +290,8 @@ class SharedWriter {
   int64_t start_ = 0;
   ModeProbe* probe_ = nullptr;
   std::array<ModeProbe, kTypes * kSizeClasses> probes_;
-  std::array<int, kTypes> found_ = make_filled<kTypes>(-1);  // latest find per type, or -1
+  // The stores (1: streaming) the latest probe of each type found best, or -1; of any type.
+  std::array<int, kTypes> found_ = make_filled<kTypes>(-1);
   int found_any_ = -1;
 };
 
@@ -354,6 +360,29 @@ class Engine {
 
   std::string describe() const {
     return str_cat("shm ", name_, " (sequence ", seq_, ", rank ", rank_, " of ", size_, ")");
+  }
+
+  // Times pipelined allreduces of kCalibrationBytes in both chunk sizes (interleaved) and
+  // starts with the faster one on rank 0: which wins depends on the machine (kPipelineChunk).
+  // Only when every rank has a core: with more ranks the timings say little.
+  void calibrate(Millis timeout) {
+    if (size_ < 2 || ranks_per_core(size_) > 1) return;
+    begin("shm chunk calibration", OpType::kAllreduce, 0, timeout);
+    const size_t count = kCalibrationBytes / sizeof(float);
+    std::vector<float> data(count, 1.0f);
+    char* bytes = reinterpret_cast<char*>(data.data());
+    int64_t best[2] = {INT64_MAX, INT64_MAX};
+    for (int i = 0; i < 2 * kCalibrationRounds; ++i) {
+      const bool large = (i & 1) != 0;
+      const int64_t start = now_ns();
+      pipelined(bytes, bytes, count, DType::kFloat32, ReduceOp(ReduceOp::MAX), false, large);
+      best[large] = std::min(best[large], now_ns() - start);
+    }
+    const uint32_t s = next_step();
+    auto* decision = reinterpret_cast<uint64_t*>(seg_.meta(0, s));
+    if (rank_ == 0) *decision = best[1] < best[0] ? 1 : 0;
+    sync(s);
+    large_chunks_ = *decision != 0;
   }
 
   // --- collectives (raw memory; every rank passes consistent sizes) ---
@@ -694,18 +723,21 @@ class Engine {
   // slots: it reduces it straight from its input into its output (and then publishes it in
   // its out area), so only the peers' pieces are copied in and out. With PREMUL_SUM, whose
   // scaling is applied to the slot copies, every piece goes through the slots.
+  //
+  // The chunks are kSlotBytes large if `large` (calibrate) or else if the ranks agreed on that
+  // in the previous pipelined allreduce: rank 0 proposes the chunk size of the next one in
+  // this one's first step, and every rank reads it after the sync.
   void pipelined(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
-                 bool premul) {
+                 bool premul, std::optional<bool> large = std::nullopt) {
     const bool own_direct = !premul;
     const size_t es = core::element_size(dtype);
-    const size_t chunk = (large_chunks_ ? kSlotBytes : kPipelineChunk) / es;
+    const size_t chunk = (large.value_or(large_chunks_) ? kSlotBytes : kPipelineChunk) / es;
     const size_t chunks = ceil_div(count, chunk);
     for (size_t k = 0; k <= chunks; ++k) {
       const uint32_t s = next_step();
-      // Rank 0 proposes the chunk size of the next pipelined allreduce; every rank reads it
-      // after the sync, so all run that one alike.
+      const bool agree = k == 0 && !large.has_value();
       auto* agreement = reinterpret_cast<uint64_t*>(seg_.meta(0, s));
-      if (k == 0 && rank_ == 0) *agreement = copy_shared.proposed_large_chunks() ? 1 : 0;
+      if (agree && rank_ == 0) *agreement = copy_shared.proposed_large_chunks() ? 1 : 0;
       const size_t off = k * chunk;
       const size_t e = k < chunks ? std::min(chunk, count - off) : 0;
       size_t b = 0, len = 0;  // this rank's piece of chunk k
@@ -722,7 +754,7 @@ class Engine {
         }
       }
       sync(s);
-      if (k == 0) large_chunks_ = *agreement != 0;
+      if (agree) large_chunks_ = *agreement != 0;
       if (k >= 1 && out != nullptr) {
         const size_t prev_off = (k - 1) * chunk;
         const size_t prev_e = std::min(chunk, count - prev_off);
@@ -1516,6 +1548,10 @@ ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, 
       opts.timeout > Millis::zero() ? opts.timeout : store_->timeout();
   segment_ = std::make_shared<Segment>(*store_, rank, size, heap, rendezvous_timeout);
   engine_ = std::make_shared<Engine>(segment_);
+  {
+    std::lock_guard<std::mutex> lock(engine_->exec_mutex);
+    engine_->calibrate(rendezvous_timeout);
+  }
   p2p_ = std::make_shared<P2PEngine>(segment_, engine_);
 }
 
