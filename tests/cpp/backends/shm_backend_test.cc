@@ -277,7 +277,8 @@ TEST(ShmBackend, GathersScatterReduceScatterAlltoall) {
 // through the slots, written with plain or streaming stores; all must give the same results
 // (C10D_SHM_CMA and C10D_SHM_STREAM choose).
 TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
-  for (const auto& [cma, stream] : {std::pair{"1", "auto"}, {"0", "auto"}, {"0", "0"}, {"0", "1"}}) {
+  for (const auto& [cma, stream] :
+       {std::pair{"1", "auto"}, {"0", "auto"}, {"0", "0"}, {"0", "1"}}) {
     ::setenv("C10D_SHM_CMA", cma, 1);
     ::setenv("C10D_SHM_STREAM", stream, 1);
     run_ranks(3, [cma = cma, stream = stream](int rank, ShmBackend& b) {

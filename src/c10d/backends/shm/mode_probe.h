@@ -17,13 +17,17 @@ class ModeProbe {
   // Operations of every kind are compared per unit of work (e.g. ns per byte), so the
   // caller reports `cost` already divided by the work done.
   struct Config {
-    int samples = 3;                // operations timed in each mode per probe
-    int hold_ops = 64;              // operations between probes, at least ...
-    int64_t hold_ns = 50'000'000;   // ... and at least this long
-    int first_hold_ops = 8;         // before the first probe: the first operations of a kind
-                                    // pay for cold caches and first touches in any mode
-    int64_t hold_per_probe = 20;    // and a hold lasts this many times the probe before it, so
-                                    // that probes take ~5% of the time however long operations
+    // Operations timed in each mode per probe.
+    int samples = 3;
+    // A hold (the time between probes) lasts at least hold_ops operations, hold_ns and
+    // hold_per_probe times as long as the probe before it: probes then take at most ~5% of
+    // the time, however long the operations are.
+    int hold_ops = 64;
+    int64_t hold_ns = 50'000'000;
+    // Operations before the first probe: the first of a kind pay for cold caches and first
+    // touches in any mode.
+    int first_hold_ops = 8;
+    int64_t hold_per_probe = 20;
   };
 
   ModeProbe() : ModeProbe(Config{}) {}
@@ -90,7 +94,8 @@ class ModeProbe {
     probing_ = false;
     untried_ = false;
     hold_ops_ = config_.hold_ops;
-    probe_at_ = now_ns + std::max(config_.hold_ns, config_.hold_per_probe * (now_ns - probe_start_));
+    const int64_t probed = now_ns - probe_start_;
+    probe_at_ = now_ns + std::max(config_.hold_ns, config_.hold_per_probe * probed);
   }
 
  private:

@@ -185,8 +185,8 @@ void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n);
 // gather's senders) return before their readers finish, so their probes lean to streaming:
 // in the fast placement a gather of 4 KiB then takes 1.6 us against 1.1 with plain stores,
 // which cost 5x in the slow placement (5 launches each, medians; broadcast of 1 MiB: 87 us
-// auto, 141 plain, 82 streaming). A writer without begin_op/select/end_op (the p2p channels) keeps plain stores.
-// C10D_SHM_STREAM=0/1 fixes the choice.
+// auto, 141 plain, 82 streaming). A writer without begin_op/select/end_op (the p2p channels)
+// keeps plain stores. C10D_SHM_STREAM=0/1 fixes the choice.
 template <size_t N>
 std::array<int, N> make_filled(int value) {
   std::array<int, N> a;
@@ -970,8 +970,8 @@ class Engine {
 
   // Opens the next step. A step that uses the parity slots (the default) waits until every
   // peer published the previous step, so nobody still reads those slots from two steps ago.
-  // A `one_sided` one, whose readers finish reading before they publish it (broadcast, gather,
-  // scatter), needs only the step two back published when that step was one-sided too: then a
+  // A `one_sided` one, whose readers finish reading before they publish it (broadcast and
+  // gather), needs only the step two back published when that step was one-sided too: then a
   // writer fills chunk k + 1 while its readers still copy out chunk k.
   // A `small` one uses only its ring entry (slot(r, s, true)), last used kRingDepth steps
   // ago, so it waits only for peers that far behind: one-sided collectives run ahead. Every
