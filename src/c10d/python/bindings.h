@@ -21,6 +21,12 @@ void init_gloo(pybind11::module_& m);       // gloo_bindings.cc: ProcessGroupGlo
 void init_control(pybind11::module_& m);    // control_bindings.cc: StoreCollectives, WorkerServer
 void init_shm(pybind11::module_& m);        // shm_bindings.cc: ProcessGroupShm (C10D_WITH_SHM)
 
+// Constructors that block (stores, backends) release the GIL inside their py::init factory,
+// around the C++ construction only. Never py::call_guard<gil_scoped_release> on py::init:
+// pybind11 registers the new instance in its global table inside the guarded call, and two
+// threads doing that at once (ranks that are threads of one process) corrupted the table, so
+// a later deallocation aborted the process ("Tried to deallocate unregistered instance").
+
 // Whether Python code may still run. Once the interpreter is finalizing, a C++ thread that
 // takes the GIL is ended in the middle of its C++ frames (and the process with
 // std::terminate), so callbacks from backend, server and future threads check this first.

@@ -33,16 +33,17 @@ void init_gloo(py::module_& m) {
                        core::Millis timeout) {
              GlooOptions opts;
              opts.timeout = timeout;
+             py::gil_scoped_release release;  // not call_guard (bindings.h)
              return std::make_shared<GlooBackend>(std::move(store), rank, size, opts);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"),
-           py::arg("timeout") = pg::kDefaultPgTimeout, py::call_guard<py::gil_scoped_release>())
+           py::arg("timeout") = pg::kDefaultPgTimeout)
       .def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
                        GlooOptions opts) {
+             py::gil_scoped_release release;
              return std::make_shared<GlooBackend>(std::move(store), rank, size, opts);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"))
       .def_static(
           "create_device",
           [](const std::string& hostname, const std::string& interface) -> DevicePtr {

@@ -21,10 +21,11 @@ void init_shm(py::module_& m) {
                        core::Millis timeout) {
              ShmOptions opts;
              opts.timeout = timeout;
+             py::gil_scoped_release release;  // not call_guard (bindings.h)
              return std::make_shared<ShmBackend>(std::move(store), rank, size, opts);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"),
-           py::arg("timeout") = pg::kDefaultPgTimeout, py::call_guard<py::gil_scoped_release>())
+           py::arg("timeout") = pg::kDefaultPgTimeout)
       .def(
           "_empty",
           [](ShmBackend& self, std::vector<int64_t> shape, const std::string& dtype) {

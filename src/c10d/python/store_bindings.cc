@@ -269,10 +269,10 @@ void init_store(py::module_& m) {
       "Store kept in a file that processes on one machine (or a shared file system) open "
       "together. The last of world_size users to close it removes the file.")
       .def(py::init([](const std::string& file_name, int world_size) {
+             py::gil_scoped_release release;  // not call_guard (bindings.h)
              return std::make_shared<store::FileStore>(file_name, world_size);
            }),
-           py::arg("file_name"), py::arg("world_size") = -1,
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("file_name"), py::arg("world_size") = -1)
       .def_property_readonly("path", &store::FileStore::path);
 
   py::class_<store::PrefixStore, Store, std::shared_ptr<store::PrefixStore>>(

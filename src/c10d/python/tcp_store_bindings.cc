@@ -36,6 +36,7 @@ void init_tcp_store(py::module_& m) {
              opts.master_listen_fd = master_listen_fd;
              opts.use_libuv = use_libuv.value_or(true);
              opts.secret = std::move(secret);
+             py::gil_scoped_release release;  // not call_guard (bindings.h)
              return std::make_shared<TCPStore>(host_name, opts);
            }),
            py::arg("host_name"), py::arg("port"), py::arg("world_size") = py::none(),
@@ -44,7 +45,6 @@ void init_tcp_store(py::module_& m) {
            py::arg("wait_for_workers") = true, py::arg("multi_tenant") = false,
            py::arg("master_listen_fd") = py::none(), py::arg("use_libuv") = py::none(),
            py::arg("secret") = py::none(),
-           py::call_guard<py::gil_scoped_release>(),
            "Starts the server when is_master, then connects (retrying until timeout). With "
            "is_master, world_size and wait_for_workers, blocks until world_size stores have "
            "joined, else raises DistTimeoutError naming how many did. `secret` (default: "
