@@ -559,8 +559,9 @@ class Engine {
     const size_t quota = small ? part : kSlotBytes / size_ / kLine * kLine;
     for (size_t off = 0; off < bytes; off += quota) {
       const size_t len = std::min(quota, bytes - off);
-      const uint32_t s = next_step(small);
-      // One-sided, as broadcast.
+      const uint32_t s = next_step(small, true);
+      // One-sided, as broadcast: the root fills round k + 1 while the others copy out round k
+      // (2 ranks, 3 launches: parts of 1 MiB 73-86 us against 98-164 before).
       if (rank_ == root) {
         for (int j = 0; j < size_; ++j) {
           if (j != root) copy_shared(slot(root, s, small) + j * quota, src_of(j) + off, len);
@@ -970,9 +971,9 @@ class Engine {
 
   // Opens the next step. A step that uses the parity slots (the default) waits until every
   // peer published the previous step, so nobody still reads those slots from two steps ago.
-  // A `one_sided` one, whose readers finish reading before they publish it (broadcast and
-  // gather), needs only the step two back published when that step was one-sided too: then a
-  // writer fills chunk k + 1 while its readers still copy out chunk k.
+  // A `one_sided` one, whose readers finish reading before they publish it (broadcast,
+  // gather, scatter), needs only the step two back published when that step was one-sided
+  // too: then a writer fills chunk k + 1 while its readers still copy out chunk k.
   // A `small` one uses only its ring entry (slot(r, s, true)), last used kRingDepth steps
   // ago, so it waits only for peers that far behind: one-sided collectives run ahead. Every
   // rank opens a given step with the same `small`.
