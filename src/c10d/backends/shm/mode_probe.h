@@ -59,8 +59,9 @@ class ModeProbe {
   void skip() { ++count_; }
 
   // One operation of kind `key` ran in mode `ran` (mode() unless the caller could not follow
-  // it at once) at `cost` per unit of work and ended at `now_ns`.
-  void record(double cost, int64_t now_ns, uint64_t key = 0, int ran = -1) {
+  // it at once) at `cost` per unit of work and ended at `now_ns`. Returns whether it ended a
+  // probe (mode() is then the probe's find).
+  bool record(double cost, int64_t now_ns, uint64_t key = 0, int ran = -1) {
     if (ran < 0 || ran >= modes_) ran = mode_;
     // The first operation after a change of mode pays for the switch (e.g. cache lines left
     // where the old mode put them), so it is not judged.
@@ -69,10 +70,10 @@ class ModeProbe {
     if (probing_ && (visit_ > 0 || count_ > 0) && key != key_) start_probe(now_ns);
     key_ = key;
     if (!probing_) {
-      if (++count_ < hold_ops_) return;
+      if (++count_ < hold_ops_) return false;
       count_ = 0;
       if (now_ns >= probe_at_) start_probe(now_ns);  // else look again after hold_ops operations
-      return;
+      return false;
     }
     // A mode far slower than the best so far is left after one judged operation: trying a
     // bad mode is the cost of probing, so it must stay short.
@@ -81,11 +82,11 @@ class ModeProbe {
       abandon = visit_ > 0 && cost > kAbandon * *std::min_element(best_.begin(), best_.end());
       best_[ran] = std::min(best_[ran], cost);
     }
-    if (++count_ < config_.samples + (visit_ > 0 ? 1 : 0) && !abandon) return;
+    if (++count_ < config_.samples + (visit_ > 0 ? 1 : 0) && !abandon) return false;
     count_ = 0;
     if (++visit_ < modes_) {
       mode_ = visit_ - 1 < held_ ? visit_ - 1 : visit_;  // the other modes in turn
-      return;
+      return false;
     }
     for (int m = 0; m < modes_; ++m) {
       if (best_[m] < best_[held_]) held_ = m;  // only a strictly faster mode replaces it
@@ -96,6 +97,7 @@ class ModeProbe {
     hold_ops_ = config_.hold_ops;
     const int64_t probed = now_ns - probe_start_;
     probe_at_ = now_ns + std::max(config_.hold_ns, config_.hold_per_probe * probed);
+    return true;
   }
 
  private:

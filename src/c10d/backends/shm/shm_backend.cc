@@ -50,7 +50,7 @@ constexpr size_t kZeroCopyPiece = size_t{64} << 10;
 // From this size on (a scatter's part, an alltoall's largest part), and when the kernel allows
 // it (Segment::cma), scatter and alltoall copy straight between the ranks' own memory instead
 // of through the slots: one copy per byte instead of two, but every call pins the pages. On an
-// AMD EPYC guest (2 MiB L2, 32 MiB L3) the slots win up to a few MiB. Min of 7 timings, 2 runs
+// AMD EPYC Zen 5 guest (1 MiB L2 per core, 32 MiB L3) the slots win up to a few MiB. Min of 7 timings, 2 runs
 // each, slots against direct: 2 ranks, scatter of 1 MiB 57 us against 79, 4 MiB 250 against
 // 212; alltoall of 1 MiB 32 against 57, 8 MiB 366-372 against 204-407; 4 ranks on 2 cores,
 // scatter of 256 KiB 43-48 against 53-58, 4 MiB 887-908 against 616-775.
@@ -187,13 +187,6 @@ void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n);
 // which cost 5x in the slow placement (5 launches each, medians; broadcast of 1 MiB: 87 us
 // auto, 141 plain, 82 streaming). A writer without begin_op/select/end_op (the p2p channels)
 // keeps plain stores. C10D_SHM_STREAM=0/1 fixes the choice.
-template <size_t N>
-std::array<int, N> make_filled(int value) {
-  std::array<int, N> a;
-  a.fill(value);
-  return a;
-}
-
 class SharedWriter {
  public:
   // `may_adapt`: whether auto may choose streaming stores. Not when ranks outnumber cores: then
@@ -201,6 +194,7 @@ class SharedWriter {
   // streaming, medians of 3 launches: all_reduce of 1 MiB 257 us against 408, gather of 64 KiB
   // 18 against 32, all_to_all of 1 MiB 128 against 287; only broadcast gained, 147 against 193).
   explicit SharedWriter(bool may_adapt = false) {
+    found_.fill(-1);
     if (core::env_string(core::kEnvShmStream) == "auto") {
       adaptive_ = may_adapt;
     } else {
@@ -266,9 +260,8 @@ class SharedWriter {
     if (probe_ == nullptr || written_ < kProbedBytes) return;
     if (!timed_) return probe_->skip();
     const int64_t now = now_ns();
-    probe_->record(static_cast<double>(now - start_) / static_cast<double>(written_), now, bytes_,
-                   ran_);
-    if (!probe_->untried() && !probe_->wants_time()) {  // a probe just ended: remember its find
+    const double cost = static_cast<double>(now - start_) / static_cast<double>(written_);
+    if (probe_->record(cost, now, bytes_, ran_)) {  // a probe ended: remember its find
       found_[std::min(static_cast<size_t>(type_), kTypes - 1)] = probe_->mode() & 1;
       found_any_ = probe_->mode() & 1;
     }
@@ -291,7 +284,7 @@ class SharedWriter {
   ModeProbe* probe_ = nullptr;
   std::array<ModeProbe, kTypes * kSizeClasses> probes_;
   // The stores (1: streaming) the latest probe of each type found best, or -1; of any type.
-  std::array<int, kTypes> found_ = make_filled<kTypes>(-1);
+  std::array<int, kTypes> found_;
   int found_any_ = -1;
 };
 
@@ -367,7 +360,7 @@ class Engine {
   // Only when every rank has a core: with more ranks the timings say little.
   void calibrate(Millis timeout) {
     if (size_ < 2 || ranks_per_core(size_) > 1) return;
-    begin("shm chunk calibration", OpType::kAllreduce, 0, timeout);
+    begin("chunk calibration", OpType::kAllreduce, 0, timeout);
     const size_t count = kCalibrationBytes / sizeof(float);
     std::vector<float> data(count, 1.0f);
     char* bytes = reinterpret_cast<char*>(data.data());
@@ -379,10 +372,9 @@ class Engine {
       best[large] = std::min(best[large], now_ns() - start);
     }
     const uint32_t s = next_step();
-    auto* decision = reinterpret_cast<uint64_t*>(seg_.meta(0, s));
-    if (rank_ == 0) *decision = best[1] < best[0] ? 1 : 0;
+    if (rank_ == 0) rank0_word(s) = best[1] < best[0] ? 1 : 0;
     sync(s);
-    large_chunks_ = *decision != 0;
+    large_chunks_ = rank0_word(s) != 0;
   }
 
   // --- collectives (raw memory; every rank passes consistent sizes) ---
@@ -737,8 +729,7 @@ class Engine {
     for (size_t k = 0; k <= chunks; ++k) {
       const uint32_t s = next_step();
       const bool agree = k == 0 && !large.has_value();
-      auto* agreement = reinterpret_cast<uint64_t*>(seg_.meta(0, s));
-      if (agree && rank_ == 0) *agreement = copy_shared.proposed_large_chunks() ? 1 : 0;
+      if (agree && rank_ == 0) rank0_word(s) = copy_shared.proposed_large_chunks() ? 1 : 0;
       const size_t off = k * chunk;
       const size_t e = k < chunks ? std::min(chunk, count - off) : 0;
       size_t b = 0, len = 0;  // this rank's piece of chunk k
@@ -755,7 +746,7 @@ class Engine {
         }
       }
       sync(s);
-      if (agree) large_chunks_ = *agreement != 0;
+      if (agree) large_chunks_ = rank0_word(s) != 0;
       if (k >= 1 && out != nullptr) {
         const size_t prev_off = (k - 1) * chunk;
         const size_t prev_e = std::min(chunk, count - prev_off);
@@ -786,6 +777,12 @@ class Engine {
   // floating and complex types.
   static bool exact_premul(bool premul, DType dtype) {
     return !premul || core::is_floating(dtype) || core::is_complex(dtype);
+  }
+
+  // Rank 0's word in the meta area of step s: what rank 0 writes there before it publishes s,
+  // every rank reads once it waited for s (pipelined's chunk agreement, calibrate's decision).
+  uint64_t& rank0_word(uint32_t s) const {
+    return *reinterpret_cast<uint64_t*>(seg_.meta(0, s));
   }
 
   // Whether a message of `bytes` goes straight between the ranks' memory (the same answer on
