@@ -19,6 +19,12 @@ std::vector<bool> run(ModeProbe& probe, int ops, Cost cost_of, int64_t& now) {
 // Other modes within 1.5x of the best are timed in full (slower ones are left early).
 ModeProbe::Config quick() { return {/*samples=*/3, /*hold_ops=*/10, /*hold_ns=*/0, 0, 0}; }
 
+// A first probe (3 operations in mode 0, 4 in mode 1) that finds mode 1 faster.
+bool settle_on_mode_1(ModeProbe& probe, int64_t& now) {
+  run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
+  return probe.mode() == 1;
+}
+
 TEST(ModeProbe, SwitchesToTheFasterModeAndHoldsIt) {
   ModeProbe probe(quick());
   int64_t now = 0;
@@ -55,8 +61,7 @@ TEST(ModeProbe, TheFirstOperationAfterASwitchIsNotJudged) {
 TEST(ModeProbe, ProbesAgainAfterTheHoldAndFollowsAChange) {
   ModeProbe probe(quick());
   int64_t now = 0;
-  run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
-  ASSERT_TRUE(probe.mode());
+  ASSERT_TRUE(settle_on_mode_1(probe, now));
   // Now the first mode is the faster one: after the hold (10 operations) the next probe
   // (3 in the held mode, 4 in the other) finds it.
   auto modes = run(probe, 17, [](bool m) { return m ? 1.25 : 1.0; }, now);
@@ -67,8 +72,7 @@ TEST(ModeProbe, ProbesAgainAfterTheHoldAndFollowsAChange) {
 TEST(ModeProbe, HoldsForAtLeastItsTime) {
   ModeProbe probe({3, 2, /*hold_ns=*/1000, 0, 0});
   int64_t now = 0;
-  run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
-  ASSERT_TRUE(probe.mode());
+  ASSERT_TRUE(settle_on_mode_1(probe, now));
   // Far more operations than hold_ops, all within hold_ns: no probe, so no switch.
   auto modes = run(probe, 500, [](bool m) { return m ? 1.25 : 1.0; }, now);
   EXPECT_EQ(modes, std::vector<bool>(500, true));
@@ -80,8 +84,7 @@ TEST(ModeProbe, HoldsForAtLeastItsTime) {
 TEST(ModeProbe, HeldOperationsNeedNoClockUntilTheHoldMayEnd) {
   ModeProbe probe({3, 10, /*hold_ns=*/1000, 0, 0});
   int64_t now = 0;
-  run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
-  ASSERT_TRUE(probe.mode());
+  ASSERT_TRUE(settle_on_mode_1(probe, now));
   // Nine untimed operations, then the tenth is timed to see whether the hold is over.
   for (int i = 0; i < 9; ++i) {
     ASSERT_FALSE(probe.wants_time()) << i;
@@ -165,10 +168,12 @@ TEST(ModeProbe, AFarSlowerModeIsLeftAfterOneJudgedOperation) {
   int64_t now = 0;
   const double cost[4] = {1.0, 5.0, 1.2, 0.9};
   std::vector<int> modes;
+  std::vector<int> ended;  // operations that ended a probe
   for (int i = 0; i < 3 + 2 + 4 + 4; ++i) {
     modes.push_back(probe.mode());
-    probe.record(cost[probe.mode()], ++now);
+    if (probe.record(cost[probe.mode()], ++now)) ended.push_back(i);
   }
+  EXPECT_EQ(ended, std::vector<int>{12});
   // Mode 1 (5x the best) gets the unjudged operation and one judged one only.
   EXPECT_EQ(modes, (std::vector<int>{0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3}));
   EXPECT_EQ(probe.mode(), 3);
