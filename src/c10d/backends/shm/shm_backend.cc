@@ -769,7 +769,9 @@ class Engine {
         if (j != rank_) core::reduce(dst, seg_.in(j, s) + b * es, len, dtype, op);
       }
       core::apply_postdiv(dst, len, dtype, op, size_);
-      copy_shared(published, dst, len * es);
+      // Reduced in place when this rank keeps no result (reduce's non-roots, PREMUL_SUM): a
+      // copy onto itself would only cost time with streaming stores.
+      if (dst != published) copy_shared(published, dst, len * es);
     }
   }
 
