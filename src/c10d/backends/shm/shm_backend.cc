@@ -80,6 +80,19 @@ constexpr int kCalibrationRounds = 4;
 constexpr size_t kCalibrationBytes = size_t{2} << 20;
 // Broadcast, gather and all_gather go direct only from this size (see Engine::direct_fanout).
 constexpr size_t kDirectFanoutBytes = size_t{8} << 20;
+// With a core per rank, broadcast, all_gather and alltoall also go direct for mid-sized
+// messages (a rank's part), from kDirectMidBytes to below kDirectMidEndBytes (broadcast:
+// kBroadcastMidEndBytes): two copies through the slots cost more there than one through the
+// kernel plus its page pinning and a final wait. On an EPYC Zen 4 guest, 2 ranks, min of 7
+// timings, 2-3 launches, slots against direct: all_gather of 128 KiB per rank 21-28 us
+// against 18-20, alltoall of 256 KiB in all 22-33 against 17-20, broadcast of 256 KiB 25-33
+// against 21-22 and of 512 KiB 47-65 against 41-50. Past that the slots win again
+// (all_gather of 768 KiB per rank 65-71 against 106-130, alltoall of 1 MiB 46 against 74),
+// and with more ranks than cores they win at every size (4 ranks, all_gather of 64 KiB per
+// rank 48-51 against 74-101).
+constexpr size_t kDirectMidBytes = size_t{64} << 10;
+constexpr size_t kDirectMidEndBytes = size_t{512} << 10;
+constexpr size_t kBroadcastMidEndBytes = size_t{1} << 20;
 static_assert(kPipelineChunk <= kSlotBytes);
 // A direct allreduce moves pieces this large per system call: large enough that the calls and
 // the kernel's page pinning are cheap per byte, small enough that the landing area and the
@@ -316,10 +329,10 @@ class Engine {
         rank_(seg_.rank()),
         size_(seg_.size()),
         policy_(wait_policy(size_)),
+        own_core_(ranks_per_core(size_) <= 1),
         direct_piece_(direct_piece(size_)),
-        direct_allreduce_(ranks_per_core(size_) > 1 ? kDirectAllreduceSharedCoreBytes
-                                                    : kDirectAllreduceBytes),
-        copy_shared(ranks_per_core(size_) <= 1) {}
+        direct_allreduce_(own_core_ ? kDirectAllreduceBytes : kDirectAllreduceSharedCoreBytes),
+        copy_shared(own_core_) {}
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -359,7 +372,7 @@ class Engine {
   // starts with the faster one on rank 0: which wins depends on the machine (kPipelineChunk).
   // Only when every rank has a core: with more ranks the timings say little.
   void calibrate(Millis timeout) {
-    if (size_ < 2 || ranks_per_core(size_) > 1) return;
+    if (size_ < 2 || !own_core_) return;
     begin("chunk calibration", OpType::kAllreduce, 0, timeout);
     const size_t count = kCalibrationBytes / sizeof(float);
     std::vector<float> data(count, 1.0f);
@@ -408,7 +421,8 @@ class Engine {
       // A root tensor in the shared heap is read in place by every other rank; a large one
       // elsewhere is read through the kernel.
       const std::vector<Where>& where = locate(data, bytes);
-      if (where[root].mapped != nullptr || direct_fanout(bytes)) {
+      if (where[root].mapped != nullptr || direct_fanout(bytes) ||
+          direct_mid(bytes, kBroadcastMidEndBytes)) {
         if (rank_ != root) fetch(where[root], root, data, bytes);
         sync(next_step());  // the root's tensor must not change while peers read it
         return;
@@ -469,7 +483,7 @@ class Engine {
       // Inputs are read in place when every rank's is in the shared heap, or through the
       // kernel when large.
       const std::vector<Where>& where = locate(in, bytes);
-      if (all_mapped(where) || direct_fanout(bytes)) {
+      if (all_mapped(where) || direct_fanout(bytes) || direct_mid(bytes)) {
         for (int r = 0; r < size_; ++r) {
           char* d = dst(r);
           if (d == nullptr) continue;
@@ -667,7 +681,7 @@ class Engine {
       if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
       return;
     }
-    if (addresses && direct(longest)) {
+    if (addresses && (direct(longest) || direct_mid(longest))) {
       for (int j = 0; j < size_; ++j) {
         const auto* t = reinterpret_cast<const uint64_t*>(seg_.meta(j, s));
         if (j != rank_) read_from(j, recv[j], t[size_ + rank_], std::min(incoming[j], recv_len[j]));
@@ -799,6 +813,11 @@ class Engine {
   // 2 MiB 134-175 against 210-212; at 8 MiB broadcast 339-529 against 317-325, the others
   // even.
   bool direct_fanout(size_t bytes) const { return seg_.cma() && bytes >= kDirectFanoutBytes; }
+  // Whether a mid-sized message of broadcast, all_gather or alltoall goes direct (see
+  // kDirectMidBytes); the same answer on every rank.
+  bool direct_mid(size_t bytes, size_t end = kDirectMidEndBytes) const {
+    return own_core_ && seg_.cma() && bytes >= kDirectMidBytes && bytes < end;
+  }
 
   // Where rank r's buffer of an operation is: mapped here (it lies in r's shared heap) or
   // only at an address in r's own address space.
@@ -1124,6 +1143,7 @@ class Engine {
   const int rank_;
   const int size_;
   const WaitPolicy policy_;
+  const bool own_core_;            // every rank has a core of its own
   const size_t direct_piece_;      // owner_computes' piece through the kernel
   const size_t direct_allreduce_;  // allreduce of ordinary tensors goes direct from this size
   SharedWriter copy_shared;
