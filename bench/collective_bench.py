@@ -204,8 +204,9 @@ def worker(args) -> int:
     results = []
     # Warm up for at least 50 ms before the first measurement, for every implementation alike;
     # without it the first size pays for cold caches and clock ramp-up. Ranks agree on when to
-    # stop (max over ranks), so they issue the same number of calls.
-    warm = impl.op(args.ops.split(",")[0], 1, dtype)
+    # stop (max over ranks), so they issue the same number of calls. With all_reduce, which
+    # every peer has (torch 1.13's gloo lacks all_gather_into_tensor, for one).
+    warm = impl.op("all_reduce", 1, dtype)
     start = time.perf_counter()
     while impl.max_over_ranks(time.perf_counter() - start) < 0.05:
         for _ in range(100):
