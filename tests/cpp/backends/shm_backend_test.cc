@@ -3,6 +3,9 @@
 #include "c10d/backends/shm/shm_backend.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -10,6 +13,7 @@
 
 #include "c10d/core/exception.h"
 #include "c10d/core/reduce.h"
+#include "c10d/backends/shm/segment.h"
 #include "c10d/store/hash_store.h"
 
 namespace c10d::backends::shm {
@@ -598,6 +602,54 @@ TEST(ShmBackend, ShutdownDoesNotWaitForPeers) {
     b.shutdown();
     EXPECT_LT(std::chrono::steady_clock::now() - start, 500ms);
     EXPECT_THROW(work->wait(), core::DistError);
+  });
+}
+
+// Pins the calling thread to `cpu`.
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  ASSERT_EQ(::pthread_setaffinity_np(::pthread_self(), sizeof set, &set), 0);
+}
+
+// The ranks agree on how many CPUs they have together (the union of their affinity masks),
+// which decides the algorithms, so it must not depend on which rank asks.
+TEST(ShmSegment, CpusAreTheUnionOfTheRanksAffinity) {
+  if (::sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  for (const bool apart : {false, true}) {
+    auto store = std::make_shared<store::HashStore>(10s);
+    std::vector<int> seen(2, 0);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        pin_to(apart ? r : 0);
+        Segment seg(*store, r, 2, size_t{1} << 20, 10s);
+        seen[r] = seg.cpus();
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(seen[0], apart ? 2 : 1) << (apart ? "ranks on CPUs 0 and 1" : "both on CPU 0");
+    EXPECT_EQ(seen[1], seen[0]);
+  }
+}
+
+// Ranks moved onto one CPU after init (which found a CPU per rank) must not spin for each
+// other: every wait then cost the whole spin phase (200 us) before the waiter yielded, so
+// 4000 allreduces took at least 0.8 s; they take ~20 ms when the waiter yields at once.
+TEST(ShmBackend, RanksSharingACpuAfterInitDoNotSpinForEachOther) {
+  if (::sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  run_ranks(2, [](int rank, ShmBackend& b) {
+    pin_to(0);
+    Tensor t = filled(1, DType::kFloat32, rank);
+    std::vector<Tensor> ts{t};
+    pg::AllreduceOptions opts;
+    opts.async_op = false;
+    for (int i = 0; i < 10; ++i) b.allreduce(ts, opts);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 4000; ++i) b.allreduce(ts, opts);
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_LT(took, 400ms) << "rank " << rank;
   });
 }
 

@@ -2,12 +2,15 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -79,6 +82,20 @@ void touch_pages(char* base, size_t bytes, bool write) {
     } else {
       (void)reinterpret_cast<volatile const char*>(base)[off];
     }
+  }
+}
+
+// This thread's affinity mask as kMaxCpus bits; every online CPU when it cannot be read.
+void write_cpu_mask(uint64_t (&mask)[kMaxCpus / 64]) {
+  std::fill(std::begin(mask), std::end(mask), 0);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) {
+    const long online = std::clamp(::sysconf(_SC_NPROCESSORS_ONLN), 1L, long{kMaxCpus});
+    for (long c = 0; c < online; ++c) CPU_SET(c, &set);
+  }
+  for (int c = 0; c < std::min(kMaxCpus, CPU_SETSIZE); ++c) {
+    if (CPU_ISSET(c, &set)) mask[c / 64] |= uint64_t{1} << (c % 64);
   }
 }
 
@@ -239,6 +256,8 @@ Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, cor
   // wait goes through the segments, not the store: a rank that is done may already have taken
   // the store's server down.
   h->cma = probe_cma() ? 1 : 2;
+  write_cpu_mask(h->cpu_mask);
+  h->cpu.store(-1, std::memory_order_relaxed);
   h->mapped.store(1, std::memory_order_release);
   const core::Deadline deadline(timeout);
   for (int r = 0; r < size; ++r) {
@@ -257,6 +276,13 @@ Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, cor
   ::close(fd);
   cma_ = true;
   for (int r = 0; r < size; ++r) cma_ = cma_ && header(r)->cma == 1;
+  int cpus = 0;
+  for (size_t w = 0; w < std::size(h->cpu_mask); ++w) {
+    uint64_t any = 0;
+    for (int r = 0; r < size; ++r) any |= header(r)->cpu_mask[w];
+    cpus += std::popcount(any);
+  }
+  cpus_ = std::max(1, cpus);
 }
 
 bool Segment::probe_cma() const {

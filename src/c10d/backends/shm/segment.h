@@ -43,6 +43,8 @@ inline constexpr uint32_t kRingDepth = 14;
 inline constexpr size_t kRingBytes = size_t{16} << 10;
 // Point-to-point bytes in flight per (sender, receiver) pair.
 inline constexpr size_t kChannelBytes = size_t{64} << 10;
+// CPUs a segment header can describe (the affinity masks).
+inline constexpr int kMaxCpus = 1024;
 
 // A 32-bit futex word with a count of sleepers, so that the writer makes a system call only
 // when someone sleeps.
@@ -86,6 +88,11 @@ struct SegmentHeader {
   // read every peer's segment through process_vm_readv (1) or not (2); set before `mapped`.
   uint64_t self_address;
   uint32_t cma;
+  // The CPUs this rank may run on (its affinity mask); set before `mapped`.
+  uint64_t cpu_mask[kMaxCpus / 64];
+  // The CPU this rank ran on when it last published a step, when it changed (Engine::publish):
+  // a waiter on the same CPU yields at once instead of spinning.
+  alignas(kLine) std::atomic<int32_t> cpu;
   // What this rank ran at each of its last kRingDepth steps, in full (the step word carries
   // only a hash), for the message when a peer's signature differs. Written before the step
   // is published; read only after a mismatch.
@@ -173,6 +180,9 @@ class Segment {
   // Whether every rank may copy straight from and to every other rank's private memory
   // (cross-memory attach; C10D_SHM_CMA=1 and the kernel allows it). The same on all ranks.
   bool cma() const { return cma_; }
+  // How many CPUs the ranks may run on together (the union of their affinity masks, e.g.
+  // fewer than the machine's under taskset or a container's cpuset). The same on all ranks.
+  int cpus() const { return cpus_; }
   // Copies `bytes` between this process's `local` and `remote`, an address in rank r's
   // address space. Throw DistBackendError naming the rank when the kernel refuses.
   void read_peer(int r, void* local, uint64_t remote, size_t bytes) const;
@@ -189,6 +199,7 @@ class Segment {
   std::vector<int> pids_;
   std::vector<int> pidfds_;  // -1 for this process (and when pidfd_open is unavailable)
   bool cma_ = false;
+  int cpus_ = 1;
   Heap heap_;
 };
 

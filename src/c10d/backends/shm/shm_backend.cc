@@ -157,14 +157,15 @@ struct WaitPolicy {
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-// How many ranks share a core when every rank runs on this host.
-size_t ranks_per_core(int size) {
-  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-  return ceil_div(static_cast<size_t>(size), static_cast<size_t>(cores));
+// How many ranks share a core: the ranks spread over the CPUs they may run on together. With
+// more ranks than CPUs the algorithms change (see Engine), so the count must be the same on
+// every rank: Segment::cpus is.
+size_t ranks_per_core(const Segment& seg) {
+  return ceil_div(static_cast<size_t>(seg.size()), static_cast<size_t>(seg.cpus()));
 }
 
-WaitPolicy wait_policy(int size) {
-  if (ranks_per_core(size) <= 1) return {kBlindSpins, 200'000, 2'000'000};
+WaitPolicy wait_policy(size_t per_core) {
+  if (per_core <= 1) return {kBlindSpins, 200'000, 2'000'000};
   return {0, 500, 500'000};
 }
 
@@ -176,8 +177,8 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 // owner_computes' piece for tensors read through the kernel: kDirectPiece, shared by the ranks
 // that share a core (the piece and its landing area should stay in that core's L2).
-size_t direct_piece(int size) {
-  return std::max<size_t>(kLine, kDirectPiece / ranks_per_core(size) / kLine * kLine);
+size_t direct_piece(size_t per_core) {
+  return std::max<size_t>(kLine, kDirectPiece / per_core / kLine * kLine);
 }
 
 void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n); }
@@ -328,9 +329,10 @@ class Engine {
         seg_(*segment_),
         rank_(seg_.rank()),
         size_(seg_.size()),
-        policy_(wait_policy(size_)),
-        own_core_(ranks_per_core(size_) <= 1),
-        direct_piece_(direct_piece(size_)),
+        per_core_(ranks_per_core(seg_)),
+        policy_(wait_policy(per_core_)),
+        own_core_(per_core_ <= 1),
+        direct_piece_(direct_piece(per_core_)),
         direct_allreduce_(own_core_ ? kDirectAllreduceBytes : kDirectAllreduceSharedCoreBytes),
         copy_shared(own_core_) {}
 
@@ -926,9 +928,26 @@ class Engine {
   // them from step s - 2.
   void publish(uint32_t s) {
     SegmentHeader* h = seg_.header(rank_);
+    if (own_core_) note_cpu(h);
     h->described[s % kRingDepth] = described_;
     h->step.op[s % kRingDepth].store(op_, std::memory_order_relaxed);
     post(h->step, s);  // releases the description and the signature with the step
+  }
+
+  // Records the CPU this rank runs on in its header when it changed (for same_cpu).
+  void note_cpu(SegmentHeader* h) {
+    const int cpu = ::sched_getcpu();
+    if (cpu == cpu_) return;
+    cpu_ = cpu;
+    h->cpu.store(cpu, std::memory_order_relaxed);
+  }
+
+  // Whether rank r last published a step from the CPU this thread runs on. Spinning for it
+  // then only keeps it from running: with two ranks on one CPU (taskset, or the scheduler
+  // packing them while another program runs) every wait spun its full 200 us before it
+  // yielded (2 ranks on CPU 0: all_gather of 4 B 209 us a call).
+  bool same_cpu(int r) const {
+    return seg_.header(r)->cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
   }
 
   // The shape every rank must give the collective about to run (count in elements of dtype,
@@ -1071,6 +1090,7 @@ class Engine {
     }
     core::before_blocking();
     const int64_t start = now_ns();
+    const bool spin = !own_core_ || !same_cpu(r);
     // The operation's deadline counts from its first wait that got this far, not from its
     // start: an operation that never waits needs no clock read for it. The difference is the
     // time the operation spent copying before it first waited.
@@ -1079,10 +1099,11 @@ class Engine {
       deadline_ = core::Deadline(timeout_, started);
       deadline_started_ = true;
     }
-    for (uint32_t i = 1;; ++i) {
+    for (uint32_t i = 1; spin; ++i) {
       cpu_relax();
       if (reached(seen = w.value.load(std::memory_order_acquire), s)) return seen;
-      if ((i & 63) == 0 && now_ns() - start > policy_.spin_ns) break;
+      if ((i & 63) != 0) continue;
+      if (now_ns() - start > policy_.spin_ns || (own_core_ && same_cpu(r))) break;
     }
     int64_t last_check = now_ns();
     for (;;) {
@@ -1142,11 +1163,13 @@ class Engine {
   Segment& seg_;
   const int rank_;
   const int size_;
+  const size_t per_core_;          // ranks per core (ranks_per_core)
   const WaitPolicy policy_;
   const bool own_core_;            // every rank has a core of its own
   const size_t direct_piece_;      // owner_computes' piece through the kernel
   const size_t direct_allreduce_;  // allreduce of ordinary tensors goes direct from this size
   SharedWriter copy_shared;
+  int cpu_ = -1;              // the CPU in this rank's header (note_cpu)
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
   // Pipelined allreduces run in chunks of kSlotBytes instead of kPipelineChunk (agreed in the
