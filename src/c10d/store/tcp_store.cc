@@ -412,10 +412,11 @@ void TCPStore::wait_for_workers(int num_workers) {
   call.request().query(QueryType::kAdd).str(kInitKey).i64(0);
   call.send();
   int64_t joined = call.i64();
-  throw core::DistTimeoutError(str_cat(describe(), ": Timed out after ",
-                                       seconds_text(timeout()),
-                                       " seconds waiting for clients. ", joined, "/",
-                                       num_workers, " clients joined."));
+  // A store error, as torch raises here, that is also a timeout in Python.
+  throw core::DistStoreTimeoutError(str_cat(describe(), ": Timed out after ",
+                                            seconds_text(timeout()),
+                                            " seconds waiting for clients. ", joined, "/",
+                                            num_workers, " clients joined."));
 }
 
 void TCPStore::set(const std::string& key, const Bytes& value) {

@@ -397,7 +397,7 @@ TEST(TCPStore, ServerWaitsForWorkersAndReportsMissingOnes) {
   try {
     TCPStore store(kHost, opts);
     FAIL() << "constructor returned without the workers";
-  } catch (const core::DistTimeoutError& e) {
+  } catch (const core::DistStoreTimeoutError& e) {
     msg = e.what();
   }
   EXPECT_NE(msg.find("Timed out after 0.5 seconds waiting for clients. 1/3 clients joined."),
