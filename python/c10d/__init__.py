@@ -7,6 +7,7 @@ exposes the buffer protocol or ``__dlpack__`` (PyTorch CPU tensors included), so
 
 from . import _C
 from ._C import _dump_trace_json, _dump_trace_to_file  # noqa: F401  (flight recorder)
+from ._C import _make_nccl_premul_sum  # noqa: F401  (as torch.distributed has it)
 from ._C import (  # noqa: F401  (re-exported API)
     AllgatherOptions,
     AllreduceCoalescedOptions,

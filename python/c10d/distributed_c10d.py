@@ -5,6 +5,7 @@ tensors included); they are used in place, never copied on the way in.
 """
 
 import collections
+import hashlib
 import io
 import os
 import pickle
@@ -48,8 +49,9 @@ class _ArgumentError(_DistValueError, AssertionError):
     """A bad argument. Also an AssertionError where torch uses assert."""
 
 
-class _EmptyListError(_DistValueError, IndexError):
-    """An empty list where one entry is needed. Also an IndexError, which torch raises there."""
+class _ShortListError(_DistValueError, IndexError):
+    """A list with fewer entries than needed (or none). Also an IndexError, which torch raises
+    there."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,7 +353,10 @@ def _group_ranks(group: ProcessGroup) -> Dict[int, int]:
 
 
 def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
-    """The rank in `group` of the process with global rank `global_rank`."""
+    """The rank in `group` of the process with global rank `global_rank` (itself for the
+    default group, unchecked, as in torch)."""
+    if group is not None and group is GroupMember.WORLD:
+        return global_rank
     ranks = _group_ranks(group)
     if global_rank not in ranks:
         raise _DistValueError(f"Global rank {global_rank} is not part of group {group}")
@@ -359,7 +364,10 @@ def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
 
 
 def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
-    """The global rank of the process with rank `group_rank` in `group`."""
+    """The global rank of the process with rank `group_rank` in `group` (itself for the
+    default group)."""
+    if group is not None and group is GroupMember.WORLD:
+        return group_rank
     for global_rank, rank in _group_ranks(group).items():
         if rank == group_rank:
             return global_rank
@@ -509,10 +517,12 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
             raise _ArgumentError("rank must be non-negative if using store")
         if rank >= world_size:
             raise _ArgumentError(f"rank {rank} must be less than world_size {world_size}")
+        store = _incarnation_store(store, world_size)
     else:
         store, rank, world_size = _rdzv.rendezvous(init_method or "env://", rank, world_size,
                                                    timeout)
         store.set_timeout(timeout)
+        store = _incarnation_store(store, world_size)
         _rdzv.store_based_barrier(store, rank, world_size, timeout,
                                   key=f"c10d/init/{group_name or _world.group_count}")
     if backend == Backend.UNDEFINED:
@@ -522,6 +532,17 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     pg = _new_process_group_helper(world_size, rank, [], backend, store, name, pg_options,
                                    timeout)
     _world.set_default(pg)
+
+
+def _incarnation_store(store, world_size):
+    """`store` for this incarnation of the default group. A store can outlive the group (a
+    launcher's, a FileStore's file), and after destroy_process_group() a new group reuses the
+    names of the old one ("0", ...), so the keys of the old rendezvous would answer the new
+    one (barriers passing early, connections to ports already closed). Each incarnation works
+    under its own prefix: every rank draws one ticket, so incarnation n holds tickets
+    n * world_size + 1 ... (n + 1) * world_size. The first keeps the store as it is."""
+    n = (store.add("c10d/incarnation", 1) - 1) // world_size
+    return _C.PrefixStore(f"c10d/incarnation/{n}/", store) if n else store
 
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
@@ -561,7 +582,9 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
               use_local_synchronization: bool = False, group_desc: Optional[str] = None,
               device_id=None):
     """Creates a group of the given global ranks (all ranks if None). Every rank of the world
-    must call it, in the same order; ranks outside get ``GroupMember.NON_GROUP_MEMBER``."""
+    must call it, in the same order; ranks outside get ``GroupMember.NON_GROUP_MEMBER``. With
+    `use_local_synchronization` only the members need to call it (in the same order among
+    themselves): the group is named after its ranks instead of by the world's count."""
     default = _get_default_group()
     world_size = default.size()
     global_rank = default.rank()
@@ -576,9 +599,12 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
                                   f"{world_size})")
     if backend is None:
         backend = _world.pg_map[default][0]
-    # Every rank advances the counter, members or not, so names stay in step.
-    name = str(_world.group_count)
-    _world.group_count += 1
+    if use_local_synchronization:
+        name = _name_of_ranks(ranks)
+    else:
+        # Every rank advances the counter, members or not, so names stay in step.
+        name = str(_world.group_count)
+        _world.group_count += 1
     if global_rank not in ranks:
         return GroupMember.NON_GROUP_MEMBER
     store = _world.pg_map[default][1]
@@ -588,6 +614,65 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
     if group_desc is not None:
         pg._set_group_desc(group_desc)
     return pg
+
+
+def _name_of_ranks(ranks):
+    """A group name from its ranks alone; the same ranks again get a new name (derived from
+    the last one), so members that create groups in the same order agree."""
+    name = hashlib.sha1("_".join(map(str, ranks)).encode()).hexdigest()
+    while name in _world.pg_names.values():
+        name = hashlib.sha1(f"{name}_".encode()).hexdigest()
+    return name
+
+
+def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
+                group_desc=None):
+    """Splits `parent_pg` (default: the default group) into disjoint groups, each a list of
+    ranks of the parent. Every rank of the parent calls it with the same `split_ranks`; each
+    gets the group it is in, or None when it is in none."""
+    parent = parent_pg if parent_pg is not None else _get_default_group()
+    if not split_ranks:
+        raise _DistValueError("split_ranks cannot be None or empty")
+    size = get_world_size(parent)
+    seen = set()
+    for split in split_ranks:
+        for r in split:
+            if not 0 <= r < size:
+                raise _DistValueError(f"split_group: rank {r} is not a rank of the parent group "
+                                      f"(size {size})")
+            if r in seen:
+                raise _DistValueError(f"split_group: rank {r} is in more than one split")
+            seen.add(r)
+    me = get_rank(parent)
+    mine = next((split for split in split_ranks if me in split), None)
+    if mine is None:
+        return None
+    global_ranks = [get_global_rank(parent, r) for r in mine]
+    return new_group(global_ranks, timeout=timeout if timeout is not None else parent._timeout,
+                     backend=_world.pg_map[parent][0], pg_options=pg_options,
+                     use_local_synchronization=True, group_desc=group_desc)
+
+
+def shrink_group(ranks_to_exclude, group=None, shrink_flags=0, pg_options=None):
+    """A new group of the ranks of `group` (default: the default group) that are not in
+    `ranks_to_exclude` (ranks of `group`), e.g. to go on without failed ranks. Only the
+    remaining ranks call it."""
+    parent = group if group is not None else _get_default_group()
+    size = get_world_size(parent)
+    excluded = set(ranks_to_exclude)
+    if not excluded:
+        raise _DistValueError("ranks_to_exclude cannot be empty")
+    if any(not 0 <= r < size for r in excluded):
+        raise _DistValueError(f"ranks_to_exclude {sorted(excluded)} must be ranks of the group "
+                              f"(size {size})")
+    if get_rank(parent) in excluded:
+        raise _DistValueError(f"rank {get_rank(parent)} is excluded from the shrunk group and "
+                              f"must not call shrink_group")
+    if len(excluded) == size:
+        raise _DistValueError("ranks_to_exclude cannot exclude every rank of the group")
+    kept = [get_global_rank(parent, r) for r in range(size) if r not in excluded]
+    return new_group(kept, timeout=parent._timeout, backend=_world.pg_map[parent][0],
+                     pg_options=pg_options, use_local_synchronization=True)
 
 
 def new_subgroups(group_size: Optional[int] = None, group=None, timeout=None, backend=None,
@@ -1011,7 +1096,7 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         raise _DistValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
                               "``c10d.P2POp``.")
     if not p2p_op_list:
-        raise _EmptyListError("batch_isend_irecv needs at least one P2POp")
+        raise _ShortListError("batch_isend_irecv needs at least one P2POp")
     groups = {id(p.group) for p in p2p_op_list}
     if len(groups) > 1:
         raise _DistValueError("All ops need to use the same group.")
@@ -1038,6 +1123,13 @@ def _to_bytes_tensor(obj) -> np.ndarray:
     return np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy()
 
 
+def _check_list_holds(objects, world, name):
+    """An object list must have an entry per rank of the group (more are left alone)."""
+    if len(objects) < world:
+        raise _ShortListError(f"{name} has {len(objects)} entries but the group has {world} "
+                              f"ranks: it needs one entry per rank")
+
+
 def _from_bytes_tensor(array: np.ndarray, size: int):
     return pickle.loads(array[:size].tobytes())
 
@@ -1048,9 +1140,6 @@ def all_gather_object(object_list, obj, group=None):
         _warn_not_in_group("all_gather_object")
         return
     world = get_world_size(group)
-    if len(object_list) < world:
-        raise _DistValueError(f"object_list must have {world} entries (the group size), got "
-                              f"{len(object_list)}")
     data = _to_bytes_tensor(obj)
     sizes = np.zeros(world, dtype=np.int64)
     all_gather_into_tensor(sizes, np.array([data.size], dtype=np.int64), group)
@@ -1059,6 +1148,9 @@ def all_gather_object(object_list, obj, group=None):
     padded[:data.size] = data
     gathered = np.zeros(longest * world, dtype=np.uint8)
     all_gather_into_tensor(gathered, padded, group)
+    # Checked after the exchange, as torch fails there too: raising before it would leave the
+    # peers waiting for this rank until their timeout.
+    _check_list_holds(object_list, world, "object_list")
     for i in range(world):
         object_list[i] = _from_bytes_tensor(gathered[i * longest:(i + 1) * longest],
                                             int(sizes[i]))
@@ -1075,10 +1167,10 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     me = get_rank(group)
     world = get_world_size(group)
     if me == root:
-        if object_gather_list is None or len(object_gather_list) != world:
+        if not object_gather_list:
             raise _DistValueError("Argument ``object_gather_list`` must be specified on the "
-                                  "destination rank with one entry per rank.")
-    elif object_gather_list is not None:
+                                  "destination rank.")
+    elif object_gather_list:
         raise _DistValueError("Argument ``object_gather_list`` must NOT be specified on "
                               "non-destination ranks.")
     data = _to_bytes_tensor(obj)
@@ -1090,6 +1182,7 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     outputs = [np.zeros(longest, dtype=np.uint8) for _ in range(world)] if me == root else None
     gather(padded, outputs, group=group, group_dst=root)
     if me == root:
+        _check_list_holds(object_gather_list, world, "object_gather_list")  # as all_gather_object
         for i in range(world):
             object_gather_list[i] = _from_bytes_tensor(outputs[i], int(sizes[i]))
 
@@ -1210,6 +1303,7 @@ __all__ = [
     "is_gloo_available", "is_initialized", "is_mpi_available", "is_backend_available",
     "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
     "isend", "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "split_group", "shrink_group",
     "recv", "reduce", "reduce_scatter", "scatter", "scatter_object_list", "send",
     "supports_complex", "AllreduceCoalescedOptions", "AllreduceOptions", "AllToAllOptions",
     "BarrierOptions", "BroadcastOptions", "GatherOptions", "PrefixStore", "ProcessGroup",

@@ -18,6 +18,12 @@ def test_case(case, world_size, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_groups_rebuilt_on_one_store(backend, tmp_path):
+    harness.check_all_ok(harness.run("reinit_on_one_store", 3, backend, init=False,
+                                     env={"C10D_TEST_STORE_FILE": str(tmp_path / "store")}))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_recv_without_sender_times_out(backend):
     results = harness.run("recv_timeout", 2, backend,
                           env={"C10D_TEST_PG_TIMEOUT": "3"})

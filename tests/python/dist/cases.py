@@ -3,6 +3,7 @@
 Every rank builds every rank's input from (rank, seed), so each can compute the expected
 result with numpy and check its own output."""
 
+import os
 import time
 from datetime import timedelta
 
@@ -474,6 +475,11 @@ def objects(dist, backend):
     dist.gather_object(("g", rank), out, dst=0)
     if rank == 0:
         assert out == [("g", r) for r in range(world)]
+    # A longer list keeps its extra entries; an empty one on other ranks is no list (torch).
+    out = [None] * (world + 1) if rank == 0 else []
+    dist.gather_object(rank, out, dst=0)
+    if rank == 0:
+        assert out == list(range(world)) + [None], out
     lst = [f"from{rank}", rank, None] if rank == world - 1 else [None, None, None]
     dist.broadcast_object_list(lst, src=world - 1)
     assert lst == [f"from{world - 1}", world - 1, None]
@@ -541,10 +547,48 @@ def subgroups(dist, backend):
     cur, subs = dist.new_subgroups_by_enumeration([[r] for r in range(world)])
     assert dist.get_world_size(cur) == 1
     assert dist.get_pg_count() >= 2
+    # With use_local_synchronization only the members call new_group: the odd ranks here.
+    odd = [r for r in range(1, world, 2)]
+    if rank in odd:
+        g = dist.new_group(odd, use_local_synchronization=True)
+        t = np.array([rank], np.int64)
+        dist.all_reduce(t, group=g)
+        assert t[0] == sum(odd)
+    # split_group: the parent's ranks in halves (the second may be empty), rank 0 left out.
+    rest = list(range(1, world))
+    halves = [h for h in (rest[:len(rest) // 2], rest[len(rest) // 2:]) if h]
+    if halves:
+        g = dist.split_group(split_ranks=halves)
+        if rank == 0:
+            assert g is None
+        else:
+            mine = next(h for h in halves if rank in h)
+            assert dist.get_process_group_ranks(g) == mine
+            t = np.array([rank], np.int64)
+            dist.all_reduce(t, group=g)
+            assert t[0] == sum(mine)
+    # The default group maps ranks to themselves, unchecked.
+    assert dist.get_group_rank(dist.group.WORLD, world + 3) == world + 3
+    assert dist.get_global_rank(dist.group.WORLD, world + 3) == world + 3
     # The world still works.
     t = np.ones(1)
     dist.all_reduce(t)
     assert t[0] == world
+
+
+def reinit_on_one_store(dist, backend):
+    """init/new_group/all_reduce/destroy again and again over one FileStore: each incarnation
+    must not meet the keys of the one before (they once made rendezvous connect to closed
+    ports or barriers pass early)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.FileStore(os.environ["C10D_TEST_STORE_FILE"], world)
+    for i in range(4):
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+        g = dist.new_group(list(range(world)))
+        t = np.array([rank + i], np.int64)
+        dist.all_reduce(t, group=g)
+        assert t[0] == sum(range(world)) + world * i, (i, t)
+        dist.destroy_process_group()
 
 
 def state_queries(dist, backend):
