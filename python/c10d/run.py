@@ -1,9 +1,12 @@
 """Launcher: ``python -m c10d.run --nproc-per-node N script.py args...``.
 
 Starts N worker processes on this node with torchrun's environment (RANK, LOCAL_RANK,
-WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), forwards their output, and
-watches them: when one fails the others are stopped, the exit code is non-zero and a summary
-says which rank failed and why.
+WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_NAME, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_RESTART_COUNT, ...), forwards their output (or writes it to --log-dir), and watches
+them: when one fails the others are stopped and, while --max-restarts allows, the whole group
+starts again; otherwise the exit code is non-zero and a summary says which rank failed and why.
+With a dynamic rendezvous (--rdzv-backend c10d) the nodes' launchers meet at --rdzv-endpoint
+and number themselves; with the static one each node gives its --node-rank.
 """
 
 import argparse
@@ -15,30 +18,79 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional
+import uuid
+from datetime import timedelta
+from typing import Dict, List, Optional
 
 __all__ = ["main", "parse_args"]
 
 
 def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _split_endpoint(endpoint: str, default_port: Optional[int]):
+    """"host:port", "[v6]:port", "host" or "v6" -> (host, port or default_port)."""
+    if endpoint.startswith("["):
+        host, _, rest = endpoint[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif endpoint.count(":") == 1:
+        host, _, port = endpoint.partition(":")
+    else:
+        host, port = endpoint, ""
+    if port and not port.isdigit():
+        raise ValueError(f"the port of rendezvous endpoint {endpoint!r} is not a number")
+    return host, int(port) if port else default_port
+
+
+# torchrun's --redirects/--tee values: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank,
+# "0:1,1:3".
+def _streams(spec: str, local_rank: int) -> int:
+    spec = str(spec or "0")
+    if ":" not in spec:
+        return int(spec)
+    for item in spec.split(","):
+        rank, _, value = item.partition(":")
+        if int(rank) == local_rank:
+            return int(value)
+    return 0
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="c10drun", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", default="1",
-                   help="workers on this node (an integer, or 'cpu' for one per core)")
+                   help="workers on this node (an integer, or 'cpu'/'auto' for one per core)")
     p.add_argument("--nnodes", default="1", help="number of nodes (N or MIN:MAX; MAX is used)")
     p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0)
     p.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None)
     p.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None)
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default="",
                    help="host:port of the rendezvous (rank 0's store)")
-    p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static")
+    p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static",
+                   help="static (each node gives --node-rank) or c10d (the nodes' launchers "
+                        "meet at --rdzv-endpoint and number themselves)")
     p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default="none")
+    p.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="",
+                   help="key=value,...; join_timeout (seconds, default 600) is used")
+    p.add_argument("--role", default="default", help="the workers' ROLE_NAME")
+    p.add_argument("--log-dir", "--log_dir", dest="log_dir", default=None,
+                   help="with --redirects/--tee: where <attempt>/<local rank>/stdout.log etc. go")
+    p.add_argument("-r", "--redirects", default="0",
+                   help="send workers' streams to files in --log-dir instead of the console: "
+                        "0 none, 1 stdout, 2 stderr, 3 both, or per local rank (0:1,1:3)")
+    p.add_argument("-t", "--tee", default="0",
+                   help="as --redirects, but also to the console")
+    p.add_argument("--local-addr", "--local_addr", dest="local_addr", default=None,
+                   help="this node's address for the other nodes (dynamic rendezvous)")
+    p.add_argument("--start-method", "--start_method", dest="start_method", default="spawn",
+                   choices=["spawn", "fork", "forkserver"],
+                   help="accepted for torchrun's sake: workers are always new processes")
+    p.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
+                   help="run the script by path (what Python does anyway)")
     p.add_argument("--standalone", action="store_true",
                    help="single node: pick a free local port for the rendezvous")
     p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0)
@@ -52,48 +104,152 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("training_script")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
-    if args.nproc_per_node == "cpu":
+    if args.nproc_per_node in ("cpu", "auto"):  # auto: one per GPU in torchrun; there are none
         args.nproc_per_node = os.cpu_count() or 1
     try:
         args.nproc_per_node = int(args.nproc_per_node)
     except ValueError:
-        p.error(f"--nproc-per-node must be an integer or 'cpu', got {args.nproc_per_node!r}")
+        p.error(f"--nproc-per-node must be an integer, 'cpu' or 'auto', got "
+                f"{args.nproc_per_node!r}")
+    if args.max_restarts < 0:
+        p.error("--max-restarts must not be negative")
+    for name in ("redirects", "tee"):
+        try:
+            _streams(getattr(args, name), 0)
+        except ValueError:
+            p.error(f"--{name} takes 0-3 or local_rank:value pairs, got {getattr(args, name)!r}")
+    try:
+        conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if item)
+        args.join_timeout = float(conf.get("join_timeout", 600))
+    except ValueError:
+        p.error(f"--rdzv-conf takes key=value pairs, got {args.rdzv_conf!r}")
     args.nnodes = int(str(args.nnodes).split(":")[-1])
     if args.nproc_per_node <= 0 or args.nnodes <= 0:
         p.error("--nproc-per-node and --nnodes must be positive")
     if not 0 <= args.node_rank < args.nnodes:
         p.error(f"--node-rank {args.node_rank} is outside [0, {args.nnodes})")
+    # A dynamic rendezvous numbers the nodes itself; its endpoint defaults to port 29400.
+    args.dynamic = args.rdzv_backend != "static" and args.nnodes > 1 and not args.standalone
+    try:
+        _split_endpoint(args.rdzv_endpoint, None)
+    except ValueError as e:
+        p.error(str(e))
+    if args.dynamic and not args.rdzv_endpoint:
+        p.error(f"--rdzv-backend {args.rdzv_backend} with several nodes needs --rdzv-endpoint")
+    if args.standalone:
+        args.rdzv_id = str(uuid.uuid4())
     return args
 
 
 def _endpoint(args):
+    """MASTER_ADDR and MASTER_PORT of the static rendezvous (rank 0's store)."""
     host, port = args.master_addr, args.master_port
     if args.rdzv_endpoint:
-        h, _, pt = args.rdzv_endpoint.rpartition(":")
-        host = host or h or args.rdzv_endpoint
-        if pt and port is None:
-            port = int(pt)
+        h, pt = _split_endpoint(args.rdzv_endpoint, None)
+        host = host or h
+        if port is None:
+            if pt is None and args.nnodes > 1 and not args.standalone:
+                raise SystemExit(f"c10drun: port is absent in --rdzv-endpoint "
+                                 f"{args.rdzv_endpoint!r}: give host:port or --master-port")
+            port = pt
     host = host or "127.0.0.1"
     if port is None:
         port = _free_port(host) if (args.standalone or args.nnodes == 1) else 29500
     return host, port
 
 
+def _is_local(host: str) -> bool:
+    """Whether `host` names an address of this machine (one can bind to it)."""
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(host, 0,
+                                                                   type=socket.SOCK_STREAM):
+            with socket.socket(family, kind, proto) as s:
+                s.bind(address)
+                return True
+    except OSError:
+        pass
+    return False
+
+
+def _dynamic_rendezvous(args):
+    """Meets the other nodes' launchers at --rdzv-endpoint (default port 29400) and returns
+    (node rank, MASTER_ADDR, MASTER_PORT). The launcher that can host the store there is node
+    0; it picks the workers' port and publishes it."""
+    from . import _C  # the compiled module only when a dynamic rendezvous needs it
+
+    host, port = _split_endpoint(args.rdzv_endpoint, 29400)
+    timeout = timedelta(seconds=args.join_timeout)
+    prefix = f"c10drun/{args.rdzv_id}/"
+    try:
+        if not _is_local(host):
+            raise _C.DistNetworkError("the endpoint is another host's")
+        store = _C.TCPStore(host, port, world_size=None, is_master=True, timeout=timeout,
+                            wait_for_workers=False)
+        node_rank = 0
+        master_addr = args.local_addr or host
+        master_port = _free_port(master_addr if args.local_addr else "0.0.0.0")
+        store.set(prefix + "master", f"{master_addr} {master_port}")
+        store.add(prefix + "joined", 1)
+    except _C.DistNetworkError:  # another node's launcher hosts it
+        store = _C.TCPStore(host, port, is_master=False, timeout=timeout)
+        node_rank = store.add(prefix + "joined", 1) - 1
+        master_addr, master_port = store.get(prefix + "master").decode().split()
+    if node_rank >= args.nnodes:
+        raise SystemExit(f"c10drun: {node_rank + 1} nodes joined rendezvous {args.rdzv_id!r} "
+                         f"at {args.rdzv_endpoint} but --nnodes is {args.nnodes}")
+    # Node 0 hosts the rendezvous store: it waits until every node has joined.
+    store.wait([prefix + "joined"])
+    deadline = time.monotonic() + timeout.total_seconds()
+    while node_rank == 0 and store.add(prefix + "joined", 0) < args.nnodes:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"c10drun: only {store.add(prefix + 'joined', 0)} of "
+                             f"{args.nnodes} nodes joined rendezvous {args.rdzv_id!r}")
+        time.sleep(0.05)
+    args._rdzv_store = store  # kept open while the workers run
+    return node_rank, master_addr, int(master_port)
+
+
 class _Worker:
-    def __init__(self, local_rank: int, rank: int, proc: subprocess.Popen):
+    """One worker process. Its stderr always passes through the launcher (the summary quotes
+    its last lines); stdout only when redirected or teed to a file. A stream redirected to
+    --log-dir goes only there; teed, to both."""
+
+    def __init__(self, local_rank: int, rank: int, command: List[str], env: Dict[str, str],
+                 files: Dict[str, Optional[str]], console: Dict[str, bool]):
         self.local_rank = local_rank
         self.rank = rank
-        self.proc = proc
         self.tail = collections.deque(maxlen=20)
-        self.reader = threading.Thread(target=self._forward, daemon=True)
-        self.reader.start()
+        self.files = {name: open(path, "wb") if path else None for name, path in files.items()}
+        self.console = console
+        pipe_out = self.files["stdout"] is not None
+        self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE,
+                                     stdout=subprocess.PIPE if pipe_out else None)
+        self.readers = [threading.Thread(target=self._forward, args=("stderr",), daemon=True)]
+        if pipe_out:
+            self.readers.append(threading.Thread(target=self._forward, args=("stdout",),
+                                                 daemon=True))
+        for t in self.readers:
+            t.start()
 
-    def _forward(self):
-        for raw in iter(self.proc.stderr.readline, b""):
-            line = raw.decode(errors="replace")
-            self.tail.append(line.rstrip("\n"))
-            sys.stderr.write(line)
-            sys.stderr.flush()
+    def _forward(self, name: str):
+        source = getattr(self.proc, name)
+        sink = getattr(sys, name)
+        for raw in iter(source.readline, b""):
+            if name == "stderr":
+                self.tail.append(raw.decode(errors="replace").rstrip("\n"))
+            if self.files[name] is not None:
+                self.files[name].write(raw)
+                self.files[name].flush()
+            if self.console[name]:
+                sink.buffer.write(raw)
+                sink.flush()
+
+    def join(self):
+        for t in self.readers:
+            t.join(timeout=2)
+        for f in self.files.values():
+            if f is not None:
+                f.close()
 
 
 def _describe_exit(code: int) -> str:
@@ -119,47 +275,29 @@ def _stop(workers: List[_Worker], grace: float) -> None:
             w.proc.wait()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
-    host, port = _endpoint(args)
-    world_size = args.nproc_per_node * args.nnodes
-    base_env = dict(os.environ)
-    base_env.update({
-        "MASTER_ADDR": host,
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(args.nproc_per_node),
-        "GROUP_RANK": str(args.node_rank),
-        "GROUP_WORLD_SIZE": str(args.nnodes),
-        "ROLE_WORLD_SIZE": str(world_size),
-        "TORCHELASTIC_RUN_ID": args.rdzv_id if args.rdzv_id != "none" else f"c10d-{os.getpid()}",
-    })
-    # Workers find this package the way the launcher did.
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    base_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [package_root, base_env.get("PYTHONPATH", "")] if p)
-    if args.no_python:
-        command = [args.training_script]
-    elif args.module:
-        command = [sys.executable, "-u", "-m", args.training_script]
-    else:
-        command = [sys.executable, "-u", args.training_script]
-    command += args.training_script_args
-
-    workers: List[_Worker] = []
+def _start_group(args, command, base_env, attempt) -> List[_Worker]:
+    workers = []
     for local_rank in range(args.nproc_per_node):
         rank = args.node_rank * args.nproc_per_node + local_rank
-        env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(local_rank), ROLE_RANK=str(rank))
-        proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-        workers.append(_Worker(local_rank, rank, proc))
+        env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(local_rank), ROLE_RANK=str(rank),
+                   TORCHELASTIC_RESTART_COUNT=str(attempt))
+        files: Dict[str, Optional[str]] = {"stdout": None, "stderr": None}
+        console = {"stdout": True, "stderr": True}
+        to_file = _streams(args.redirects, local_rank) | _streams(args.tee, local_rank)
+        if args.log_dir and to_file:
+            folder = os.path.join(args.log_dir, args.rdzv_id, f"attempt_{attempt}",
+                                  str(local_rank))
+            os.makedirs(folder, exist_ok=True)
+            for bit, name in ((1, "stdout"), (2, "stderr")):
+                if to_file & bit:
+                    files[name] = os.path.join(folder, f"{name}.log")
+                    console[name] = bool(_streams(args.tee, local_rank) & bit)
+        workers.append(_Worker(local_rank, rank, command, env, files, console))
+    return workers
 
-    def forward_signal(signum, _frame):
-        _stop(workers, args.grace_period)
-        sys.exit(128 + signum)
 
-    signal.signal(signal.SIGINT, forward_signal)
-    signal.signal(signal.SIGTERM, forward_signal)
-
+def _watch(workers: List[_Worker], args) -> Optional[_Worker]:
+    """Waits until every worker exited (None) or one failed (then stops the others)."""
     failed: Optional[_Worker] = None
     while failed is None and any(w.proc.poll() is None for w in workers):
         for w in workers:
@@ -174,13 +312,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     if failed is not None:
         _stop(workers, args.grace_period)
     for w in workers:
-        w.reader.join(timeout=2)
-    if failed is None:
-        return 0
+        w.join()
+    return failed
+
+
+def _report(failed: _Worker, workers: List[_Worker], attempts: int) -> None:
     code = failed.proc.returncode
     print("=" * 72, file=sys.stderr)
     print(f"c10drun: worker rank {failed.rank} (local_rank {failed.local_rank}, pid "
-          f"{failed.proc.pid}) failed: {_describe_exit(code)}", file=sys.stderr)
+          f"{failed.proc.pid}) failed: {_describe_exit(code)}"
+          + (f" (attempt {attempts} of {attempts}; no restarts left)" if attempts > 1 else ""),
+          file=sys.stderr)
     others = [w for w in workers if w is not failed]
     if others:
         print("c10drun: stopped the other workers: " + ", ".join(
@@ -191,6 +333,67 @@ def main(argv: Optional[List[str]] = None) -> int:
         for line in failed.tail:
             print(f"  {line}", file=sys.stderr)
     print("=" * 72, file=sys.stderr)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.dynamic:
+        args.node_rank, host, port = _dynamic_rendezvous(args)
+    else:
+        host, port = _endpoint(args)
+    world_size = args.nproc_per_node * args.nnodes
+    base_env = dict(os.environ)
+    base_env.update({
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(args.nproc_per_node),
+        "GROUP_RANK": str(args.node_rank),
+        "GROUP_WORLD_SIZE": str(args.nnodes),
+        "ROLE_NAME": args.role,
+        "ROLE_WORLD_SIZE": str(world_size),
+        "TORCHELASTIC_RUN_ID": args.rdzv_id,
+        "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
+    })
+    if args.nproc_per_node > 1 and "OMP_NUM_THREADS" not in base_env:
+        # As torchrun: several workers with a thread per core each would oversubscribe.
+        base_env["OMP_NUM_THREADS"] = "1"
+    # Workers find this package the way the launcher did.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [package_root, base_env.get("PYTHONPATH", "")] if p)
+    if args.no_python:
+        command = [args.training_script]
+    elif args.module:
+        command = [sys.executable, "-u", "-m", args.training_script]
+    else:
+        command = [sys.executable, "-u", args.training_script]
+    command += args.training_script_args
+
+    workers: List[_Worker] = []
+
+    def forward_signal(signum, _frame):
+        _stop(workers, args.grace_period)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGINT, forward_signal)
+    signal.signal(signal.SIGTERM, forward_signal)
+
+    for attempt in range(args.max_restarts + 1):
+        if attempt > 0 and not args.dynamic and args.master_port is None and \
+                not args.rdzv_endpoint and args.nnodes == 1:
+            # A fresh port: the last attempt's store may still hold the old one.
+            base_env["MASTER_PORT"] = str(_free_port(host))
+        workers[:] = _start_group(args, command, base_env, attempt)
+        failed = _watch(workers, args)
+        if failed is None:
+            return 0
+        if attempt < args.max_restarts:
+            print(f"c10drun: worker rank {failed.rank} failed "
+                  f"({_describe_exit(failed.proc.returncode)}); restarting the workers "
+                  f"(restart {attempt + 1} of {args.max_restarts})", file=sys.stderr)
+    _report(failed, workers, args.max_restarts + 1)
+    code = failed.proc.returncode
     return code if code > 0 else 1
 
 

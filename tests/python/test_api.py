@@ -271,3 +271,78 @@ def test_all_gather_object_accepts_a_longer_list(world1):
     assert out == [{"a": 1}, "untouched"]
     with pytest.raises(ValueError):
         dist.all_gather_object([], 1)
+
+
+def test_launcher_restarts_the_group_while_max_restarts_allows(tmp_path):
+    counter = tmp_path / "attempts"
+    script = f"""
+        import os, sys
+        p = {str(counter)!r}
+        n = int(open(p).read()) if os.path.exists(p) else 0
+        if os.environ["RANK"] == "0":
+            open(p, "w").write(str(n + 1))
+        env = os.environ
+        os.write(1, f"ATTEMPT {{env['RANK']}} {{env['TORCHELASTIC_RESTART_COUNT']}} "
+                    f"{{env['TORCHELASTIC_MAX_RESTARTS']}} {{env['ROLE_NAME']}} "
+                    f"{{env['OMP_NUM_THREADS']}}\\n".encode())
+        sys.exit(3 if env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["RANK"] == "1" else 0)
+    """
+    out = _launch(script, 2, tmp_path, "--max-restarts", "2", "--role", "trainer")
+    assert out.returncode == 0, out.stderr
+    lines = sorted(l for l in out.stdout.splitlines() if l.startswith("ATTEMPT"))
+    assert lines == ["ATTEMPT 0 0 2 trainer 1", "ATTEMPT 0 1 2 trainer 1",
+                     "ATTEMPT 1 0 2 trainer 1", "ATTEMPT 1 1 2 trainer 1"], lines
+    assert "restarting the workers (restart 1 of 2)" in out.stderr
+    # Without restarts left the job fails and says so.
+    counter.unlink()
+    out = _launch(script, 2, tmp_path)
+    assert out.returncode == 3 and "worker rank 1" in out.stderr
+
+
+def test_launcher_writes_redirected_streams_to_the_log_dir(tmp_path):
+    out = _launch("""
+        import os, sys
+        print("out of", os.environ["LOCAL_RANK"])
+        print("err of", os.environ["LOCAL_RANK"], file=sys.stderr)
+    """, 2, tmp_path, "--log-dir", str(tmp_path / "logs"), "--redirects", "1", "--tee", "2")
+    assert out.returncode == 0, out.stderr
+    for r in range(2):
+        folder = tmp_path / "logs" / "none" / "attempt_0" / str(r)
+        assert (folder / "stdout.log").read_text() == f"out of {r}\n"
+        assert (folder / "stderr.log").read_text() == f"err of {r}\n"
+        assert f"out of {r}" not in out.stdout  # redirected: only in the file
+        assert f"err of {r}" in out.stderr  # teed: in the file and on the console
+
+
+def test_launcher_endpoints():
+    from c10d.run import _split_endpoint
+    assert _split_endpoint("[::1]:29455", None) == ("::1", 29455)
+    assert _split_endpoint("::1", 7) == ("::1", 7)
+    assert _split_endpoint("node3:1234", None) == ("node3", 1234)
+    assert _split_endpoint("node3", 29400) == ("node3", 29400)
+    with pytest.raises(ValueError):
+        _split_endpoint("node3:http", None)
+
+
+def test_launchers_of_two_nodes_number_themselves_through_the_c10d_rendezvous(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os, numpy as np, c10d as dist
+        dist.init_process_group("gloo")
+        t = np.ones(1)
+        dist.all_reduce(t)
+        os.write(1, f"NODE {os.environ['GROUP_RANK']} RANK {dist.get_rank()} {t[0]}\\n".encode())
+        dist.destroy_process_group()
+    """))
+    from dist.harness import free_port
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    procs = [subprocess.Popen([sys.executable, "-m", "c10d.run", "--nnodes", "2",
+                               "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                               "--rdzv-endpoint", endpoint, "--rdzv-id", "job", str(script)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    lines = sorted(l for out, _ in outs for l in out.splitlines() if l.startswith("NODE"))
+    assert lines == ["NODE 0 RANK 0 2.0", "NODE 1 RANK 1 2.0"], outs
