@@ -335,8 +335,9 @@ net::Socket TCPStore::open_connection(bool retry) {
         // Accepted, then dropped during the handshake: the server refused us. Retrying
         // cannot help.
         std::string why =
-            secret_ ? "it rejected this client's shared secret"
-                    : "it may require a shared secret (set C10D_STORE_SECRET or pass secret=)";
+            secret_ ? "it rejected this client's shared secret, or speaks another protocol"
+                    : "it may require a shared secret (set C10D_STORE_SECRET or pass secret=), "
+                      "or speak another protocol (PyTorch before 2.4)";
         throw core::DistNetworkError(str_cat(describe(), ": the store server at ",
                                              endpoint(host_, port_),
                                              " closed the connection during the handshake; ",
