@@ -605,6 +605,26 @@ TEST(ShmBackend, ShutdownDoesNotWaitForPeers) {
   });
 }
 
+// With streaming stores a reduce's non-root sends its reduced piece from a private buffer;
+// the root must still get every piece (sizes of one and of several chunks).
+TEST(ShmBackend, StreamingReduceReachesTheRoot) {
+  ::setenv("C10D_SHM_STREAM", "1", 1);
+  run_ranks(2, [](int rank, ShmBackend& b) {
+    for (const int64_t n : {int64_t{20000}, int64_t{300001}}) {
+      const Tensor want = expected_reduce(n, DType::kFloat32, 2, ReduceOp::SUM);
+      for (const int root : {0, 1}) {
+        Tensor t = filled(n, DType::kFloat32, rank);
+        std::vector<Tensor> ts{t};
+        pg::ReduceOptions opts;
+        opts.root_rank = root;
+        b.reduce(ts, opts)->wait();
+        if (rank == root) expect_same(t, want, "reduce n=" + std::to_string(n));
+      }
+    }
+  });
+  ::unsetenv("C10D_SHM_STREAM");
+}
+
 // Pins the calling thread to `cpu`.
 void pin_to(int cpu) {
   cpu_set_t set;
