@@ -179,6 +179,14 @@ void WorkerServer::install_routes() {
     return httplib::Server::HandlerResponse::Handled;
   });
 
+  // An index page at the root, as torch's WorkerServer serves.
+  server.Get("/", [](const httplib::Request&, httplib::Response& response) {
+    response.set_content(
+        "<h1>c10d worker server</h1>\n<a href=\"/handler/\">Handler names</a> (POST "
+        "/handler/&lt;name&gt; to call one)\n",
+        "text/html");
+  });
+
   server.Get("/handler/", [](const httplib::Request&, httplib::Response& response) {
     response.set_content(nlohmann::json(get_handler_names()).dump(), "application/json");
   });

@@ -84,6 +84,14 @@ TEST_P(WorkerServerTest, ListsHandlers) {
   }
 }
 
+TEST_P(WorkerServerTest, IndexPageLinksTheHandlerList) {
+  auto server = start();
+  auto res = client_for(*server)->Get("/");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->body.find("href=\"/handler/\""), std::string::npos) << res->body;
+}
+
 TEST_P(WorkerServerTest, PingAndParams) {
   auto server = start();
   auto client = client_for(*server);
