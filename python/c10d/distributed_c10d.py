@@ -1040,6 +1040,9 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
 
 def send(tensor, dst=None, group=None, tag=0, group_dst=None):
     """Sends `tensor` to rank `dst` and waits until it is sent."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("send")
+        return
     work = isend(tensor, dst, group, tag, group_dst)
     if work is not None:
         work.wait()
