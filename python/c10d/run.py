@@ -173,40 +173,42 @@ def _is_local(host: str) -> bool:
 
 def _dynamic_rendezvous(args):
     """Meets the other nodes' launchers at --rdzv-endpoint (default port 29400) and returns
-    (node rank, MASTER_ADDR, MASTER_PORT). The launcher that can host the store there is node
-    0; it picks the workers' port and publishes it."""
+    (node rank, MASTER_ADDR, MASTER_PORT, the rendezvous store, to keep open while the workers
+    run). The launcher that can host the store there is node 0; it picks the workers' port
+    and publishes it, and waits until every node has joined."""
     from . import _C  # the compiled module only when a dynamic rendezvous needs it
 
     host, port = _split_endpoint(args.rdzv_endpoint, 29400)
     timeout = timedelta(seconds=args.join_timeout)
     prefix = f"c10drun/{args.rdzv_id}/"
-    try:
-        if not _is_local(host):
-            raise _C.DistNetworkError("the endpoint is another host's")
-        store = _C.TCPStore(host, port, world_size=None, is_master=True, timeout=timeout,
-                            wait_for_workers=False)
+    store = None
+    if _is_local(host):
+        try:
+            store = _C.TCPStore(host, port, world_size=None, is_master=True, timeout=timeout,
+                                wait_for_workers=False)
+        except _C.DistNetworkError:  # another launcher on this host hosts it
+            pass
+    if store is not None:
         node_rank = 0
         master_addr = args.local_addr or host
         master_port = _free_port(master_addr if args.local_addr else "0.0.0.0")
         store.set(prefix + "master", f"{master_addr} {master_port}")
         store.add(prefix + "joined", 1)
-    except _C.DistNetworkError:  # another node's launcher hosts it
+    else:
         store = _C.TCPStore(host, port, is_master=False, timeout=timeout)
         node_rank = store.add(prefix + "joined", 1) - 1
         master_addr, master_port = store.get(prefix + "master").decode().split()
     if node_rank >= args.nnodes:
         raise SystemExit(f"c10drun: {node_rank + 1} nodes joined rendezvous {args.rdzv_id!r} "
                          f"at {args.rdzv_endpoint} but --nnodes is {args.nnodes}")
-    # Node 0 hosts the rendezvous store: it waits until every node has joined.
-    store.wait([prefix + "joined"])
     deadline = time.monotonic() + timeout.total_seconds()
     while node_rank == 0 and store.add(prefix + "joined", 0) < args.nnodes:
         if time.monotonic() > deadline:
             raise SystemExit(f"c10drun: only {store.add(prefix + 'joined', 0)} of "
-                             f"{args.nnodes} nodes joined rendezvous {args.rdzv_id!r}")
+                             f"{args.nnodes} nodes joined rendezvous {args.rdzv_id!r} at "
+                             f"{args.rdzv_endpoint} within {timeout.total_seconds():g} s")
         time.sleep(0.05)
-    args._rdzv_store = store  # kept open while the workers run
-    return node_rank, master_addr, int(master_port)
+    return node_rank, master_addr, int(master_port), store
 
 
 class _Worker:
@@ -338,7 +340,8 @@ def _report(failed: _Worker, workers: List[_Worker], attempts: int) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.dynamic:
-        args.node_rank, host, port = _dynamic_rendezvous(args)
+        # The rendezvous store stays open (on node 0, its server) until main returns.
+        args.node_rank, host, port, _rendezvous_store = _dynamic_rendezvous(args)
     else:
         host, port = _endpoint(args)
     world_size = args.nproc_per_node * args.nnodes
@@ -380,10 +383,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, forward_signal)
 
     for attempt in range(args.max_restarts + 1):
-        if attempt > 0 and not args.dynamic and args.master_port is None and \
-                not args.rdzv_endpoint and args.nnodes == 1:
-            # A fresh port: the last attempt's store may still hold the old one.
-            base_env["MASTER_PORT"] = str(_free_port(host))
+        if attempt > 0 and not args.dynamic:
+            # A fresh port where the launcher picks it: the last attempt's may still be taken.
+            base_env["MASTER_PORT"] = str(_endpoint(args)[1])
         workers[:] = _start_group(args, command, base_env, attempt)
         failed = _watch(workers, args)
         if failed is None:
