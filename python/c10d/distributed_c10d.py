@@ -625,6 +625,19 @@ def _name_of_ranks(ranks):
     return name
 
 
+def _check_disjoint(rank_lists, size=None):
+    """Each rank in at most one of the lists (and in [0, size) when size is given)."""
+    seen = set()
+    for ranks in rank_lists:
+        for r in ranks:
+            if size is not None and not 0 <= r < size:
+                raise _DistValueError(f"Rank {r} is not a rank of the group (size {size})")
+            if r in seen:
+                raise _DistValueError(f"Rank {r} has appeared in both subgroup "
+                                      f"{next(s for s in rank_lists if r in s)} and {ranks}")
+            seen.add(r)
+
+
 def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
                 group_desc=None):
     """Splits `parent_pg` (default: the default group) into disjoint groups, each a list of
@@ -633,16 +646,7 @@ def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
     parent = parent_pg if parent_pg is not None else _get_default_group()
     if not split_ranks:
         raise _DistValueError("split_ranks cannot be None or empty")
-    size = get_world_size(parent)
-    seen = set()
-    for split in split_ranks:
-        for r in split:
-            if not 0 <= r < size:
-                raise _DistValueError(f"split_group: rank {r} is not a rank of the parent group "
-                                      f"(size {size})")
-            if r in seen:
-                raise _DistValueError(f"split_group: rank {r} is in more than one split")
-            seen.add(r)
+    _check_disjoint(split_ranks, get_world_size(parent))
     me = get_rank(parent)
     mine = next((split for split in split_ranks if me in split), None)
     if mine is None:
@@ -699,14 +703,7 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
     """Creates one group per list of ranks. Returns (this rank's subgroup or None, all)."""
     if not ranks_per_subgroup_list:
         raise _DistValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
-    seen = set()
-    for ranks in ranks_per_subgroup_list:
-        for r in ranks:
-            if r in seen:
-                raise _DistValueError(f"Rank {r} has appeared in both subgroup "
-                                      f"{[s for s in ranks_per_subgroup_list if r in s][0]} and "
-                                      f"{ranks}")
-            seen.add(r)
+    _check_disjoint(ranks_per_subgroup_list)
     me = get_rank()
     current = None
     subgroups = []
