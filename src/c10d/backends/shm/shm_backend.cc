@@ -50,8 +50,8 @@ constexpr size_t kZeroCopyPiece = size_t{64} << 10;
 // From this size on (a scatter's part, an alltoall's largest part), and when the kernel allows
 // it (Segment::cma), scatter and alltoall copy straight between the ranks' own memory instead
 // of through the slots: one copy per byte instead of two, but every call pins the pages. On an
-// AMD EPYC Zen 5 guest (1 MiB L2 per core, 32 MiB L3) the slots win up to a few MiB. Min of 7 timings, 2 runs
-// each, slots against direct: 2 ranks, scatter of 1 MiB 57 us against 79, 4 MiB 250 against
+// AMD EPYC Zen 5 guest (1 MiB L2 per core, 32 MiB L3) the slots win up to a few MiB. Min of 7
+// timings, 2 runs each, slots against direct: 2 ranks, scatter of 1 MiB 57 us against 79, 4 MiB 250 against
 // 212; alltoall of 1 MiB 32 against 57, 8 MiB 366-372 against 204-407; 4 ranks on 2 cores,
 // scatter of 256 KiB 43-48 against 53-58, 4 MiB 887-908 against 616-775.
 constexpr size_t kDirectBytes = size_t{4} << 20;
@@ -801,7 +801,7 @@ class Engine {
         // goes out through them too, from a private buffer, instead of by the reduction's
         // plain stores into lines the root just read (those cost 5-7x while the host keeps
         // the vCPUs apart: reduce of 256 KiB 98-102 us against 43 for all_reduce).
-        scratch_.resize(std::max(scratch_.size(), len * es));
+        if (scratch_.size() < len * es) scratch_.resize(len * es);
         dst = scratch_.data();
       }
       const int first = rank_ == 0 ? 1 : 0;
@@ -959,7 +959,7 @@ class Engine {
     post(h->step, s);  // releases the description and the signature with the step
   }
 
-  // Records the CPU this rank runs on in its header when it changed (for same_cpu).
+  // Records the CPU this rank runs on in its header when it changed (for peer_on_my_cpu).
   void note_cpu(SegmentHeader* h) {
     const int cpu = ::sched_getcpu();
     if (cpu == cpu_) return;
@@ -967,12 +967,14 @@ class Engine {
     h->cpu.store(cpu, std::memory_order_relaxed);
   }
 
-  // Whether rank r last published a step from the CPU this thread runs on. Spinning for it
-  // then only keeps it from running: with two ranks on one CPU (taskset, or the scheduler
-  // packing them while another program runs) every wait spun its full 200 us before it
-  // yielded (2 ranks on CPU 0: all_gather of 4 B 209 us a call).
-  bool same_cpu(int r) const {
-    return seg_.header(r)->cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
+  // Whether rank r last published a step from the CPU this thread runs on (tracked only while
+  // every rank has a core; otherwise waits barely spin anyway). Spinning for it then only
+  // keeps it from running: with two ranks on one CPU (taskset, or the scheduler packing them
+  // while another program runs) every wait spun its full 200 us before it yielded (2 ranks
+  // on CPU 0: all_gather of 4 B 209 us a call).
+  bool peer_on_my_cpu(int r) const {
+    return own_core_ &&
+           seg_.header(r)->cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
   }
 
   // The shape every rank must give the collective about to run (count in elements of dtype,
@@ -1115,7 +1117,7 @@ class Engine {
     }
     core::before_blocking();
     const int64_t start = now_ns();
-    const bool spin = !own_core_ || !same_cpu(r);
+    const bool spin = !peer_on_my_cpu(r);
     // The operation's deadline counts from its first wait that got this far, not from its
     // start: an operation that never waits needs no clock read for it. The difference is the
     // time the operation spent copying before it first waited.
@@ -1128,7 +1130,7 @@ class Engine {
       cpu_relax();
       if (reached(seen = w.value.load(std::memory_order_acquire), s)) return seen;
       if ((i & 63) != 0) continue;
-      if (now_ns() - start > policy_.spin_ns || (own_core_ && same_cpu(r))) break;
+      if (now_ns() - start > policy_.spin_ns || peer_on_my_cpu(r)) break;
     }
     int64_t last_check = now_ns();
     for (;;) {
@@ -1204,7 +1206,9 @@ class Engine {
   // bit 0 for the last step opened, bit 1 for the one before (next_step).
   uint32_t two_sided_ = 3;
   // Per-operation buffers kept between operations, so that collectives do not allocate.
-  std::vector<char> scratch_;  // owner_computes' landing area for pieces read through the kernel
+  // owner_computes' landing area for pieces read through the kernel; pipelined's for a piece
+  // only the peers need (streaming stores)
+  std::vector<char> scratch_;
   std::vector<Where> where_;   // locate()
   std::vector<size_t> incoming_;  // alltoall: bytes each peer sends this rank
   std::vector<const char*> equal_send_;  // alltoall_equal's parts
