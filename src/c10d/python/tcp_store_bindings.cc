@@ -47,8 +47,9 @@ void init_tcp_store(py::module_& m) {
            py::arg("secret") = py::none(),
            "Starts the server when is_master, then connects (retrying until timeout). With "
            "is_master, world_size and wait_for_workers, blocks until world_size stores have "
-           "joined, else raises DistTimeoutError naming how many did. `secret` (default: "
-           "C10D_STORE_SECRET) is a shared secret the server requires and clients present.")
+           "joined, else raises DistStoreError (a DistTimeoutError too) naming how many did. "
+           "`secret` (default: C10D_STORE_SECRET) is a shared secret the server requires and "
+           "clients present.")
       .def_property_readonly("host", &TCPStore::host, "The host name clients connect to.")
       .def_property_readonly("port", &TCPStore::port,
                              "The port the server listens on (resolved when 0 was asked for).")

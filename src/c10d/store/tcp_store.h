@@ -49,7 +49,7 @@ class TCPStore : public Store {
  public:
   // Starts the server first when options.is_server, then connects (retrying with backoff
   // until the timeout) and registers. With is_server, num_workers and wait_workers, waits
-  // until num_workers instances have registered, else throws DistTimeoutError "Timed out
+  // until num_workers instances have registered, else throws DistStoreTimeoutError "Timed out
   // after N seconds waiting for clients. x/y clients joined."
   explicit TCPStore(std::string host, const TCPStoreOptions& options = {});
   ~TCPStore() override;
