@@ -1,0 +1,346 @@
+#include "c10d/ddp/reducer.h"
+
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "c10d/core/exception.h"
+#include "c10d/core/reduce.h"
+
+namespace c10d::ddp {
+namespace {
+
+using core::DistError;
+using core::DType;
+using core::FutureValue;
+
+char* element(const Tensor& t, size_t offset) {
+  return t.data_as<char>() + offset * t.element_size();
+}
+
+std::shared_ptr<Future> allreduce_async(pg::ProcessGroup& group, Tensor buffer) {
+  std::vector<Tensor> tensors{std::move(buffer)};
+  return group.allreduce(tensors)->get_future();
+}
+
+}  // namespace
+
+GradBucket::GradBucket(size_t index, size_t bucket_count, Tensor buffer,
+                       std::vector<size_t> offsets, std::vector<Tensor> parameters)
+    : index_(index),
+      count_(bucket_count),
+      buffer_(std::move(buffer)),
+      offsets_(std::move(offsets)),
+      parameters_(std::move(parameters)) {}
+
+void GradBucket::set_buffer(Tensor buffer) {
+  C10D_CHECK_ARG(buffer.dtype() == buffer_.dtype() && buffer.numel() == buffer_.numel() &&
+                     buffer.is_contiguous(),
+                 "GradBucket.set_buffer: bucket ", index_, " holds ", buffer_.str(),
+                 "; got ", buffer.str(), buffer.is_contiguous() ? "" : " (not contiguous)");
+  buffer_ = std::move(buffer);
+}
+
+std::vector<Tensor> GradBucket::gradients() const {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    out.push_back(buffer_.flat_slice(static_cast<int64_t>(offsets_[i]), parameters_[i].numel())
+                      .reshape(parameters_[i].sizes()));
+  }
+  return out;
+}
+
+Reducer::Reducer(std::vector<Tensor> params, std::vector<std::vector<size_t>> bucket_indices,
+                 std::vector<size_t> per_bucket_size_limits,
+                 std::shared_ptr<pg::ProcessGroup> group, ReducerOptions options)
+    : params_(std::move(params)),
+      bucket_params_(std::move(bucket_indices)),
+      size_limits_(std::move(per_bucket_size_limits)),
+      group_(std::move(group)),
+      options_(std::move(options)) {
+  C10D_CHECK_ARG(group_ != nullptr, "Reducer: no process group");
+  const size_t n = params_.size();
+  if (size_limits_.empty()) {
+    size_limits_.assign(bucket_params_.size(), static_cast<size_t>(options_.bucket_bytes_cap));
+  }
+  C10D_CHECK_ARG(size_limits_.size() == bucket_params_.size(), "Reducer: ",
+                 size_limits_.size(), " bucket size limits for ", bucket_params_.size(),
+                 " buckets");
+  C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() ||
+                     options_.expect_sparse_gradients.size() == n,
+                 "Reducer: expect_sparse_gradients has ",
+                 options_.expect_sparse_gradients.size(), " entries for ", n, " parameters");
+  for (size_t i = 0; i < n; ++i) {
+    C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() ||
+                       !options_.expect_sparse_gradients[i],
+                   "Reducer: parameter ", i, " expects a sparse gradient; only dense gradients "
+                   "are supported");
+    C10D_CHECK_ARG(params_[i].is_contiguous(), "Reducer: parameter ", i, " (",
+                   params_[i].str(), ") is not contiguous");
+  }
+  where_.assign(n, {SIZE_MAX, 0});
+  for (size_t b = 0; b < bucket_params_.size(); ++b) {
+    const std::vector<size_t>& members = bucket_params_[b];
+    C10D_CHECK_ARG(!members.empty(), "Reducer: bucket ", b, " is empty");
+    Bucket bucket;
+    size_t elements = 0;
+    for (size_t k = 0; k < members.size(); ++k) {
+      const size_t i = members[k];
+      C10D_CHECK_ARG(i < n, "Reducer: bucket ", b, " names parameter ", i, " of ", n);
+      C10D_CHECK_ARG(where_[i].first == SIZE_MAX, "Reducer: parameter ", i,
+                     " is in bucket ", where_[i].first, " and in bucket ", b);
+      C10D_CHECK_ARG(params_[i].dtype() == params_[members[0]].dtype(), "Reducer: bucket ", b,
+                     " mixes ", core::dtype_name(params_[members[0]].dtype()), " (parameter ",
+                     members[0], ") and ", core::dtype_name(params_[i].dtype()),
+                     " (parameter ", i, ")");
+      where_[i] = {b, k};
+      bucket.offsets.push_back(elements);
+      elements += static_cast<size_t>(params_[i].numel());
+    }
+    bucket.params = members;
+    bucket.buffer = Tensor::empty({static_cast<int64_t>(elements)}, params_[members[0]].dtype());
+    std::memset(bucket.buffer.data(), 0, bucket.buffer.nbytes());
+    buckets_.push_back(std::move(bucket));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    C10D_CHECK_ARG(where_[i].first != SIZE_MAX, "Reducer: parameter ", i, " is in no bucket");
+  }
+  grads_ = params_;
+  ready_.assign(n, false);
+  used_.assign(n, false);
+  ready_ns_.assign(n, -1);
+}
+
+Tensor Reducer::bucket_view(size_t index) const {
+  C10D_CHECK_ARG(index < params_.size(), "Reducer: parameter index ", index, " of ",
+                 params_.size());
+  const auto [b, k] = where_[index];
+  return buckets_[b]
+      .buffer.flat_slice(static_cast<int64_t>(buckets_[b].offsets[k]), params_[index].numel())
+      .reshape(params_[index].sizes());
+}
+
+std::string Reducer::unready_parameters() const {
+  std::ostringstream out;
+  size_t listed = 0;
+  for (size_t i = 0; i < ready_.size(); ++i) {
+    if (ready_[i]) continue;
+    if (listed++ == 16) {
+      out << ", ...";
+      break;
+    }
+    out << (listed > 1 ? ", " : "") << i;
+  }
+  return out.str();
+}
+
+void Reducer::check_finalized() const {
+  C10D_CHECK(!in_backward_,
+             "Reducer: the previous backward pass was not finished: parameters ",
+             unready_parameters(),
+             " were never marked ready. If they did not take part in computing the loss, "
+             "construct the reducer with find_unused_parameters=True; otherwise call "
+             "finalize_backward() (or reset_state()) before the next pass");
+}
+
+void Reducer::prepare_for_backward() {
+  check_finalized();
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.future.reset();
+    bucket.view.reset();
+  }
+  ready_.assign(params_.size(), false);
+  used_.assign(params_.size(), false);
+  ready_ns_.assign(params_.size(), -1);
+  next_bucket_ = 0;
+  pass_start_ = std::chrono::steady_clock::now();
+  in_backward_ = true;
+}
+
+void Reducer::copy_into_bucket(size_t index, const Tensor& grad) {
+  const auto [b, k] = where_[index];
+  char* dst = element(buckets_[b].buffer, buckets_[b].offsets[k]);
+  if (dst != grad.data()) std::memcpy(dst, grad.data(), grad.nbytes());
+}
+
+void Reducer::mark_ready(size_t index, std::optional<Tensor> grad) {
+  C10D_CHECK_ARG(index < params_.size(), "Reducer: parameter index ", index, " of ",
+                 params_.size());
+  if (!in_backward_) return;
+  C10D_CHECK(!ready_[index], "Reducer: parameter ", index,
+             " was marked ready twice in one backward pass (a parameter used in several "
+             "reentrant backward passes, or shared between modules, cannot be reduced this way)");
+  Tensor g = grad ? std::move(*grad)
+                  : (options_.gradient_as_bucket_view ? bucket_view(index) : params_[index]);
+  C10D_CHECK_ARG(g.dtype() == params_[index].dtype() && g.numel() == params_[index].numel() &&
+                     g.is_contiguous(),
+                 "Reducer: the gradient of parameter ", index, " is ", g.str(),
+                 g.is_contiguous() ? "" : " (not contiguous)", "; expected a contiguous ",
+                 params_[index].str(), " like the parameter");
+  ready_ns_[index] = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - pass_start_)
+                         .count();
+  copy_into_bucket(index, g);
+  grads_[index] = std::move(g);
+  ready_[index] = used_[index] = true;
+  --buckets_[where_[index].first].pending;
+  launch_ready_buckets();
+  if (next_bucket_ == buckets_.size() && !options_.find_unused_parameters) finalize_backward();
+}
+
+GradBucket Reducer::make_grad_bucket(size_t b, Tensor buffer) const {
+  std::vector<Tensor> members;
+  for (size_t i : buckets_[b].params) members.push_back(params_[i]);
+  return GradBucket(b, buckets_.size(), std::move(buffer), buckets_[b].offsets,
+                    std::move(members));
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_];
+    bucket.view.emplace(make_grad_bucket(next_bucket_, bucket.buffer));
+    ++next_bucket_;
+    bucket.future = run_comm_hook(*bucket.view);
+    C10D_CHECK(bucket.future != nullptr, "Reducer: the comm hook of bucket ", next_bucket_ - 1,
+               " returned no future");
+  }
+}
+
+void Reducer::finish_bucket(size_t b) {
+  Bucket& bucket = buckets_[b];
+  const std::string what = "the reduction of gradient bucket " + std::to_string(b) + " of " +
+                           std::to_string(buckets_.size()) + " (iteration " +
+                           std::to_string(iterations_) + ")";
+  bucket.future->wait(group_->options().timeout, what);
+  const FutureValue& value = bucket.future->value_now();
+  const Tensor result = value.tensors.empty() ? bucket.view->buffer() : value.tensors[0];
+  C10D_CHECK(result.dtype() == bucket.buffer.dtype() && result.numel() == bucket.buffer.numel() &&
+                 result.is_contiguous(),
+             "Reducer: the comm hook of bucket ", b, " returned ", result.str(),
+             "; expected a contiguous ", bucket.buffer.str(), " like the bucket");
+  if (result.data() != bucket.buffer.data()) {
+    std::memcpy(bucket.buffer.data(), result.data(), bucket.buffer.nbytes());
+  }
+}
+
+void Reducer::finalize_backward() {
+  if (!in_backward_) return;
+  try {
+    if (next_bucket_ < buckets_.size()) {
+      C10D_CHECK(options_.find_unused_parameters,
+                 "Reducer: finalize_backward with parameters ", unready_parameters(),
+                 " not marked ready. If they did not take part in computing the loss, "
+                 "construct the reducer with find_unused_parameters=True");
+      // Unused parameters contribute zeros; every rank then launches the remaining buckets
+      // in the same order.
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (ready_[i]) continue;
+        const auto [b, k] = where_[i];
+        std::memset(element(buckets_[b].buffer, buckets_[b].offsets[k]), 0,
+                    params_[i].nbytes());
+        ready_[i] = true;
+        --buckets_[b].pending;
+      }
+      launch_ready_buckets();
+    }
+    for (size_t b = 0; b < buckets_.size(); ++b) finish_bucket(b);
+    // Which parameters some rank used: the others keep their gradients untouched.
+    std::vector<bool> used_anywhere(params_.size(), true);
+    if (options_.find_unused_parameters) {
+      Tensor map = Tensor::empty({static_cast<int64_t>(params_.size())}, DType::kInt32);
+      for (size_t i = 0; i < params_.size(); ++i) map.data_as<int32_t>()[i] = used_[i];
+      allreduce_async(*group_, map)->wait(group_->options().timeout,
+                                           "the allreduce of the used-parameter map");
+      for (size_t i = 0; i < params_.size(); ++i) used_anywhere[i] = map.data_as<int32_t>()[i];
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!used_anywhere[i]) continue;
+      const auto [b, k] = where_[i];
+      const char* src = element(buckets_[b].buffer, buckets_[b].offsets[k]);
+      if (src != grads_[i].data()) std::memcpy(grads_[i].data(), src, params_[i].nbytes());
+    }
+  } catch (...) {
+    in_backward_ = false;
+    throw;
+  }
+  in_backward_ = false;
+  ++iterations_;
+}
+
+void Reducer::reset_state() {
+  for (Bucket& bucket : buckets_) {
+    if (bucket.future == nullptr) continue;
+    try {
+      bucket.future->wait(group_->options().timeout, "a gradient bucket's reduction");
+    } catch (const std::exception&) {
+      // Abandoned: its error is of no use any more.
+    }
+    bucket.future.reset();
+  }
+  in_backward_ = false;
+}
+
+void Reducer::register_comm_hook(CommHook hook) {
+  C10D_CHECK_ARG(hook != nullptr, "Reducer.register_comm_hook: no hook");
+  C10D_CHECK(!custom_hook_, "Reducer: a comm hook is already registered; register_comm_hook "
+             "and register_builtin_comm_hook can be called only once");
+  C10D_CHECK(iterations_ == 0 && !in_backward_,
+             "Reducer: register the comm hook before the first backward pass");
+  hook_ = std::move(hook);
+  custom_hook_ = true;
+}
+
+void Reducer::register_builtin_comm_hook(BuiltinCommHookType type) {
+  switch (type) {
+    case BuiltinCommHookType::kAllreduce:
+      return register_comm_hook([this](GradBucket& b) { return run_allreduce_hook(b); });
+    case BuiltinCommHookType::kFp16Compress:
+      return register_comm_hook([this](GradBucket& b) { return run_fp16_compress_hook(b); });
+  }
+  throw core::InvalidArgument("Reducer: unknown builtin comm hook type " +
+                              std::to_string(static_cast<int>(type)));
+}
+
+std::shared_ptr<Future> Reducer::run_comm_hook(GradBucket& bucket) {
+  return custom_hook_ ? hook_(bucket) : run_allreduce_hook(bucket);
+}
+
+std::shared_ptr<Future> Reducer::run_allreduce_hook(GradBucket& bucket) {
+  const Tensor& buffer = bucket.buffer();
+  core::finalize_avg(buffer.data(), static_cast<size_t>(buffer.numel()), buffer.dtype(),
+                     group_->size());
+  return allreduce_async(*group_, buffer);
+}
+
+std::shared_ptr<Future> Reducer::run_fp16_compress_hook(GradBucket& bucket) {
+  const Tensor buffer = bucket.buffer();
+  if (buffer.dtype() != DType::kFloat32) return run_allreduce_hook(bucket);
+  const size_t n = static_cast<size_t>(buffer.numel());
+  Tensor half = Tensor::empty({buffer.numel()}, DType::kFloat16);
+  const float scale = 1.0f / static_cast<float>(group_->size());
+  const float* in = buffer.data_as<float>();
+  uint16_t* h = half.data_as<uint16_t>();
+  for (size_t i = 0; i < n; ++i) h[i] = core::float_to_half(in[i] * scale);
+  return allreduce_async(*group_, half)->then([buffer, half](Future&) {
+    float* out = buffer.data_as<float>();
+    const uint16_t* h = half.data_as<uint16_t>();
+    for (size_t i = 0, n = static_cast<size_t>(buffer.numel()); i < n; ++i) {
+      out[i] = core::half_to_float(h[i]);
+    }
+    return FutureValue{{buffer}, nullptr};
+  });
+}
+
+std::vector<GradBucket> Reducer::zeros_like_grad_buckets() const {
+  std::vector<GradBucket> out;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Tensor zeros = Tensor::empty(buckets_[b].buffer.sizes(), buckets_[b].buffer.dtype());
+    std::memset(zeros.data(), 0, zeros.nbytes());
+    out.push_back(make_grad_bucket(b, std::move(zeros)));
+  }
+  return out;
+}
+
+}  // namespace c10d::ddp
