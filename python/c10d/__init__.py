@@ -8,6 +8,17 @@ exposes the buffer protocol or ``__dlpack__`` (PyTorch CPU tensors included), so
 from . import _C
 from ._C import _dump_trace_json, _dump_trace_to_file  # noqa: F401  (flight recorder)
 from ._C import _make_nccl_premul_sum  # noqa: F401  (as torch.distributed has it)
+from ._C import (  # noqa: F401  (data-parallel gradient reduction, as torch.distributed has it)
+    _DEFAULT_FIRST_BUCKET_BYTES,
+    BuiltinCommHookType,
+    GradBucket,
+    Reducer,
+    _broadcast_coalesced,
+    _compute_bucket_assignment_by_size,
+    _register_builtin_comm_hook,
+    _register_comm_hook,
+    _verify_params_across_processes,
+)
 from ._C import (  # noqa: F401  (re-exported API)
     AllgatherOptions,
     AllreduceCoalescedOptions,

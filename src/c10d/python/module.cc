@@ -11,6 +11,7 @@ PYBIND11_MODULE(_C, m) {
   c10d::python::init_tcp_store(m);
   c10d::python::init_pg(m);
   c10d::python::init_control(m);
+  c10d::python::init_ddp(m);
 #if C10D_WITH_GLOO
   c10d::python::init_gloo(m);
 #endif

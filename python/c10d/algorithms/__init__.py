@@ -1,0 +1,1 @@
+"""Algorithms built on the collectives (as ``torch.distributed.algorithms``)."""
