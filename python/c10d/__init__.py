@@ -76,6 +76,14 @@ if hasattr(_C, "ProcessGroupShm"):
 __version__ = _C.__version__
 
 
+def __getattr__(name):
+    # DistributedDataParallel wraps torch modules: torch is imported on first use only.
+    if name == "DistributedDataParallel":
+        from .parallel import DistributedDataParallel
+        return DistributedDataParallel
+    raise AttributeError(f"module 'c10d' has no attribute '{name}'")
+
+
 def env_variables():
     """Every environment variable c10d reads, as (name, default, documentation) tuples."""
     return list(_C._env_registry())

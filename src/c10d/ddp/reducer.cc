@@ -107,8 +107,10 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::vector<size_t>> bu
     C10D_CHECK_ARG(where_[i].first != SIZE_MAX, "Reducer: parameter ", i, " is in no bucket");
   }
   grads_ = params_;
+  has_grad_.assign(n, options_.params_are_gradients);
   ready_.assign(n, false);
   used_.assign(n, false);
+  used_anywhere_.assign(n, true);
   ready_ns_.assign(n, -1);
 }
 
@@ -153,6 +155,7 @@ void Reducer::prepare_for_backward() {
   }
   ready_.assign(params_.size(), false);
   used_.assign(params_.size(), false);
+  has_grad_.assign(params_.size(), options_.params_are_gradients);
   ready_ns_.assign(params_.size(), -1);
   next_bucket_ = 0;
   pass_start_ = std::chrono::steady_clock::now();
@@ -184,7 +187,7 @@ void Reducer::mark_ready(size_t index, std::optional<Tensor> grad) {
                          .count();
   copy_into_bucket(index, g);
   grads_[index] = std::move(g);
-  ready_[index] = used_[index] = true;
+  ready_[index] = used_[index] = has_grad_[index] = true;
   --buckets_[where_[index].first].pending;
   launch_ready_buckets();
   if (next_bucket_ == buckets_.size() && !options_.find_unused_parameters) finalize_backward();
@@ -247,16 +250,16 @@ void Reducer::finalize_backward() {
     }
     for (size_t b = 0; b < buckets_.size(); ++b) finish_bucket(b);
     // Which parameters some rank used: the others keep their gradients untouched.
-    std::vector<bool> used_anywhere(params_.size(), true);
+    used_anywhere_.assign(params_.size(), true);
     if (options_.find_unused_parameters) {
       Tensor map = Tensor::empty({static_cast<int64_t>(params_.size())}, DType::kInt32);
       for (size_t i = 0; i < params_.size(); ++i) map.data_as<int32_t>()[i] = used_[i];
       allreduce_async(*group_, map)->wait(group_->options().timeout,
                                            "the allreduce of the used-parameter map");
-      for (size_t i = 0; i < params_.size(); ++i) used_anywhere[i] = map.data_as<int32_t>()[i];
+      for (size_t i = 0; i < params_.size(); ++i) used_anywhere_[i] = map.data_as<int32_t>()[i];
     }
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (!used_anywhere[i]) continue;
+      if (!used_anywhere_[i] || !has_grad_[i]) continue;
       const auto [b, k] = where_[i];
       const char* src = element(buckets_[b].buffer, buckets_[b].offsets[k]);
       if (src != grads_[i].data()) std::memcpy(grads_[i].data(), src, params_[i].nbytes());

@@ -72,6 +72,11 @@ struct ReducerOptions {
   // parameter's gradient from its view, which receives the average, instead of from the
   // parameter tensor.
   bool gradient_as_bucket_view = false;
+  // Whether a parameter is its own gradient buffer (numpy arrays). When not (torch
+  // parameters, whose gradient is their .grad), the average of a parameter this rank did not
+  // mark ready in a pass has nowhere to go here: global_used_map() says which, and
+  // bucket_view() holds the average.
+  bool params_are_gradients = true;
 };
 
 class Reducer {
@@ -120,6 +125,9 @@ class Reducer {
   std::vector<int64_t> backward_stats() const { return ready_ns_; }
   // Per parameter: whether this rank used it in the last finalized pass (marked it ready).
   std::vector<bool> local_used_map() const { return used_; }
+  // Per parameter: whether any rank used it in the last finalized pass (all true unless
+  // find_unused_parameters).
+  std::vector<bool> global_used_map() const { return used_anywhere_; }
   void set_static_graph() { static_graph_ = true; }
   bool static_graph() const { return static_graph_; }
   const std::shared_ptr<pg::ProcessGroup>& process_group() const { return group_; }
@@ -143,6 +151,7 @@ class Reducer {
 
   std::vector<Tensor> params_;
   std::vector<Tensor> grads_;  // where each gradient is read from and written to
+  std::vector<bool> has_grad_;  // whether grads_[i] is known in this pass
   std::vector<std::vector<size_t>> bucket_params_;
   std::vector<size_t> size_limits_;
   std::shared_ptr<pg::ProcessGroup> group_;
@@ -156,6 +165,7 @@ class Reducer {
   size_t next_bucket_ = 0;  // the first bucket not launched yet in this pass
   std::vector<bool> ready_;
   std::vector<bool> used_;
+  std::vector<bool> used_anywhere_;
   std::vector<int64_t> ready_ns_;
   std::chrono::steady_clock::time_point pass_start_;
   bool static_graph_ = false;

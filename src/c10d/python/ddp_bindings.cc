@@ -32,13 +32,18 @@ struct PyReducer {
   py::list params;
 };
 
+// A torch parameter: its gradient is its .grad, not itself.
+bool has_own_grad(py::handle param) {
+  return py::hasattr(param, "grad") && py::hasattr(param, "requires_grad");
+}
+
 // The gradient of parameter `index`: `grad` when given, the parameter's .grad when it has
 // that attribute (a torch tensor), else the parameter itself (the caller's gradient buffer).
 std::optional<Tensor> gradient_of(const PyReducer& self, size_t index, const py::object& grad) {
   if (!grad.is_none()) return to_tensor(grad, true, "Reducer: grad");
   if (index >= self.params.size()) return std::nullopt;  // the reducer names the bad index
   py::object param = self.params[index];
-  if (!py::hasattr(param, "grad") || !py::hasattr(param, "requires_grad")) return std::nullopt;
+  if (!has_own_grad(param)) return std::nullopt;
   py::object g = param.attr("grad");
   if (g.is_none()) {
     throw core::InvalidArgument("Reducer: parameter " + std::to_string(index) +
@@ -123,6 +128,7 @@ void init_ddp(py::module_& m) {
              opts.find_unused_parameters = find_unused_parameters;
              opts.gradient_as_bucket_view = gradient_as_bucket_view;
              py::list objects(params);
+             for (py::handle p : objects) opts.params_are_gradients &= !has_own_grad(p);
              auto reducer = std::make_shared<Reducer>(
                  to_tensors(objects, true, "Reducer: params"), std::move(bucket_indices),
                  std::move(per_bucket_size_limits), std::move(process_group), std::move(opts));
@@ -163,6 +169,9 @@ void init_ddp(py::module_& m) {
            "Nanoseconds from prepare_for_backward to each parameter's gradient being ready.")
       .def("_get_local_used_map",
            [](PyReducer& self) { return self.reducer->local_used_map(); })
+      .def("_get_global_used_map",
+           [](PyReducer& self) { return self.reducer->global_used_map(); },
+           "Per parameter: whether any rank used it in the last finished pass.")
       .def("_get_zeros_like_grad_buckets",
            [](PyReducer& self) {
              std::vector<std::shared_ptr<GradBucket>> out;

@@ -1022,3 +1022,67 @@ def ddp_torch_params(dist, backend):
     want = sum(r + 1 for r in range(world)) / world
     for p in params:
         assert torch.allclose(p.grad, torch.full_like(p, want)), p.grad
+
+
+def ddp_torch_module(dist, backend):
+    """c10d.DistributedDataParallel on a torch model: rank 0's weights everywhere, gradients
+    averaged (checked against every rank's gradient computed locally), unused parameters,
+    no_sync."""
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: no torch")
+        return
+    import copy
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 3)
+            self.b = torch.nn.Linear(3, 2)
+            self.spare = torch.nn.Linear(3, 2)  # used on rank 0 only
+            self.register_buffer("steps", torch.zeros(1))
+
+        def forward(self, x, use_spare):
+            h = torch.relu(self.a(x))
+            return self.b(h).sum() + (self.spare(h).sum() if use_spare else 0)
+
+    torch.manual_seed(rank)
+    net = Net()
+    net.steps += rank
+    model = dist.DistributedDataParallel(net, find_unused_parameters=True)
+    reference = copy.deepcopy(net)  # rank 0's weights, by now
+    assert net.steps.item() == 0
+    weights = [p.detach().clone() for p in net.parameters()]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, [w.tolist() for w in weights])
+    assert all(g == gathered[0] for g in gathered)
+
+    def data(r):
+        return torch.arange(8, dtype=torch.float32).reshape(2, 4) * (r + 1) / 8
+
+    expected = [torch.zeros_like(p) for p in reference.parameters()]
+    for r in range(world):
+        reference.zero_grad()
+        reference(data(r), r == 0).backward()
+        for e, p in zip(expected, reference.parameters()):
+            if p.grad is not None:
+                e += p.grad / world
+    model(data(rank), rank == 0).backward()
+    for name, p, e in zip([n for n, _ in net.named_parameters()], net.parameters(), expected):
+        # spare is used on rank 0 only: every rank gets the average as its gradient.
+        assert torch.allclose(p.grad, e, atol=1e-6), (name, p.grad, e)
+    # ... and the weights stay rank 0's (the average went to .grad, nowhere else).
+    for p, w in zip(net.parameters(), weights):
+        assert torch.equal(p.detach(), w)
+
+    # no_sync: gradients stay local and accumulate; the next synced pass averages the sum.
+    strict = dist.DistributedDataParallel(torch.nn.Linear(2, 1, bias=False))
+    w = strict.module.weight
+    with strict.no_sync():
+        strict(torch.full((1, 2), float(rank + 1))).sum().backward()
+    assert torch.equal(w.grad, torch.full((1, 2), float(rank + 1)))
+    strict(torch.full((1, 2), 1.0)).sum().backward()
+    mean = sum(r + 2 for r in range(world)) / world
+    assert torch.allclose(w.grad, torch.full((1, 2), mean)), w.grad
