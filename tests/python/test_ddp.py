@@ -30,3 +30,20 @@ def test_bucket_assignment_follows_the_limits():
     with pytest.raises(ValueError):
         dist._compute_bucket_assignment_by_size([], [1])
     assert dist._DEFAULT_FIRST_BUCKET_BYTES == 1 << 20
+
+
+def test_numpy_training_example_converges_in_lockstep():
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
+    out = subprocess.run(
+        [sys.executable, "-m", "c10d.run", "--nproc-per-node", "2",
+         os.path.join(harness.REPO, "examples", "ddp_numpy.py"), "--steps", "60"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    losses = [float(v) for v in re.findall(r"mean loss over ranks ([0-9.]+)", out.stdout)]
+    assert len(losses) >= 2 and losses[-1] < losses[0] / 2, out.stdout
+    assert "weights identical on every rank: True" in out.stdout, out.stdout
