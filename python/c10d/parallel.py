@@ -10,13 +10,23 @@ every ``.grad`` holds the average over the ranks.
 
 import contextlib
 
+import numpy as np
 import torch
+import torch.utils.dlpack
 
 from . import _C
 from . import distributed_c10d as _dist
 
 # Start-up broadcast of the module's state: bytes per flat buffer (as torch's DDP uses).
 _BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+
+
+def _as_torch(view):
+    """A torch tensor sharing the memory of what c10d returned (a numpy array, or a DLPack
+    capsule for dtypes numpy lacks)."""
+    if isinstance(view, np.ndarray):
+        return torch.from_numpy(view)
+    return torch.utils.dlpack.from_dlpack(view)
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -59,7 +69,13 @@ class DistributedDataParallel(torch.nn.Module):
         self.reducer = _C.Reducer(self._params, list(reversed(buckets)), list(reversed(sizes)),
                                   self.process_group,
                                   find_unused_parameters=find_unused_parameters,
-                                  gradient_as_bucket_view=False)
+                                  gradient_as_bucket_view=gradient_as_bucket_view)
+        if gradient_as_bucket_view:
+            # Autograd accumulates straight into the buckets: no copy in or out (as long as
+            # .grad stays this view: zero_grad(set_to_none=True) drops it, and the next
+            # gradients are copied again).
+            for index, p in enumerate(self._params):
+                p.grad = _as_torch(self.reducer._bucket_view(index))
         if static_graph:
             self.reducer._set_static_graph()
         self._finalize_queued = False
@@ -95,27 +111,16 @@ class DistributedDataParallel(torch.nn.Module):
         self._finalize_queued = False
         self._in_backward = False
         self.reducer.finalize_backward()
-        if not self.find_unused_parameters:
-            return
-        # A parameter this rank did not use but another did gets the average as its gradient.
-        used_here = self.reducer._get_local_used_map()
-        used_anywhere = self.reducer._get_global_used_map()
-        for index, p in enumerate(self._params):
-            if used_here[index] or not used_anywhere[index]:
-                continue
-            average = torch.from_numpy(self.reducer._bucket_view(index).copy())
-            if p.grad is None:
-                p.grad = average.to(p.dtype)
-            else:
-                p.grad.copy_(average)
 
     def forward(self, *inputs, **kwargs):
         if self.broadcast_buffers:
             self._sync_state(self._buffers_to_sync())
         output = self.module(*inputs, **kwargs)
-        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+        # A forward pass without backward (validation with grad enabled) leaves a pass with no
+        # gradient marked, which the next prepare_for_backward drops.
+        self._in_backward = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self._in_backward:
             self.reducer.prepare_for_backward()
-            self._in_backward = True
         return output
 
     @contextlib.contextmanager

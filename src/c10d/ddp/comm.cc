@@ -12,6 +12,7 @@ namespace {
 
 using core::DType;
 using core::Tensor;
+using core::detail::str_cat;
 
 void broadcast_one(pg::ProcessGroup& group, Tensor& buffer, int src) {
   std::vector<Tensor> tensors{buffer};
@@ -46,6 +47,44 @@ std::string list(const int64_t* v, int64_t n) {
   out << "]";
   return out.str();
 }
+
+// The first way this rank's parameters differ from rank 0's, or "". `n` holds every rank's
+// parameter count and description length; `theirs` is rank 0's description.
+std::string compare_with_rank0(const std::vector<Tensor>& params,
+                               const std::vector<int64_t>& mine, const Tensor& theirs,
+                               const int64_t* n, int rank, int size) {
+  const std::string lead = "DDP expects the same model on every rank, but ";
+  for (int r = 0; r < size; ++r) {
+    if (n[2 * r] != static_cast<int64_t>(params.size())) {
+      return str_cat(lead, "rank ", r, " has ", n[2 * r], " parameters while rank ", rank,
+                     " has ", params.size());
+    }
+  }
+  // Rank 0's parameter i starts where ours does as long as every earlier one matched.
+  const int64_t* ref = theirs.data_as<int64_t>();
+  const int64_t* own = mine.data();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t dim = own[1];
+    if (ref[1] != dim || !std::equal(own + 2, own + 2 + dim, ref + 2)) {
+      return str_cat(lead, "parameter ", i, " on rank ", rank, " has sizes ",
+                     list(own + 2, dim), " while on rank 0 it has sizes ", list(ref + 2, ref[1]));
+    }
+    if (own[0] != ref[0]) {
+      return str_cat(lead, "parameter ", i, " on rank ", rank, " is ",
+                     core::dtype_name(static_cast<DType>(own[0])), " while on rank 0 it is ",
+                     core::dtype_name(static_cast<DType>(ref[0])));
+    }
+    if (!std::equal(own + 2 + dim, own + 2 + 2 * dim, ref + 2 + dim)) {
+      return str_cat(lead, "parameter ", i, " on rank ", rank, " has strides ",
+                     list(own + 2 + dim, dim), " while on rank 0 it has strides ",
+                     list(ref + 2 + dim, dim));
+    }
+    own += 2 + 2 * dim;
+    ref += 2 + 2 * dim;
+  }
+  return "";
+}
+
 
 }  // namespace
 
@@ -111,31 +150,18 @@ void verify_params_across_processes(const std::shared_ptr<pg::ProcessGroup>& gro
   if (rank == 0 && !mine.empty()) std::memcpy(theirs.data(), mine.data(), mine.size() * 8);
   broadcast_one(*group, theirs, 0);
 
+  // Every rank learns whether any differs, so that all of them raise (a rank that went on
+  // would wait in the next collective for the one that stopped).
+  const std::string problem = compare_with_rank0(params, mine, theirs, n, rank, size);
+  Tensor flag = Tensor::empty({1}, DType::kInt32);
+  flag.data_as<int32_t>()[0] = problem.empty() ? 0 : 1;
+  Tensor flags = Tensor::empty({size}, DType::kInt32);
+  group->allgather_base(flags, flag, gather_opts)->wait();
+  C10D_CHECK(problem.empty(), problem);
   for (int r = 0; r < size; ++r) {
-    C10D_CHECK(n[2 * r] == static_cast<int64_t>(params.size()),
-               "DDP expects the same model on every rank, but rank ", r, " has ", n[2 * r],
-               " parameters while rank ", rank, " has ", params.size());
-  }
-  // Once the counts agree, rank 0's parameter i starts where ours does as long as every
-  // earlier one matched, which the checks below establish in order.
-  const int64_t* ref = theirs.data_as<int64_t>();
-  const int64_t* own = mine.data();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t dim = own[1];
-    const int64_t ref_dim = ref[1];
-    C10D_CHECK(ref_dim == dim && std::equal(own + 2, own + 2 + dim, ref + 2),
-               "DDP expects the same model on every rank, but parameter ", i, " on rank ", rank,
-               " has sizes ", list(own + 2, dim), " while on rank 0 it has sizes ",
-               list(ref + 2, ref_dim));
-    C10D_CHECK(own[0] == ref[0], "DDP expects the same model on every rank, but parameter ", i,
-               " on rank ", rank, " is ", core::dtype_name(static_cast<DType>(own[0])),
-               " while on rank 0 it is ", core::dtype_name(static_cast<DType>(ref[0])));
-    C10D_CHECK(std::equal(own + 2 + dim, own + 2 + 2 * dim, ref + 2 + dim),
-               "DDP expects the same model on every rank, but parameter ", i, " on rank ", rank,
-               " has strides ", list(own + 2 + dim, dim), " while on rank 0 it has strides ",
-               list(ref + 2 + dim, dim));
-    own += 2 + 2 * dim;
-    ref += 2 + 2 * dim;
+    C10D_CHECK(flags.data_as<int32_t>()[r] == 0, "DDP expects the same model on every rank, "
+               "but rank ", r, "'s parameters differ from rank 0's (rank ", r,
+               "'s error says how)");
   }
 }
 

@@ -19,9 +19,8 @@ void broadcast_coalesced(const std::shared_ptr<pg::ProcessGroup>& group,
                          const std::vector<core::Tensor>& tensors, size_t buffer_size, int src = 0);
 
 // Checks that every rank passes as many parameters as the others, and the same dtype, sizes
-// and strides per parameter as rank 0. Every rank runs the same collectives whatever it
-// finds, then a rank that differs throws DistError naming the parameter, both shapes and the
-// rank it differs from.
+// and strides per parameter as rank 0. If any rank differs every rank throws DistError: the
+// one that differs names the parameter and both shapes, the others name that rank.
 void verify_params_across_processes(const std::shared_ptr<pg::ProcessGroup>& group,
                                     const std::vector<core::Tensor>& params);
 

@@ -19,6 +19,11 @@ char* element(const Tensor& t, size_t offset) {
   return t.data_as<char>() + offset * t.element_size();
 }
 
+// Elements [offset, offset + param.numel()) of a flat buffer, shaped like `param`.
+Tensor view_like(const Tensor& buffer, size_t offset, const Tensor& param) {
+  return buffer.flat_slice(static_cast<int64_t>(offset), param.numel()).reshape(param.sizes());
+}
+
 std::shared_ptr<Future> allreduce_async(pg::ProcessGroup& group, Tensor buffer) {
   std::vector<Tensor> tensors{std::move(buffer)};
   return group.allreduce(tensors)->get_future();
@@ -45,8 +50,7 @@ void GradBucket::set_buffer(Tensor buffer) {
 std::vector<Tensor> GradBucket::gradients() const {
   std::vector<Tensor> out;
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    out.push_back(buffer_.flat_slice(static_cast<int64_t>(offsets_[i]), parameters_[i].numel())
-                      .reshape(parameters_[i].sizes()));
+    out.push_back(view_like(buffer_, offsets_[i], parameters_[i]));
   }
   return out;
 }
@@ -67,12 +71,18 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::vector<size_t>> bu
   C10D_CHECK_ARG(size_limits_.size() == bucket_params_.size(), "Reducer: ",
                  size_limits_.size(), " bucket size limits for ", bucket_params_.size(),
                  " buckets");
+  C10D_CHECK_ARG(options_.param_is_gradient.empty() || options_.param_is_gradient.size() == n,
+                 "Reducer: param_is_gradient has ", options_.param_is_gradient.size(),
+                 " entries for ", n, " parameters");
   C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() ||
                      options_.expect_sparse_gradients.size() == n,
                  "Reducer: expect_sparse_gradients has ",
                  options_.expect_sparse_gradients.size(), " entries for ", n, " parameters");
   for (size_t i = 0; i < n; ++i) {
-    C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() ||
+    C10D_CHECK_ARG(options_.param_is_gradient.empty() || options_.param_is_gradient.size() == n,
+                 "Reducer: param_is_gradient has ", options_.param_is_gradient.size(),
+                 " entries for ", n, " parameters");
+  C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() ||
                        !options_.expect_sparse_gradients[i],
                    "Reducer: parameter ", i, " expects a sparse gradient; only dense gradients "
                    "are supported");
@@ -106,8 +116,6 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::vector<size_t>> bu
   for (size_t i = 0; i < n; ++i) {
     C10D_CHECK_ARG(where_[i].first != SIZE_MAX, "Reducer: parameter ", i, " is in no bucket");
   }
-  grads_ = params_;
-  has_grad_.assign(n, options_.params_are_gradients);
   ready_.assign(n, false);
   used_.assign(n, false);
   used_anywhere_.assign(n, true);
@@ -118,9 +126,11 @@ Tensor Reducer::bucket_view(size_t index) const {
   C10D_CHECK_ARG(index < params_.size(), "Reducer: parameter index ", index, " of ",
                  params_.size());
   const auto [b, k] = where_[index];
-  return buckets_[b]
-      .buffer.flat_slice(static_cast<int64_t>(buckets_[b].offsets[k]), params_[index].numel())
-      .reshape(params_[index].sizes());
+  return view_like(buckets_[b].buffer, buckets_[b].offsets[k], params_[index]);
+}
+
+bool Reducer::is_gradient(size_t index) const {
+  return options_.param_is_gradient.empty() || options_.param_is_gradient[index];
 }
 
 std::string Reducer::unready_parameters() const {
@@ -138,7 +148,7 @@ std::string Reducer::unready_parameters() const {
 }
 
 void Reducer::check_finalized() const {
-  C10D_CHECK(!in_backward_,
+  C10D_CHECK(!in_backward_ || !any_marked_,
              "Reducer: the previous backward pass was not finished: parameters ",
              unready_parameters(),
              " were never marked ready. If they did not take part in computing the loss, "
@@ -153,11 +163,15 @@ void Reducer::prepare_for_backward() {
     bucket.future.reset();
     bucket.view.reset();
   }
-  ready_.assign(params_.size(), false);
-  used_.assign(params_.size(), false);
-  has_grad_.assign(params_.size(), options_.params_are_gradients);
-  ready_ns_.assign(params_.size(), -1);
+  const size_t n = params_.size();
+  grads_ = params_;
+  has_grad_.assign(n, false);
+  for (size_t i = 0; i < n; ++i) has_grad_[i] = is_gradient(i);
+  ready_.assign(n, false);
+  used_.assign(n, false);
+  ready_ns_.assign(n, -1);
   next_bucket_ = 0;
+  any_marked_ = false;
   pass_start_ = std::chrono::steady_clock::now();
   in_backward_ = true;
 }
@@ -187,7 +201,7 @@ void Reducer::mark_ready(size_t index, std::optional<Tensor> grad) {
                          .count();
   copy_into_bucket(index, g);
   grads_[index] = std::move(g);
-  ready_[index] = used_[index] = has_grad_[index] = true;
+  ready_[index] = used_[index] = has_grad_[index] = any_marked_ = true;
   --buckets_[where_[index].first].pending;
   launch_ready_buckets();
   if (next_bucket_ == buckets_.size() && !options_.find_unused_parameters) finalize_backward();
@@ -202,13 +216,34 @@ GradBucket Reducer::make_grad_bucket(size_t b, Tensor buffer) const {
 
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    Bucket& bucket = buckets_[next_bucket_];
-    bucket.view.emplace(make_grad_bucket(next_bucket_, bucket.buffer));
+    const size_t b = next_bucket_;
+    Bucket& bucket = buckets_[b];
+    bucket.view.emplace(make_grad_bucket(b, bucket.buffer));
+    try {
+      bucket.future = run_comm_hook(*bucket.view);
+      C10D_CHECK(bucket.future != nullptr, "Reducer: the comm hook of bucket ", b,
+                 " returned no future");
+    } catch (...) {
+      // The peers wait in this bucket's collective (or run ahead): this pass cannot finish.
+      bucket.future.reset();
+      abandon_pass();
+      throw;
+    }
     ++next_bucket_;
-    bucket.future = run_comm_hook(*bucket.view);
-    C10D_CHECK(bucket.future != nullptr, "Reducer: the comm hook of bucket ", next_bucket_ - 1,
-               " returned no future");
   }
+}
+
+void Reducer::abandon_pass() noexcept {
+  for (Bucket& bucket : buckets_) {
+    if (bucket.future == nullptr) continue;
+    try {
+      bucket.future->wait(group_->options().timeout, "a gradient bucket's reduction");
+    } catch (...) {
+      // Abandoned: its error is of no use any more.
+    }
+    bucket.future.reset();
+  }
+  in_backward_ = false;
 }
 
 void Reducer::finish_bucket(size_t b) {
@@ -216,6 +251,7 @@ void Reducer::finish_bucket(size_t b) {
   const std::string what = "the reduction of gradient bucket " + std::to_string(b) + " of " +
                            std::to_string(buckets_.size()) + " (iteration " +
                            std::to_string(iterations_) + ")";
+  C10D_CHECK(bucket.future != nullptr, "Reducer: ", what, " was never launched");
   bucket.future->wait(group_->options().timeout, what);
   const FutureValue& value = bucket.future->value_now();
   const Tensor result = value.tensors.empty() ? bucket.view->buffer() : value.tensors[0];
@@ -265,25 +301,14 @@ void Reducer::finalize_backward() {
       if (src != grads_[i].data()) std::memcpy(grads_[i].data(), src, params_[i].nbytes());
     }
   } catch (...) {
-    in_backward_ = false;
+    abandon_pass();
     throw;
   }
   in_backward_ = false;
   ++iterations_;
 }
 
-void Reducer::reset_state() {
-  for (Bucket& bucket : buckets_) {
-    if (bucket.future == nullptr) continue;
-    try {
-      bucket.future->wait(group_->options().timeout, "a gradient bucket's reduction");
-    } catch (const std::exception&) {
-      // Abandoned: its error is of no use any more.
-    }
-    bucket.future.reset();
-  }
-  in_backward_ = false;
-}
+void Reducer::reset_state() { abandon_pass(); }
 
 void Reducer::register_comm_hook(CommHook hook) {
   C10D_CHECK_ARG(hook != nullptr, "Reducer.register_comm_hook: no hook");
@@ -319,18 +344,26 @@ std::shared_ptr<Future> Reducer::run_allreduce_hook(GradBucket& bucket) {
 
 std::shared_ptr<Future> Reducer::run_fp16_compress_hook(GradBucket& bucket) {
   const Tensor buffer = bucket.buffer();
-  if (buffer.dtype() != DType::kFloat32) return run_allreduce_hook(bucket);
+  const DType dtype = buffer.dtype();
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat64) return run_allreduce_hook(bucket);
   const size_t n = static_cast<size_t>(buffer.numel());
   Tensor half = Tensor::empty({buffer.numel()}, DType::kFloat16);
-  const float scale = 1.0f / static_cast<float>(group_->size());
-  const float* in = buffer.data_as<float>();
+  const double scale = 1.0 / group_->size();
   uint16_t* h = half.data_as<uint16_t>();
-  for (size_t i = 0; i < n; ++i) h[i] = core::float_to_half(in[i] * scale);
-  return allreduce_async(*group_, half)->then([buffer, half](Future&) {
-    float* out = buffer.data_as<float>();
+  for (size_t i = 0; i < n; ++i) {
+    const double v = dtype == DType::kFloat32 ? buffer.data_as<float>()[i]
+                                              : buffer.data_as<double>()[i];
+    h[i] = core::float_to_half(static_cast<float>(v * scale));
+  }
+  return allreduce_async(*group_, half)->then([buffer, half, dtype, n](Future&) {
     const uint16_t* h = half.data_as<uint16_t>();
-    for (size_t i = 0, n = static_cast<size_t>(buffer.numel()); i < n; ++i) {
-      out[i] = core::half_to_float(h[i]);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = core::half_to_float(h[i]);
+      if (dtype == DType::kFloat32) {
+        buffer.data_as<float>()[i] = v;
+      } else {
+        buffer.data_as<double>()[i] = v;
+      }
     }
     return FutureValue{{buffer}, nullptr};
   });

@@ -72,11 +72,11 @@ struct ReducerOptions {
   // parameter's gradient from its view, which receives the average, instead of from the
   // parameter tensor.
   bool gradient_as_bucket_view = false;
-  // Whether a parameter is its own gradient buffer (numpy arrays). When not (torch
-  // parameters, whose gradient is their .grad), the average of a parameter this rank did not
-  // mark ready in a pass has nowhere to go here: global_used_map() says which, and
-  // bucket_view() holds the average.
-  bool params_are_gradients = true;
+  // Per parameter (empty: all): whether it is its own gradient buffer (numpy arrays). One
+  // that is not (a torch parameter, whose gradient is its .grad) and that this rank did not
+  // mark ready in a pass has no gradient here to receive the average: global_used_map() says
+  // whether some rank used it, and bucket_view() holds the average.
+  std::vector<bool> param_is_gradient;
 };
 
 class Reducer {
@@ -87,7 +87,8 @@ class Reducer {
           std::vector<size_t> per_bucket_size_limits, std::shared_ptr<pg::ProcessGroup> group,
           ReducerOptions options = {});
 
-  // Starts a backward pass. Throws DistError if the previous one was not finalized.
+  // Starts a backward pass. A pass in progress in which no gradient was marked ready (a
+  // forward pass without backward) is dropped; one with gradients marked throws DistError.
   void prepare_for_backward();
   // The gradient of params[index] is final for this pass. `grad`, when given, is where it is
   // (it also receives the average); by default the parameter itself. Ignored outside a pass
@@ -96,11 +97,12 @@ class Reducer {
   // find_unused_parameters (then call finalize_backward).
   void mark_ready(size_t index, std::optional<Tensor> grad = std::nullopt);
   // Reduces what is still pending, waits for every bucket and writes the averages into the
-  // gradients. Does nothing outside a pass or when the pass is already finalized.
+  // gradients. Does nothing outside a pass. After an error the pass is over (its reductions
+  // in flight waited for).
   void finalize_backward();
-  // Whether no backward pass is in progress (DistError naming the unready parameters, as
-  // check_finalized, if one is).
+  // Whether a backward pass is in progress.
   bool in_backward() const { return in_backward_; }
+  // Throws DistError naming the unready parameters if a pass with gradients marked is open.
   void check_finalized() const;
   // Abandons a pass in progress, after waiting for its reductions in flight.
   void reset_state();
@@ -144,6 +146,9 @@ class Reducer {
   };
 
   GradBucket make_grad_bucket(size_t b, Tensor buffer) const;
+  bool is_gradient(size_t index) const;
+  // Waits for the launched reductions (ignoring their errors) and ends the pass.
+  void abandon_pass() noexcept;
   void copy_into_bucket(size_t index, const Tensor& grad);
   void launch_ready_buckets();
   void finish_bucket(size_t b);
@@ -162,6 +167,7 @@ class Reducer {
   bool custom_hook_ = false;
 
   bool in_backward_ = false;
+  bool any_marked_ = false;  // a gradient was marked ready in this pass
   size_t next_bucket_ = 0;  // the first bucket not launched yet in this pass
   std::vector<bool> ready_;
   std::vector<bool> used_;

@@ -1,6 +1,7 @@
 // Bindings of c10d::ddp: GradBucket, Reducer, comm hooks, bucket assignment and the start-up
 // collectives of data-parallel training (names as in torch.distributed).
 #include <pybind11/functional.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <optional>
@@ -52,6 +53,33 @@ std::optional<Tensor> gradient_of(const PyReducer& self, size_t index, const py:
   return to_tensor(g, true, "Reducer: parameter .grad");
 }
 
+// A torch parameter that this rank did not use in the pass but another rank did gets the
+// average as its .grad, as torch's Reducer does (a numpy parameter is its own gradient and
+// has it already).
+void give_averages_to_unused(PyReducer& self) {
+  const std::vector<bool> here = self.reducer->local_used_map();
+  const std::vector<bool> anywhere = self.reducer->global_used_map();
+  for (size_t i = 0; i < here.size(); ++i) {
+    py::object param = self.params[i];
+    if (here[i] || !anywhere[i] || !has_own_grad(param)) continue;
+    py::object average = py::module_::import("torch.utils.dlpack")
+                             .attr("from_dlpack")(to_dlpack_capsule(self.reducer->bucket_view(i)))
+                             .attr("clone")();
+    py::object grad = param.attr("grad");
+    if (grad.is_none()) {
+      param.attr("grad") = average;
+    } else {
+      grad.attr("copy_")(average);
+    }
+  }
+}
+
+py::object used_map(const std::vector<bool>& used) {
+  py::array_t<int32_t> out(static_cast<py::ssize_t>(used.size()));
+  for (size_t i = 0; i < used.size(); ++i) out.mutable_at(i) = used[i] ? 1 : 0;
+  return out;
+}
+
 // A comm hook's result as the reducer needs it: the future of the hook's own collective (its
 // tensors) as is, or a future of a Python value (a tensor, or a list holding one) converted.
 std::shared_ptr<Future> tensor_future(std::shared_ptr<Future> future) {
@@ -59,6 +87,9 @@ std::shared_ptr<Future> tensor_future(std::shared_ptr<Future> future) {
   return future->then([](Future& done) -> FutureValue {
     const FutureValue& value = done.value_now();
     if (!value.object) return value;
+    if (!interpreter_running()) {
+      throw std::runtime_error("comm hook: the Python interpreter is shutting down");
+    }
     py::gil_scoped_acquire gil;
     py::object obj = *static_cast<py::object*>(value.object.get());
     if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
@@ -128,7 +159,7 @@ void init_ddp(py::module_& m) {
              opts.find_unused_parameters = find_unused_parameters;
              opts.gradient_as_bucket_view = gradient_as_bucket_view;
              py::list objects(params);
-             for (py::handle p : objects) opts.params_are_gradients &= !has_own_grad(p);
+             for (py::handle p : objects) opts.param_is_gradient.push_back(!has_own_grad(p));
              auto reducer = std::make_shared<Reducer>(
                  to_tensors(objects, true, "Reducer: params"), std::move(bucket_indices),
                  std::move(per_bucket_size_limits), std::move(process_group), std::move(opts));
@@ -147,6 +178,10 @@ void init_ddp(py::module_& m) {
            "Starts a backward pass (DistError if the previous one was not finished).")
       .def("_autograd_hook",
            [](PyReducer& self, size_t index, py::object grad) {
+             if (!self.reducer->in_backward()) {  // ignored, before .grad is looked at
+               self.reducer->mark_ready(index);
+               return;
+             }
              std::optional<Tensor> g = gradient_of(self, index, grad);
              py::gil_scoped_release release;
              self.reducer->mark_ready(index, std::move(g));
@@ -155,8 +190,12 @@ void init_ddp(py::module_& m) {
            "Parameter `index`'s gradient is final for this backward pass.")
       .def("finalize_backward",
            [](PyReducer& self) {
-             py::gil_scoped_release release;
-             self.reducer->finalize_backward();
+             const bool was_open = self.reducer->in_backward();
+             {
+               py::gil_scoped_release release;
+               self.reducer->finalize_backward();
+             }
+             if (was_open) give_averages_to_unused(self);
            },
            "Reduces what is pending, waits, and writes the averages into the gradients.")
       .def("_check_reducer_finalized", [](PyReducer& self) { self.reducer->check_finalized(); })
@@ -168,9 +207,10 @@ void init_ddp(py::module_& m) {
       .def("get_backward_stats", [](PyReducer& self) { return self.reducer->backward_stats(); },
            "Nanoseconds from prepare_for_backward to each parameter's gradient being ready.")
       .def("_get_local_used_map",
-           [](PyReducer& self) { return self.reducer->local_used_map(); })
+           [](PyReducer& self) { return used_map(self.reducer->local_used_map()); },
+           "Per parameter, 1 if this rank marked it ready in the last pass (int32 array).")
       .def("_get_global_used_map",
-           [](PyReducer& self) { return self.reducer->global_used_map(); },
+           [](PyReducer& self) { return used_map(self.reducer->global_used_map()); },
            "Per parameter: whether any rank used it in the last finished pass.")
       .def("_get_zeros_like_grad_buckets",
            [](PyReducer& self) {

@@ -893,6 +893,10 @@ def ddp_reducer(dist, backend):
         reducer._autograd_hook(i, grad=separate[i])
     for g, want in zip(separate, _ddp_expected(world, 7)):
         assert np.allclose(g, want)
+    # A pass in which nothing was marked (a forward without backward) is simply dropped.
+    reducer.prepare_for_backward()
+    reducer.prepare_for_backward()
+    reducer._reset_state()
     _raises(ValueError, lambda: reducer._autograd_hook(9), "hook of a parameter index too large")
     _raises(ValueError, lambda: dist.Reducer(grads, [[0, 1, 2, 3]], [], None), "no group")
     _raises(ValueError, lambda: dist.Reducer(grads, [[0, 1], [2]], [], dist.group.WORLD),
@@ -916,7 +920,8 @@ def ddp_unused_parameters(dist, backend):
     assert np.allclose(grads[0], want[0]) and np.allclose(grads[3], want[3])
     assert np.allclose(grads[1], _ddp_grads(0, 0)[1] / world), grads[1]
     assert np.array_equal(grads[2], untouched)
-    assert reducer._get_local_used_map() == [True, rank == 0, False, True]
+    assert reducer._get_local_used_map().tolist() == [1, int(rank == 0), 0, 1]
+    assert reducer._get_global_used_map().tolist() == [1, 1, 0, 1]
 
     # Without find_unused_parameters an unready parameter fails the next pass, named.
     strict = _ddp_reducer(dist, _ddp_grads(rank, 0), limits=(1 << 20,))
@@ -975,6 +980,28 @@ def ddp_comm_hooks(dist, backend):
     assert [s[1] for s in seen] == [False] * (n - 1) + [True], seen
     assert seen[0][2] == [(6,)] and seen[0][3] == 1, seen
 
+    # A hook that fails ends the pass on every rank (all fail alike here); the next works.
+    calls = []
+
+    def failing_once(state, bucket):
+        calls.append(bucket.index())
+        if len(calls) == 1:
+            raise KeyError("hook failure")
+        return default_hooks.allreduce_hook(state, bucket)
+
+    grads = _ddp_grads(rank, 0)
+    reducer = _ddp_reducer(dist, grads)
+    dist._register_comm_hook(reducer, None, failing_once)
+    reducer.prepare_for_backward()
+    _raises(KeyError, lambda: [reducer._autograd_hook(i) for i in reversed(range(4))],
+            "a failing comm hook")
+    reducer._check_reducer_finalized()
+    reducer.prepare_for_backward()
+    for i in reversed(range(4)):
+        reducer._autograd_hook(i)
+    for g, want in zip(grads, _ddp_expected(world, 0)):
+        assert np.allclose(g, want)
+
     # The default hooks run on demand, on buckets of zeros.
     reducer = _ddp_reducer(dist, _ddp_grads(rank, 0))
     buckets = reducer._get_zeros_like_grad_buckets()
@@ -996,9 +1023,12 @@ def ddp_startup(dist, backend):
     odd = state[:2] + ([np.zeros((30, 10), np.float32)] if rank == 1 else state[2:])
     try:
         dist._verify_params_across_processes(dist.group.WORLD, odd)
-        assert rank != 1, "a different shape passed the check"
-    except dist.DistError as e:
-        assert rank == 1 and "parameter 2" in str(e) and "[30, 10]" in str(e), e
+        raise AssertionError("a different shape passed the check")
+    except dist.DistError as e:  # on every rank, so that none goes on alone
+        if rank == 1:
+            assert "parameter 2" in str(e) and "[30, 10]" in str(e), e
+        else:
+            assert "rank 1's parameters differ" in str(e), e
     fewer = state[:2] if rank == 0 else state
     _raises(dist.DistError, lambda: dist._verify_params_across_processes(dist.group.WORLD, fewer),
             "different parameter counts")
@@ -1076,6 +1106,16 @@ def ddp_torch_module(dist, backend):
     # ... and the weights stay rank 0's (the average went to .grad, nowhere else).
     for p, w in zip(net.parameters(), weights):
         assert torch.equal(p.detach(), w)
+
+    # gradient_as_bucket_view: .grad is the bucket's memory, averaged in place.
+    torch.manual_seed(0)
+    viewed = dist.DistributedDataParallel(torch.nn.Linear(3, 2), gradient_as_bucket_view=True)
+    ptrs = [p.grad.data_ptr() for p in viewed.parameters()]
+    viewed(torch.zeros(1, 3))  # a forward with grad enabled but no backward: dropped
+    viewed(torch.full((1, 3), float(rank + 1))).sum().backward()
+    assert [p.grad.data_ptr() for p in viewed.parameters()] == ptrs
+    mean = sum(r + 1 for r in range(world)) / world
+    assert torch.allclose(viewed.module.weight.grad, torch.full((2, 3), mean))
 
     # no_sync: gradients stay local and accumulate; the next synced pass averages the sum.
     strict = dist.DistributedDataParallel(torch.nn.Linear(2, 1, bias=False))
