@@ -136,7 +136,9 @@ class DistributedDataParallel(torch.nn.Module):
 
     def register_comm_hook(self, state, hook):
         """Reduces buckets with ``hook(state, bucket) -> c10d.Future`` instead of the
-        default allreduce (see c10d.algorithms.ddp_comm_hooks)."""
+        default allreduce (see c10d.algorithms.ddp_comm_hooks). ``bucket.buffer()`` is a numpy
+        array, and the future must be a c10d one (e.g. from ``c10d.all_reduce(...,
+        async_op=True).get_future()``), so torch's own hooks do not apply unchanged."""
         _C._register_comm_hook(self.reducer, state, hook)
 
     def _register_builtin_comm_hook(self, comm_hook_type):
