@@ -232,5 +232,27 @@ TEST(ModeProbe, AnotherKindOfOperationRestartsTheProbe) {
   EXPECT_FALSE(probe.mode());  // the trial lost on kind 2's own terms
 }
 
+TEST(ModeProbe, AKindIsFirstProbedOnlyOnceItsOperationsTookTheFirstHoldInAll) {
+  ModeProbe::Config config{3, 10, 0, /*first_hold_ops=*/8, 0};
+  config.first_hold_ns = 1000;
+  ModeProbe probe(config);
+  int64_t now = 0;
+  // Eight operations of 100 ns: past first_hold_ops but only 800 ns in all, so no probe yet.
+  // Every one is timed, as the hold ends on their total.
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(probe.wants_time()) << i;
+    ASSERT_EQ(probe.mode(), 0) << i;
+    probe.record(1.0, now += 100, 0, -1, 100);
+  }
+  EXPECT_TRUE(probe.untried());
+  probe.record(1.0, now += 100, 0, -1, 100);
+  EXPECT_EQ(probe.mode(), 0);
+  probe.record(1.0, now += 100, 0, -1, 100);  // 1000 ns: the probe starts
+  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
+  EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true}));
+  EXPECT_EQ(probe.mode(), 1);
+  EXPECT_FALSE(probe.untried());
+}
+
 }  // namespace
 }  // namespace c10d::backends::shm

@@ -28,6 +28,10 @@ class ModeProbe {
     // touches in any mode.
     int first_hold_ops = 8;
     int64_t hold_per_probe = 20;
+    // Nor before the operations of the kind took this long in all (each is then timed): a
+    // probe's operations in the slower modes cost as much as it can save over a kind that
+    // runs only briefly (a benchmark's row: a few operations, every one measured).
+    int64_t first_hold_ns = 0;
   };
 
   ModeProbe() : ModeProbe(Config{}) {}
@@ -53,15 +57,18 @@ class ModeProbe {
 
   // Whether the next operation must be timed: a probe runs, or the hold may be over (then
   // record() looks at the clock). Other operations are reported with skip().
-  bool wants_time() const { return probing_ || count_ + 1 >= hold_ops_; }
+  bool wants_time() const {
+    return probing_ || count_ + 1 >= hold_ops_ || (untried_ && spent_ns_ < config_.first_hold_ns);
+  }
 
   // An operation ran in the held mode without being timed.
   void skip() { ++count_; }
 
   // One operation of kind `key` ran in mode `ran` (mode() unless the caller could not follow
-  // it at once) at `cost` per unit of work and ended at `now_ns`. Returns whether it ended a
-  // probe (mode() is then the probe's find).
-  bool record(double cost, int64_t now_ns, uint64_t key = 0, int ran = -1) {
+  // it at once) at `cost` per unit of work, took `duration_ns` and ended at `now_ns`. Returns
+  // whether it ended a probe (mode() is then the probe's find).
+  bool record(double cost, int64_t now_ns, uint64_t key = 0, int ran = -1,
+              int64_t duration_ns = 0) {
     if (ran < 0 || ran >= modes_) ran = mode_;
     // The first operation after a change of mode pays for the switch (e.g. cache lines left
     // where the old mode put them), so it is not judged.
@@ -69,6 +76,13 @@ class ModeProbe {
     last_ran_ = ran;
     if (probing_ && (visit_ > 0 || count_ > 0) && key != key_) start_probe(now_ns);
     key_ = key;
+    if (!probing_ && untried_ && spent_ns_ < config_.first_hold_ns) {
+      spent_ns_ += duration_ns;
+      if (++count_ < hold_ops_ || spent_ns_ < config_.first_hold_ns) return false;
+      count_ = 0;
+      start_probe(now_ns);
+      return false;
+    }
     if (!probing_) {
       if (++count_ < hold_ops_) return false;
       count_ = 0;
@@ -124,6 +138,7 @@ class ModeProbe {
   int hold_ops_ = 0;
   int64_t probe_at_ = 0;
   int64_t probe_start_ = 0;
+  int64_t spent_ns_ = 0;  // time the kind's operations took before its first probe
   uint64_t key_ = 0;
   int last_ran_ = 0;
   std::array<double, kMaxModes> best_{};  // fastest cost seen per mode (set by start_probe)

@@ -75,7 +75,12 @@ constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{8} << 20;
 // (SharedWriter::select). When ranks outnumber cores they keep this one (4 ranks on 2 cores:
 // even).
 constexpr size_t kPipelineChunk = size_t{256} << 10;
-// Engine::calibrate times this many allreduces of kCalibrationBytes per chunk size at init.
+// Engine::calibrate times this many allreduces of kCalibrationBytes per configuration at
+// init: chunk size, and plain or streaming stores. Plain stores into the slots are fast or
+// slow for a whole launch on this project's Zen 4 VMs (2 ranks, all_reduce of 1 MiB 0.06 or
+// 0.57 ms, of 4 MiB 0.25 or 2.3; 7 launches in 16 were slow), while streaming stores took
+// 0.10-0.16 ms (0.42-0.65) in either kind of launch. The probes would find that too, but only
+// after a kind of operation ran for a while (SharedWriter::probe_config).
 constexpr int kCalibrationRounds = 4;
 constexpr size_t kCalibrationBytes = size_t{2} << 20;
 // Broadcast, gather and all_gather go direct only from this size (see Engine::direct_fanout).
@@ -209,6 +214,7 @@ class SharedWriter {
   // 18 against 32, all_to_all of 1 MiB 128 against 287; only broadcast gained, 147 against 193).
   explicit SharedWriter(bool may_adapt = false) {
     found_.fill(-1);
+    probes_.fill(ModeProbe(probe_config()));
     if (core::env_string(core::kEnvShmStream) == "auto") {
       adaptive_ = may_adapt;
     } else {
@@ -243,7 +249,7 @@ class SharedWriter {
     ModeProbe& probe = probes_[type * kSizeClasses + size_class];
     const bool chunked = bytes > kPipelineChunk && type_ == OpType::kAllreduce;
     // Modes: bit 0 streaming stores, bit 1 (chunked operations only) large chunks.
-    if (chunked && probe.modes() != 4) probe = ModeProbe(ModeProbe::Config{}, 4);
+    if (chunked && probe.modes() != 4) probe = ModeProbe(probe_config(), 4);
     // A kind not probed yet starts with the stores this type's last probe found best at
     // another size (or any type's, for the first), as that depends mostly on the placement,
     // and with the chunks the ranks run now.
@@ -286,13 +292,23 @@ class SharedWriter {
   // Whether this operation's copies use streaming stores.
   bool streaming() const { return streaming_; }
 
+  // Whether the stores are chosen by timing (C10D_SHM_STREAM=auto and a core per rank).
+  bool adaptive() const { return adaptive_; }
+  // For calibration: the stores of the copies until the next operation selects again.
+  void use_streaming(bool on) { streaming_ = on; }
+  // The stores calibration found faster: every kind of operation starts with them until its
+  // own probe (ModeProbe) says otherwise.
+  void seed(bool streaming) {
+    if (adaptive_) found_any_ = streaming ? 1 : 0;
+  }
+
   // The operation begun last completed (not called when it failed).
   void end_op() {
     if (probe_ == nullptr || written_ < kProbedBytes) return;
     if (!timed_) return probe_->skip();
     const int64_t now = now_ns();
     const double cost = static_cast<double>(now - start_) / static_cast<double>(written_);
-    if (probe_->record(cost, now, bytes_, ran_)) {  // a probe ended: remember its find
+    if (probe_->record(cost, now, bytes_, ran_, now - start_)) {  // a probe ended
       found_[std::min(static_cast<size_t>(type_), kTypes - 1)] = probe_->mode() & 1;
       if (!one_sided(type_)) found_any_ = probe_->mode() & 1;
     }
@@ -300,6 +316,15 @@ class SharedWriter {
 
  private:
   static constexpr size_t kProbedBytes = size_t{4} << 10;
+  // A kind of operation is first probed once it took 200 ms in all. Before, a benchmark's row
+  // often ran inside a probe (the first came after 8 operations) and timed its slower modes:
+  // reduce, which shares all_reduce's probes and came after its rows, ran 1 MiB in 322 us
+  // against all_reduce's 77, and the row of 16 MiB all_reduce held the probe of 4-64 MiB.
+  static ModeProbe::Config probe_config() {
+    ModeProbe::Config config;
+    config.first_hold_ns = 200'000'000;
+    return config;
+  }
   // Size classes by powers of 4 from 4 KiB: [4, 16) KiB ... [1, 4) MiB, 4 MiB and up.
   static constexpr size_t kSizeClasses = 6;
   static constexpr size_t kTypes = static_cast<size_t>(OpType::kUnknown) + 1;
@@ -396,17 +421,28 @@ class Engine {
     const size_t count = kCalibrationBytes / sizeof(float);
     std::vector<float> data(count, 1.0f);
     char* bytes = reinterpret_cast<char*>(data.data());
-    int64_t best[2] = {INT64_MAX, INT64_MAX};
-    for (int i = 0; i < 2 * kCalibrationRounds; ++i) {
-      const bool large = (i & 1) != 0;
+    // Configurations: bit 0 large chunks, bit 1 streaming stores (tried only when the stores
+    // adapt). Rank 0's timings decide for every rank.
+    const int configs = copy_shared.adaptive() ? 4 : 2;
+    std::vector<int64_t> best(configs, INT64_MAX);
+    for (int i = 0; i < configs * kCalibrationRounds; ++i) {
+      const int config = i % configs;
+      copy_shared.use_streaming((config & 2) != 0);
       const int64_t start = now_ns();
-      pipelined(bytes, bytes, count, DType::kFloat32, ReduceOp(ReduceOp::MAX), false, large);
-      best[large] = std::min(best[large], now_ns() - start);
+      pipelined(bytes, bytes, count, DType::kFloat32, ReduceOp(ReduceOp::MAX), false,
+                (config & 1) != 0);
+      best[config] = std::min(best[config], now_ns() - start);
     }
+    copy_shared.use_streaming(false);
     const uint32_t s = next_step();
-    if (rank_ == 0) rank0_word(s) = best[1] < best[0] ? 1 : 0;
+    if (rank_ == 0) {
+      rank0_word(s) = static_cast<uint64_t>(std::min_element(best.begin(), best.end()) -
+                                            best.begin());
+    }
     sync(s);
-    large_chunks_ = rank0_word(s) != 0;
+    const uint64_t found = rank0_word(s);
+    large_chunks_ = (found & 1) != 0;
+    copy_shared.seed((found & 2) != 0);
   }
 
   // --- collectives (raw memory; every rank passes consistent sizes) ---
