@@ -1,6 +1,7 @@
 """The torch.distributed API surface on one process, plus the launcher."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -337,12 +338,23 @@ def test_launchers_of_two_nodes_number_themselves_through_the_c10d_rendezvous(tm
     from dist.harness import free_port
     endpoint = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    # Each launcher in a session of its own, so that a failure kills its workers too (an
+    # orphaned worker keeps the pipe open and would hold the next test).
     procs = [subprocess.Popen([sys.executable, "-m", "c10d.run", "--nnodes", "2",
                                "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                               "--rdzv-endpoint", endpoint, "--rdzv-id", "job", str(script)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "--rdzv-endpoint", endpoint, "--rdzv-id", "job",
+                               "--rdzv-conf", "join_timeout=60", str(script)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
              for _ in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     assert all(p.returncode == 0 for p in procs), outs
     lines = sorted(l for out, _ in outs for l in out.splitlines() if l.startswith("NODE"))
     assert lines == ["NODE 0 RANK 0 2.0", "NODE 1 RANK 1 2.0"], outs

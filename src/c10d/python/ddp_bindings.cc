@@ -74,6 +74,12 @@ void give_averages_to_unused(PyReducer& self) {
   }
 }
 
+py::list python_list(const std::vector<Tensor>& tensors) {
+  py::list out;
+  for (const Tensor& t : tensors) out.append(to_python(t));
+  return out;
+}
+
 py::object used_map(const std::vector<bool>& used) {
   py::array_t<int32_t> out(static_cast<py::ssize_t>(used.size()));
   for (size_t i = 0; i < used.size(); ++i) out.mutable_at(i) = used[i] ? 1 : 0;
@@ -117,19 +123,9 @@ void init_ddp(py::module_& m) {
       .def("index", &GradBucket::index, "The bucket's index (0 is reduced first).")
       .def("buffer", [](const GradBucket& b) { return to_python(b.buffer()); },
            "The flat buffer (reduce it in place, or return a new one from the hook's future).")
-      .def("gradients",
-           [](const GradBucket& b) {
-             py::list out;
-             for (const Tensor& t : b.gradients()) out.append(to_python(t));
-             return out;
-           },
+      .def("gradients", [](const GradBucket& b) { return python_list(b.gradients()); },
            "Views of the buffer, one per parameter, shaped like the parameters.")
-      .def("parameters",
-           [](const GradBucket& b) {
-             py::list out;
-             for (const Tensor& t : b.parameters()) out.append(to_python(t));
-             return out;
-           },
+      .def("parameters", [](const GradBucket& b) { return python_list(b.parameters()); },
            "The bucket's parameters.")
       .def("is_last", &GradBucket::is_last,
            "Whether this is the last bucket reduced in a backward pass.")

@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -33,6 +35,8 @@ using wire::Request;
 using wire::RequestParser;
 
 constexpr size_t kReadBufferSize = 64 * 1024;
+// Attempts to listen when the port is in use (see Impl::try_listen).
+constexpr int kListenAttempts = 4;
 
 std::string uv_error_text(int err) {
   // libuv reports negated errno values on Unix; strerror gives the familiar wording.
@@ -250,16 +254,24 @@ TCPServer::Impl::~Impl() {
 }
 
 int TCPServer::Impl::try_listen(const sockaddr* addr, int backlog) {
-  uv_tcp_init(&loop_, &listener_);
-  listener_.data = this;
-  int rc = uv_tcp_bind(&listener_, addr, 0);
-  if (rc == 0) rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), backlog,
-                              &Impl::on_connection);
-  if (rc != 0) {
+  // Two servers that bind one port at the same moment can both fail: libuv sets SO_REUSEADDR,
+  // so both binds succeed, and then each listen fails with EADDRINUSE because of the other
+  // (two launchers racing to host a rendezvous store both became clients and waited for a
+  // server). Retrying after a random pause breaks the tie: whoever listens first keeps the
+  // port, and the other keeps failing. A port that is simply taken costs ~30 ms more.
+  std::minstd_rand random(std::random_device{}());
+  for (int attempt = 1;; ++attempt) {
+    uv_tcp_init(&loop_, &listener_);
+    listener_.data = this;
+    int rc = uv_tcp_bind(&listener_, addr, 0);
+    if (rc == 0) rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), backlog,
+                                &Impl::on_connection);
+    if (rc == 0) return 0;
     uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
     uv_run(&loop_, UV_RUN_NOWAIT);  // completes the close so the handle can be reused
+    if (rc != UV_EADDRINUSE || attempt == kListenAttempts) return rc;
+    std::this_thread::sleep_for(std::chrono::microseconds(1000 + random() % 10000));
   }
-  return rc;
 }
 
 int TCPServer::Impl::adopt_fd(int fd, int backlog) {

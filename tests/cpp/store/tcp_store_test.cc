@@ -2,13 +2,17 @@
 // handling and robustness through raw sockets speaking the wire format directly.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "c10d/core/exception.h"
 #include "c10d/store/socket.h"
@@ -166,6 +170,55 @@ TEST(TCPStoreWire, RejectsOversizeLengthsBeforeReadingThem) {
 
 // ---------------------------------------------------------------------------------------
 // Public API
+
+// Two processes that start a store server on one port at the same moment: exactly one gets
+// it. Both used to fail now and then (EADDRINUSE on both sides: both binds succeed under
+// SO_REUSEADDR, then both listens fail), which left two launchers racing to host a
+// rendezvous store waiting as clients for a server. Without the retry this test failed in 4
+// runs of 5.
+TEST(TCPServer, OfTwoStartedAtOnceOnOnePortExactlyOneListens) {
+  auto* ready = static_cast<std::atomic<int>*>(::mmap(nullptr, sizeof(std::atomic<int>),
+                                                      PROT_READ | PROT_WRITE,
+                                                      MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(ready, MAP_FAILED);
+  for (int round = 0; round < 60; ++round) {
+    uint16_t port;
+    {
+      TCPServer probe(TCPServerOptions{});
+      port = probe.port();
+    }
+    new (ready) std::atomic<int>(0);
+    pid_t children[2];
+    for (pid_t& child : children) {
+      child = ::fork();
+      ASSERT_GE(child, 0);
+      if (child == 0) {
+        ready->fetch_add(1);
+        while (ready->load() < 2) {
+        }
+        int code = 1;
+        try {
+          TCPStoreOptions options = server_options(2s);
+          options.port = port;
+          options.wait_workers = false;
+          TCPStore store(kHost, options);
+          code = 0;
+          std::this_thread::sleep_for(30ms);  // holds the port while the other tries
+        } catch (const std::exception&) {
+        }
+        ::_exit(code);
+      }
+    }
+    int listening = 0;
+    for (pid_t child : children) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(child, &status, 0), child);
+      listening += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    ASSERT_EQ(listening, 1) << "round " << round << ", port " << port;
+  }
+  ::munmap(ready, sizeof(std::atomic<int>));
+}
 
 TEST(TCPStore, BasicOperations) {
   TCPStore store(kHost, server_options());
