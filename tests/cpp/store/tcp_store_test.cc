@@ -177,47 +177,54 @@ TEST(TCPStoreWire, RejectsOversizeLengthsBeforeReadingThem) {
 // rendezvous store waiting as clients for a server. Without the retry this test failed in 4
 // runs of 5.
 TEST(TCPServer, OfTwoStartedAtOnceOnOnePortExactlyOneListens) {
-  auto* ready = static_cast<std::atomic<int>*>(::mmap(nullptr, sizeof(std::atomic<int>),
-                                                      PROT_READ | PROT_WRITE,
-                                                      MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(ready, MAP_FAILED);
+  // Shared with the children: a start line, how many tried and listen, and when to let go
+  // (a winner keeps its port until both have tried, however slow the machine).
+  struct Shared {
+    std::atomic<int> ready, tried, listening, release;
+  };
+  auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
+                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(shared, MAP_FAILED);
   for (int round = 0; round < 60; ++round) {
     uint16_t port;
     {
       TCPServer probe(TCPServerOptions{});
       port = probe.port();
     }
-    new (ready) std::atomic<int>(0);
+    new (shared) Shared{};
     pid_t children[2];
     for (pid_t& child : children) {
       child = ::fork();
       ASSERT_GE(child, 0);
       if (child == 0) {
-        ready->fetch_add(1);
-        while (ready->load() < 2) {
+        shared->ready.fetch_add(1);
+        while (shared->ready.load() < 2) {
         }
-        int code = 1;
         try {
           TCPStoreOptions options = server_options(2s);
           options.port = port;
           options.wait_workers = false;
           TCPStore store(kHost, options);
-          code = 0;
-          std::this_thread::sleep_for(30ms);  // holds the port while the other tries
+          shared->listening.fetch_add(1);
+          shared->tried.fetch_add(1);
+          const Deadline deadline(10s);
+          while (shared->release.load() == 0 && !deadline.expired()) {
+            std::this_thread::sleep_for(1ms);
+          }
         } catch (const std::exception&) {
+          shared->tried.fetch_add(1);
         }
-        ::_exit(code);
+        ::_exit(0);
       }
     }
-    int listening = 0;
-    for (pid_t child : children) {
-      int status = 0;
-      ASSERT_EQ(::waitpid(child, &status, 0), child);
-      listening += WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    }
+    const Deadline deadline(10s);
+    while (shared->tried.load() < 2 && !deadline.expired()) std::this_thread::sleep_for(1ms);
+    const int listening = shared->listening.load();
+    shared->release.store(1);
+    for (pid_t child : children) ASSERT_EQ(::waitpid(child, nullptr, 0), child);
     ASSERT_EQ(listening, 1) << "round " << round << ", port " << port;
   }
-  ::munmap(ready, sizeof(std::atomic<int>));
+  ::munmap(shared, sizeof(Shared));
 }
 
 TEST(TCPStore, BasicOperations) {
