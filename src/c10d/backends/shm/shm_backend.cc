@@ -94,10 +94,14 @@ constexpr size_t kDirectFanoutBytes = size_t{8} << 20;
 // against 21-22 and of 512 KiB 47-65 against 41-50. Past that the slots win again
 // (all_gather of 768 KiB per rank 65-71 against 106-130, alltoall of 1 MiB 46 against 74),
 // and with more ranks than cores they win at every size (4 ranks, all_gather of 64 KiB per
-// rank 48-51 against 74-101).
+// rank 48-51 against 74-101). Broadcast goes direct up to kDirectFanoutBytes: the root of a
+// slot broadcast runs ahead, but its receivers take longer than one kernel copy (time until
+// every rank is done, the benchmark's measure, 2 ranks, 6 launches: 1 MiB 130-143 us through
+// the slots, 84-103 direct; 2 MiB 229-289 against 197-206), even when the direct launches
+// met the slow placement and the slot launches did not.
 constexpr size_t kDirectMidBytes = size_t{64} << 10;
 constexpr size_t kDirectMidEndBytes = size_t{512} << 10;
-constexpr size_t kBroadcastMidEndBytes = size_t{1} << 20;
+constexpr size_t kBroadcastMidEndBytes = kDirectFanoutBytes;
 static_assert(kPipelineChunk <= kSlotBytes);
 // A direct allreduce moves pieces this large per system call: large enough that the calls and
 // the kernel's page pinning are cheap per byte, small enough that the landing area and the
