@@ -602,8 +602,10 @@ class Engine {
   void scatter(Src&& src_of, char* out, size_t bytes, int root) {
     expect(bytes, std::nullopt, root);
     if (bytes == 0) return;
-    if (direct(bytes) && size_ > 1 && size_ <= kMaxRanks) {
-      // Every rank reads its part from the root's list through the kernel.
+    if ((direct(bytes) || direct_mid(bytes)) && size_ > 1 && size_ <= kMaxRanks) {
+      // Every rank reads its part from the root's list through the kernel (mid-sized parts
+      // too with a core per rank: 2 ranks, parts of 128 KiB, time until every rank is done,
+      // 3 launches each: 12-16 us against 19-25 through the slots).
       const uint32_t s = next_step();
       if (rank_ == root) {
         auto* table = reinterpret_cast<uint64_t*>(seg_.meta(rank_, s));
