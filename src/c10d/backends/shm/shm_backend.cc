@@ -428,16 +428,17 @@ class Engine {
     // Configurations: bit 0 large chunks, bit 1 streaming stores (tried only when the stores
     // adapt). Rank 0's timings decide for every rank.
     const int configs = copy_shared.adaptive() ? 4 : 2;
+    const bool stores = copy_shared.streaming();  // as C10D_SHM_STREAM fixed them, if it did
     std::vector<int64_t> best(configs, INT64_MAX);
     for (int i = 0; i < configs * kCalibrationRounds; ++i) {
       const int config = i % configs;
-      copy_shared.use_streaming((config & 2) != 0);
+      if (configs == 4) copy_shared.use_streaming((config & 2) != 0);
       const int64_t start = now_ns();
       pipelined(bytes, bytes, count, DType::kFloat32, ReduceOp(ReduceOp::MAX), false,
                 (config & 1) != 0);
       best[config] = std::min(best[config], now_ns() - start);
     }
-    copy_shared.use_streaming(false);
+    copy_shared.use_streaming(stores);
     const uint32_t s = next_step();
     if (rank_ == 0) {
       rank0_word(s) = static_cast<uint64_t>(std::min_element(best.begin(), best.end()) -
