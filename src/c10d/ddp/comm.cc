@@ -14,12 +14,17 @@ using core::DType;
 using core::Tensor;
 using core::detail::str_cat;
 
+// Waits for `work` within the group's timeout (DistTimeoutError naming the operation).
+void finish(const pg::ProcessGroup& group, const pg::WorkPtr& work) {
+  work->wait(group.options().timeout);
+}
+
 void broadcast_one(pg::ProcessGroup& group, Tensor& buffer, int src) {
   std::vector<Tensor> tensors{buffer};
   pg::BroadcastOptions opts;
   opts.root_rank = src;
   opts.async_op = false;
-  group.broadcast(tensors, opts)->wait();
+  finish(group, group.broadcast(tensors, opts));
 }
 
 // A parameter's description, as int64 values: dtype, number of dimensions, sizes, strides.
@@ -27,17 +32,7 @@ void describe(const Tensor& t, std::vector<int64_t>& out) {
   out.push_back(static_cast<int64_t>(t.dtype()));
   out.push_back(t.dim());
   out.insert(out.end(), t.sizes().begin(), t.sizes().end());
-  if (t.strides().empty()) {  // C-contiguous
-    std::vector<int64_t> strides(t.sizes().size());
-    int64_t s = 1;
-    for (size_t d = strides.size(); d-- > 0;) {
-      strides[d] = s;
-      s *= t.sizes()[d];
-    }
-    out.insert(out.end(), strides.begin(), strides.end());
-  } else {
-    out.insert(out.end(), t.strides().begin(), t.strides().end());
-  }
+  out.insert(out.end(), t.strides().begin(), t.strides().end());  // filled in when C-order
 }
 
 std::string list(const int64_t* v, int64_t n) {
@@ -142,7 +137,7 @@ void verify_params_across_processes(const std::shared_ptr<pg::ProcessGroup>& gro
   Tensor all = Tensor::empty({2 * static_cast<int64_t>(size)}, DType::kInt64);
   pg::AllgatherOptions gather_opts;
   gather_opts.async_op = false;
-  group->allgather_base(all, counts, gather_opts)->wait();
+  finish(*group, group->allgather_base(all, counts, gather_opts));
   const int64_t* n = all.data_as<int64_t>();
 
   // Rank 0's description, which every rank then compares with its own.
@@ -156,7 +151,7 @@ void verify_params_across_processes(const std::shared_ptr<pg::ProcessGroup>& gro
   Tensor flag = Tensor::empty({1}, DType::kInt32);
   flag.data_as<int32_t>()[0] = problem.empty() ? 0 : 1;
   Tensor flags = Tensor::empty({size}, DType::kInt32);
-  group->allgather_base(flags, flag, gather_opts)->wait();
+  finish(*group, group->allgather_base(flags, flag, gather_opts));
   C10D_CHECK(problem.empty(), problem);
   for (int r = 0; r < size; ++r) {
     C10D_CHECK(flags.data_as<int32_t>()[r] == 0, "DDP expects the same model on every rank, "
