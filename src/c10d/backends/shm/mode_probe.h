@@ -28,7 +28,8 @@ class ModeProbe {
     // touches in any mode.
     int first_hold_ops = 8;
     int64_t hold_per_probe = 20;
-    // Nor before the operations of the kind took this long in all (each is then timed): a
+    // Nor before the operations of the kind took this long in all (estimated from the one
+    // timed at the end of each first_hold_ops): a
     // probe's operations in the slower modes cost as much as it can save over a kind that
     // runs only briefly (a benchmark's row: a few operations, every one measured).
     int64_t first_hold_ns = 0;
@@ -57,9 +58,7 @@ class ModeProbe {
 
   // Whether the next operation must be timed: a probe runs, or the hold may be over (then
   // record() looks at the clock). Other operations are reported with skip().
-  bool wants_time() const {
-    return probing_ || count_ + 1 >= hold_ops_ || (untried_ && spent_ns_ < config_.first_hold_ns);
-  }
+  bool wants_time() const { return probing_ || count_ + 1 >= hold_ops_; }
 
   // An operation ran in the held mode without being timed.
   void skip() { ++count_; }
@@ -76,17 +75,18 @@ class ModeProbe {
     last_ran_ = ran;
     if (probing_ && (visit_ > 0 || count_ > 0) && key != key_) start_probe(now_ns);
     key_ = key;
-    if (!probing_ && untried_ && spent_ns_ < config_.first_hold_ns) {
-      spent_ns_ += duration_ns;
-      if (++count_ < hold_ops_ || spent_ns_ < config_.first_hold_ns) return false;
-      count_ = 0;
-      start_probe(now_ns);
-      return false;
-    }
     if (!probing_) {
       if (++count_ < hold_ops_) return false;
+      const int ops = count_;
       count_ = 0;
-      if (now_ns >= probe_at_) start_probe(now_ns);  // else look again after hold_ops operations
+      if (untried_ && spent_ns_ < config_.first_hold_ns) {
+        // The one timed operation stands for the hold's others: held operations read no clock.
+        spent_ns_ += duration_ns * ops;
+        if (spent_ns_ < config_.first_hold_ns) return false;
+      } else if (now_ns < probe_at_) {
+        return false;  // look again after hold_ops operations
+      }
+      start_probe(now_ns);
       return false;
     }
     // A mode far slower than the best so far is left after one judged operation: trying a
