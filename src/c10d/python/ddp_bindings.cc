@@ -31,6 +31,7 @@ using pg::ProcessGroup;
 struct PyReducer {
   std::shared_ptr<Reducer> reducer;
   py::list params;
+  std::vector<bool> own_grad;  // per parameter: has_own_grad, decided once
 };
 
 // A torch parameter: its gradient is its .grad, not itself.
@@ -43,9 +44,8 @@ bool has_own_grad(py::handle param) {
 std::optional<Tensor> gradient_of(const PyReducer& self, size_t index, const py::object& grad) {
   if (!grad.is_none()) return to_tensor(grad, true, "Reducer: grad");
   if (index >= self.params.size()) return std::nullopt;  // the reducer names the bad index
-  py::object param = self.params[index];
-  if (!has_own_grad(param)) return std::nullopt;
-  py::object g = param.attr("grad");
+  if (!self.own_grad[index]) return std::nullopt;
+  py::object g = self.params[index].attr("grad");
   if (g.is_none()) {
     throw core::InvalidArgument("Reducer: parameter " + std::to_string(index) +
                                 " has no gradient (its .grad is None)");
@@ -60,8 +60,8 @@ void give_averages_to_unused(PyReducer& self) {
   const std::vector<bool> here = self.reducer->local_used_map();
   const std::vector<bool> anywhere = self.reducer->global_used_map();
   for (size_t i = 0; i < here.size(); ++i) {
+    if (here[i] || !anywhere[i] || !self.own_grad[i]) continue;
     py::object param = self.params[i];
-    if (here[i] || !anywhere[i] || !has_own_grad(param)) continue;
     py::object average = py::module_::import("torch.utils.dlpack")
                              .attr("from_dlpack")(to_dlpack_capsule(self.reducer->bucket_view(i)))
                              .attr("clone")();
@@ -155,11 +155,13 @@ void init_ddp(py::module_& m) {
              opts.find_unused_parameters = find_unused_parameters;
              opts.gradient_as_bucket_view = gradient_as_bucket_view;
              py::list objects(params);
-             for (py::handle p : objects) opts.param_is_gradient.push_back(!has_own_grad(p));
+             std::vector<bool> own_grad;
+             for (py::handle p : objects) own_grad.push_back(has_own_grad(p));
+             for (bool own : own_grad) opts.param_is_gradient.push_back(!own);
              auto reducer = std::make_shared<Reducer>(
                  to_tensors(objects, true, "Reducer: params"), std::move(bucket_indices),
                  std::move(per_bucket_size_limits), std::move(process_group), std::move(opts));
-             return PyReducer{std::move(reducer), std::move(objects)};
+             return PyReducer{std::move(reducer), std::move(objects), std::move(own_grad)};
            }),
            py::arg("params"), py::arg("bucket_indices"), py::arg("per_bucket_size_limits"),
            py::arg("process_group"), py::arg("expect_sparse_gradients") = std::vector<bool>{},
