@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -208,6 +209,45 @@ TEST(ShmBackend, BroadcastReduceEachRoot) {
                                     : filled(n, DType::kInt32, rank),
                     "reduce");
       }
+    }
+  });
+}
+
+// A root may run kRingDepth - 1 broadcasts ahead of a late rank, further than the step
+// signatures reach (kSignatureDepth): the late rank checks those steps against the full
+// descriptions instead, accepts the matching ones and still names a mismatch after them.
+TEST(ShmBackend, RootFarAheadOfALateRank) {
+  static_assert(kRingDepth - 1 > kSignatureDepth);
+  constexpr int kAhead = static_cast<int>(kRingDepth) - 1;
+  std::atomic<int> sent{0};
+  run_ranks(2, [&](int rank, ShmBackend& b) {
+    auto bcast = [&](int i, int64_t n) {
+      Tensor t = filled(n, DType::kInt32, rank == 0 ? i : 100 + i);
+      std::vector<Tensor> ts{t};
+      pg::BroadcastOptions bo;
+      bo.root_rank = 0;
+      b.broadcast(ts, bo)->wait();
+      return t;
+    };
+    if (rank == 0) {
+      for (int i = 0; i < kAhead; ++i) bcast(i, 7);
+      sent = kAhead;  // all of them published without waiting for rank 1
+      bcast(kAhead, 9);
+      return;
+    }
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (sent.load() < kAhead && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(1ms);
+    }
+    ASSERT_EQ(sent.load(), kAhead) << "the root waited for the late rank";
+    for (int i = 0; i < kAhead; ++i) {
+      expect_same(bcast(i, 7), filled(7, DType::kInt32, i), "broadcast " + std::to_string(i));
+    }
+    try {
+      bcast(kAhead, 8);  // the root sent 9 elements
+      ADD_FAILURE() << "a broadcast of another shape passed";
+    } catch (const core::DistBackendError& e) {
+      EXPECT_NE(std::string(e.what()).find("36 bytes"), std::string::npos) << e.what();
     }
   });
 }

@@ -157,7 +157,9 @@ inline bool reached(uint32_t value, uint32_t target) {
 // How a blocked rank waits: it spins (cheapest wake-up while every rank has a core), then
 // yields the core in a loop (a rank sharing the core, or a busy machine, gets to run while we
 // stay runnable), and only then sleeps on the futex. When ranks outnumber cores spinning only
-// steals time from the rank being waited for, so that phase is short.
+// steals time from the rank being waited for, so there is no spin phase: a perf profile of
+// 4 ranks on 2 cores spent 31% of all cycles in a 500 ns spin, and all_reduce of 4 B took
+// 6.2-6.4 us with it, 5.6 without (3 ranks: 5.2 against 3.3 us; 8 ranks: 17 against 13.5).
 struct WaitPolicy {
   int blind_spins;  // spins before the first clock read (Engine::await_step)
   int64_t spin_ns;
@@ -175,7 +177,7 @@ size_t ranks_per_core(const Segment& seg) {
 
 WaitPolicy wait_policy(size_t per_core) {
   if (per_core <= 1) return {kBlindSpins, 200'000, 2'000'000};
-  return {0, 500, 500'000};
+  return {0, 0, 500'000};
 }
 
 std::string join_ranks(const std::vector<int>& ranks) {
@@ -998,7 +1000,7 @@ class Engine {
     SegmentHeader* h = seg_.header(rank_);
     if (own_core_) note_cpu(h);
     h->described[s % kRingDepth] = described_;
-    h->step.op[s % kRingDepth].store(op_, std::memory_order_relaxed);
+    h->step.op[s % kSignatureDepth].store(op_, std::memory_order_relaxed);
     post(h->step, s);  // releases the description and the signature with the step
   }
 
@@ -1065,11 +1067,13 @@ class Engine {
   // Peer r published step s for this operation with the same shape. Otherwise the ranks
   // issued different collectives, or in a different order, or with different sizes, dtypes,
   // roots or reductions: fail naming both sides. Valid while this rank has not published
-  // s + 1: r cannot reuse the entry (s + kRingDepth) before that.
+  // s + 1: r cannot reuse the entry (s + kRingDepth) before that. The signature on the step
+  // word's line decides at once unless r ran kSignatureDepth steps further and replaced it.
   void check_same_op(int r, uint32_t s) {
     const SegmentHeader* h = seg_.header(r);
-    if (h->step.op[s % kRingDepth].load(std::memory_order_relaxed) == op_) return;
+    if (h->step.op[s % kSignatureDepth].load(std::memory_order_relaxed) == op_) return;
     const StepDescription theirs = h->described[s % kRingDepth];
+    if (theirs == described_) return;
     fail<DistBackendError>(str_cat(
         describe(), ": rank ", r, " runs ", description_text(theirs), " at this step while this "
         "rank runs ", description_text(described_), "; every rank must issue the same collectives "
@@ -1160,7 +1164,7 @@ class Engine {
     }
     core::before_blocking();
     const int64_t start = now_ns();
-    const bool spin = !peer_on_my_cpu(r);
+    const bool spin = policy_.spin_ns > 0 && !peer_on_my_cpu(r);
     // The operation's deadline counts from its first wait that got this far, not from its
     // start: an operation that never waits needs no clock read for it. The difference is the
     // time the operation spent copying before it first waited.
