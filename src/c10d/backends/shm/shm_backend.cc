@@ -72,8 +72,7 @@ constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{8} << 20;
 // again. On a Zen 4 guest 1 MiB chunks (kSlotBytes) won: 1 MiB in 54-66 us against 102-117,
 // 2 MiB 101 against 219, 32 MiB 3.9 ms against 5.1. So with a core per rank the ranks time
 // both at init (Engine::calibrate) and start with the faster, and their probes try both again
-// (SharedWriter::select). When ranks outnumber cores they keep this one (4 ranks on 2 cores:
-// even).
+// (SharedWriter::select). With 4 ranks on 2 cores the two were even.
 constexpr size_t kPipelineChunk = size_t{256} << 10;
 // Engine::calibrate times this many allreduces of kCalibrationBytes per configuration at
 // init: chunk size, and plain or streaming stores. Plain stores into the slots are fast or
@@ -214,10 +213,11 @@ void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n);
 // keeps plain stores. C10D_SHM_STREAM=0/1 fixes the choice.
 class SharedWriter {
  public:
-  // `may_adapt`: whether auto may choose streaming stores. Not when ranks outnumber cores: then
-  // most readers share the writer's core and its cache (4 ranks on 2 cores, plain against
-  // streaming, medians of 3 launches: all_reduce of 1 MiB 257 us against 408, gather of 64 KiB
-  // 18 against 32, all_to_all of 1 MiB 128 against 287; only broadcast gained, 147 against 193).
+  // `may_adapt`: whether auto may choose streaming stores (the collectives; the p2p channels
+  // keep plain ones). Also when ranks outnumber cores: 4 ranks on 2 cores, plain against
+  // streaming, all_reduce of 256 KiB 52-94 us against 85-125 in the fast placement and 207-269
+  // against 83-134 in the slow one (4 MiB: 0.8-1.5 ms against 1.2-2.3, 3.6-4.5 against
+  // 1.2-2.0); all_to_all and gather alike, broadcast faster streaming in both.
   explicit SharedWriter(bool may_adapt = false) {
     found_.fill(-1);
     probes_.fill(ModeProbe(probe_config()));
@@ -382,7 +382,7 @@ class Engine {
         own_core_(per_core_ <= 1),
         direct_piece_(direct_piece(per_core_)),
         direct_allreduce_(own_core_ ? kDirectAllreduceBytes : kDirectAllreduceSharedCoreBytes),
-        copy_shared(own_core_) {}
+        copy_shared(true) {}
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -420,9 +420,9 @@ class Engine {
 
   // Times pipelined allreduces of kCalibrationBytes in both chunk sizes (interleaved) and
   // starts with the faster one on rank 0: which wins depends on the machine (kPipelineChunk).
-  // Only when every rank has a core: with more ranks the timings say little.
+  // With stores that adapt, plain and streaming ones too (see SharedWriter).
   void calibrate(Millis timeout) {
-    if (size_ < 2 || !own_core_) return;
+    if (size_ < 2) return;
     begin("chunk calibration", OpType::kAllreduce, 0, timeout);
     const size_t count = kCalibrationBytes / sizeof(float);
     std::vector<float> data(count, 1.0f);
