@@ -1,5 +1,7 @@
 #include "c10d/core/work.h"
 
+#include <thread>
+
 #include "c10d/core/exception.h"
 
 namespace c10d::core {
@@ -119,6 +121,20 @@ Work::Work(OpType op, std::string description, std::shared_ptr<Future> future)
 std::shared_ptr<Work> Work::from_future(std::shared_ptr<Future> future, OpType op) {
   C10D_CHECK_ARG(future != nullptr, "Work::from_future: the future is None");
   return std::shared_ptr<Work>(new Work(op, {}, std::move(future)));
+}
+
+std::shared_ptr<Future> Work::future_of(const std::shared_ptr<Work>& work) {
+  C10D_CHECK_ARG(work != nullptr, "Work::future_of: no work");
+  if (work->progresses_in_wait() && !work->is_completed() && !work->driven_.exchange(true)) {
+    // The outcome lands in the future; wait() rethrowing it here has nobody to tell.
+    std::thread([work] {
+      try {
+        work->wait();
+      } catch (...) {
+      }
+    }).detach();
+  }
+  return work->future_;
 }
 
 int Work::source_rank() const {

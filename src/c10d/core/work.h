@@ -2,6 +2,7 @@
 // Both are thread-safe: one thread completes them while any number wait on them.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -107,6 +108,11 @@ class Work {
   int source_rank() const;
   std::vector<Tensor> result() const { return future_->value().tensors; }
   std::shared_ptr<Future> get_future() const { return future_; }
+  // The future as users get it (Python's get_future()): one that completes by itself. An
+  // operation that advances only inside wait() (progresses_in_wait: sends and receives) gets
+  // a thread that waits for it, once, so callbacks run and waiting on the future returns.
+  static std::shared_ptr<Future> future_of(const std::shared_ptr<Work>& work);
+  virtual bool progresses_in_wait() const { return false; }
 
   // Blocks until done and rethrows the operation's error. With a timeout, an unfinished
   // operation throws DistTimeoutError naming it (the operation itself keeps running).
@@ -129,6 +135,7 @@ class Work {
   std::shared_ptr<Future> future_;
   mutable std::mutex mutex_;
   int source_rank_ = -1;  // guarded by mutex_
+  std::atomic<bool> driven_{false};  // future_of started its waiting thread
 };
 
 }  // namespace c10d::core

@@ -277,8 +277,9 @@ void init_core(py::module_& m) {
            "Blocks until the operation finishes and raises its error. With a timeout, raises "
            "DistTimeoutError if it has not finished by then.")
       .def("abort", &Work::abort)
-      .def("get_future", &Work::get_future,
-           "A Future completed when this operation is (with its output tensors).")
+      .def("get_future", &Work::future_of,
+           "A Future completed when this operation is (with its output tensors), also for a "
+           "send or receive nobody waits for.")
       .def_property_readonly("op_type",
                              [](const Work& w) { return std::string(core::op_type_name(w.op_type())); })
       .def("__repr__", [](const Work& w) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "c10d/core/exception.h"
@@ -86,6 +87,36 @@ TEST(Work, SuccessResultSourceRankAndFromFuture) {
   EXPECT_THROW(from->wait(20ms), DistTimeoutError);
   f->mark_completed({});
   EXPECT_TRUE(from->is_success());
+}
+
+// A work that finishes only inside wait(), as sends and receives do.
+class FinishesInWait : public Work {
+ public:
+  FinishesInWait() : Work(OpType::kSend) {}
+  bool wait(Millis timeout) override {
+    ++waits;
+    if (!is_completed()) finish({});
+    return Work::wait(timeout);
+  }
+  bool progresses_in_wait() const override { return true; }
+  std::atomic<int> waits{0};
+};
+
+TEST(Work, FutureOfAWorkThatProgressesInWaitCompletesByItself) {
+  auto work = std::make_shared<FinishesInWait>();
+  auto plain = work->get_future();
+  EXPECT_FALSE(plain->completed());  // the backends' own accessor starts nothing
+  auto future = Work::future_of(work);
+  EXPECT_EQ(future, plain);
+  future->wait(10s, "the send");  // completed by the thread future_of started
+  EXPECT_TRUE(work->is_success());
+  Work::future_of(work);  // completed: no second thread
+  EXPECT_EQ(work->waits.load(), 1);
+
+  auto collective = std::make_shared<Work>(OpType::kAllreduce);
+  Work::future_of(collective);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(collective->is_completed());  // its backend completes it, not a wait()
 }
 
 }  // namespace

@@ -270,10 +270,14 @@ class P2PWork : public core::Work {
   bool wait(Millis timeout) override {
     {
       std::lock_guard<std::mutex> lock(wait_mutex_);
-      if (!settled_) settle(timeout);
+      // A send or receive that failed when posted (the pair closed after an earlier timeout)
+      // is settled already: its buffer was never posted, so waiting on it cannot end well.
+      if (!settled_ && !is_completed()) settle(timeout);
     }
     return Work::wait(core::kNoTimeout);
   }
+
+  bool progresses_in_wait() const override { return true; }
 
   void abort() override {
     if (op_type() == OpType::kSend) {

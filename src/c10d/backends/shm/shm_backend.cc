@@ -1593,6 +1593,8 @@ class P2PWork : public core::Work {
     return Work::wait(core::kNoTimeout);
   }
 
+  bool progresses_in_wait() const override { return true; }
+
  private:
   std::shared_ptr<P2PEngine> engine_;
   std::shared_ptr<P2POp> op_;
