@@ -116,6 +116,26 @@ def test_add_accumulates(store):
     assert store.get("c") == b"-1"
 
 
+def test_add_on_a_value_that_is_not_a_counter(request, store):
+    if "tcp" in request.node.callspec.params["store"]:
+        pytest.skip("a TCPStore server drops the client for it, as torch's does")
+    store.set("text", "abc")
+    with pytest.raises(ValueError, match="text' is not an integer counter"):
+        store.add("text", 1)  # a ValueError, as torch's stores raise
+    assert store.get("text") == b"abc"
+
+
+def test_num_keys_counts_only_user_keys_without_waiting_for_workers():
+    # As in torch, only stores that wait for a world size register under init/.
+    server = c10d.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10),
+                           wait_for_workers=False)
+    server.set("a", "1")
+    assert server.num_keys() == 1
+    client = c10d.TCPStore("127.0.0.1", server.port, 2, False, timedelta(seconds=10))
+    assert server.num_keys() == 2  # the client registered (world size 2, waits by default)
+    del client
+
+
 def test_compare_set_cases(store):
     assert store.compare_set("cs", "", "first") == b"first"
     assert store.compare_set("cs", "first", "second") == b"second"

@@ -71,8 +71,9 @@ def test_clients_in_processes_with_unfixed_world_size():
     procs = _spawn_clients(server.port, "none")
     assert _collect_done(server) == list(range(NUM_CLIENTS))
     _join(procs)
-    # init/ (registrations), arrived, all_arrived and one key per rank.
-    assert server.num_keys() == 3 + NUM_CLIENTS
+    # arrived, all_arrived and one key per rank (no init/: without a world size, as in torch,
+    # nobody registers).
+    assert server.num_keys() == 2 + NUM_CLIENTS
     assert server.add("arrived", 0) == NUM_CLIENTS
 
 
@@ -134,7 +135,7 @@ def test_store_server_command_line():
         b = c10d.TCPStore("127.0.0.1", port, timeout=TIMEOUT)
         a.set("k", b"v")
         assert b.get("k") == b"v"
-        assert b.num_keys() == 2  # init/ and k
+        assert b.num_keys() == 1  # k (no world size: no init/ registrations, as in torch)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         # The server is gone: calls fail fast instead of hanging.

@@ -61,7 +61,8 @@ int64_t parse_counter(const std::string& key, const Bytes& value) {
   const char* last = first + value.size();
   auto [ptr, ec] = std::from_chars(first, last, result);
   if (ec != std::errc() || ptr != last || value.empty()) {
-    throw core::DistStoreError(str_cat("add: the value of key '", key,
+    // A ValueError in Python, as torch's stores raise here.
+    throw core::InvalidArgument(str_cat("add: the value of key '", key,
                                        "' is not an integer counter (", value.size(),
                                        " bytes)"));
   }

@@ -88,7 +88,8 @@ class Store {
 [[noreturn]] void throw_wait_timeout(const std::string& store, const std::vector<std::string>& keys,
                                      Millis timeout);
 
-// Parses the decimal counter text that add() stores; throws DistStoreError naming the key.
+// Parses the decimal counter text that add() stores; throws InvalidArgument (ValueError in
+// Python, as in torch) naming the key.
 int64_t parse_counter(const std::string& key, const Bytes& value);
 
 }  // namespace c10d::store

@@ -265,7 +265,10 @@ TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
     port_ = server_->port();
   }
   socket_ = open_connection();
-  if (options.is_server && options.num_workers && options.wait_workers) {
+  // As in torch, only instances that wait for the workers register (so with
+  // wait_for_workers=False num_keys() counts the user's keys alone).
+  if (!options.num_workers || !options.wait_workers) return;
+  if (options.is_server) {
     wait_for_workers(*options.num_workers);
   } else {
     Call call(*this, "register");

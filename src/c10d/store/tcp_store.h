@@ -43,12 +43,13 @@ struct TCPStoreOptions {
 // DistNetworkError; a timed-out wait()/get() is cancelled cleanly and leaves the store
 // usable.
 //
-// User keys travel with a "/" prefix (as PyTorch's client sends them); each instance except
-// clones registers by adding 1 to the unprefixed key "init/", which num_keys() counts.
+// User keys travel with a "/" prefix (as PyTorch's client sends them); each instance with
+// num_workers and wait_workers (clones never) registers by adding 1 to the unprefixed key
+// "init/", which num_keys() counts.
 class TCPStore : public Store {
  public:
   // Starts the server first when options.is_server, then connects (retrying with backoff
-  // until the timeout) and registers. With is_server, num_workers and wait_workers, waits
+  // until the timeout) and, with num_workers and wait_workers, registers; a server then waits
   // until num_workers instances have registered, else throws DistStoreTimeoutError "Timed out
   // after N seconds waiting for clients. x/y clients joined."
   explicit TCPStore(std::string host, const TCPStoreOptions& options = {});

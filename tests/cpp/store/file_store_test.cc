@@ -61,7 +61,7 @@ TEST_F(FileStoreTest, BasicSemantics) {
   EXPECT_EQ(store.add("n", 5), 5);
   EXPECT_EQ(store.add("n", -7), -2);
   EXPECT_EQ(store.get("n"), b("-2"));
-  EXPECT_THROW(store.add("a", 1), core::DistStoreError);
+  EXPECT_THROW(store.add("a", 1), core::InvalidArgument);
 
   store.append("log", b("x"));
   store.append("log", b("yz"));

@@ -45,6 +45,13 @@ TCPStoreOptions client_options(uint16_t port, Millis timeout = 10s) {
   return o;
 }
 
+// A client that registers under init/, as torch's do when they know the world size.
+TCPStoreOptions registering_options(uint16_t port, int world, Millis timeout = 10s) {
+  TCPStoreOptions o = client_options(port, timeout);
+  o.num_workers = world;
+  return o;
+}
+
 // A raw protocol client for tests that must control the exact bytes.
 struct RawClient {
   net::Socket sock;
@@ -258,11 +265,11 @@ TEST(TCPStore, BasicOperations) {
   EXPECT_EQ(to_string(values[0]), "y");
   EXPECT_EQ(to_string(values[1]), "x");
 
-  // init/ (registration) + a, empty, n, log, m1, m2
-  EXPECT_EQ(store.num_keys(), 7);
+  // a, empty, n, log, m1, m2 (no world size: no init/ registration, as in torch)
+  EXPECT_EQ(store.num_keys(), 6);
   EXPECT_TRUE(store.delete_key("a"));
   EXPECT_FALSE(store.delete_key("a"));
-  EXPECT_EQ(store.num_keys(), 6);
+  EXPECT_EQ(store.num_keys(), 5);
   EXPECT_FALSE(store.check({"a"}));
 
   Bytes big(wire::kMaxValueLen, 0xAB);
@@ -286,7 +293,7 @@ TEST(TCPStore, CompareSetFollowsTheProtocol) {
 
 TEST(TCPStore, ClientsShareTheServerAndCountRegistrations) {
   TCPStore server(kHost, server_options());
-  TCPStore client(kHost, client_options(server.port()));
+  TCPStore client(kHost, registering_options(server.port(), 2));
   client.set("from_client", to_bytes("hi"));
   EXPECT_EQ(to_string(server.get("from_client")), "hi");
   EXPECT_FALSE(server.check({"init/"}));  // user keys are prefixed: "/init/" is absent
@@ -497,7 +504,7 @@ TEST(TCPStore, ServerWaitsForWorkersThatJoin) {
   });
   std::vector<std::unique_ptr<TCPStore>> workers;
   for (int i = 1; i < kWorld; ++i) {
-    workers.push_back(std::make_unique<TCPStore>(kHost, client_options(listen.port)));
+    workers.push_back(std::make_unique<TCPStore>(kHost, registering_options(listen.port, kWorld)));
   }
   auto master = server.get();
   EXPECT_EQ(master->port(), listen.port);
@@ -690,7 +697,7 @@ TEST_F(TCPStoreRobustness, DisconnectedWaitersAreForgotten) {
 TEST(TCPStoreWireCompat, FirstBytesAreValidateThenPing) {
   PreboundSocket listen;
   auto client = std::async(std::launch::async, [&] {
-    return std::make_unique<TCPStore>(kHost, client_options(listen.port, 10s));
+    return std::make_unique<TCPStore>(kHost, registering_options(listen.port, 2));
   });
   int conn = ::accept(listen.fd, nullptr, nullptr);
   ASSERT_GE(conn, 0);
