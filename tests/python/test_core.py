@@ -30,6 +30,12 @@ def test_dtypes_from_numpy(dtype):
     assert _C._tensor_info(a)["dtype"] == dtype
 
 
+@pytest.mark.parametrize("dtype", ["uint32", "uint64", ">f4", "object"])
+def test_unsupported_dtypes_are_named(dtype):
+    with pytest.raises(TypeError, match=f"of dtype {dtype} .*supported: float32"):
+        _C._tensor_info(np.zeros(2, dtype=dtype))
+
+
 def test_non_contiguous_is_reported():
     a = np.zeros((4, 4), dtype=np.float64)[:, ::2]
     assert not _C._tensor_info(a)["contiguous"]

@@ -72,8 +72,21 @@ core::Tensor from_buffer(py::handle obj, bool writable, std::string_view what) {
   const std::string format = buffer->format != nullptr ? buffer->format : "B";
   auto dtype = core::from_buffer_format(format, static_cast<size_t>(buffer->itemsize));
   if (!dtype) {
-    throw py::type_error(str_cat(what, ": unsupported element type '", format, "' (itemsize ",
-                                 buffer->itemsize, ") of ", type_name(obj)));
+    // Name the dtype as the user wrote it (numpy's), not only the buffer format code.
+    std::string named;
+    try {
+      if (py::hasattr(obj, "dtype")) {
+        named = " of dtype " + py::str(obj.attr("dtype")).cast<std::string>();
+      }
+    } catch (const py::error_already_set&) {
+    }
+    std::string supported;
+    for (int i = 0; i < core::kNumDTypes; ++i) {
+      supported += str_cat(i ? ", " : "", core::dtype_name(static_cast<core::DType>(i)));
+    }
+    throw py::type_error(str_cat(what, ": unsupported element type: ", type_name(obj), named,
+                                 " (buffer format '", format, "', itemsize ", buffer->itemsize,
+                                 "); supported: ", supported, ", in native byte order"));
   }
   std::vector<int64_t> sizes(buffer->shape, buffer->shape + buffer->ndim);
   std::vector<int64_t> strides;
