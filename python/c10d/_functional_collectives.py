@@ -17,8 +17,10 @@ import numpy as np
 
 from . import distributed_c10d as _c10d
 from ._C import ProcessGroup, ReduceOp
+from .device_mesh import DeviceMesh
 
-RANK_TYPES = Union[List[int], List[List[int]], ProcessGroup, str]
+RANK_TYPES = Union[List[int], List[List[int]], ProcessGroup, DeviceMesh, Tuple[DeviceMesh, int],
+                   str]
 
 __all__ = [
     "wait_tensor", "broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd",
@@ -57,6 +59,14 @@ def _group_of_ranks(ranks: Sequence[int], tag: str) -> ProcessGroup:
 def _resolve_group(group: RANK_TYPES, tag: str = "") -> ProcessGroup:
     if isinstance(group, ProcessGroup):
         return group
+    if isinstance(group, DeviceMesh):  # SPMD over a 1-D mesh
+        if group.ndim != 1:
+            raise _c10d._DistValueError(
+                f"a DeviceMesh of {group.ndim} dimensions needs one: pass (mesh, dim)")
+        return group.get_group(0)
+    if (isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh)
+            and isinstance(group[1], (int, str))):  # one dimension of the mesh
+        return group[0].get_group(group[1])
     if isinstance(group, str):
         for pg, name in _c10d._world.pg_names.items():
             if name == group:

@@ -63,8 +63,8 @@ int64_t parse_counter(const std::string& key, const Bytes& value) {
   if (ec != std::errc() || ptr != last || value.empty()) {
     // A ValueError in Python, as torch's stores raise here.
     throw core::InvalidArgument(str_cat("add: the value of key '", key,
-                                       "' is not an integer counter (", value.size(),
-                                       " bytes)"));
+                                        "' is not an integer counter (", value.size(),
+                                        " bytes)"));
   }
   return result;
 }

@@ -862,6 +862,41 @@ def functional_collectives(dist, backend):
 
 # --- data-parallel gradient reduction (c10d.Reducer) ---------------------------------------
 
+def device_mesh(dist, backend):
+    """init_device_mesh: a group along every dimension, coordinates, sub-meshes, and the
+    functional collectives over a mesh or (mesh, dim)."""
+    from c10d import _functional_collectives as funcol
+    rank, world = dist.get_rank(), dist.get_world_size()
+    line = dist.init_device_mesh("cpu", (world,))
+    assert line.ndim == 1 and line.size() == world and line.get_local_rank() == rank
+    assert dist.get_process_group_ranks(line.get_group()) == list(range(world))
+    assert funcol.all_reduce(np.array([rank], np.int64), "sum", line)[0] == sum(range(world))
+    _raises(ValueError, lambda: dist.init_device_mesh("cpu", (world + 1,)), "too many ranks")
+    _raises(ValueError, lambda: dist.init_device_mesh("cuda", (world,)), "a cuda mesh")
+    if world % 2:
+        return
+    cols = world // 2
+    mesh = dist.init_device_mesh("cpu", (2, cols), mesh_dim_names=("dp", "tp"))
+    row, col = divmod(rank, cols)
+    assert mesh.shape == (2, cols) and mesh.size() == world and mesh.size("tp") == cols
+    assert mesh.get_coordinate() == [row, col], mesh.get_coordinate()
+    assert mesh.get_local_rank("dp") == row and mesh.get_local_rank(1) == col
+    tp, dp = mesh.get_group("tp"), mesh.get_group(0)
+    assert dist.get_process_group_ranks(tp) == [row * cols + c for c in range(cols)]
+    assert dist.get_process_group_ranks(dp) == [col, cols + col]
+    x = np.array([rank], np.int64)
+    dist.all_reduce(x, group=tp)
+    assert x[0] == sum(row * cols + c for c in range(cols)), x
+    assert funcol.all_reduce(np.array([rank], np.int64), "sum", (mesh, 0))[0] == 2 * col + cols
+    sub = mesh["dp"]
+    assert sub.mesh.tolist() == [col, cols + col] and sub.get_group() is dp
+    assert sub.mesh_dim_names == ("dp",) and sub.get_local_rank() == row
+    assert mesh["tp", "dp"].mesh.tolist() == mesh.mesh.T.tolist()
+    _raises(ValueError, lambda: mesh.get_group(), "a 2-D mesh's group without a dimension")
+    _raises(KeyError, lambda: mesh["pp"], "an unknown dimension name")
+    assert repr(mesh) == f"DeviceMesh('cpu', {mesh.mesh.tolist()}, mesh_dim_names=('dp', 'tp'))"
+
+
 def _ddp_grads(rank, iteration):
     """Three float32 gradients and one float64, filled from (rank, iteration)."""
     shapes = [(3,), (2, 4), (5,), (6,)]
