@@ -16,6 +16,7 @@ import torch.utils.dlpack
 
 from . import _C
 from . import distributed_c10d as _dist
+from .algorithms.join import Join, JoinHook, Joinable
 
 # Start-up broadcast of the module's state: bytes per flat buffer (as torch's DDP uses).
 _BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
@@ -29,11 +30,12 @@ def _as_torch(view):
     return torch.utils.dlpack.from_dlpack(view)
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(torch.nn.Module, Joinable):
     """Wraps ``module`` for data-parallel training over ``process_group`` (default: WORLD).
 
     Arguments follow ``torch.nn.parallel.DistributedDataParallel``; ``device_ids`` and
-    ``output_device`` must be None (CPU only).
+    ``output_device`` must be None (CPU only). ``with model.join():`` trains ranks with
+    uneven numbers of inputs (see :meth:`join`).
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0,
@@ -41,6 +43,7 @@ class DistributedDataParallel(torch.nn.Module):
                  find_unused_parameters=False, check_reduction=False,
                  gradient_as_bucket_view=False, static_graph=False):
         super().__init__()
+        Joinable.__init__(self)
         if device_ids or output_device is not None:
             raise ValueError("DistributedDataParallel: c10d runs on CPU; device_ids and "
                              "output_device must be None")
@@ -51,6 +54,9 @@ class DistributedDataParallel(torch.nn.Module):
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.require_backward_grad_sync = True
+        self._rank = _dist.get_rank(self.process_group)
+        self._divide_by_initial_world_size = True
+        self._still_training = None  # the join notification's Work, in join mode
         seen = set()
         self._params = []
         for p in module.parameters():
@@ -91,9 +97,33 @@ class DistributedDataParallel(torch.nn.Module):
     def _buffers_to_sync(self):
         return [b.detach() for b in self.module.buffers()]
 
-    def _sync_state(self, tensors):
+    def _sync_state(self, tensors, src=0):
         if tensors:
-            _C._broadcast_coalesced(self.process_group, tensors, _BROADCAST_BUCKET_BYTES, 0)
+            _C._broadcast_coalesced(self.process_group, tensors, _BROADCAST_BUCKET_BYTES, src)
+
+    def _sync_buffers(self, joined=False):
+        """The forward pass's buffer broadcast: from rank 0, or in join mode from the highest
+        rank still training (a joined rank's buffers are stale)."""
+        buffers = self._buffers_to_sync() if self.broadcast_buffers else []
+        if not buffers:
+            return
+        src = self._find_common_rank(not joined) if self._join_config.enable else 0
+        self._sync_state(buffers, src)
+
+    def _find_common_rank(self, candidate):
+        """The highest rank of the group for which `candidate` holds (every rank calls)."""
+        rank = np.array([self._rank if candidate else -1], np.int64)
+        _dist.all_reduce(rank, op=_dist.ReduceOp.MAX, group=self.process_group)
+        if rank[0] < 0:
+            raise RuntimeError("DistributedDataParallel: no rank qualifies as the source of "
+                               "the model state")
+        return int(rank[0])
+
+    def _sync_backward(self, wants):
+        """Join mode: whether any rank reduces gradients in the coming backward pass."""
+        flag = np.array([1 if wants else 0], np.int32)
+        _dist.all_reduce(flag, group=self.process_group)
+        return bool(flag[0])
 
     def _make_grad_hook(self, index):
         def hook(*_):
@@ -111,17 +141,55 @@ class DistributedDataParallel(torch.nn.Module):
         self._finalize_queued = False
         self._in_backward = False
         self.reducer.finalize_backward()
+        if self._still_training is not None and not self._divide_by_initial_world_size:
+            # The averages divided by the world size; joined ranks gave zeros.
+            self._still_training.wait()
+            training = float(self._still_training.result()[0][0])
+            scale = _dist.get_world_size(self.process_group) / training
+            used = (self.reducer._get_global_used_map() if self.find_unused_parameters
+                    else np.ones(len(self._params), np.int32))
+            for p, u in zip(self._params, used):
+                if u and p.grad is not None:
+                    p.grad.mul_(scale)
 
     def forward(self, *inputs, **kwargs):
-        if self.broadcast_buffers:
-            self._sync_state(self._buffers_to_sync())
+        join = self._join_config.enable
+        if join:
+            self._still_training = Join.notify_join_context(self)
+        self._sync_buffers()
         output = self.module(*inputs, **kwargs)
         # A forward pass without backward (validation with grad enabled) leaves a pass with no
         # gradient marked, which the next prepare_for_backward drops.
         self._in_backward = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if join:
+            self._sync_backward(self._in_backward)
         if self._in_backward:
             self.reducer.prepare_for_backward()
         return output
+
+    # --- uneven inputs (torch.distributed.algorithms.Join) ---
+
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        """A context manager for training loops whose ranks have different numbers of
+        inputs: a rank that runs out keeps meeting the others' collectives (with zero
+        gradients) until every rank is done, and then every rank takes the model of the last
+        rank to finish. Gradients are averaged over the whole group, or over the ranks still
+        training with ``divide_by_initial_world_size=False``."""
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs):
+        self._divide_by_initial_world_size = kwargs.get("divide_by_initial_world_size", True)
+        return _DDPJoinHook(self)
+
+    @property
+    def join_device(self):
+        return torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        return self.process_group
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -143,3 +211,29 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _register_builtin_comm_hook(self, comm_hook_type):
         _C._register_builtin_comm_hook(self.reducer, comm_hook_type)
+
+
+class _DDPJoinHook(JoinHook):
+    """A joined rank's part in the others' training steps: the buffer broadcast, the
+    backward-sync vote, zeros through the comm hook for every bucket (in the reducer's order)
+    and zeros for the used-parameter map; at the end, the last joiner's model for all."""
+
+    def __init__(self, ddp):
+        self._ddp = ddp
+
+    def main_hook(self):
+        ddp = self._ddp
+        ddp._sync_buffers(joined=True)
+        if not ddp._sync_backward(False):
+            return
+        futures = [ddp.reducer._run_comm_hook(bucket)
+                   for bucket in ddp.reducer._get_zeros_like_grad_buckets()]
+        for future in futures:
+            future.wait()
+        if ddp.find_unused_parameters:
+            _dist.all_reduce(np.zeros(len(ddp._params), np.int32), group=ddp.process_group)
+
+    def post_hook(self, is_last_joiner):
+        ddp = self._ddp
+        src = ddp._find_common_rank(is_last_joiner)
+        ddp._sync_state([p.detach() for p in ddp._params] + ddp._buffers_to_sync(), src)

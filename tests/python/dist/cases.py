@@ -1177,3 +1177,47 @@ def ddp_torch_module(dist, backend):
     strict(torch.full((1, 2), 1.0)).sum().backward()
     mean = sum(r + 2 for r in range(world)) / world
     assert torch.allclose(w.grad, torch.full((1, 2), mean)), w.grad
+
+
+def ddp_join(dist, backend):
+    """model.join() with uneven inputs (rank r trains 2 + r steps): no hang; each step's
+    gradient is the sum over the ranks still training divided by the world size (or by how
+    many still train); afterwards every rank holds the last joiner's weights. With
+    throw_on_early_termination every rank raises when the first runs out."""
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: no torch")
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    steps = 2 + rank
+    for divide_by_world, find_unused in [(True, False), (False, True)]:
+        torch.manual_seed(0)
+        model = dist.DistributedDataParallel(torch.nn.Linear(3, 1, bias=False),
+                                             find_unused_parameters=find_unused)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with model.join(divide_by_initial_world_size=divide_by_world):
+            for step in range(steps):
+                opt.zero_grad()
+                model(torch.full((1, 3), float(rank + 1))).sum().backward()
+                training = [r for r in range(world) if 2 + r > step]
+                want = sum(r + 1 for r in training) / (world if divide_by_world else
+                                                       len(training))
+                grad = model.module.weight.grad
+                assert torch.allclose(grad, torch.full_like(grad, want)), (step, grad, want)
+                opt.step()
+        weights = [np.zeros(3, np.float32) for _ in range(world)]
+        dist.all_gather(weights, model.module.weight.detach().reshape(-1).numpy().copy())
+        assert all(np.array_equal(w, weights[0]) for w in weights), weights
+    if world == 1:
+        return
+    model = dist.DistributedDataParallel(torch.nn.Linear(3, 1, bias=False))
+    raised = False
+    try:
+        with model.join(throw_on_early_termination=True):
+            for _ in range(steps):
+                model(torch.ones(1, 3)).sum().backward()
+    except RuntimeError as e:
+        raised = "exhausted" in str(e)
+    assert raised, "throw_on_early_termination raised nothing"
+    dist.barrier()
