@@ -68,7 +68,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                                "requires a gradient")
         detached = [p.detach() for p in self._params]
         _C._verify_params_across_processes(self.process_group, detached)
-        self._sync_state(detached + self._buffers_to_sync())
+        self._sync_state(self._module_state())
         limits = [_C._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 1024 * 1024)]
         buckets, sizes = _C._compute_bucket_assignment_by_size(detached, limits)
         # Gradients are ready last parameter first: bucket 0 (reduced first) holds the last.
@@ -96,6 +96,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     def _buffers_to_sync(self):
         return [b.detach() for b in self.module.buffers()]
+
+    def _module_state(self):
+        """Every parameter (frozen ones too, as torch syncs the whole module state) and
+        buffer."""
+        return [p.detach() for p in self.module.parameters()] + self._buffers_to_sync()
 
     def _sync_state(self, tensors, src=0):
         if tensors:
@@ -207,6 +212,12 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         default allreduce (see c10d.algorithms.ddp_comm_hooks). ``bucket.buffer()`` is a numpy
         array, and the future must be a c10d one (e.g. from ``c10d.all_reduce(...,
         async_op=True).get_future()``), so torch's own hooks do not apply unchanged."""
+        if getattr(hook, "__module__", "").startswith("torch."):
+            # They call torch.distributed on torch tensors: they would fail inside backward().
+            raise ValueError(
+                f"register_comm_hook: {hook.__module__}.{getattr(hook, '__name__', 'hook')} "
+                "is a torch.distributed hook; use the c10d ones "
+                "(c10d.algorithms.ddp_comm_hooks.default_hooks) or write one on c10d")
         _C._register_comm_hook(self.reducer, state, hook)
 
     def _register_builtin_comm_hook(self, comm_hook_type):
@@ -236,4 +247,4 @@ class _DDPJoinHook(JoinHook):
     def post_hook(self, is_last_joiner):
         ddp = self._ddp
         src = ddp._find_common_rank(is_last_joiner)
-        ddp._sync_state([p.detach() for p in ddp._params] + ddp._buffers_to_sync(), src)
+        ddp._sync_state(ddp._module_state(), src)

@@ -1168,6 +1168,19 @@ def ddp_torch_module(dist, backend):
     mean = sum(r + 1 for r in range(world)) / world
     assert torch.allclose(viewed.module.weight.grad, torch.full((2, 3), mean))
 
+    # Frozen parameters take rank 0's values too (torch syncs the whole module state).
+    torch.manual_seed(rank)
+    frozen = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    frozen[0].requires_grad_(False)
+    tuned = dist.DistributedDataParallel(frozen)
+    values = [None] * world
+    dist.all_gather_object(values, frozen[0].weight.tolist())
+    assert all(v == values[0] for v in values), values
+    # torch.distributed's own hooks would fail inside backward(): refused up front.
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_hooks
+    _raises(ValueError, lambda: tuned.register_comm_hook(None, torch_hooks.allreduce_hook),
+            "a torch.distributed comm hook")
+
     # no_sync: gradients stay local and accumulate; the next synced pass averages the sum.
     strict = dist.DistributedDataParallel(torch.nn.Linear(2, 1, bias=False))
     w = strict.module.weight
