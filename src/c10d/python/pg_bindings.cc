@@ -83,34 +83,123 @@ py::object finish(WorkPtr work, const Options& opts) {
   return py::none();
 }
 
+// The collectives with options, which the overloads taking a root or an op (as torch's) fill.
+using G = py::gil_scoped_release;
+
+template <typename Class>
+py::object broadcast_with(Class& self, py::handle tensors, const pg::BroadcastOptions& opts) {
+  auto ts = tensor_or_list(tensors, true, "broadcast");
+  WorkPtr work;
+  {
+    G g;
+    work = self.broadcast(ts, opts);
+  }
+  return finish(std::move(work), opts);
+}
+
+template <typename Class>
+py::object allreduce_with(Class& self, py::handle tensors, const pg::AllreduceOptions& opts) {
+  auto ts = tensor_or_list(tensors, true, "allreduce");
+  WorkPtr work;
+  {
+    G g;
+    work = self.allreduce(ts, opts);
+  }
+  return finish(std::move(work), opts);
+}
+
+template <typename Class>
+py::object reduce_with(Class& self, py::handle tensors, const pg::ReduceOptions& opts) {
+  auto ts = tensor_or_list(tensors, true, "reduce");
+  WorkPtr work;
+  {
+    G g;
+    work = self.reduce(ts, opts);
+  }
+  return finish(std::move(work), opts);
+}
+
+template <typename Class>
+py::object gather_with(Class& self, py::handle outputs, py::handle inputs,
+                       const pg::GatherOptions& opts) {
+  auto in = tensor_or_list(inputs, false, "gather input");
+  TensorLists out;
+  if (!py::isinstance<py::list>(inputs) && !py::isinstance<py::tuple>(inputs)) {
+    out.push_back(to_tensors(outputs, true, "gather output"));
+  } else {
+    out = tensor_lists(outputs, true, "gather output");
+  }
+  WorkPtr work;
+  {
+    G g;
+    work = self.gather(out, in, opts);
+  }
+  return finish(std::move(work), opts);
+}
+
+template <typename Class>
+py::object scatter_with(Class& self, py::handle outputs, py::handle inputs,
+                        const pg::ScatterOptions& opts) {
+  auto out = tensor_or_list(outputs, true, "scatter output");
+  TensorLists in;
+  if (!py::isinstance<py::list>(outputs) && !py::isinstance<py::tuple>(outputs)) {
+    in.push_back(to_tensors(inputs, false, "scatter input"));
+  } else {
+    in = tensor_lists(inputs, false, "scatter input");
+  }
+  WorkPtr work;
+  {
+    G g;
+    work = self.scatter(out, in, opts);
+  }
+  return finish(std::move(work), opts);
+}
+
+template <typename Class>
+py::object reduce_scatter_with(Class& self, py::handle outputs, py::handle inputs,
+                               const pg::ReduceScatterOptions& opts) {
+  auto out = tensor_or_list(outputs, true, "reduce_scatter output");
+  TensorLists in;
+  if (!py::isinstance<py::list>(outputs) && !py::isinstance<py::tuple>(outputs)) {
+    in.push_back(to_tensors(inputs, false, "reduce_scatter input"));
+  } else {
+    in = tensor_lists(inputs, false, "reduce_scatter input");
+  }
+  WorkPtr work;
+  {
+    G g;
+    work = self.reduce_scatter(out, in, opts);
+  }
+  return finish(std::move(work), opts);
+}
+
 // Binds one collective of a class (ProcessGroup or Backend) that share the signatures.
 template <typename Class, typename PyClass>
 void bind_collectives(PyClass& cls) {
-  using G = py::gil_scoped_release;
   cls.def(
          "broadcast",
-         [](Class& self, py::handle tensors, const pg::BroadcastOptions& opts) {
-           auto ts = tensor_or_list(tensors, true, "broadcast");
-           WorkPtr work;
-           {
-             G g;
-             work = self.broadcast(ts, opts);
-           }
-           return finish(std::move(work), opts);
-         },
+         &broadcast_with<Class>,
          py::arg("tensors"), py::arg("opts") = pg::BroadcastOptions())
       .def(
-          "allreduce",
-          [](Class& self, py::handle tensors, const pg::AllreduceOptions& opts) {
-            auto ts = tensor_or_list(tensors, true, "allreduce");
-            WorkPtr work;
-            {
-              G g;
-              work = self.allreduce(ts, opts);
-            }
-            return finish(std::move(work), opts);
+          "broadcast",
+          [](Class& self, py::handle tensor, int64_t root) {
+            pg::BroadcastOptions opts;
+            opts.root_rank = root;
+            return broadcast_with(self, tensor, opts);
           },
+          py::arg("tensor"), py::arg("root"))
+      .def(
+          "allreduce",
+          &allreduce_with<Class>,
           py::arg("tensors"), py::arg("opts") = pg::AllreduceOptions())
+      .def(
+          "allreduce",
+          [](Class& self, py::handle tensors, const core::ReduceOp& op) {
+            pg::AllreduceOptions opts;
+            opts.reduce_op = op;
+            return allreduce_with(self, tensors, opts);
+          },
+          py::arg("tensors"), py::arg("op"))
       .def(
           "allreduce_coalesced",
           [](Class& self, py::handle tensors, const pg::AllreduceCoalescedOptions& opts) {
@@ -125,16 +214,17 @@ void bind_collectives(PyClass& cls) {
           py::arg("tensors"), py::arg("opts") = pg::AllreduceCoalescedOptions())
       .def(
           "reduce",
-          [](Class& self, py::handle tensors, const pg::ReduceOptions& opts) {
-            auto ts = tensor_or_list(tensors, true, "reduce");
-            WorkPtr work;
-            {
-              G g;
-              work = self.reduce(ts, opts);
-            }
-            return finish(std::move(work), opts);
-          },
+          &reduce_with<Class>,
           py::arg("tensors"), py::arg("opts") = pg::ReduceOptions())
+      .def(
+          "reduce",
+          [](Class& self, py::handle tensor, int64_t root, const core::ReduceOp& op) {
+            pg::ReduceOptions opts;
+            opts.root_rank = root;
+            opts.reduce_op = op;
+            return reduce_with(self, tensor, opts);
+          },
+          py::arg("tensor"), py::arg("root"), py::arg("op") = core::ReduceOp())
       .def(
           "allgather",
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
@@ -195,62 +285,43 @@ void bind_collectives(PyClass& cls) {
           py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::AllgatherOptions())
       .def(
           "gather",
-          [](Class& self, py::handle outputs, py::handle inputs, const pg::GatherOptions& opts) {
-            auto in = tensor_or_list(inputs, false, "gather input");
-            TensorLists out;
-            if (!py::isinstance<py::list>(inputs) && !py::isinstance<py::tuple>(inputs)) {
-              out.push_back(to_tensors(outputs, true, "gather output"));
-            } else {
-              out = tensor_lists(outputs, true, "gather output");
-            }
-            WorkPtr work;
-            {
-              G g;
-              work = self.gather(out, in, opts);
-            }
-            return finish(std::move(work), opts);
-          },
+          &gather_with<Class>,
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::GatherOptions())
       .def(
-          "scatter",
-          [](Class& self, py::handle outputs, py::handle inputs, const pg::ScatterOptions& opts) {
-            auto out = tensor_or_list(outputs, true, "scatter output");
-            TensorLists in;
-            if (!py::isinstance<py::list>(outputs) && !py::isinstance<py::tuple>(outputs)) {
-              in.push_back(to_tensors(inputs, false, "scatter input"));
-            } else {
-              in = tensor_lists(inputs, false, "scatter input");
-            }
-            WorkPtr work;
-            {
-              G g;
-              work = self.scatter(out, in, opts);
-            }
-            return finish(std::move(work), opts);
+          "gather",
+          [](Class& self, py::handle outputs, py::handle input, int64_t root) {
+            pg::GatherOptions opts;
+            opts.root_rank = root;
+            return gather_with(self, outputs, input, opts);
           },
+          py::arg("output_tensors"), py::arg("input_tensor"), py::arg("root"))
+      .def(
+          "scatter",
+          &scatter_with<Class>,
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::ScatterOptions())
       .def(
-          "reduce_scatter",
-          [](Class& self, py::handle outputs, py::handle inputs,
-             const pg::ReduceScatterOptions& opts) {
-            auto out = tensor_or_list(outputs, true, "reduce_scatter output");
-            TensorLists in;
-            if (!py::isinstance<py::list>(outputs) && !py::isinstance<py::tuple>(outputs)) {
-              in.push_back(to_tensors(inputs, false, "reduce_scatter input"));
-            } else {
-              in = tensor_lists(inputs, false, "reduce_scatter input");
-            }
-            WorkPtr work;
-            {
-              G g;
-              work = self.reduce_scatter(out, in, opts);
-            }
-            return finish(std::move(work), opts);
+          "scatter",
+          [](Class& self, py::handle output, py::handle inputs, int64_t root) {
+            pg::ScatterOptions opts;
+            opts.root_rank = root;
+            return scatter_with(self, output, inputs, opts);
           },
+          py::arg("output_tensor"), py::arg("input_tensors"), py::arg("root"))
+      .def(
+          "reduce_scatter",
+          &reduce_scatter_with<Class>,
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::ReduceScatterOptions())
+      .def(
+          "reduce_scatter",
+          [](Class& self, py::handle output, py::handle inputs, const core::ReduceOp& op) {
+            pg::ReduceScatterOptions opts;
+            opts.reduce_op = op;
+            return reduce_scatter_with(self, output, inputs, opts);
+          },
+          py::arg("output"), py::arg("input"), py::arg("op") = core::ReduceOp())
       .def(
           "_reduce_scatter_base",
           [](Class& self, py::handle output, py::handle input,

@@ -1234,3 +1234,36 @@ def ddp_join(dist, backend):
         raised = "exhausted" in str(e)
     assert raised, "throw_on_early_termination raised nothing"
     dist.barrier()
+
+
+def pg_overloads(dist, backend):
+    """The ProcessGroup methods' short forms, as torch's bindings have them: a root or a
+    reduce op instead of an options object."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg = dist.group.WORLD
+    root = world - 1
+
+    def one(v):
+        return np.array([v], np.float32)
+
+    t = one(rank + 1)
+    pg.allreduce([t], dist.ReduceOp.MAX).wait()
+    assert t[0] == world, t
+    t = one(rank + 1)
+    pg.allreduce(t).wait()
+    assert t[0] == world * (world + 1) / 2, t
+    t = one(rank)
+    pg.broadcast(t, root).wait()
+    assert t[0] == root, t
+    t = one(rank + 1)
+    pg.reduce(t, root, dist.ReduceOp.PRODUCT).wait()
+    assert rank != root or t[0] == np.prod(np.arange(1, world + 1)), t
+    gathered = [one(-1) for _ in range(world)]
+    pg.gather(gathered if rank == root else [], one(rank), root).wait()
+    assert rank != root or [g[0] for g in gathered] == list(range(world)), gathered
+    t = one(-1)
+    pg.scatter(t, [one(10 + r) for r in range(world)] if rank == root else [], root).wait()
+    assert t[0] == 10 + rank, t
+    t = one(-1)
+    pg.reduce_scatter(t, [one(r) for r in range(world)], dist.ReduceOp.SUM).wait()
+    assert t[0] == world * rank, t
