@@ -67,6 +67,7 @@ from .distributed_c10d import (  # noqa: F401  (private names tests and tools us
 from .rendezvous import register_rendezvous_handler, rendezvous  # noqa: F401
 from . import control  # noqa: F401,E402  (registers the dump_traceback handler)
 from .shm import shm_empty  # noqa: F401
+_Work = Work  # torch.distributed's name for the base of custom backends' Work classes
 from .device_mesh import DeviceMesh, init_device_mesh  # noqa: F401,E402
 
 if hasattr(_C, "ProcessGroupGloo"):
