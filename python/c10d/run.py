@@ -64,7 +64,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", default="1",
                    help="workers on this node (an integer, or 'cpu'/'auto' for one per core)")
-    p.add_argument("--nnodes", default="1", help="number of nodes (N or MIN:MAX; MAX is used)")
+    p.add_argument("--nnodes", default="1",
+                   help="number of nodes: N, or MIN:MAX (a dynamic rendezvous starts with MAX "
+                        "nodes, or with MIN or more once last_call_timeout passed)")
     p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0)
     p.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None)
     p.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None)
@@ -121,11 +123,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     try:
         conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if item)
         args.join_timeout = float(conf.get("join_timeout", 600))
+        args.last_call_timeout = float(conf.get("last_call_timeout", 30))
     except ValueError:
         p.error(f"--rdzv-conf takes key=value pairs, got {args.rdzv_conf!r}")
-    args.nnodes = int(str(args.nnodes).split(":")[-1])
-    if args.nproc_per_node <= 0 or args.nnodes <= 0:
-        p.error("--nproc-per-node and --nnodes must be positive")
+    try:
+        bounds = [int(n) for n in str(args.nnodes).split(":")]
+    except ValueError:
+        p.error(f"--nnodes takes N or MIN:MAX, got {args.nnodes!r}")
+    if len(bounds) > 2:
+        p.error(f"--nnodes takes N or MIN:MAX, got {args.nnodes!r}")
+    args.min_nodes, args.nnodes = bounds[0], bounds[-1]
+    if args.nproc_per_node <= 0 or args.min_nodes <= 0 or args.min_nodes > args.nnodes:
+        p.error("--nproc-per-node and --nnodes must be positive (and MIN <= MAX)")
     if not 0 <= args.node_rank < args.nnodes:
         p.error(f"--node-rank {args.node_rank} is outside [0, {args.nnodes})")
     # A dynamic rendezvous numbers the nodes itself; its endpoint defaults to port 29400.
@@ -173,9 +182,11 @@ def _is_local(host: str) -> bool:
 
 def _dynamic_rendezvous(args):
     """Meets the other nodes' launchers at --rdzv-endpoint (default port 29400) and returns
-    (node rank, MASTER_ADDR, MASTER_PORT, the rendezvous store, to keep open while the workers
-    run). The launcher that can host the store there is node 0; it picks the workers' port
-    and publishes it, and waits until every node has joined."""
+    (node rank, node count, MASTER_ADDR, MASTER_PORT, the rendezvous store, to keep open while
+    the workers run). The launcher that can host the store there is node 0; it picks the
+    workers' port and publishes it, and closes the rendezvous once MAX nodes joined, or MIN
+    or more and last_call_timeout passed since MIN joined. A node that joins after that
+    fails."""
     from . import _C  # the compiled module only when a dynamic rendezvous needs it
 
     host, port = _split_endpoint(args.rdzv_endpoint, 29400)
@@ -201,14 +212,28 @@ def _dynamic_rendezvous(args):
     if node_rank >= args.nnodes:
         raise SystemExit(f"c10drun: {node_rank + 1} nodes joined rendezvous {args.rdzv_id!r} "
                          f"at {args.rdzv_endpoint} but --nnodes is {args.nnodes}")
-    deadline = time.monotonic() + timeout.total_seconds()
-    while node_rank == 0 and store.add(prefix + "joined", 0) < args.nnodes:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"c10drun: only {store.add(prefix + 'joined', 0)} of "
-                             f"{args.nnodes} nodes joined rendezvous {args.rdzv_id!r} at "
-                             f"{args.rdzv_endpoint} within {timeout.total_seconds():g} s")
-        time.sleep(0.05)
-    return node_rank, master_addr, int(master_port), store
+    if node_rank == 0:
+        deadline = time.monotonic() + timeout.total_seconds()
+        enough_since = None  # when MIN nodes had joined
+        while True:
+            joined = store.add(prefix + "joined", 0)
+            now = time.monotonic()
+            if joined >= args.min_nodes and enough_since is None:
+                enough_since = now
+            if joined >= args.nnodes or (
+                    enough_since is not None and now - enough_since >= args.last_call_timeout):
+                break
+            if enough_since is None and now > deadline:
+                raise SystemExit(f"c10drun: only {joined} of {args.min_nodes} nodes joined "
+                                 f"rendezvous {args.rdzv_id!r} at {args.rdzv_endpoint} within "
+                                 f"{timeout.total_seconds():g} s")
+            time.sleep(0.05)
+        store.set(prefix + "nodes", str(min(joined, args.nnodes)))
+    nodes = int(store.get(prefix + "nodes").decode())
+    if node_rank >= nodes:
+        raise SystemExit(f"c10drun: this node joined rendezvous {args.rdzv_id!r} at "
+                         f"{args.rdzv_endpoint} after it closed with {nodes} nodes")
+    return node_rank, nodes, master_addr, int(master_port), store
 
 
 class _Worker:
@@ -341,7 +366,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.dynamic:
         # The rendezvous store stays open (on node 0, its server) until main returns.
-        args.node_rank, host, port, _rendezvous_store = _dynamic_rendezvous(args)
+        args.node_rank, args.nnodes, host, port, _rendezvous_store = _dynamic_rendezvous(args)
     else:
         host, port = _endpoint(args)
     world_size = args.nproc_per_node * args.nnodes

@@ -358,3 +358,29 @@ def test_launchers_of_two_nodes_number_themselves_through_the_c10d_rendezvous(tm
     assert all(p.returncode == 0 for p in procs), outs
     lines = sorted(l for out, _ in outs for l in out.splitlines() if l.startswith("NODE"))
     assert lines == ["NODE 0 RANK 0 2.0", "NODE 1 RANK 1 2.0"], outs
+
+
+def test_elastic_node_count_starts_with_min_nodes_after_the_last_call(tmp_path):
+    # --nnodes MIN:MAX with one launcher: after last_call_timeout it runs with the one node.
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os, numpy as np, c10d as dist
+        dist.init_process_group("gloo")
+        t = np.ones(1)
+        dist.all_reduce(t)
+        os.write(1, f"W {os.environ['WORLD_SIZE']} G {os.environ['GROUP_WORLD_SIZE']} "
+                    f"{t[0]}\\n".encode())
+        dist.destroy_process_group()
+    """))
+    from dist.harness import free_port
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    out = subprocess.run([sys.executable, "-m", "c10d.run", "--nnodes", "1:2",
+                          "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                          "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                          "--rdzv-conf", "join_timeout=30,last_call_timeout=1", str(script)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out
+    assert sorted(out.stdout.split("\n"))[-2:] == ["W 2 G 1 2.0"] * 2, out.stdout
+    bad = subprocess.run([sys.executable, "-m", "c10d.run", "--nnodes", "3:2", str(script)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "MIN <= MAX" in bad.stderr, bad.stderr
