@@ -132,6 +132,9 @@ def test_register_python_backend():
         assert (t == 2).all()
         assert _EchoGroup.calls[-1][0] == "allreduce"
         assert dist.get_backend() == "echo"
+        # What the subclass does not implement is named, as torch's "does not support".
+        with pytest.raises(RuntimeError, match="does not support ALLGATHER"):
+            dist.all_gather([np.zeros(3)], np.ones(3))
     finally:
         dist.destroy_process_group()
     with pytest.raises(ValueError, match="already exists"):
