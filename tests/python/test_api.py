@@ -328,16 +328,24 @@ def test_launcher_endpoints():
         _split_endpoint("node3:http", None)
 
 
-def test_launchers_of_two_nodes_number_themselves_through_the_c10d_rendezvous(tmp_path):
+def _launched_job(tmp_path, line):
+    """A worker script that sums ones over the world and writes `line` (an f-string body
+    that may use os, dist and t, the sum)."""
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(textwrap.dedent(f"""
         import os, numpy as np, c10d as dist
         dist.init_process_group("gloo")
         t = np.ones(1)
         dist.all_reduce(t)
-        os.write(1, f"NODE {os.environ['GROUP_RANK']} RANK {dist.get_rank()} {t[0]}\\n".encode())
+        os.write(1, (f"{line}" + "\\n").encode())
         dist.destroy_process_group()
     """))
+    return script
+
+
+def test_launchers_of_two_nodes_number_themselves_through_the_c10d_rendezvous(tmp_path):
+    script = _launched_job(tmp_path,
+                           "NODE {os.environ['GROUP_RANK']} RANK {dist.get_rank()} {t[0]}")
     from dist.harness import free_port
     endpoint = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
@@ -365,16 +373,8 @@ def test_launchers_of_two_nodes_number_themselves_through_the_c10d_rendezvous(tm
 
 def test_elastic_node_count_starts_with_min_nodes_after_the_last_call(tmp_path):
     # --nnodes MIN:MAX with one launcher: after last_call_timeout it runs with the one node.
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
-        import os, numpy as np, c10d as dist
-        dist.init_process_group("gloo")
-        t = np.ones(1)
-        dist.all_reduce(t)
-        os.write(1, f"W {os.environ['WORLD_SIZE']} G {os.environ['GROUP_WORLD_SIZE']} "
-                    f"{t[0]}\\n".encode())
-        dist.destroy_process_group()
-    """))
+    script = _launched_job(tmp_path, "W {os.environ['WORLD_SIZE']} "
+                                     "G {os.environ['GROUP_WORLD_SIZE']} {t[0]}")
     from dist.harness import free_port
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     out = subprocess.run([sys.executable, "-m", "c10d.run", "--nnodes", "1:2",
