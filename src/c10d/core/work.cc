@@ -1,7 +1,5 @@
 #include "c10d/core/work.h"
 
-#include <thread>
-
 #include "c10d/core/exception.h"
 
 namespace c10d::core {
@@ -125,14 +123,11 @@ std::shared_ptr<Work> Work::from_future(std::shared_ptr<Future> future, OpType o
 
 std::shared_ptr<Future> Work::future_of(const std::shared_ptr<Work>& work) {
   C10D_CHECK_ARG(work != nullptr, "Work::future_of: no work");
-  if (work->progresses_in_wait() && !work->is_completed() && !work->driven_.exchange(true)) {
-    // The outcome lands in the future; wait() rethrowing it here has nobody to tell.
-    std::thread([work] {
-      try {
-        work->wait();
-      } catch (...) {
-      }
-    }).detach();
+  if (work->progresses_in_wait() && !work->is_completed()) {
+    throw NotSupported(detail::str_cat(
+        "get_future() of ", work->description(), ", which advances only in wait(): call "
+        "wait() first (torch.distributed does not support get_future for point-to-point "
+        "operations either)"));
   }
   return work->future_;
 }

@@ -2,7 +2,6 @@
 // Both are thread-safe: one thread completes them while any number wait on them.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -108,9 +107,11 @@ class Work {
   int source_rank() const;
   std::vector<Tensor> result() const { return future_->value().tensors; }
   std::shared_ptr<Future> get_future() const { return future_; }
-  // The future as users get it (Python's get_future()): one that completes by itself. An
-  // operation that advances only inside wait() (progresses_in_wait: sends and receives) gets
-  // a thread that waits for it, once, so callbacks run and waiting on the future returns.
+  // The future as users get it (Python's get_future()). An operation that advances only
+  // inside wait() (progresses_in_wait: sends and receives) throws NotSupported until it
+  // completed: its future would never complete by itself, and waiting on it would hang.
+  // (A thread that waits for it instead released the work's Python arrays as the
+  // interpreter shut down, which aborts the process.)
   static std::shared_ptr<Future> future_of(const std::shared_ptr<Work>& work);
   virtual bool progresses_in_wait() const { return false; }
 
@@ -135,7 +136,6 @@ class Work {
   std::shared_ptr<Future> future_;
   mutable std::mutex mutex_;
   int source_rank_ = -1;  // guarded by mutex_
-  std::atomic<bool> driven_{false};  // future_of started its waiting thread
 };
 
 }  // namespace c10d::core

@@ -278,8 +278,8 @@ void init_core(py::module_& m) {
            "DistTimeoutError if it has not finished by then.")
       .def("abort", &Work::abort)
       .def("get_future", &Work::future_of,
-           "A Future completed when this operation is (with its output tensors), also for a "
-           "send or receive nobody waits for.")
+           "A Future completed when this operation is (with its output tensors). A send or "
+           "receive advances only in wait(): until it completed, this raises.")
       .def_property_readonly("op_type",
                              [](const Work& w) { return std::string(core::op_type_name(w.op_type())); })
       .def("__repr__", [](const Work& w) {

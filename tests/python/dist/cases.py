@@ -367,14 +367,16 @@ def point_to_point(dist, backend):
     for w in works:
         w.wait()
     assert (got == prv * 1.5).all()
-    # The futures of sends and receives complete without wait() (torch's gloo has none), and
-    # run their callbacks.
+    # A send's or receive's future would complete only through wait() (it used to hang):
+    # get_future() raises until then, as torch's gloo does for them.
     got = np.zeros(2, np.float32)
-    futures = [dist.irecv(got, prv).get_future(),
-               dist.isend(np.full(2, rank, np.float32), nxt).get_future()]
-    assert futures[0].then(lambda f: "ran").wait() == "ran"
-    for f in futures:
-        f.wait()
+    recv = dist.irecv(got, prv)
+    _raises(RuntimeError, recv.get_future, "get_future of an unfinished irecv")
+    dist.barrier()  # nobody sends before every rank has tried
+    send = dist.isend(np.full(2, rank, np.float32), nxt)
+    recv.wait()
+    send.wait()
+    assert recv.get_future().then(lambda f: "ran").wait() == "ran"
     assert (got == prv).all(), got
     # batch_isend_irecv in the order that would deadlock with blocking calls.
     got = np.zeros(4, np.int64)
