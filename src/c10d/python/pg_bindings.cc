@@ -59,6 +59,16 @@ TensorLists tensor_lists(py::handle obj, bool writable, const char* what) {
   return out;
 }
 
+// The list side of a collective whose other side is `single_or_list`: one list of tensors
+// when that is a single tensor (torch's single-tensor overloads), else a list of lists.
+TensorLists lists_beside(py::handle lists, py::handle single_or_list, bool writable,
+                         const char* what) {
+  if (py::isinstance<py::list>(single_or_list) || py::isinstance<py::tuple>(single_or_list)) {
+    return tensor_lists(lists, writable, what);
+  }
+  return {to_tensors(lists, writable, what)};
+}
+
 std::vector<int64_t> int_list(py::handle obj) {
   if (obj.is_none()) return {};
   return obj.cast<std::vector<int64_t>>();
@@ -123,12 +133,7 @@ template <typename Class>
 py::object gather_with(Class& self, py::handle outputs, py::handle inputs,
                        const pg::GatherOptions& opts) {
   auto in = tensor_or_list(inputs, false, "gather input");
-  TensorLists out;
-  if (!py::isinstance<py::list>(inputs) && !py::isinstance<py::tuple>(inputs)) {
-    out.push_back(to_tensors(outputs, true, "gather output"));
-  } else {
-    out = tensor_lists(outputs, true, "gather output");
-  }
+  TensorLists out = lists_beside(outputs, inputs, true, "gather output");
   WorkPtr work;
   {
     G g;
@@ -141,12 +146,7 @@ template <typename Class>
 py::object scatter_with(Class& self, py::handle outputs, py::handle inputs,
                         const pg::ScatterOptions& opts) {
   auto out = tensor_or_list(outputs, true, "scatter output");
-  TensorLists in;
-  if (!py::isinstance<py::list>(outputs) && !py::isinstance<py::tuple>(outputs)) {
-    in.push_back(to_tensors(inputs, false, "scatter input"));
-  } else {
-    in = tensor_lists(inputs, false, "scatter input");
-  }
+  TensorLists in = lists_beside(inputs, outputs, false, "scatter input");
   WorkPtr work;
   {
     G g;
@@ -159,12 +159,7 @@ template <typename Class>
 py::object reduce_scatter_with(Class& self, py::handle outputs, py::handle inputs,
                                const pg::ReduceScatterOptions& opts) {
   auto out = tensor_or_list(outputs, true, "reduce_scatter output");
-  TensorLists in;
-  if (!py::isinstance<py::list>(outputs) && !py::isinstance<py::tuple>(outputs)) {
-    in.push_back(to_tensors(inputs, false, "reduce_scatter input"));
-  } else {
-    in = tensor_lists(inputs, false, "reduce_scatter input");
-  }
+  TensorLists in = lists_beside(inputs, outputs, false, "reduce_scatter input");
   WorkPtr work;
   {
     G g;
@@ -229,12 +224,8 @@ void bind_collectives(PyClass& cls) {
           "allgather",
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto in = tensor_or_list(inputs, false, "allgather input");
-            TensorLists out;
-            if (!py::isinstance<py::list>(inputs) && !py::isinstance<py::tuple>(inputs)) {
-              out.push_back(to_tensors(outputs, true, "allgather output"));
-            } else {
-              out = tensor_lists(outputs, true, "allgather output");
-            }
+            TensorLists out = lists_beside(outputs, inputs, true,
+                                            "allgather output");
             WorkPtr work;
             {
               G g;
