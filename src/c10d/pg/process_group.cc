@@ -92,13 +92,20 @@ DeviceType ProcessGroup::device_of(const std::vector<Tensor>& tensors) const {
 template <typename Fn>
 WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
   const OpType op = trace.op;
-  if (device_types().empty()) {
-    // A ProcessGroup subclass (a Python backend) that does not override this collective.
-    throw core::NotSupported(core::detail::str_cat(
-        "ProcessGroup '", group_name(), "' does not support ", core::op_type_name(op),
-        ": it has no backend, and its subclass does not implement it"));
+  std::shared_ptr<Backend> backend;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = backends_.find(device);
+    if (it != backends_.end()) {
+      backend = it->second;
+    } else if (backends_.empty()) {
+      // A ProcessGroup subclass (a Python backend) that does not override this collective.
+      throw core::NotSupported(core::detail::str_cat(
+          "ProcessGroup '", group_name_, "' does not support ", core::op_type_name(op),
+          ": it has no backend, and its subclass does not implement it"));
+    }
   }
-  std::shared_ptr<Backend> backend = get_backend(device);
+  if (!backend) backend = get_backend(device);  // throws, naming the device
   const uint64_t seq = ++seq_;
   std::vector<Hook> hooks;
   if (any_hooks_.load(std::memory_order_acquire)) {
