@@ -29,9 +29,9 @@ class ModeProbe {
     int first_hold_ops = 8;
     int64_t hold_per_probe = 20;
     // Nor before the operations of the kind took this long in all (estimated from the one
-    // timed at the end of each first_hold_ops): a
-    // probe's operations in the slower modes cost as much as it can save over a kind that
-    // runs only briefly (a benchmark's row: a few operations, every one measured).
+    // timed at the end of each first_hold_ops): a probe's operations in the slower modes cost
+    // as much as it can save over a kind that runs only briefly (a benchmark's row: a few
+    // operations, every one measured).
     int64_t first_hold_ns = 0;
   };
 
