@@ -96,37 +96,33 @@ py::object finish(WorkPtr work, const Options& opts) {
 // The collectives with options, which the overloads taking a root or an op (as torch's) fill.
 using G = py::gil_scoped_release;
 
-template <typename Class>
-py::object broadcast_with(Class& self, py::handle tensors, const pg::BroadcastOptions& opts) {
-  auto ts = tensor_or_list(tensors, true, "broadcast");
+// Calls the backend without the GIL and returns what finish() makes of its Work.
+template <typename Options, typename Call>
+py::object run_released(const Options& opts, Call&& call) {
   WorkPtr work;
   {
     G g;
-    work = self.broadcast(ts, opts);
+    work = call();
   }
   return finish(std::move(work), opts);
+}
+
+template <typename Class>
+py::object broadcast_with(Class& self, py::handle tensors, const pg::BroadcastOptions& opts) {
+  auto ts = tensor_or_list(tensors, true, "broadcast");
+  return run_released(opts, [&] { return self.broadcast(ts, opts); });
 }
 
 template <typename Class>
 py::object allreduce_with(Class& self, py::handle tensors, const pg::AllreduceOptions& opts) {
   auto ts = tensor_or_list(tensors, true, "allreduce");
-  WorkPtr work;
-  {
-    G g;
-    work = self.allreduce(ts, opts);
-  }
-  return finish(std::move(work), opts);
+  return run_released(opts, [&] { return self.allreduce(ts, opts); });
 }
 
 template <typename Class>
 py::object reduce_with(Class& self, py::handle tensors, const pg::ReduceOptions& opts) {
   auto ts = tensor_or_list(tensors, true, "reduce");
-  WorkPtr work;
-  {
-    G g;
-    work = self.reduce(ts, opts);
-  }
-  return finish(std::move(work), opts);
+  return run_released(opts, [&] { return self.reduce(ts, opts); });
 }
 
 template <typename Class>
@@ -134,12 +130,7 @@ py::object gather_with(Class& self, py::handle outputs, py::handle inputs,
                        const pg::GatherOptions& opts) {
   auto in = tensor_or_list(inputs, false, "gather input");
   TensorLists out = lists_beside(outputs, inputs, true, "gather output");
-  WorkPtr work;
-  {
-    G g;
-    work = self.gather(out, in, opts);
-  }
-  return finish(std::move(work), opts);
+  return run_released(opts, [&] { return self.gather(out, in, opts); });
 }
 
 template <typename Class>
@@ -147,12 +138,7 @@ py::object scatter_with(Class& self, py::handle outputs, py::handle inputs,
                         const pg::ScatterOptions& opts) {
   auto out = tensor_or_list(outputs, true, "scatter output");
   TensorLists in = lists_beside(inputs, outputs, false, "scatter input");
-  WorkPtr work;
-  {
-    G g;
-    work = self.scatter(out, in, opts);
-  }
-  return finish(std::move(work), opts);
+  return run_released(opts, [&] { return self.scatter(out, in, opts); });
 }
 
 template <typename Class>
@@ -160,12 +146,7 @@ py::object reduce_scatter_with(Class& self, py::handle outputs, py::handle input
                                const pg::ReduceScatterOptions& opts) {
   auto out = tensor_or_list(outputs, true, "reduce_scatter output");
   TensorLists in = lists_beside(inputs, outputs, false, "reduce_scatter input");
-  WorkPtr work;
-  {
-    G g;
-    work = self.reduce_scatter(out, in, opts);
-  }
-  return finish(std::move(work), opts);
+  return run_released(opts, [&] { return self.reduce_scatter(out, in, opts); });
 }
 
 // Binds one collective of a class (ProcessGroup or Backend) that share the signatures.
