@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "c10d/core/exception.h"
 
@@ -26,24 +27,6 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
     stride *= std::max<int64_t>(sizes[i], 1);
   }
   return strides;
-}
-
-// Copies a strided tensor element by element into dst in C order.
-void gather_strided(const Tensor& src, char* dst) {
-  const size_t elem = src.element_size();
-  const auto& sizes = src.sizes();
-  const auto& strides = src.strides();
-  std::vector<int64_t> index(sizes.size(), 0);
-  const char* base = static_cast<const char*>(src.data());
-  for (int64_t n = 0; n < src.numel(); ++n) {
-    int64_t offset = 0;
-    for (size_t d = 0; d < sizes.size(); ++d) offset += index[d] * strides[d];
-    std::memcpy(dst + n * elem, base + offset * static_cast<int64_t>(elem), elem);
-    for (size_t d = sizes.size(); d-- > 0;) {
-      if (++index[d] < sizes[d]) break;
-      index[d] = 0;
-    }
-  }
 }
 
 }  // namespace
@@ -87,9 +70,26 @@ Tensor Tensor::contiguous_copy() const {
   if (is_contiguous()) {
     if (nbytes() > 0) std::memcpy(out.data(), data_, nbytes());
   } else {
-    gather_strided(*this, static_cast<char*>(out.data()));
+    copy_elements(out, *this);
   }
   return out;
+}
+
+bool Tensor::elements_overlap() const {
+  // Walk the dimensions from the smallest stride up: each must step past everything the
+  // smaller ones span, or two indices reach the same element.
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size), sizes > 1 only
+  for (size_t i = 0; i < sizes_.size(); ++i) {
+    if (sizes_[i] == 0) return false;
+    if (sizes_[i] > 1) dims.emplace_back(std::abs(strides_[i]), sizes_[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements covered by the dimensions so far
+  for (const auto& [stride, size] : dims) {
+    if (stride < span) return true;
+    span = stride * size;
+  }
+  return false;
 }
 
 bool Tensor::is_contiguous() const {
@@ -190,6 +190,44 @@ DLManagedTensor* Tensor::to_dlpack() const {
     delete static_cast<ExportContext*>(self->manager_ctx);
   };
   return &ctx->managed;
+}
+
+void copy_elements(const Tensor& dst, const Tensor& src) {
+  C10D_CHECK_ARG(dst.dtype() == src.dtype() && dst.sizes() == src.sizes(),
+                 "copy_elements: ", src.str(), " into ", dst.str());
+  if (dst.numel() == 0) return;
+  const int64_t elem = static_cast<int64_t>(src.element_size());
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+    return;
+  }
+  // Rows along the last dimension (a 0-d tensor is one row of one element).
+  const auto& sizes = src.sizes();
+  const size_t dims = sizes.size();
+  const int64_t row = dims == 0 ? 1 : sizes.back();
+  const int64_t ds = dims == 0 ? 1 : dst.strides().back() * elem;
+  const int64_t ss = dims == 0 ? 1 : src.strides().back() * elem;
+  std::vector<int64_t> index(dims, 0);
+  for (int64_t done = 0; done < src.numel(); done += row) {
+    int64_t doff = 0, soff = 0;
+    for (size_t d = 0; d + 1 < dims; ++d) {
+      doff += index[d] * dst.strides()[d];
+      soff += index[d] * src.strides()[d];
+    }
+    char* to = static_cast<char*>(dst.data()) + doff * elem;
+    const char* from = static_cast<const char*>(src.data()) + soff * elem;
+    if (ds == elem && ss == elem) {
+      std::memcpy(to, from, static_cast<size_t>(row * elem));
+    } else {
+      for (int64_t i = 0; i < row; ++i) {
+        std::memcpy(to + i * ds, from + i * ss, static_cast<size_t>(elem));
+      }
+    }
+    for (size_t d = dims > 0 ? dims - 1 : 0; d-- > 0;) {
+      if (++index[d] < sizes[d]) break;
+      index[d] = 0;
+    }
+  }
 }
 
 void check_dense_cpu(const Tensor& tensor, std::string_view what) {

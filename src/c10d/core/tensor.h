@@ -59,6 +59,9 @@ class Tensor {
 
   // C-contiguous (size-1 dimensions may have any stride).
   bool is_contiguous() const;
+  // Whether two different indices address the same element (a stride of 0, say): such a
+  // tensor cannot receive a result element by element.
+  bool elements_overlap() const;
   // Elements [offset, offset + count) of a contiguous tensor, as a 1-D view.
   Tensor flat_slice(int64_t offset, int64_t count) const;
   // 1-D view of all elements of a contiguous tensor.
@@ -80,6 +83,9 @@ class Tensor {
   std::shared_ptr<void> owner_;
   Device device_;
 };
+
+// Copies the elements of `src` into `dst` (same dtype and sizes, any strides), in C order.
+void copy_elements(const Tensor& dst, const Tensor& src);
 
 // The one check every collective runs on its tensors: on the CPU, dense and C-contiguous.
 // Throws InvalidArgument naming `what` (e.g. "all_reduce: input tensor 2").

@@ -116,9 +116,10 @@ Work::Work(OpType op, std::string description, std::shared_ptr<Future> future)
   if (description_.empty()) description_ = std::string(op_type_name(op_));
 }
 
-std::shared_ptr<Work> Work::from_future(std::shared_ptr<Future> future, OpType op) {
+std::shared_ptr<Work> Work::from_future(std::shared_ptr<Future> future, OpType op,
+                                        std::string description) {
   C10D_CHECK_ARG(future != nullptr, "Work::from_future: the future is None");
-  return std::shared_ptr<Work>(new Work(op, {}, std::move(future)));
+  return std::shared_ptr<Work>(new Work(op, std::move(description), std::move(future)));
 }
 
 std::shared_ptr<Future> Work::future_of(const std::shared_ptr<Work>& work) {

@@ -94,7 +94,8 @@ class Work {
   virtual ~Work() = default;
 
   static std::shared_ptr<Work> from_future(std::shared_ptr<Future> future,
-                                           OpType op = OpType::kUnknown);
+                                           OpType op = OpType::kUnknown,
+                                           std::string description = {});
 
   OpType op_type() const { return op_; }
   const std::string& description() const { return description_; }

@@ -2,6 +2,7 @@
 
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
+#include "c10d/pg/staging.h"
 #include "c10d/pg/validate.h"
 
 namespace c10d::pg {
@@ -162,6 +163,11 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
 }
 
 WorkPtr ProcessGroup::broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts) {
+  if (Staging::needed(tensors)) {
+    Staging staging("broadcast");
+    auto staged = staging.outputs(tensors, /*in_place=*/true);
+    return staging.finish(broadcast(staged, opts));
+  }
   check_tensor_list("broadcast", tensors);
   check_rank("broadcast", "root rank", opts.root_rank, size_);
   C10D_CHECK_ARG(opts.root_tensor >= 0 && opts.root_tensor < int64_t(tensors.size()),
@@ -173,6 +179,11 @@ WorkPtr ProcessGroup::broadcast(std::vector<Tensor>& tensors, const BroadcastOpt
 }
 
 WorkPtr ProcessGroup::allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts) {
+  if (Staging::needed(tensors)) {
+    Staging staging("allreduce");
+    auto staged = staging.outputs(tensors, /*in_place=*/true);
+    return staging.finish(allreduce(staged, opts));
+  }
   check_tensor_list("allreduce", tensors);
   check_reduce("allreduce", tensors.front(), opts.reduce_op);
   return dispatch({.op = OpType::kAllreduce, .inputs = tensors, .outputs = tensors,
@@ -278,6 +289,11 @@ bool ProcessGroup::run_inline(const InlineOp& op) {
 
 WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
                                           const AllreduceCoalescedOptions& opts) {
+  if (Staging::needed(tensors)) {
+    Staging staging("allreduce_coalesced");
+    auto staged = staging.outputs(tensors, /*in_place=*/true);
+    return staging.finish(allreduce_coalesced(staged, opts));
+  }
   check_tensor_list("allreduce_coalesced", tensors, /*same_shape=*/false);
   check_reduce("allreduce_coalesced", tensors.front(), opts.reduce_op);
   return dispatch({.op = OpType::kAllreduceCoalesced, .inputs = tensors, .outputs = tensors,
@@ -287,6 +303,11 @@ WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
 }
 
 WorkPtr ProcessGroup::reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts) {
+  if (Staging::needed(tensors)) {
+    Staging staging("reduce");
+    auto staged = staging.outputs(tensors, /*in_place=*/true);
+    return staging.finish(reduce(staged, opts));
+  }
   check_tensor_list("reduce", tensors);
   check_rank("reduce", "root rank", opts.root_rank, size_);
   check_reduce("reduce", tensors.front(), opts.reduce_op);
@@ -314,6 +335,12 @@ void check_gathered(std::string_view op, std::vector<std::vector<Tensor>>& outpu
 
 WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
                                 std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
+  if (Staging::needed(outputs) || Staging::needed(inputs)) {
+    Staging staging("allgather");
+    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
+    auto staged_in = staging.inputs(inputs);
+    return staging.finish(allgather(staged_out, staged_in, opts));
+  }
   check_tensor_list("allgather", inputs);
   check_gathered("allgather", outputs, inputs, size_);
   return dispatch({.op = OpType::kAllgather, .inputs = inputs, .outputs = outputs,
@@ -324,6 +351,12 @@ WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
 
 WorkPtr ProcessGroup::allgather_base(Tensor& output, Tensor& input,
                                      const AllgatherOptions& opts) {
+  if (Staging::needed(output) || Staging::needed(input)) {
+    Staging staging("_allgather_base");
+    auto staged_out = staging.outputs(output, /*in_place=*/false);
+    auto staged_in = staging.inputs(input);
+    return staging.finish(allgather_base(staged_out, staged_in, opts));
+  }
   check_tensor("_allgather_base", output);
   check_tensor("_allgather_base", input);
   check_same_dtype("_allgather_base", output, input);
@@ -337,6 +370,12 @@ WorkPtr ProcessGroup::allgather_base(Tensor& output, Tensor& input,
 WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
                                           std::vector<Tensor>& inputs,
                                           const AllgatherOptions& opts) {
+  if (Staging::needed(outputs) || Staging::needed(inputs)) {
+    Staging staging("allgather_coalesced");
+    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
+    auto staged_in = staging.inputs(inputs);
+    return staging.finish(allgather_coalesced(staged_out, staged_in, opts));
+  }
   check_tensor_list("allgather_coalesced", inputs, /*same_shape=*/false);
   check_list_length("allgather_coalesced", "the output lists", outputs.size(),
                     static_cast<size_t>(size_));
@@ -357,6 +396,12 @@ WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outp
 WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
                                                       std::vector<Tensor>& inputs,
                                                       const AllgatherOptions& opts) {
+  if (Staging::needed(outputs) || Staging::needed(inputs)) {
+    Staging staging("allgather_into_tensor_coalesced");
+    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
+    auto staged_in = staging.inputs(inputs);
+    return staging.finish(allgather_into_tensor_coalesced(staged_out, staged_in, opts));
+  }
   check_list_length("allgather_into_tensor_coalesced", "outputs", outputs.size(), inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor("allgather_into_tensor_coalesced", inputs[i]);
@@ -373,6 +418,12 @@ WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outpu
 
 WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs,
                              std::vector<Tensor>& inputs, const GatherOptions& opts) {
+  if (Staging::needed(outputs) || Staging::needed(inputs)) {
+    Staging staging("gather");
+    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
+    auto staged_in = staging.inputs(inputs);
+    return staging.finish(gather(staged_out, staged_in, opts));
+  }
   check_rank("gather", "root rank", opts.root_rank, size_);
   check_list_length("gather", "the input list", inputs.size(), 1);
   check_tensor("gather", inputs[0]);
@@ -392,6 +443,12 @@ WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs,
 WorkPtr ProcessGroup::scatter(std::vector<Tensor>& outputs,
                               std::vector<std::vector<Tensor>>& inputs,
                               const ScatterOptions& opts) {
+  if (Staging::needed(outputs) || Staging::needed(inputs)) {
+    Staging staging("scatter");
+    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
+    auto staged_in = staging.inputs(inputs);
+    return staging.finish(scatter(staged_out, staged_in, opts));
+  }
   check_rank("scatter", "root rank", opts.root_rank, size_);
   check_list_length("scatter", "the output list", outputs.size(), 1);
   check_tensor("scatter", outputs[0]);
@@ -411,6 +468,12 @@ WorkPtr ProcessGroup::scatter(std::vector<Tensor>& outputs,
 WorkPtr ProcessGroup::reduce_scatter(std::vector<Tensor>& outputs,
                                      std::vector<std::vector<Tensor>>& inputs,
                                      const ReduceScatterOptions& opts) {
+  if (Staging::needed(outputs) || Staging::needed(inputs)) {
+    Staging staging("reduce_scatter");
+    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
+    auto staged_in = staging.inputs(inputs);
+    return staging.finish(reduce_scatter(staged_out, staged_in, opts));
+  }
   check_tensor_list("reduce_scatter", outputs);
   check_reduce("reduce_scatter", outputs.front(), opts.reduce_op);
   check_gathered("reduce_scatter", inputs, outputs, size_);
@@ -422,6 +485,12 @@ WorkPtr ProcessGroup::reduce_scatter(std::vector<Tensor>& outputs,
 
 WorkPtr ProcessGroup::reduce_scatter_base(Tensor& output, Tensor& input,
                                           const ReduceScatterOptions& opts) {
+  if (Staging::needed(output) || Staging::needed(input)) {
+    Staging staging("_reduce_scatter_base");
+    auto staged_out = staging.outputs(output, /*in_place=*/false);
+    auto staged_in = staging.inputs(input);
+    return staging.finish(reduce_scatter_base(staged_out, staged_in, opts));
+  }
   check_tensor("_reduce_scatter_base", output);
   check_tensor("_reduce_scatter_base", input);
   check_same_dtype("_reduce_scatter_base", output, input);
@@ -436,6 +505,12 @@ WorkPtr ProcessGroup::reduce_scatter_base(Tensor& output, Tensor& input,
 WorkPtr ProcessGroup::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
                                                       std::vector<Tensor>& inputs,
                                                       const ReduceScatterOptions& opts) {
+  if (Staging::needed(outputs) || Staging::needed(inputs)) {
+    Staging staging("reduce_scatter_tensor_coalesced");
+    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
+    auto staged_in = staging.inputs(inputs);
+    return staging.finish(reduce_scatter_tensor_coalesced(staged_out, staged_in, opts));
+  }
   check_list_length("reduce_scatter_tensor_coalesced", "outputs", outputs.size(), inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor("reduce_scatter_tensor_coalesced", inputs[i]);
@@ -455,6 +530,13 @@ WorkPtr ProcessGroup::alltoall_base(Tensor& output, Tensor& input,
                                     std::vector<int64_t>& output_split_sizes,
                                     std::vector<int64_t>& input_split_sizes,
                                     const AllToAllOptions& opts) {
+  if (Staging::needed(output) || Staging::needed(input)) {
+    Staging staging("alltoall_base");
+    auto staged_out = staging.outputs(output, /*in_place=*/false);
+    auto staged_in = staging.inputs(input);
+    return staging.finish(
+        alltoall_base(staged_out, staged_in, output_split_sizes, input_split_sizes, opts));
+  }
   check_tensor("alltoall_base", output);
   check_tensor("alltoall_base", input);
   check_same_dtype("alltoall_base", output, input);
@@ -469,6 +551,12 @@ WorkPtr ProcessGroup::alltoall_base(Tensor& output, Tensor& input,
 
 WorkPtr ProcessGroup::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                                const AllToAllOptions& opts) {
+  if (Staging::needed(outputs) || Staging::needed(inputs)) {
+    Staging staging("alltoall");
+    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
+    auto staged_in = staging.inputs(inputs);
+    return staging.finish(alltoall(staged_out, staged_in, opts));
+  }
   check_list_length("alltoall", "the output list", outputs.size(), static_cast<size_t>(size_));
   check_list_length("alltoall", "the input list", inputs.size(), static_cast<size_t>(size_));
   check_tensor_list("alltoall", outputs, /*same_shape=*/false);

@@ -47,6 +47,39 @@ TEST(Tensor, StridedViewsAndDenseCheck) {
   EXPECT_TRUE(column.is_contiguous());
 }
 
+TEST(Tensor, CopyElementsBetweenAnyStrides) {
+  std::vector<int32_t> src(24), dst(48, -1);
+  std::iota(src.begin(), src.end(), 0);
+  // src seen as 2x3x4 in C order; dst holds the same indices at strides (1, 4, 12), with gaps.
+  Tensor from(src.data(), DType::kInt32, {2, 3, 4});
+  Tensor to(dst.data(), DType::kInt32, {2, 3, 4}, {1, 4, 12});
+  EXPECT_FALSE(to.elements_overlap());
+  copy_elements(to, from);
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      for (int k = 0; k < 4; ++k) EXPECT_EQ(dst[i + 4 * j + 12 * k], 12 * i + 4 * j + k);
+    }
+  }
+  // Back into C order through contiguous_copy, and through a reversed view.
+  Tensor back = to.contiguous_copy();
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), back.data_as<int32_t>()));
+  Tensor reversed(src.data() + 23, DType::kInt32, {24}, {-1});
+  Tensor r = reversed.contiguous_copy();
+  EXPECT_EQ(r.data_as<int32_t>()[0], 23);
+  EXPECT_EQ(r.data_as<int32_t>()[23], 0);
+  EXPECT_THROW(copy_elements(r, from), InvalidArgument);  // other sizes
+}
+
+TEST(Tensor, OverlappingElements) {
+  std::vector<float> data(16);
+  EXPECT_FALSE(Tensor(data.data(), DType::kFloat32, {4, 4}).elements_overlap());
+  EXPECT_FALSE(Tensor(data.data(), DType::kFloat32, {4, 4}, {1, 4}).elements_overlap());
+  EXPECT_FALSE(Tensor(data.data(), DType::kFloat32, {4, 2}, {4, 2}).elements_overlap());
+  EXPECT_TRUE(Tensor(data.data(), DType::kFloat32, {4}, {0}).elements_overlap());
+  EXPECT_TRUE(Tensor(data.data(), DType::kFloat32, {3, 4}, {2, 1}).elements_overlap());
+  EXPECT_FALSE(Tensor(data.data(), DType::kFloat32, {1, 4}, {0, 1}).elements_overlap());
+}
+
 TEST(Tensor, SlicesReshapeAndComplexViews) {
   Tensor t = Tensor::empty({10}, DType::kInt32);
   for (int i = 0; i < 10; ++i) t.data_as<int32_t>()[i] = i;

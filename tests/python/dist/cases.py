@@ -204,7 +204,8 @@ def all_reduce_errors(dist, backend):
         _raises(ValueError, lambda: dist.all_reduce(c, op=op), "complex MAX")
     _raises(ValueError, lambda: dist.all_reduce(np.ones(4, np.float32), op=dist.ReduceOp.BAND),
             "BAND on float")
-    _raises(ValueError, lambda: dist.all_reduce(np.ones((4, 4))[:, ::2]), "non-contiguous")
+    overlapping = np.lib.stride_tricks.as_strided(np.zeros(1), (4,), (0,), writeable=True)
+    _raises(ValueError, lambda: dist.all_reduce(overlapping), "an output with a stride of 0")
     ro = np.ones(4)
     ro.setflags(write=False)
     _raises(ValueError, lambda: dist.all_reduce(ro), "read-only output")
@@ -1236,6 +1237,76 @@ def ddp_join(dist, backend):
         raised = "exhausted" in str(e)
     assert raised, "throw_on_early_termination raised nothing"
     dist.barrier()
+
+
+def strided_arrays(dist, backend):
+    """Arrays laid out other than in C order (transposed, sliced, reversed) work in every
+    collective, read and written through their strides; what lies between their elements is
+    left alone. Sends and receives still need contiguous arrays, as in torch."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def grid(r, dtype=np.float32):  # 3 x 4, laid out transposed (Fortran order)
+        return np.asfortranarray(np.arange(12, dtype=dtype).reshape(3, 4) * (r + 1))
+
+    total = sum(r + 1 for r in range(world))
+    t = grid(rank)
+    dist.all_reduce(t)
+    assert np.array_equal(t, grid(0) * total) and t.flags.f_contiguous, t
+    base = np.arange(10, dtype=np.int64) * (rank + 1)
+    dist.all_reduce(base[::3], op=dist.ReduceOp.MAX)  # elements 0, 3, 6, 9
+    expected = np.arange(10) * (rank + 1)
+    expected[::3] = np.arange(10)[::3] * world
+    assert np.array_equal(base, expected), base
+    t = np.arange(8, dtype=np.float64)[::-1] * (rank + 1)
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    assert np.array_equal(t, np.arange(8)[::-1] * total) and w.result()[0] is t, t
+    for root in range(world):
+        t = grid(rank).T
+        dist.broadcast(t, src=root)
+        assert np.array_equal(t, grid(root).T), t
+        t = grid(rank)[:, 1:3]
+        dist.reduce(t, dst=root)
+        assert rank != root or np.array_equal(t, grid(0)[:, 1:3] * total), t
+    outs = [np.zeros((4, 3), np.float32).T for _ in range(world)]
+    dist.all_gather(outs, grid(rank)[::-1])
+    assert all(np.array_equal(o, grid(r)[::-1]) for r, o in enumerate(outs)), outs
+    flat = np.zeros((world * 3, 8), np.float32)[:, ::2]
+    dist.all_gather_into_tensor(flat, grid(rank))
+    assert np.array_equal(flat, np.concatenate([grid(r) for r in range(world)])), flat
+    out = np.zeros((4, 3), np.float32).T
+    dist.reduce_scatter(out, [grid(rank) + r for r in range(world)])
+    assert np.array_equal(out, grid(0) * total + world * rank), out
+    out = np.zeros((4, 3), np.float32).T
+    dist.reduce_scatter_tensor(out, np.asfortranarray(
+        np.concatenate([grid(rank) + r for r in range(world)])))
+    assert np.array_equal(out, grid(0) * total + world * rank), out
+    src = np.asfortranarray(np.arange(world * 2 * 3, dtype=np.int32).reshape(world * 2, 3)
+                            + 100 * rank)
+    out = np.zeros((3, world * 2), np.int32).T
+    dist.all_to_all_single(out, src)
+    want = np.concatenate([np.arange(world * 2 * 3).reshape(world * 2, 3)[2 * rank:2 * rank + 2]
+                           + 100 * r for r in range(world)])
+    assert np.array_equal(out, want), out
+    root = world - 1
+    gathered = [np.zeros((4, 3), np.float32).T for _ in range(world)] if rank == root else None
+    dist.gather(grid(rank), gathered, dst=root)
+    assert rank != root or all(np.array_equal(g, grid(r)) for r, g in enumerate(gathered))
+    out = np.zeros((4, 3), np.float32).T
+    dist.scatter(out, [grid(r).copy() for r in range(world)] if rank == root else None, src=root)
+    assert np.array_equal(out, grid(rank)), out
+    if world > 1:
+        t = grid(rank)
+        peer = (rank + 1) % world
+        _raises(ValueError, lambda: dist.send(t, peer) if rank % 2 == 0 else dist.recv(t, peer),
+                "a send or receive of a transposed array")
+    try:
+        import torch
+    except ImportError:
+        return
+    t = torch.arange(12.).reshape(3, 4).t() * (rank + 1)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.arange(12.).reshape(3, 4).t() * total), t
 
 
 def pg_overloads(dist, backend):

@@ -1,0 +1,49 @@
+// Collectives on tensors laid out other than in C order (a transposed array, a column, every
+// other row) run on contiguous stand-ins: Staging copies the inputs before the operation and
+// writes the outputs back once it completed, so that backends only ever see contiguous memory.
+// torch.distributed accepts such tensors too (its Gloo backend copies them, or reduces a
+// transposed tensor's memory as it lies).
+#pragma once
+
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "c10d/pg/backend.h"
+
+namespace c10d::pg {
+
+class Staging {
+ public:
+  // `op` names the operation in errors.
+  explicit Staging(std::string_view op) : op_(op) {}
+
+  // Whether any CPU tensor among these needs a stand-in.
+  static bool needed(const Tensor& tensor);
+  static bool needed(const std::vector<Tensor>& tensors);
+  static bool needed(const std::vector<std::vector<Tensor>>& lists);
+
+  // Stand-ins for tensors the operation reads: contiguous copies (contiguous tensors as they
+  // are).
+  Tensor inputs(const Tensor& tensor);
+  std::vector<Tensor> inputs(const std::vector<Tensor>& tensors);
+  std::vector<std::vector<Tensor>> inputs(const std::vector<std::vector<Tensor>>& lists);
+  // Stand-ins for tensors the operation writes, copied back into them when it completes.
+  // `in_place`: the operation reads them too, so the stand-ins start as copies. A tensor whose
+  // elements overlap in memory cannot be written element by element and is refused.
+  Tensor outputs(const Tensor& tensor, bool in_place);
+  std::vector<Tensor> outputs(const std::vector<Tensor>& tensors, bool in_place);
+  std::vector<std::vector<Tensor>> outputs(const std::vector<std::vector<Tensor>>& lists,
+                                           bool in_place);
+
+  // The work users get: it completes once `work` has and the outputs were written back, and
+  // its result holds the caller's tensors in place of the stand-ins.
+  WorkPtr finish(WorkPtr work);
+
+ private:
+  std::string_view op_;
+  std::vector<Tensor> inputs_;                      // kept alive until the work completes
+  std::vector<std::pair<Tensor, Tensor>> outputs_;  // (caller's tensor, stand-in)
+};
+
+}  // namespace c10d::pg
