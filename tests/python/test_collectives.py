@@ -33,6 +33,14 @@ def test_recv_without_sender_times_out(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_p2p_size_mismatch_raises(backend):
+    results = harness.run("p2p_size_mismatch", 2, backend, env={"C10D_TEST_PG_TIMEOUT": "3"})
+    harness.check_all_ok(results)
+    for r in results:
+        assert "MISMATCH_OK" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_monitored_barrier_names_missing_rank(backend):
     results = harness.run("monitored_barrier_reports", 3, backend)
     harness.check_all_ok(results)

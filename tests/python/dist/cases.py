@@ -701,6 +701,25 @@ def recv_timeout(dist, backend):
     time.sleep(10)
 
 
+def p2p_size_mismatch(dist, backend):
+    """Rank 0 sends 16 bytes, rank 1 receives 8: both raise (shm names the sizes, gloo times
+    out) instead of gloo's network thread terminating the process."""
+    rank = dist.get_rank()
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            dist.send(np.arange(2, dtype=np.int64), 1)
+        else:
+            dist.recv(np.zeros(2, np.float32), 0)
+    except RuntimeError as e:
+        assert time.monotonic() - start < 20, time.monotonic() - start
+        print("MISMATCH_OK", e)
+        return
+    # The shm sender may finish before the receiver sees the size: only the receiver must fail.
+    assert rank == 0 and backend == "shm", "the mismatched send/recv completed"
+    print("MISMATCH_OK sent")
+
+
 def monitored_barrier_reports(dist, backend):
     """The last rank skips the barrier; the others learn which rank is missing."""
     rank, world = dist.get_rank(), dist.get_world_size()

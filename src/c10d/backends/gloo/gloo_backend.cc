@@ -47,7 +47,7 @@ namespace {
 // "no timeout" becomes 30 days (longer would overflow nanosecond deadlines inside Gloo).
 constexpr Millis kForever = std::chrono::hours(24 * 30);
 // Slot prefix of monitored_barrier's messages. Gloo's collectives use prefixes 0x01-0x08 in the
-// top byte of the slot and user point-to-point tags stay below 2^32, so this cannot collide.
+// top byte of the slot and point-to-point slots leave it 0, so this cannot collide.
 constexpr uint64_t kMonitoredBarrierPrefix = 0x10;
 // Size of one element in Gloo's eyes. Only sizeof matters: our own reduce function does the
 // arithmetic, so bfloat16, complex and bool travel as opaque elements of the right width.
@@ -325,7 +325,8 @@ class P2PWork : public core::Work {
       if (timed_out) {
         finish_with_error(std::make_exception_ptr(DistTimeoutError(
             str_cat("Gloo ", context_, " timed out after ", core::format_timeout(timeout_),
-                    ": ", e.what()))));
+                    ": ", e.what(), " (a send matches only a receive with the same tag and "
+                    "byte count)"))));
       } else {
         finish_with_error(std::make_exception_ptr(
             DistBackendError(str_cat("Gloo ", context_, " failed: ", e.what()))));
@@ -959,11 +960,18 @@ WorkPtr GlooBackend::post_p2p(OpType type, std::vector<Tensor>& tensors, int pee
   const auto& context = contexts_[static_cast<uint32_t>(tag) % contexts_.size()];
   const char* what = type == OpType::kSend ? "send" : type == OpType::kRecv ? "recv"
                                                                             : "recv_anysource";
+  const std::string between =
+      peer < 0 ? str_cat("rank ", rank(), " from any rank")
+               : str_cat("rank ", rank(), type == OpType::kSend ? " to" : " from", " rank ", peer);
   std::string description =
-      peer >= 0 ? str_cat(what, " (tag ", tag, ", rank ", rank(), (type == OpType::kSend ? " to " : " from "),
-                          "rank ", peer, ")")
-                : str_cat(what, " (tag ", tag, ", rank ", rank(), " from any rank)");
-  const uint64_t slot = static_cast<uint32_t>(tag);
+      str_cat(what, " (tag ", tag, ", ", between, ", ", tensor.nbytes(), " bytes)");
+  // The byte count is part of the slot, so a send meets only a receive of its size. Gloo
+  // itself matches by tag alone and then throws on its network thread when a message is larger
+  // than the receive buffer, which terminates the process; now the two time out with the usual
+  // error instead. Sizes below 16 MiB are in the slot exactly, larger ones folded in.
+  uint64_t size_key = tensor.nbytes();
+  size_key = (size_key ^ (size_key >> 24) ^ (size_key >> 48)) & 0xFFFFFF;
+  const uint64_t slot = (size_key << 32) | static_cast<uint32_t>(tag);
   auto buffer = context->createUnboundBuffer(data_or_dummy(tensor), tensor.nbytes());
   auto* raw = buffer.get();
   auto work = std::make_shared<P2PWork>(type, str_cat("gloo:", what), tensor, std::move(buffer),
