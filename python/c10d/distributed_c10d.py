@@ -780,20 +780,20 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
     opts = AllreduceCoalescedOptions()
     opts.reduceOp = op
     opts.asyncOp = async_op
-    return _finish(_resolve_group(group).allreduce_coalesced(list(tensors), opts), async_op)
+    work = _resolve_group(group).allreduce_coalesced(list(tensors), opts)
+    # As torch's: asynchronously, the call returns the future (of the list of tensors).
+    return work.get_future() if async_op else _finish(work, False)
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     """Copies `tensor` from rank `src` to every rank of `group`."""
-    if group is None and not async_op and group_src is None:
+    if group is None and not async_op and group_src is None and src is not None:
         fast = _world.inline.get(None)
-        if fast is not None and fast.broadcast(tensor, 0 if src is None else src):
+        if fast is not None and fast.broadcast(tensor, src):
             return None
     if _rank_not_in_group(group):
         _warn_not_in_group("broadcast")
         return None
-    if src is None and group_src is None:
-        src = 0
     opts = BroadcastOptions()
     opts.rootRank = _canonical_rank(group, group_src, src, "src")
     opts.rootTensor = 0
@@ -803,15 +803,13 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
     """Reduces `tensor` across ranks into rank `dst`'s tensor."""
-    if group is None and not async_op and group_dst is None:
+    if group is None and not async_op and group_dst is None and dst is not None:
         fast = _world.inline.get(None)
-        if fast is not None and fast.reduce(tensor, 0 if dst is None else dst, op):
+        if fast is not None and fast.reduce(tensor, dst, op):
             return None
     if _rank_not_in_group(group):
         _warn_not_in_group("reduce")
         return None
-    if dst is None and group_dst is None:
-        dst = 0
     opts = ReduceOptions()
     opts.reduceOp = op
     opts.rootRank = _canonical_rank(group, group_dst, dst, "dst")
@@ -862,9 +860,10 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
     if _rank_not_in_group(group):
         _warn_not_in_group("all_gather_coalesced")
         return None
-    return _finish(_resolve_group(group).allgather_coalesced(
+    work = _resolve_group(group).allgather_coalesced(
         [list(x) for x in output_tensor_lists], input_tensor_list,
-        _opts(AllgatherOptions, async_op)), async_op)
+        _opts(AllgatherOptions, async_op))
+    return work.get_future() if async_op else _finish(work, False)
 
 
 def _root_and_list(group, group_root, root, name, tensor_list, list_name, role):

@@ -42,10 +42,12 @@ def test_numbering_matches_torch():
     for value, name in enumerate(ALL_OPS):
         kind = getattr(ReduceOp, name)
         assert isinstance(kind, ReduceOp.RedOpType)
+        assert isinstance(kind, ReduceOp)  # as with torch's ReduceOp
         assert kind.value == value
         assert int(kind) == value
         assert getattr(ReduceOp.RedOpType, name) is kind
     assert list(ReduceOp.__members__) == ALL_OPS
+    assert not isinstance(0, ReduceOp) and not isinstance("SUM", ReduceOp)
 
 
 def test_construction_and_attributes():

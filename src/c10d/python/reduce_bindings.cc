@@ -2,6 +2,7 @@
 // `RedOpType` whose values are also class attributes (ReduceOp.SUM is a RedOpType), so code
 // written for torch (`op == ReduceOp.SUM`, `ReduceOp(ReduceOp.MAX)`, pickling ops, using them
 // as dict keys) works unchanged. Also the buffer-level test helpers over the reduction kernels.
+#include <pybind11/eval.h>
 #include <pybind11/operators.h>
 #include <pybind11/pybind11.h>
 
@@ -64,10 +65,26 @@ size_t checked_count(const py::buffer_info& info, DType dtype, const char* what)
   return static_cast<size_t>(info.size);
 }
 
+// A metaclass for ReduceOp under which isinstance(ReduceOp.SUM, ReduceOp) holds: the members
+// are RedOpType values, which stand for a ReduceOp wherever one is taken, and user code written
+// for torch's old enum checks them with isinstance.
+py::object reduce_op_metaclass() {
+  py::dict scope;
+  scope["base"] = py::reinterpret_borrow<py::object>(
+      reinterpret_cast<PyObject*>(py::detail::get_internals().default_metaclass));
+  py::exec(R"(
+class ReduceOpMeta(base):
+    def __instancecheck__(cls, obj):
+        return type.__instancecheck__(cls, obj) or type(obj) is cls.__dict__.get("RedOpType")
+)",
+           scope);
+  return scope["ReduceOpMeta"];
+}
+
 }  // namespace
 
 void init_reduce(py::module_& m) {
-  py::class_<ReduceOp> cls(m, "ReduceOp", R"(How a reducing collective combines the ranks' values.
+  py::class_<ReduceOp> cls(m, "ReduceOp", py::metaclass(reduce_op_metaclass()), R"(How a reducing collective combines the ranks' values.
 
 The values are ``ReduceOp.SUM``, ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``, ``BAND``, ``BOR``,
 ``BXOR``, ``PREMUL_SUM`` and ``UNUSED``, each a ``ReduceOp.RedOpType`` accepted wherever a

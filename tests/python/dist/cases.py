@@ -476,6 +476,16 @@ def barriers_and_async(dist, backend):
     dist.all_reduce_coalesced([a, b])
     s = world * (world - 1) / 2
     assert (a == s).all() and (b == 2 * s).all()
+    # Asynchronously the coalesced calls return the future of their tensors, as torch's do.
+    fut = dist.all_reduce_coalesced([a, b], async_op=True)
+    values = fut.wait()
+    assert values[0] is a and values[1] is b and (a == s * world).all(), values
+    outs = [[np.zeros(1)] for _ in range(world)]
+    values = dist.all_gather_coalesced(outs, [np.full(1, rank, np.float64)], async_op=True).wait()
+    assert [o[0][0] for o in outs] == list(range(world)), (outs, values)
+    # broadcast and reduce need a root, as in torch.
+    _raises(ValueError, lambda: dist.broadcast(np.zeros(1)), "broadcast without src")
+    _raises(ValueError, lambda: dist.reduce(np.zeros(1)), "reduce without dst")
 
 
 def objects(dist, backend):
