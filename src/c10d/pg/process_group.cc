@@ -1,5 +1,8 @@
 #include "c10d/pg/process_group.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 #include "c10d/pg/staging.h"
@@ -341,12 +344,49 @@ WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
     auto staged_in = staging.inputs(inputs);
     return staging.finish(allgather(staged_out, staged_in, opts));
   }
+  if (inputs.size() == 1 && outputs.size() == 1 && outputs[0].size() > 1 &&
+      std::any_of(outputs[0].begin(), outputs[0].end(),
+                  [&](const Tensor& t) { return t.numel() != outputs[0][0].numel(); })) {
+    return allgather_uneven(outputs[0], inputs[0], opts);
+  }
   check_tensor_list("allgather", inputs);
   check_gathered("allgather", outputs, inputs, size_);
   return dispatch({.op = OpType::kAllgather, .inputs = inputs, .outputs = outputs,
                    .timeout = opts.timeout},
                   device_of(inputs),
                   [&](Backend& b) { return b.allgather(outputs, inputs, opts); });
+}
+
+// Every rank contributes its input padded to the largest output through one allgather_base,
+// and the leading elements of each rank's piece land in that rank's output.
+WorkPtr ProcessGroup::allgather_uneven(std::vector<Tensor>& outputs, const Tensor& input,
+                                       const AllgatherOptions& opts) {
+  constexpr std::string_view op = "allgather";
+  check_list_length(op, "the output list", outputs.size(), static_cast<size_t>(size_));
+  check_tensor(op, input);
+  int64_t largest = 0;
+  for (const auto& out : outputs) {
+    check_tensor(op, out);
+    check_same_dtype(op, out, input);
+    largest = std::max(largest, out.numel());
+  }
+  C10D_CHECK_ARG(outputs[rank_].numel() == input.numel(), op, ": this rank's output tensor ",
+                 outputs[rank_].str(), " must have as many elements as its input ",
+                 input.str());
+  Tensor padded = Tensor::empty({largest}, input.dtype());
+  std::memset(padded.data(), 0, padded.nbytes());
+  core::copy_elements(padded.flat_slice(0, input.numel()), input.reshape({input.numel()}));
+  Tensor gathered = Tensor::empty({largest * size_}, input.dtype());
+  WorkPtr work = allgather_base(gathered, padded, opts);
+  auto placed = work->get_future()->then([outputs, gathered, padded, largest](core::Future&) {
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      const Tensor& out = outputs[r];
+      core::copy_elements(out, gathered.flat_slice(static_cast<int64_t>(r) * largest,
+                                                   out.numel()).reshape(out.sizes()));
+    }
+    return core::FutureValue{outputs, nullptr};
+  });
+  return Work::from_future(std::move(placed), OpType::kAllgather, work->description());
 }
 
 WorkPtr ProcessGroup::allgather_base(Tensor& output, Tensor& input,

@@ -122,6 +122,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   template <typename Fn>
   WorkPtr dispatch(TraceOp trace, core::DeviceType device, Fn&& fn);
   core::DeviceType device_of(const std::vector<Tensor>& tensors) const;
+  // allgather of one tensor into outputs of different sizes (torch's "uneven" all_gather).
+  WorkPtr allgather_uneven(std::vector<Tensor>& outputs, const Tensor& input,
+                           const AllgatherOptions& opts);
 
   const std::shared_ptr<store::Store> store_;
   const int rank_;

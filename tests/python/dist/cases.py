@@ -267,6 +267,16 @@ def gathers(dist, backend):
                 out1 = np.zeros(n, dtype)
                 dist.scatter(out1, [x.copy() for x in xs] if rank == root else None, src=root)
                 _close(out1, xs[rank], dtype, f"scatter root={root}")
+    # Uneven all_gather (torch supports it): rank r contributes r + 1 rows of 2.
+    outs = [np.full((r + 1, 2), -1, np.int32) for r in range(world)]
+    work = dist.all_gather(outs, np.full((rank + 1, 2), rank, np.int32), async_op=True)
+    work.wait()
+    assert all((o == r).all() for r, o in enumerate(outs)), outs
+    assert all(a is b for a, b in zip(work.result(), outs))
+    if world > 1:
+        bad = [np.zeros(r + 1, np.int32) for r in range(world)]
+        _raises(ValueError, lambda: dist.all_gather(bad, np.zeros(rank + 2, np.int32)),
+                "an uneven all_gather whose own output does not fit the input")
     # Coalesced all_gather of two tensors of different shapes.
     a, b = np.full(2, rank, np.int64), np.full((2, 3), rank * 10, np.int64)
     outs = [[np.zeros(2, np.int64), np.zeros((2, 3), np.int64)] for _ in range(world)]
