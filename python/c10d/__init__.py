@@ -50,10 +50,13 @@ from ._C import (  # noqa: F401  (re-exported API)
     TCPStore,
     Work,
     WorkInfo,
+    _test_python_store,
     get_debug_level,
     set_debug_level,
     set_debug_level_from_env,
 )
+
+QueueEmptyError = DistQueueEmptyError  # torch.distributed's name for it
 from .distributed_c10d import *  # noqa: F401,F403
 from .distributed_c10d import (  # noqa: F401  (private names tests and tools use)
     _all_gather_base,

@@ -519,8 +519,9 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
             raise _ArgumentError(f"rank {rank} must be less than world_size {world_size}")
         store = _incarnation_store(store, world_size)
     else:
-        store, rank, world_size = _rdzv.rendezvous(init_method or "env://", rank, world_size,
-                                                   timeout)
+        store, rank, world_size = next(_rdzv.rendezvous(
+            init_method or "env://", -1 if rank is None else rank,
+            -1 if world_size is None else world_size, timeout=timeout))
         store.set_timeout(timeout)
         store = _incarnation_store(store, world_size)
         _rdzv.store_based_barrier(store, rank, world_size, timeout,

@@ -1,22 +1,25 @@
 """Rendezvous: turn an init_method URL (env://, tcp://, file://) into a store, rank and size."""
 
 import logging
+import numbers
 import os
 import time
 from datetime import timedelta
-from typing import Tuple
-from urllib.parse import parse_qs, urlparse
+from typing import Iterator
+from urllib.parse import parse_qs, urlparse, urlunparse
 
 from . import _C
 
 __all__ = ["rendezvous", "register_rendezvous_handler", "store_based_barrier"]
 
 _handlers = {}
+_DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 
 def register_rendezvous_handler(scheme, handler):
-    """Adds a handler for URLs of `scheme`: handler(url, rank, world_size, timeout) returns
-    (store, rank, world_size)."""
+    """Adds a handler for URLs of `scheme`, as torch.distributed's: handler(url, **kwargs)
+    returns an iterator of (store, rank, world_size); rendezvous() has put rank and world_size
+    into the URL's query, and passes `timeout` among the keyword arguments."""
     if scheme in _handlers:
         raise RuntimeError(f"Rendezvous handler for {scheme}:// already registered")
     _handlers[scheme] = handler
@@ -26,9 +29,7 @@ def _error(init_method: str, message: str) -> ValueError:
     return ValueError(f"Error initializing c10d using {init_method} rendezvous: {message}")
 
 
-def _query_int(query, name, given, url):
-    if given is not None and given != -1:
-        return int(given)
+def _query_int(query, name, url):
     values = query.get(name)
     if not values:
         raise _error(url, f"{name} parameter missing (pass it in the URL or as an argument)")
@@ -38,9 +39,9 @@ def _query_int(query, name, given, url):
         raise _error(url, f"{name} must be an integer, got {values[0]!r}") from None
 
 
-def _env_int(name: str, given, url: str) -> int:
-    if given is not None and given != -1:
-        return int(given)
+def _env_int(name: str, query, url: str) -> int:
+    if query.get(name.lower()):
+        return _query_int(query, name.lower(), url)
     value = os.environ.get(name)
     if value is None or value == "":
         raise _error(url, f"environment variable {name} expected, but not set")
@@ -51,11 +52,13 @@ def _env_int(name: str, given, url: str) -> int:
             from None
 
 
-def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta):
+def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta, query):
     # Rank 0 hosts the server. Nobody waits inside the constructor: init_process_group's
-    # rendezvous barrier waits instead, and can say which ranks are missing.
+    # rendezvous barrier waits instead, and can say which ranks are missing. use_libuv comes
+    # from the URL or USE_LIBUV, as in torch.
+    use_libuv = (query.get("use_libuv") or [os.environ.get("USE_LIBUV", "1")])[0] != "0"
     return _C.TCPStore(host, port, world_size, rank == 0, timeout,
-                       wait_for_workers=False, multi_tenant=True)
+                       wait_for_workers=False, multi_tenant=True, use_libuv=use_libuv)
 
 
 def _check_rank(rank: int, world_size: int, url: str):
@@ -65,40 +68,52 @@ def _check_rank(rank: int, world_size: int, url: str):
         raise _error(url, f"rank {rank} is outside [0, {world_size})")
 
 
-def _env_handler(url, rank, world_size, timeout):
-    rank = _env_int("RANK", rank, url)
-    world_size = _env_int("WORLD_SIZE", world_size, url)
+def _once(url: str, result):
+    """The iterator a handler returns: its one result, then an error, since a store cannot
+    be rendezvoused with again (torch's handlers behave alike)."""
+    yield result
+    raise RuntimeError(f"Unable to perform re-rendezvous using {url.split('?')[0]}")
+
+
+def _env_handler(url, timeout=_DEFAULT_TIMEOUT, **_):
+    query = parse_qs(urlparse(url).query)
+    rank = _env_int("RANK", query, url)
+    world_size = _env_int("WORLD_SIZE", query, url)
     _check_rank(rank, world_size, url)
     host = os.environ.get("MASTER_ADDR")
     if not host:
         raise _error(url, "environment variable MASTER_ADDR expected, but not set")
-    port = _env_int("MASTER_PORT", None, url)
-    return _tcp_store(host, port, rank, world_size, timeout), rank, world_size
+    port = _env_int("MASTER_PORT", {}, url)
+    return _once(url, (_tcp_store(host, port, rank, world_size, timeout, query), rank,
+                       world_size))
 
 
-def _tcp_handler(url, rank, world_size, timeout):
+def _tcp_handler(url, timeout=_DEFAULT_TIMEOUT, **_):
     parsed = urlparse(url)
-    if not parsed.hostname or parsed.port is None:
-        raise _error(url, "the URL must be tcp://host:port")
+    if not parsed.hostname:
+        raise _error(url, "host missing (tcp://host:port)")
+    if parsed.port is None:
+        raise _error(url, "port number missing (tcp://host:port)")
     query = parse_qs(parsed.query)
-    rank = _query_int(query, "rank", rank, url)
-    world_size = _query_int(query, "world_size", world_size, url)
+    rank = _query_int(query, "rank", url)
+    world_size = _query_int(query, "world_size", url)
     _check_rank(rank, world_size, url)
-    return _tcp_store(parsed.hostname, parsed.port, rank, world_size, timeout), rank, world_size
+    store = _tcp_store(parsed.hostname, parsed.port, rank, world_size, timeout, query)
+    return _once(url, (store, rank, world_size))
 
 
-def _file_handler(url, rank, world_size, timeout):
+def _file_handler(url, timeout=_DEFAULT_TIMEOUT, **_):
     parsed = urlparse(url)
     path = parsed.path or parsed.netloc
     if not path:
-        raise _error(url, "the URL must name a file (file:///path/to/file)")
+        raise _error(url, "path missing (file:///path/to/file)")
     query = parse_qs(parsed.query)
-    rank = _query_int(query, "rank", rank, url)
-    world_size = _query_int(query, "world_size", world_size, url)
+    rank = _query_int(query, "rank", url)
+    world_size = _query_int(query, "world_size", url)
     _check_rank(rank, world_size, url)
     store = _C.FileStore(path, world_size)
     store.set_timeout(timeout)
-    return store, rank, world_size
+    return _once(url, (store, rank, world_size))
 
 
 register_rendezvous_handler("env", _env_handler)
@@ -106,16 +121,28 @@ register_rendezvous_handler("tcp", _tcp_handler)
 register_rendezvous_handler("file", _file_handler)
 
 
-def rendezvous(url: str, rank: int = -1, world_size: int = -1,
-               timeout: timedelta = timedelta(minutes=30)) -> Tuple[object, int, int]:
-    """Resolves `url` into (store, rank, world_size)."""
+def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs) -> Iterator:
+    """Resolves `url` into an iterator of (store, rank, world_size), as torch's does: a rank
+    and world size given here join the URL's query (which must not hold them already), and
+    the scheme's handler gets the URL and `kwargs` (`timeout`)."""
     if not isinstance(url, str):
         raise TypeError(f"init_method must be a str URL, got {type(url).__name__}")
-    scheme = urlparse(url).scheme
-    if scheme not in _handlers:
-        raise _C._ArgumentValueError(f"No rendezvous handler for {scheme}:// (known: "
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"`{name}` must be an integer, got {value!r}")
+    parsed = urlparse(url)
+    if rank != -1 or world_size != -1:
+        query = parse_qs(parsed.query)
+        assert "rank" not in query and "world_size" not in query, \
+            f"The url: {url} has node-specific arguments(rank, world_size) already."
+        extra = [f"{k}={v}" for k, v in (("rank", rank), ("world_size", world_size)) if v != -1]
+        url = urlunparse(parsed._replace(query="&".join(filter(None, [parsed.query] + extra))))
+    if parsed.scheme not in _handlers:
+        raise _C._ArgumentValueError(f"No rendezvous handler for {parsed.scheme}:// (known: "
                                      f"{', '.join(sorted(_handlers))})")
-    return _handlers[scheme](url, rank, world_size, timeout)
+    result = _handlers[parsed.scheme](url, **kwargs)
+    # A handler written for an older c10d may return the tuple itself.
+    return iter([result]) if isinstance(result, tuple) else result
 
 
 _log = logging.getLogger("c10d")

@@ -270,3 +270,127 @@ def test_gil_released_during_blocking_wait():
     s.wait(["go"], timedelta(seconds=10))  # would deadlock if the GIL were held
     t.join()
     assert len(ticks) == 5
+
+
+# --- Behaviour torch.distributed's own store tests check ----------------------------------
+
+
+def test_timeouts_say_timeout_and_name_the_keys(tmp_path):
+    tcp = c10d.TCPStore("127.0.0.1", 0, 1, True)
+    for store, key in [(c10d.HashStore(), "bad_key"), (tcp, "/bad_key"),
+                       (c10d.FileStore(str(tmp_path / "f"), 1), "bad_key")]:
+        with pytest.raises(c10d.DistStoreError, match=f"wait timeout after 250ms, keys: {key}"):
+            store.wait(["bad_key"], timedelta(seconds=0.25))
+        store.set_timeout(timedelta(seconds=0.05))
+        with pytest.raises(c10d.DistStoreError, match="timeout"):
+            store.queue_pop("empty")
+        with pytest.raises(c10d.QueueEmptyError, match="empty"):
+            store.queue_pop("empty", block=False)
+
+
+def test_hash_store_clones_share_the_map():
+    a = c10d.HashStore()
+    b = a.clone()
+    assert isinstance(b, c10d.Store)
+    a.set("k", "v")
+    assert b.get("k") == b"v"
+    b.queue_push("q", "1")
+    assert a.check(["q"]) and a.queue_pop("q") == b"1"
+
+
+def test_file_store_opens_beyond_world_size_and_counts_queues(tmp_path):
+    path = str(tmp_path / "f")
+    first, second = c10d.FileStore(path, 1), c10d.FileStore(path, 1)
+    first.queue_push("q", "x")
+    assert second.check(["q"]) and second.queue_len("q") == 1
+    del first
+    assert (tmp_path / "f").exists()
+    del second
+    assert not (tmp_path / "f").exists()
+
+
+def test_tcp_store_constructor_rules():
+    with pytest.raises(ValueError, match="world size cannot be 0"):
+        c10d.TCPStore("127.0.0.1", 0, world_size=0, is_master=False)
+    with pytest.raises(TypeError):
+        c10d.TCPStore("127.0.0.1", 0, 1, 1)  # is_master must be a bool
+    assert not c10d.TCPStore("127.0.0.1", 0, 1, True, use_libuv=False).libuvBackend
+    server = c10d.TCPStore("127.0.0.1", 0, 1, True)
+    assert server.libuvBackend
+    with pytest.raises(c10d.DistNetworkError,
+                       match=f"^The server socket has failed to listen on any local .*{server.port}"):
+        c10d.TCPStore("127.0.0.1", server.port, 1, True)
+
+
+def test_agent_store_turns_a_master_into_a_client(monkeypatch):
+    server = c10d.TCPStore("127.0.0.1", 0, 1, True)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    second = c10d.TCPStore("127.0.0.1", server.port, 1, True)
+    second.set("k", "v")
+    assert server.get("k") == b"v"
+
+
+class MinimalStore(c10d.Store):
+    """Only the four methods a Python store must define; the others fall back on them."""
+
+    def __init__(self):
+        super().__init__()
+        self.data = {}
+
+    def set(self, key, value):
+        self.data[key] = value
+
+    def get(self, key):
+        return self.data[key]
+
+    def add(self, key, value):
+        self.data[key] = str(int(self.data.get(key, b"0")) + value).encode()
+        return int(self.data[key])
+
+    def compare_set(self, key, expected, desired):
+        current = self.data.get(key)
+        if current is None and expected == b"" or current == expected:
+            self.data[key] = desired
+            return desired
+        return expected if current is None else current
+
+
+def test_python_store_fallbacks_and_missing_methods():
+    c10d._test_python_store(MinimalStore())
+    store = c10d.PrefixStore("p", MinimalStore())  # the prefix store keeps the object alive
+    store.append("foo", b"po")
+    store.append("foo", b"tato")
+    store.multi_set(["a", "b"], [b"c", b"d"])
+    assert store.multi_get(["a", "b", "foo"]) == [b"c", b"d", b"potato"]
+    assert store.add("n", 3) == 3
+
+    class Empty(c10d.Store):
+        pass
+
+    with pytest.raises(RuntimeError, match="Not implemented"):
+        Empty().append("foo", "bar")
+    with pytest.raises(RuntimeError, match="Not implemented"):
+        c10d.PrefixStore("p", Empty()).multi_get(["foo"])
+
+
+def test_rendezvous_yields_like_torch(tmp_path, monkeypatch):
+    url = f"file://{tmp_path / 'f'}?world_size=2"
+    store0, rank0, size0 = next(c10d.rendezvous(url + "&rank=0"))
+    store1, rank1, size1 = next(c10d.rendezvous(f"file://{tmp_path / 'f'}", 1, 2))
+    assert (rank0, size0, rank1, size1) == (0, 2, 1, 2)
+    store0.set("k", "v")
+    assert store1.get("k") == b"v"
+    with pytest.raises(AssertionError, match="has node-specific arguments"):
+        c10d.rendezvous(url + "&rank=0", 0, 2)
+    with pytest.raises(ValueError, match="path missing"):
+        next(c10d.rendezvous("file://?rank=0&world_size=1"))
+    with pytest.raises(ValueError, match="port number missing"):
+        next(c10d.rendezvous("tcp://127.0.0.1?rank=0&world_size=1"))
+    with pytest.raises(ValueError, match="rank parameter missing"):
+        next(c10d.rendezvous("tcp://127.0.0.1:1?world_size=1"))
+    with pytest.raises(ValueError, match="size parameter missing"):
+        next(c10d.rendezvous("tcp://127.0.0.1:1?rank=0"))
+    monkeypatch.setenv("USE_LIBUV", "0")
+    store, _, _ = next(c10d.rendezvous("tcp://127.0.0.1:0?rank=0&world_size=1"))
+    assert not store.libuvBackend

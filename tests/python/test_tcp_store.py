@@ -118,7 +118,7 @@ def test_client_timeout_names_the_address():
     sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     port = sock.getsockname()[1]
     with pytest.raises(c10d.DistNetworkError,
-                       match=rf"timed out after 300ms trying to connect to \(127\.0\.0\.1, "
+                       match=rf"timed out after 300ms while trying to connect to \(127\.0\.0\.1, "
                              rf"{port}\)"):
         c10d.TCPStore("127.0.0.1", port, timeout=timedelta(milliseconds=300))
     sock.close()

@@ -191,12 +191,6 @@ void FileStore::open_and_join() {
           }
           pos_ = synced_size_ = kMagicSize;
         }
-        if (role_ == Role::kWorker && num_workers_ > 0 && joined_workers_ >= num_workers_) {
-          throw core::DistStoreError(str_cat(
-              describe(), ": cannot open the store: ", joined_workers_,
-              " worker(s) have already joined it and num_workers (world_size) is ",
-              num_workers_, "; use a fresh path per run or a larger world_size"));
-        }
         write_records({Record{kJoin, {}, Bytes{static_cast<uint8_t>(role_)}}});
         return;
       }
@@ -380,8 +374,12 @@ bool FileStore::changed_since_sync() {
 }
 
 bool FileStore::all_present(const std::vector<std::string>& keys) const {
-  return std::all_of(keys.begin(), keys.end(),
-                     [this](const std::string& k) { return kv_.count(k) != 0; });
+  // A non-empty queue counts as a present key, as in the other stores.
+  return std::all_of(keys.begin(), keys.end(), [this](const std::string& k) {
+    if (kv_.count(k) != 0) return true;
+    auto it = queues_.find(k);
+    return it != queues_.end() && !it->second.empty();
+  });
 }
 
 void FileStore::set(const std::string& key, const Bytes& value) {

@@ -158,4 +158,8 @@ std::vector<std::string> HashStore::list_keys() {
   return keys;
 }
 
+std::shared_ptr<Store> HashStore::clone() {
+  return std::shared_ptr<Store>(new HashStore(state_, timeout()));
+}
+
 }  // namespace c10d::store

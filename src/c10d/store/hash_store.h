@@ -1,8 +1,9 @@
-// In-process store: a map guarded by one mutex. Thread-safe.
+// In-process store: a map guarded by one mutex. Thread-safe. Clones share the map.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -32,17 +33,29 @@ class HashStore : public Store {
   int64_t queue_len(const std::string& key) override;
   std::vector<std::string> list_keys() override;
   std::string describe() const override { return "HashStore"; }
+  // Another handle on the same map (with its own timeout), as torch's HashStore::clone.
+  std::shared_ptr<Store> clone() override;
 
  private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::unordered_map<std::string, Bytes> map;
+    std::unordered_map<std::string, std::deque<Bytes>> queues;
+  };
+  HashStore(std::shared_ptr<State> state, Millis timeout) : Store(timeout), state_(std::move(state)) {}
+
   // Both expect mutex_ held.
   bool present_locked(const std::string& key) const;
   void wait_locked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
                    Millis timeout);
 
-  std::mutex mutex_;
-  std::condition_variable changed_;  // notified on every write; waiters re-check their keys
-  std::unordered_map<std::string, Bytes> map_;                 // guarded by mutex_
-  std::unordered_map<std::string, std::deque<Bytes>> queues_;  // guarded by mutex_
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::mutex& mutex_ = state_->mutex;
+  std::condition_variable& changed_ = state_->changed;  // notified on every write; waiters
+                                                        // re-check their keys
+  std::unordered_map<std::string, Bytes>& map_ = state_->map;                 // under mutex_
+  std::unordered_map<std::string, std::deque<Bytes>>& queues_ = state_->queues;  // under mutex_
 };
 
 }  // namespace c10d::store

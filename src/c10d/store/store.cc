@@ -10,8 +10,13 @@ using core::detail::str_cat;
 
 void Store::append(const std::string& key, const Bytes& value) {
   // Optimistic read-modify-write on compare_set; retries while other writers interleave.
+  // Without check() (a Python store may define only set, get, add and compare_set), start
+  // from an empty value: compare_set with an empty expected value creates a missing key.
   Bytes current;
-  if (check({key})) current = get(key);
+  try {
+    if (check({key})) current = get(key);
+  } catch (const core::NotSupported&) {
+  }
   while (true) {
     Bytes desired = current;
     desired.insert(desired.end(), value.begin(), value.end());
@@ -45,14 +50,11 @@ void Store::throw_not_supported(const char* op) const {
 
 void throw_wait_timeout(const std::string& store, const std::vector<std::string>& keys,
                         Millis timeout) {
+  // torch's wording ("wait timeout after 100ms, keys: /a, /b"), which its users match on.
   std::string list;
-  for (const auto& key : keys) {
-    if (!list.empty()) list += ", ";
-    list += "'" + key + "'";
-  }
-  throw core::DistStoreTimeoutError(str_cat(store, ": timed out after ",
-                                            core::format_timeout(timeout),
-                                            " waiting for key(s) [", list, "]"));
+  for (const auto& key : keys) list += (list.empty() ? "" : ", ") + key;
+  throw core::DistStoreTimeoutError(str_cat(store, ": wait timeout after ",
+                                            core::format_timeout(timeout), ", keys: ", list));
 }
 
 int64_t parse_counter(const std::string& key, const Bytes& value) {

@@ -229,7 +229,8 @@ TCPServer::Impl::Impl(const TCPServerOptions& options) : secret_(options.secret)
     uv_run(&loop_, UV_RUN_DEFAULT);
     uv_loop_close(&loop_);
     throw core::DistNetworkError(
-        str_cat("TCPServer: cannot listen on ", where, ": ", uv_error_text(rc)));
+        str_cat("The server socket has failed to listen on any local network address: "
+                "TCPServer cannot listen on ", where, ": ", uv_error_text(rc)));
   }
 
   sockaddr_storage bound{};

@@ -259,7 +259,8 @@ TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
     : Store(options.timeout),
       host_(std::move(host)),
       port_(options.port),
-      secret_(options.secret ? options.secret : default_secret()) {
+      secret_(options.secret ? options.secret : default_secret()),
+      use_libuv_(options.use_libuv) {
   if (options.is_server) {
     server_ = start_server(host_, options);
     port_ = server_->port();
@@ -360,9 +361,9 @@ net::Socket TCPStore::open_connection(bool retry) {
       throw core::DistNetworkError(str_cat(describe(), ": ", why));
     }
     if (deadline.expired()) {
-      throw core::DistNetworkError(str_cat(describe(), ": timed out after ",
+      throw core::DistNetworkError(str_cat(describe(), ": the client socket has timed out after ",
                                            core::format_timeout(timeout),
-                                           " trying to connect to (", host_, ", ", port_,
+                                           " while trying to connect to (", host_, ", ", port_,
                                            "): ", last_error));
     }
     auto pause = Millis(static_cast<int64_t>(backoff.count() * jitter(rng)));
@@ -455,7 +456,7 @@ Bytes TCPStore::get(const std::string& key) {
     if (ready) return value;
   }
   if (!block_until_present("get", {k}, Deadline(timeout))) {
-    throw_wait_timeout(describe(), {key}, timeout);
+    throw_wait_timeout(describe(), {k}, timeout);
   }
   Call call(*this, "get");
   call.request().query(QueryType::kGet).str(k);
@@ -497,8 +498,9 @@ int64_t TCPStore::num_keys() {
 
 void TCPStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   // Our server only answers once every key exists; the deadline is ours to enforce.
-  if (!block_until_present("wait", wire_keys(describe() + ": wait: ", keys), Deadline(timeout))) {
-    throw_wait_timeout(describe(), keys, timeout);
+  const std::vector<std::string> ks = wire_keys(describe() + ": wait: ", keys);
+  if (!block_until_present("wait", ks, Deadline(timeout))) {
+    throw_wait_timeout(describe(), ks, timeout);
   }
 }
 
@@ -513,7 +515,7 @@ std::vector<Bytes> TCPStore::multi_get(const std::vector<std::string>& keys) {
   const Millis timeout = this->timeout();
   std::vector<std::string> ks = wire_keys(describe() + ": multi_get: ", keys);
   if (!block_until_present("multi_get", ks, Deadline(timeout))) {
-    throw_wait_timeout(describe(), keys, timeout);
+    throw_wait_timeout(describe(), ks, timeout);
   }
   Call call(*this, "multi_get");
   call.request().query(QueryType::kMultiGet).u64(ks.size());
@@ -562,7 +564,7 @@ Bytes TCPStore::queue_pop(const std::string& key, bool block) {
     // A non-empty queue counts as a present key. Another popper may still take the item
     // first; then we wait again within the same deadline.
     if (!block_until_present("queue_pop", {k}, deadline)) {
-      throw_wait_timeout(describe(), {key}, timeout);
+      throw_wait_timeout(describe(), {k}, timeout);
     }
   }
 }

@@ -26,7 +26,9 @@ struct TCPStoreOptions {
   Millis timeout = kDefaultStoreTimeout;
   bool multi_tenant = false;  // share one TCPServer per (host, port) inside a process
   std::optional<int> master_listen_fd;
-  bool use_libuv = true;  // we always use libuv; kept for API compatibility
+  // torch's choice between its libuv server and an older one. c10d's server always runs on
+  // libuv; the option is only recorded (libuv_backend() reports it, as torch's does).
+  bool use_libuv = true;
   // Shared secret (c10d extension). A server with one refuses clients without it; a client
   // with one authenticates after connecting. Defaults to C10D_STORE_SECRET when set.
   std::optional<std::string> secret;
@@ -57,7 +59,7 @@ class TCPStore : public Store {
 
   uint16_t port() const { return port_; }  // the real port, after port 0 was resolved
   const std::string& host() const { return host_; }
-  bool libuv_backend() const { return true; }
+  bool libuv_backend() const { return use_libuv_; }
 
   void set(const std::string& key, const Bytes& value) override;
   Bytes compare_set(const std::string& key, const Bytes& expected,
@@ -110,6 +112,7 @@ class TCPStore : public Store {
   const std::string host_;
   uint16_t port_;
   const std::optional<std::string> secret_;
+  bool use_libuv_ = true;
   std::shared_ptr<TCPServer> server_;  // set when this instance started (or shares) the server
 
   // Lock order: mu_ before pool_mu_.

@@ -423,7 +423,7 @@ TEST(TCPStore, QueueOperations) {
 
   store.set_timeout(100ms);
   std::string msg = message_of([&] { store.queue_pop("q", true); });
-  EXPECT_NE(msg.find("'q'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("wait timeout after 100ms, keys: /q"), std::string::npos) << msg;
   store.set_timeout(10s);
 
   // Blocking pops are woken by pushes from another connection, one item each.
@@ -558,7 +558,7 @@ TEST(TCPStore, ConnectTimesOutWithTheAddressAndTheLastError) {
   }
   auto elapsed = core::Clock::now() - start;
   ::close(fd);
-  EXPECT_NE(msg.find("timed out after 300ms trying to connect to (127.0.0.1, " +
+  EXPECT_NE(msg.find("timed out after 300ms while trying to connect to (127.0.0.1, " +
                      std::to_string(port) + ")"),
             std::string::npos)
       << msg;
