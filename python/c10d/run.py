@@ -11,11 +11,14 @@ and number themselves; with the static one each node gives its --node-rank.
 
 import argparse
 import collections
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -245,6 +248,7 @@ class _Worker:
                  files: Dict[str, Optional[str]], console: Dict[str, bool]):
         self.local_rank = local_rank
         self.rank = rank
+        self.error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
         self.tail = collections.deque(maxlen=20)
         self.files = {name: open(path, "wb") if path else None for name, path in files.items()}
         self.console = console
@@ -306,8 +310,13 @@ def _start_group(args, command, base_env, attempt) -> List[_Worker]:
     workers = []
     for local_rank in range(args.nproc_per_node):
         rank = args.node_rank * args.nproc_per_node + local_rank
+        # Where a worker may record why it failed (torch's @record writes this JSON file).
+        error_file = os.path.join(base_env["C10DRUN_ERROR_DIR"], f"attempt_{attempt}",
+                                  str(local_rank), "error.json")
+        os.makedirs(os.path.dirname(error_file), exist_ok=True)
         env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(local_rank), ROLE_RANK=str(rank),
-                   TORCHELASTIC_RESTART_COUNT=str(attempt))
+                   TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_ERROR_FILE=error_file)
+        env.pop("C10DRUN_ERROR_DIR")
         files: Dict[str, Optional[str]] = {"stdout": None, "stderr": None}
         console = {"stdout": True, "stderr": True}
         to_file = _streams(args.redirects, local_rank) | _streams(args.tee, local_rank)
@@ -343,6 +352,19 @@ def _watch(workers: List[_Worker], args) -> Optional[_Worker]:
     return failed
 
 
+def _recorded_error(path: str) -> Optional[str]:
+    """The message in a worker's error file ({"message": "..."} or torch's
+    {"message": {"message": "...", "extraInfo": {...}}}), if it wrote one."""
+    try:
+        with open(path) as f:
+            message = json.load(f).get("message")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(message, dict):
+        message = message.get("message")
+    return str(message) if message else None
+
+
 def _report(failed: _Worker, workers: List[_Worker], attempts: int) -> None:
     code = failed.proc.returncode
     print("=" * 72, file=sys.stderr)
@@ -355,6 +377,10 @@ def _report(failed: _Worker, workers: List[_Worker], attempts: int) -> None:
         print("c10drun: stopped the other workers: " + ", ".join(
             f"rank {w.rank} ({_describe_exit(w.proc.returncode)})" for w in others),
             file=sys.stderr)
+    recorded = _recorded_error(failed.error_file)
+    if recorded:
+        print(f"c10drun: rank {failed.rank} recorded its error (TORCHELASTIC_ERROR_FILE): "
+              f"{recorded}", file=sys.stderr)
     if failed.tail:
         print(f"c10drun: last lines of rank {failed.rank}'s stderr:", file=sys.stderr)
         for line in failed.tail:
@@ -382,6 +408,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "ROLE_WORLD_SIZE": str(world_size),
         "TORCHELASTIC_RUN_ID": args.rdzv_id,
         "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
+        "TORCHELASTIC_USE_AGENT_STORE": "False",  # as torchrun: the workers' rank 0 serves
     })
     if args.nproc_per_node > 1 and "OMP_NUM_THREADS" not in base_env:
         # As torchrun: several workers with a thread per core each would oversubscribe.
@@ -407,6 +434,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, forward_signal)
     signal.signal(signal.SIGTERM, forward_signal)
 
+    error_dir = tempfile.mkdtemp(prefix="c10drun_errors_")
+    base_env["C10DRUN_ERROR_DIR"] = error_dir
+    try:
+        return _run_attempts(args, command, base_env, workers)
+    finally:
+        shutil.rmtree(error_dir, ignore_errors=True)
+
+
+def _run_attempts(args, command, base_env, workers: List[_Worker]) -> int:
+    failed = None
     for attempt in range(args.max_restarts + 1):
         if attempt > 0 and not args.dynamic:
             # A fresh port where the launcher picks it: the last attempt's may still be taken.

@@ -303,6 +303,23 @@ def test_launcher_restarts_the_group_while_max_restarts_allows(tmp_path):
     assert out.returncode == 3 and "worker rank 1" in out.stderr
 
 
+def test_launcher_quotes_the_error_file_a_worker_recorded(tmp_path):
+    out = _launch("""
+        import json, os, sys
+        assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        path = os.environ["TORCHELASTIC_ERROR_FILE"]
+        assert os.path.isdir(os.path.dirname(path)), path
+        if os.environ["RANK"] == "1":
+            with open(path, "w") as f:  # as torch's @record writes it
+                json.dump({"message": {"message": "ValueError: bad batch 17",
+                                       "extraInfo": {"py_callstack": "..."}}}, f)
+            sys.exit(5)
+    """, 2, tmp_path)
+    assert out.returncode == 5, out.stderr
+    assert "rank 1 recorded its error (TORCHELASTIC_ERROR_FILE): ValueError: bad batch 17" \
+        in out.stderr, out.stderr
+
+
 def test_launcher_writes_redirected_streams_to_the_log_dir(tmp_path):
     out = _launch("""
         import os, sys
