@@ -187,7 +187,10 @@ def inline_numpy_arrays(dist, backend):
     ro = np.ones(4, np.float32)
     ro.setflags(write=False)
     _raises(ValueError, lambda: dist.broadcast(ro, 0), "read-only broadcast")
-    _raises(ValueError, lambda: dist.all_reduce(np.ones((4, 4), np.float32).T), "transposed")
+    # A transposed array leaves the inline path for the general one, which stages it.
+    t = np.asfortranarray(np.full((4, 2), rank + 1, np.float32))
+    dist.all_reduce(t)
+    assert (t == total).all() and t.flags.f_contiguous, t
 
 
 def all_reduce_errors(dist, backend):
@@ -653,7 +656,11 @@ def torch_interop(dist, backend):
     out = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(out, torch.full((2,), rank, dtype=torch.int64))
     assert [int(o[0]) for o in out] == list(range(world))
-    _raises(ValueError, lambda: dist.all_reduce(torch.zeros(4, 4).t()), "non-contiguous torch")
+    tt = torch.full((4, 2), float(rank + 1)).t()  # non-contiguous: staged and written back
+    dist.all_reduce(tt)
+    assert torch.all(tt == world * (world + 1) / 2) and not tt.is_contiguous(), tt
+    _raises(ValueError, lambda: dist.send(tt, (rank + 1) % world) if world > 1 else
+            dist.send(tt, 1), "non-contiguous torch send")
     # Every synchronous form takes torch tensors (the inline path where there is one).
     x = torch.full((world, 3), float(rank), dtype=torch.float64)
     y = torch.zeros(world, 3, dtype=torch.float64)
