@@ -166,10 +166,9 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
 }
 
 WorkPtr ProcessGroup::broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts) {
-  if (Staging::needed(tensors)) {
-    Staging staging("broadcast");
-    auto staged = staging.outputs(tensors, /*in_place=*/true);
-    return staging.finish(broadcast(staged, opts));
+  if (auto w = Staging::run_in_place("broadcast", tensors,
+                                      [&](auto& t) { return broadcast(t, opts); })) {
+    return *w;
   }
   check_tensor_list("broadcast", tensors);
   check_rank("broadcast", "root rank", opts.root_rank, size_);
@@ -182,10 +181,9 @@ WorkPtr ProcessGroup::broadcast(std::vector<Tensor>& tensors, const BroadcastOpt
 }
 
 WorkPtr ProcessGroup::allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts) {
-  if (Staging::needed(tensors)) {
-    Staging staging("allreduce");
-    auto staged = staging.outputs(tensors, /*in_place=*/true);
-    return staging.finish(allreduce(staged, opts));
+  if (auto w = Staging::run_in_place("allreduce", tensors,
+                                      [&](auto& t) { return allreduce(t, opts); })) {
+    return *w;
   }
   check_tensor_list("allreduce", tensors);
   check_reduce("allreduce", tensors.front(), opts.reduce_op);
@@ -292,10 +290,9 @@ bool ProcessGroup::run_inline(const InlineOp& op) {
 
 WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
                                           const AllreduceCoalescedOptions& opts) {
-  if (Staging::needed(tensors)) {
-    Staging staging("allreduce_coalesced");
-    auto staged = staging.outputs(tensors, /*in_place=*/true);
-    return staging.finish(allreduce_coalesced(staged, opts));
+  if (auto w = Staging::run_in_place("allreduce_coalesced", tensors,
+                                      [&](auto& t) { return allreduce_coalesced(t, opts); })) {
+    return *w;
   }
   check_tensor_list("allreduce_coalesced", tensors, /*same_shape=*/false);
   check_reduce("allreduce_coalesced", tensors.front(), opts.reduce_op);
@@ -306,10 +303,9 @@ WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
 }
 
 WorkPtr ProcessGroup::reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts) {
-  if (Staging::needed(tensors)) {
-    Staging staging("reduce");
-    auto staged = staging.outputs(tensors, /*in_place=*/true);
-    return staging.finish(reduce(staged, opts));
+  if (auto w = Staging::run_in_place("reduce", tensors,
+                                      [&](auto& t) { return reduce(t, opts); })) {
+    return *w;
   }
   check_tensor_list("reduce", tensors);
   check_rank("reduce", "root rank", opts.root_rank, size_);
@@ -338,11 +334,10 @@ void check_gathered(std::string_view op, std::vector<std::vector<Tensor>>& outpu
 
 WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
                                 std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
-  if (Staging::needed(outputs) || Staging::needed(inputs)) {
-    Staging staging("allgather");
-    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
-    auto staged_in = staging.inputs(inputs);
-    return staging.finish(allgather(staged_out, staged_in, opts));
+  if (auto w = Staging::run("allgather", outputs, inputs, [&](auto& o, auto& i) {
+        return allgather(o, i, opts);
+      })) {
+    return *w;
   }
   if (inputs.size() == 1 && outputs.size() == 1 && outputs[0].size() > 1 &&
       std::any_of(outputs[0].begin(), outputs[0].end(),
@@ -391,11 +386,10 @@ WorkPtr ProcessGroup::allgather_uneven(std::vector<Tensor>& outputs, const Tenso
 
 WorkPtr ProcessGroup::allgather_base(Tensor& output, Tensor& input,
                                      const AllgatherOptions& opts) {
-  if (Staging::needed(output) || Staging::needed(input)) {
-    Staging staging("_allgather_base");
-    auto staged_out = staging.outputs(output, /*in_place=*/false);
-    auto staged_in = staging.inputs(input);
-    return staging.finish(allgather_base(staged_out, staged_in, opts));
+  if (auto w = Staging::run("_allgather_base", output, input, [&](auto& o, auto& i) {
+        return allgather_base(o, i, opts);
+      })) {
+    return *w;
   }
   check_tensor("_allgather_base", output);
   check_tensor("_allgather_base", input);
@@ -410,11 +404,10 @@ WorkPtr ProcessGroup::allgather_base(Tensor& output, Tensor& input,
 WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
                                           std::vector<Tensor>& inputs,
                                           const AllgatherOptions& opts) {
-  if (Staging::needed(outputs) || Staging::needed(inputs)) {
-    Staging staging("allgather_coalesced");
-    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
-    auto staged_in = staging.inputs(inputs);
-    return staging.finish(allgather_coalesced(staged_out, staged_in, opts));
+  if (auto w = Staging::run("allgather_coalesced", outputs, inputs, [&](auto& o, auto& i) {
+        return allgather_coalesced(o, i, opts);
+      })) {
+    return *w;
   }
   check_tensor_list("allgather_coalesced", inputs, /*same_shape=*/false);
   check_list_length("allgather_coalesced", "the output lists", outputs.size(),
@@ -436,11 +429,11 @@ WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outp
 WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
                                                       std::vector<Tensor>& inputs,
                                                       const AllgatherOptions& opts) {
-  if (Staging::needed(outputs) || Staging::needed(inputs)) {
-    Staging staging("allgather_into_tensor_coalesced");
-    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
-    auto staged_in = staging.inputs(inputs);
-    return staging.finish(allgather_into_tensor_coalesced(staged_out, staged_in, opts));
+  if (auto w = Staging::run("allgather_into_tensor_coalesced", outputs, inputs,
+                            [&](auto& o, auto& i) {
+        return allgather_into_tensor_coalesced(o, i, opts);
+      })) {
+    return *w;
   }
   check_list_length("allgather_into_tensor_coalesced", "outputs", outputs.size(), inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -458,11 +451,10 @@ WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outpu
 
 WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs,
                              std::vector<Tensor>& inputs, const GatherOptions& opts) {
-  if (Staging::needed(outputs) || Staging::needed(inputs)) {
-    Staging staging("gather");
-    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
-    auto staged_in = staging.inputs(inputs);
-    return staging.finish(gather(staged_out, staged_in, opts));
+  if (auto w = Staging::run("gather", outputs, inputs, [&](auto& o, auto& i) {
+        return gather(o, i, opts);
+      })) {
+    return *w;
   }
   check_rank("gather", "root rank", opts.root_rank, size_);
   check_list_length("gather", "the input list", inputs.size(), 1);
@@ -483,11 +475,10 @@ WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs,
 WorkPtr ProcessGroup::scatter(std::vector<Tensor>& outputs,
                               std::vector<std::vector<Tensor>>& inputs,
                               const ScatterOptions& opts) {
-  if (Staging::needed(outputs) || Staging::needed(inputs)) {
-    Staging staging("scatter");
-    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
-    auto staged_in = staging.inputs(inputs);
-    return staging.finish(scatter(staged_out, staged_in, opts));
+  if (auto w = Staging::run("scatter", outputs, inputs, [&](auto& o, auto& i) {
+        return scatter(o, i, opts);
+      })) {
+    return *w;
   }
   check_rank("scatter", "root rank", opts.root_rank, size_);
   check_list_length("scatter", "the output list", outputs.size(), 1);
@@ -508,11 +499,10 @@ WorkPtr ProcessGroup::scatter(std::vector<Tensor>& outputs,
 WorkPtr ProcessGroup::reduce_scatter(std::vector<Tensor>& outputs,
                                      std::vector<std::vector<Tensor>>& inputs,
                                      const ReduceScatterOptions& opts) {
-  if (Staging::needed(outputs) || Staging::needed(inputs)) {
-    Staging staging("reduce_scatter");
-    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
-    auto staged_in = staging.inputs(inputs);
-    return staging.finish(reduce_scatter(staged_out, staged_in, opts));
+  if (auto w = Staging::run("reduce_scatter", outputs, inputs, [&](auto& o, auto& i) {
+        return reduce_scatter(o, i, opts);
+      })) {
+    return *w;
   }
   check_tensor_list("reduce_scatter", outputs);
   check_reduce("reduce_scatter", outputs.front(), opts.reduce_op);
@@ -525,11 +515,10 @@ WorkPtr ProcessGroup::reduce_scatter(std::vector<Tensor>& outputs,
 
 WorkPtr ProcessGroup::reduce_scatter_base(Tensor& output, Tensor& input,
                                           const ReduceScatterOptions& opts) {
-  if (Staging::needed(output) || Staging::needed(input)) {
-    Staging staging("_reduce_scatter_base");
-    auto staged_out = staging.outputs(output, /*in_place=*/false);
-    auto staged_in = staging.inputs(input);
-    return staging.finish(reduce_scatter_base(staged_out, staged_in, opts));
+  if (auto w = Staging::run("_reduce_scatter_base", output, input, [&](auto& o, auto& i) {
+        return reduce_scatter_base(o, i, opts);
+      })) {
+    return *w;
   }
   check_tensor("_reduce_scatter_base", output);
   check_tensor("_reduce_scatter_base", input);
@@ -545,11 +534,11 @@ WorkPtr ProcessGroup::reduce_scatter_base(Tensor& output, Tensor& input,
 WorkPtr ProcessGroup::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
                                                       std::vector<Tensor>& inputs,
                                                       const ReduceScatterOptions& opts) {
-  if (Staging::needed(outputs) || Staging::needed(inputs)) {
-    Staging staging("reduce_scatter_tensor_coalesced");
-    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
-    auto staged_in = staging.inputs(inputs);
-    return staging.finish(reduce_scatter_tensor_coalesced(staged_out, staged_in, opts));
+  if (auto w = Staging::run("reduce_scatter_tensor_coalesced", outputs, inputs,
+                            [&](auto& o, auto& i) {
+        return reduce_scatter_tensor_coalesced(o, i, opts);
+      })) {
+    return *w;
   }
   check_list_length("reduce_scatter_tensor_coalesced", "outputs", outputs.size(), inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -570,12 +559,10 @@ WorkPtr ProcessGroup::alltoall_base(Tensor& output, Tensor& input,
                                     std::vector<int64_t>& output_split_sizes,
                                     std::vector<int64_t>& input_split_sizes,
                                     const AllToAllOptions& opts) {
-  if (Staging::needed(output) || Staging::needed(input)) {
-    Staging staging("alltoall_base");
-    auto staged_out = staging.outputs(output, /*in_place=*/false);
-    auto staged_in = staging.inputs(input);
-    return staging.finish(
-        alltoall_base(staged_out, staged_in, output_split_sizes, input_split_sizes, opts));
+  if (auto w = Staging::run("alltoall_base", output, input, [&](auto& o, auto& i) {
+        return alltoall_base(o, i, output_split_sizes, input_split_sizes, opts);
+      })) {
+    return *w;
   }
   check_tensor("alltoall_base", output);
   check_tensor("alltoall_base", input);
@@ -591,11 +578,10 @@ WorkPtr ProcessGroup::alltoall_base(Tensor& output, Tensor& input,
 
 WorkPtr ProcessGroup::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                                const AllToAllOptions& opts) {
-  if (Staging::needed(outputs) || Staging::needed(inputs)) {
-    Staging staging("alltoall");
-    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
-    auto staged_in = staging.inputs(inputs);
-    return staging.finish(alltoall(staged_out, staged_in, opts));
+  if (auto w = Staging::run("alltoall", outputs, inputs, [&](auto& o, auto& i) {
+        return alltoall(o, i, opts);
+      })) {
+    return *w;
   }
   check_list_length("alltoall", "the output list", outputs.size(), static_cast<size_t>(size_));
   check_list_length("alltoall", "the input list", inputs.size(), static_cast<size_t>(size_));

@@ -5,6 +5,7 @@
 // transposed tensor's memory as it lies).
 #pragma once
 
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -39,6 +40,26 @@ class Staging {
   // The work users get: it completes once `work` has and the outputs were written back, and
   // its result holds the caller's tensors in place of the stand-ins.
   WorkPtr finish(WorkPtr work);
+
+  // When any tensor needs a stand-in, runs fn(staged outputs, staged inputs) and returns the
+  // finished work; otherwise nothing (the caller goes on with the tensors as they are).
+  template <typename Out, typename In, typename Fn>
+  static std::optional<WorkPtr> run(std::string_view op, const Out& outputs, const In& inputs,
+                                    Fn&& fn) {
+    if (!needed(outputs) && !needed(inputs)) return std::nullopt;
+    Staging staging(op);
+    auto staged_out = staging.outputs(outputs, /*in_place=*/false);
+    auto staged_in = staging.inputs(inputs);
+    return staging.finish(fn(staged_out, staged_in));
+  }
+  // The same for an operation in place (allreduce, broadcast, reduce): fn(staged tensors).
+  template <typename T, typename Fn>
+  static std::optional<WorkPtr> run_in_place(std::string_view op, const T& tensors, Fn&& fn) {
+    if (!needed(tensors)) return std::nullopt;
+    Staging staging(op);
+    auto staged = staging.outputs(tensors, /*in_place=*/true);
+    return staging.finish(fn(staged));
+  }
 
  private:
   std::string_view op_;
