@@ -61,6 +61,8 @@ from .distributed_c10d import *  # noqa: F401,F403
 from .distributed_c10d import (  # noqa: F401  (private names tests and tools use)
     _all_gather_base,
     _get_default_group,
+    _get_default_store,
+    _get_process_group_store,
     _reduce_scatter_base,
     _rank_not_in_group,
     _world,

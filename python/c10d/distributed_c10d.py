@@ -234,6 +234,16 @@ def _get_default_group() -> ProcessGroup:
     return _world.default_pg
 
 
+def _get_default_store():
+    """The store the default group was created on."""
+    return _world.pg_map[_get_default_group()][1]
+
+
+def _get_process_group_store(pg: ProcessGroup):
+    """The store `pg` runs on (its own prefix of the default store)."""
+    return _world.pg_map[pg][1]
+
+
 def _resolve_group(group) -> ProcessGroup:
     return _get_default_group() if group is None else group
 
@@ -1012,7 +1022,13 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 
 def _peer(group, group_peer, peer, name):
+    """The peer's rank in `group`; never this rank itself (checked here too, for process
+    groups written in Python, which the C++ check does not reach)."""
     rank = _canonical_rank(group, group_peer, peer, name)
+    if rank == _resolve_group(group).rank():
+        role = "destination" if name == "dst" else "source"
+        raise _DistValueError(f"Invalid {role} rank: {role} rank should not be the same as the "
+                              f"rank of the current process ({rank}).")
     return rank
 
 

@@ -25,8 +25,8 @@ DebugLevel parse_debug_level(const std::string& text) {
   if (value.empty() || value == "OFF") return DebugLevel::kOff;
   if (value == "INFO") return DebugLevel::kInfo;
   if (value == "DETAIL") return DebugLevel::kDetail;
-  throw InvalidArgument("The value of " + std::string(kEnvDebug.name) + " ('" + text +
-                        "') is not one of OFF, INFO, DETAIL");
+  throw InvalidArgument("The value of " + std::string(kEnvDebug.name) +
+                        " must be one of OFF, INFO, DETAIL; got '" + text + "'");
 }
 
 LogLevel parse_log_level(const std::string& text) {

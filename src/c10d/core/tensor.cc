@@ -242,7 +242,8 @@ void check_dense_cpu(const Tensor& tensor, std::string_view what) {
 
 void check_same_dtype(const std::vector<Tensor>& tensors, std::string_view what) {
   for (size_t i = 1; i < tensors.size(); ++i) {
-    C10D_CHECK_ARG(tensors[i].dtype() == tensors[0].dtype(), what, ": tensor ", i, " is ",
+    C10D_CHECK_ARG(tensors[i].dtype() == tensors[0].dtype(), what, ": ", kDifferentDtypes,
+                   ": tensor ", i, " is ",
                    dtype_name(tensors[i].dtype()), " but tensor 0 is ",
                    dtype_name(tensors[0].dtype()), "; all tensors must share one dtype");
   }
@@ -250,7 +251,8 @@ void check_same_dtype(const std::vector<Tensor>& tensors, std::string_view what)
 
 void check_same_sizes(const std::vector<Tensor>& tensors, std::string_view what) {
   for (size_t i = 1; i < tensors.size(); ++i) {
-    C10D_CHECK_ARG(tensors[i].sizes() == tensors[0].sizes(), what, ": tensor ", i, " is ",
+    C10D_CHECK_ARG(tensors[i].sizes() == tensors[0].sizes(), what, ": invalid tensor size: tensor ",
+                   i, " is ",
                    tensors[i].str(), " but tensor 0 is ", tensors[0].str(),
                    "; all tensors must have the same shape");
   }

@@ -90,6 +90,10 @@ void copy_elements(const Tensor& dst, const Tensor& src);
 // The one check every collective runs on its tensors: on the CPU, dense and C-contiguous.
 // Throws InvalidArgument naming `what` (e.g. "all_reduce: input tensor 2").
 void check_dense_cpu(const Tensor& tensor, std::string_view what);
+// The words every dtype-mismatch error starts with (torch's checks' wording, which its users
+// match on).
+inline constexpr const char* kDifferentDtypes =
+    "invalid tensor type (tensors with different dtypes; tensors must all have the same type)";
 // Throws InvalidArgument unless every tensor has the dtype of the first.
 void check_same_dtype(const std::vector<Tensor>& tensors, std::string_view what);
 // Throws InvalidArgument unless every tensor has the sizes of the first.

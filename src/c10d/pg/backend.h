@@ -53,7 +53,7 @@ struct InlineOp {
   Millis timeout = kUnsetTimeout;
 };
 
-class Backend {
+class Backend : public std::enable_shared_from_this<Backend> {
  public:
   Backend(int rank, int size, Millis timeout = kDefaultPgTimeout)
       : rank_(rank), size_(size), timeout_(timeout) {}

@@ -170,10 +170,11 @@ WorkPtr ProcessGroup::broadcast(std::vector<Tensor>& tensors, const BroadcastOpt
                                       [&](auto& t) { return broadcast(t, opts); })) {
     return *w;
   }
-  check_tensor_list("broadcast", tensors);
   check_rank("broadcast", "root rank", opts.root_rank, size_);
   C10D_CHECK_ARG(opts.root_tensor >= 0 && opts.root_tensor < int64_t(tensors.size()),
-                 "broadcast: invalid root tensor index ", opts.root_tensor);
+                 "broadcast: invalid root tensor index ", opts.root_tensor, " (the list holds ",
+                 tensors.size(), " tensors)");
+  check_tensor_list("broadcast", tensors);
   return dispatch({.op = OpType::kBroadcast, .inputs = tensors, .outputs = tensors,
                    .timeout = opts.timeout},
                   device_of(tensors),
@@ -308,6 +309,10 @@ WorkPtr ProcessGroup::reduce(std::vector<Tensor>& tensors, const ReduceOptions& 
     return *w;
   }
   check_tensor_list("reduce", tensors);
+  C10D_CHECK_ARG(tensors.size() == 1, "reduce: requires a single-element tensor list, got ",
+                 tensors.size());
+  C10D_CHECK_ARG(opts.root_tensor == 0, "reduce: invalid root tensor index ", opts.root_tensor,
+                 " (the list holds 1 tensor)");
   check_rank("reduce", "root rank", opts.root_rank, size_);
   check_reduce("reduce", tensors.front(), opts.reduce_op);
   return dispatch({.op = OpType::kReduce, .inputs = tensors, .outputs = tensors,
@@ -317,17 +322,27 @@ WorkPtr ProcessGroup::reduce(std::vector<Tensor>& tensors, const ReduceOptions& 
 }
 
 namespace {
-// Checks outputs[i] holds `size` tensors shaped and typed like inputs[i].
-void check_gathered(std::string_view op, std::vector<std::vector<Tensor>>& outputs,
-                    std::vector<Tensor>& inputs, int size) {
-  check_list_length(op, "the output list", outputs.size(), inputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    check_list_length(op, "each output list", outputs[i].size(), static_cast<size_t>(size));
-    check_tensor_list(op, outputs[i]);
-    check_same_dtype(op, outputs[i].front(), inputs[i]);
-    C10D_CHECK_ARG(outputs[i].front().numel() == inputs[i].numel(), op, ": output tensors ",
-                   outputs[i].front().str(), " must have as many elements as the input ",
-                   inputs[i].str());
+// Checks lists[i] holds `size` tensors shaped and typed like singles[i]; `side` ("output" or
+// "input") names the lists.
+void check_gathered(std::string_view op, std::string_view side,
+                    std::vector<std::vector<Tensor>>& lists, std::vector<Tensor>& singles,
+                    int size) {
+  check_list_length(op, core::detail::str_cat(side, " list"), lists.size(), singles.size());
+  for (size_t i = 0; i < lists.size(); ++i) {
+    // Both of torch's wordings ("invalid output tensor list", "Incorrect output list size").
+    C10D_CHECK_ARG(lists[i].size() == static_cast<size_t>(size), op, ": invalid ", side,
+                   " tensor list: Incorrect ", side, " list size ", lists[i].size(), ". ",
+                   side == "output" ? "Output" : "Input", " list size should be ", size,
+                   " (one tensor per rank)");
+    check_tensor_list(op, lists[i]);
+    if (side == "output") {
+      check_same_dtype(op, lists[i].front(), singles[i]);
+    } else {
+      check_same_dtype(op, singles[i], lists[i].front());
+    }
+    C10D_CHECK_ARG(lists[i].front().numel() == singles[i].numel(), op, ": invalid tensor size: ",
+                   side, " tensors ", lists[i].front().str(), " must have as many elements as ",
+                   singles[i].str());
   }
 }
 }  // namespace
@@ -344,8 +359,12 @@ WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
                   [&](const Tensor& t) { return t.numel() != outputs[0][0].numel(); })) {
     return allgather_uneven(outputs[0], inputs[0], opts);
   }
+  C10D_CHECK_ARG(!inputs.empty(), "allgather: requires non-empty input tensor list");
+  C10D_CHECK_ARG(outputs.size() == inputs.size(),
+                 "allgather: requires input/output tensor lists to have the same length: ",
+                 outputs.size(), " output lists for ", inputs.size(), " input tensors");
   check_tensor_list("allgather", inputs);
-  check_gathered("allgather", outputs, inputs, size_);
+  check_gathered("allgather", "output", outputs, inputs, size_);
   return dispatch({.op = OpType::kAllgather, .inputs = inputs, .outputs = outputs,
                    .timeout = opts.timeout},
                   device_of(inputs),
@@ -357,7 +376,8 @@ WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
 WorkPtr ProcessGroup::allgather_uneven(std::vector<Tensor>& outputs, const Tensor& input,
                                        const AllgatherOptions& opts) {
   constexpr std::string_view op = "allgather";
-  check_list_length(op, "the output list", outputs.size(), static_cast<size_t>(size_));
+  check_list_length(op, "output tensor list (one tensor per rank)", outputs.size(),
+                    static_cast<size_t>(size_));
   check_tensor(op, input);
   int64_t largest = 0;
   for (const auto& out : outputs) {
@@ -365,9 +385,25 @@ WorkPtr ProcessGroup::allgather_uneven(std::vector<Tensor>& outputs, const Tenso
     check_same_dtype(op, out, input);
     largest = std::max(largest, out.numel());
   }
-  C10D_CHECK_ARG(outputs[rank_].numel() == input.numel(), op, ": this rank's output tensor ",
-                 outputs[rank_].str(), " must have as many elements as its input ",
-                 input.str());
+  // The ranks exchange what each sends and what each expects from every rank, so that all of
+  // them reach the same verdict: a wrong list on one rank fails on every rank, instead of
+  // leaving the others waiting in the allgather.
+  const int64_t row = size_ + 1;
+  Tensor mine = Tensor::empty({row}, core::DType::kInt64);
+  mine.data_as<int64_t>()[0] = input.numel();
+  for (int r = 0; r < size_; ++r) mine.data_as<int64_t>()[1 + r] = outputs[r].numel();
+  Tensor views = Tensor::empty({row * size_}, core::DType::kInt64);
+  AllgatherOptions exchange = opts;
+  exchange.async_op = false;
+  allgather_base(views, mine, exchange)->wait();
+  const int64_t* v = views.data_as<int64_t>();
+  for (int q = 0; q < size_; ++q) {
+    for (int r = 0; r < size_; ++r) {
+      C10D_CHECK_ARG(v[q * row + 1 + r] == v[r * row], op, ": invalid tensor size: rank ", q,
+                     "'s output tensor ", r, " holds ", v[q * row + 1 + r],
+                     " elements, but rank ", r, " sends ", v[r * row]);
+    }
+  }
   Tensor padded = Tensor::empty({largest}, input.dtype());
   std::memset(padded.data(), 0, padded.nbytes());
   core::copy_elements(padded.flat_slice(0, input.numel()), input.reshape({input.numel()}));
@@ -410,14 +446,26 @@ WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outp
     return *w;
   }
   check_tensor_list("allgather_coalesced", inputs, /*same_shape=*/false);
-  check_list_length("allgather_coalesced", "the output lists", outputs.size(),
-                    static_cast<size_t>(size_));
+  // Dtypes first, as torch checks them before the lists' lengths.
+  for (const auto& per_rank : outputs) {
+    for (size_t i = 0; i < per_rank.size() && i < inputs.size(); ++i) {
+      C10D_CHECK_ARG(per_rank[i].dtype() == inputs[i].dtype(), "allgather_coalesced: ",
+                     core::kDifferentDtypes, ": invalid tensor type at index ", i,
+                     ": output is ", core::dtype_name(per_rank[i].dtype()), " but input is ",
+                     core::dtype_name(inputs[i].dtype()));
+    }
+  }
+  C10D_CHECK_ARG(outputs.size() == static_cast<size_t>(size_),
+                 "allgather_coalesced: output lists should be equal to world size: got ",
+                 outputs.size(), " lists for ", size_, " ranks");
   for (auto& per_rank : outputs) {
-    check_list_length("allgather_coalesced", "each output list", per_rank.size(), inputs.size());
+    check_list_length("allgather_coalesced", "output list of each rank (one tensor per input)",
+                      per_rank.size(), inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       check_tensor("allgather_coalesced", per_rank[i]);
-      check_same_dtype("allgather_coalesced", per_rank[i], inputs[i]);
-      check_numel_ratio("allgather_coalesced", per_rank[i], inputs[i], 1);
+      C10D_CHECK_ARG(per_rank[i].numel() == inputs[i].numel(),
+                     "allgather_coalesced: invalid size of output tensor at index ", i, ": ",
+                     per_rank[i].str(), " for an input ", inputs[i].str());
     }
   }
   return dispatch({.op = OpType::kAllgatherCoalesced, .inputs = inputs, .outputs = outputs,
@@ -435,7 +483,8 @@ WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outpu
       })) {
     return *w;
   }
-  check_list_length("allgather_into_tensor_coalesced", "outputs", outputs.size(), inputs.size());
+  check_list_length("allgather_into_tensor_coalesced", "output list (one tensor per input)",
+                    outputs.size(), inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor("allgather_into_tensor_coalesced", inputs[i]);
     check_tensor("allgather_into_tensor_coalesced", outputs[i]);
@@ -457,14 +506,14 @@ WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs,
     return *w;
   }
   check_rank("gather", "root rank", opts.root_rank, size_);
-  check_list_length("gather", "the input list", inputs.size(), 1);
+  check_list_length("gather", "input tensor list", inputs.size(), 1);
   check_tensor("gather", inputs[0]);
   if (rank_ == opts.root_rank) {
-    check_gathered("gather", outputs, inputs, size_);
+    check_gathered("gather", "output", outputs, inputs, size_);
   } else {
     C10D_CHECK_ARG(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                   "gather: only the root rank (", opts.root_rank,
-                   ") may pass output tensors; rank ", rank_, " passed some");
+                   "gather: requires empty output on non-root: only the root rank (",
+                   opts.root_rank, ") may pass output tensors; rank ", rank_, " passed some");
   }
   return dispatch({.op = OpType::kGather, .inputs = inputs, .outputs = outputs,
                    .timeout = opts.timeout},
@@ -481,14 +530,14 @@ WorkPtr ProcessGroup::scatter(std::vector<Tensor>& outputs,
     return *w;
   }
   check_rank("scatter", "root rank", opts.root_rank, size_);
-  check_list_length("scatter", "the output list", outputs.size(), 1);
+  check_list_length("scatter", "output tensor list", outputs.size(), 1);
   check_tensor("scatter", outputs[0]);
   if (rank_ == opts.root_rank) {
-    check_gathered("scatter", inputs, outputs, size_);
+    check_gathered("scatter", "input", inputs, outputs, size_);
   } else {
     C10D_CHECK_ARG(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                   "scatter: only the root rank (", opts.root_rank,
-                   ") may pass input tensors; rank ", rank_, " passed some");
+                   "scatter: requires empty input on non-root: only the root rank (",
+                   opts.root_rank, ") may pass input tensors; rank ", rank_, " passed some");
   }
   return dispatch({.op = OpType::kScatter, .inputs = inputs, .outputs = outputs,
                    .timeout = opts.timeout},
@@ -506,7 +555,7 @@ WorkPtr ProcessGroup::reduce_scatter(std::vector<Tensor>& outputs,
   }
   check_tensor_list("reduce_scatter", outputs);
   check_reduce("reduce_scatter", outputs.front(), opts.reduce_op);
-  check_gathered("reduce_scatter", inputs, outputs, size_);
+  check_gathered("reduce_scatter", "input", inputs, outputs, size_);
   return dispatch({.op = OpType::kReduceScatter, .inputs = inputs, .outputs = outputs,
                    .timeout = opts.timeout},
                   device_of(outputs),
@@ -540,7 +589,8 @@ WorkPtr ProcessGroup::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outpu
       })) {
     return *w;
   }
-  check_list_length("reduce_scatter_tensor_coalesced", "outputs", outputs.size(), inputs.size());
+  check_list_length("reduce_scatter_tensor_coalesced", "output list (one tensor per input)",
+                    outputs.size(), inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor("reduce_scatter_tensor_coalesced", inputs[i]);
     check_tensor("reduce_scatter_tensor_coalesced", outputs[i]);
@@ -583,8 +633,10 @@ WorkPtr ProcessGroup::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>
       })) {
     return *w;
   }
-  check_list_length("alltoall", "the output list", outputs.size(), static_cast<size_t>(size_));
-  check_list_length("alltoall", "the input list", inputs.size(), static_cast<size_t>(size_));
+  check_list_length("alltoall", "output tensor list (one tensor per rank)", outputs.size(),
+                    static_cast<size_t>(size_));
+  check_list_length("alltoall", "input tensor list (one tensor per rank)", inputs.size(),
+                    static_cast<size_t>(size_));
   check_tensor_list("alltoall", outputs, /*same_shape=*/false);
   check_tensor_list("alltoall", inputs, /*same_shape=*/false);
   check_same_dtype("alltoall", outputs.front(), inputs.front());
@@ -595,7 +647,7 @@ WorkPtr ProcessGroup::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>
 }
 
 WorkPtr ProcessGroup::send(std::vector<Tensor>& tensors, int dst_rank, int tag) {
-  check_tensor_list("send", tensors, /*same_shape=*/false);
+  check_single_tensor("send", tensors);
   check_rank("send", "destination rank", dst_rank, size_);
   C10D_CHECK_ARG(dst_rank != rank_, "send: rank ", rank_,
                  " cannot send to itself (destination rank == own rank)");
@@ -605,7 +657,7 @@ WorkPtr ProcessGroup::send(std::vector<Tensor>& tensors, int dst_rank, int tag) 
 }
 
 WorkPtr ProcessGroup::recv(std::vector<Tensor>& tensors, int src_rank, int tag) {
-  check_tensor_list("recv", tensors, /*same_shape=*/false);
+  check_single_tensor("recv", tensors);
   check_rank("recv", "source rank", src_rank, size_);
   C10D_CHECK_ARG(src_rank != rank_, "recv: rank ", rank_,
                  " cannot receive from itself (source rank == own rank)");
@@ -615,7 +667,7 @@ WorkPtr ProcessGroup::recv(std::vector<Tensor>& tensors, int src_rank, int tag) 
 }
 
 WorkPtr ProcessGroup::recv_anysource(std::vector<Tensor>& tensors, int tag) {
-  check_tensor_list("recv_anysource", tensors, /*same_shape=*/false);
+  check_single_tensor("recv_anysource", tensors);
   C10D_CHECK_ARG(size_ > 1, "recv_anysource: a group of one rank has nobody to receive from");
   return dispatch({.op = OpType::kRecvAnySource, .outputs = tensors}, device_of(tensors),
                   [&](Backend& b) { return b.recv_anysource(tensors, tag); });

@@ -17,10 +17,22 @@ void check_tensor(std::string_view op, const Tensor& tensor) {
 
 void check_tensor_list(std::string_view op, const std::vector<Tensor>& tensors,
                        bool same_shape) {
-  C10D_CHECK_ARG(!tensors.empty(), op, ": the tensor list is empty");
+  C10D_CHECK_ARG(!tensors.empty(), op, ": requires non-empty tensor list");
   for (const auto& t : tensors) check_tensor(op, t);
   core::check_same_dtype(tensors, op);
   if (same_shape) core::check_same_sizes(tensors, op);
+}
+
+void check_single_tensor(std::string_view op, const std::vector<Tensor>& tensors) {
+  C10D_CHECK_ARG(tensors.size() == 1, op, ": takes a single tensor, got a list of ",
+                 tensors.size());
+  // Sends and receives are not staged (as in torch, which refuses them in these words).
+  C10D_CHECK_ARG(tensors[0].device().type != core::DeviceType::kCPU ||
+                     tensors[0].is_contiguous(),
+                 op, ": input tensor has to be contiguous (dense, C order); got ",
+                 tensors[0].str(), ". Pass a contiguous copy (numpy.ascontiguousarray / "
+                 "tensor.contiguous()).");
+  check_tensor(op, tensors[0]);
 }
 
 void check_reduce(std::string_view op, core::DType dtype, const core::ReduceOp& reduce_op) {
@@ -33,19 +45,23 @@ void check_reduce(std::string_view op, core::DType dtype, const core::ReduceOp& 
 
 void check_list_length(std::string_view op, std::string_view what, size_t actual,
                        size_t expected) {
-  C10D_CHECK_ARG(actual == expected, op, ": ", what, " must hold ", expected,
-                 " tensors (one per rank), got ", actual);
+  if (expected == 1) {
+    C10D_CHECK_ARG(actual == 1, op, ": requires a single-element ", what, ", got ", actual,
+                   " entries");
+  }
+  C10D_CHECK_ARG(actual == expected, op, ": invalid ", what, ": it must hold ", expected,
+                 " entries, got ", actual);
 }
 
 void check_same_dtype(std::string_view op, const Tensor& output, const Tensor& input) {
-  C10D_CHECK_ARG(output.dtype() == input.dtype(), op, ": output is ",
+  C10D_CHECK_ARG(output.dtype() == input.dtype(), op, ": ", core::kDifferentDtypes, ": output is ",
                  core::dtype_name(output.dtype()), " but input is ",
                  core::dtype_name(input.dtype()), "; they must match");
 }
 
 void check_numel_ratio(std::string_view op, const Tensor& big, const Tensor& small,
                        int64_t factor) {
-  C10D_CHECK_ARG(big.numel() == small.numel() * factor, op, ": the larger tensor ", big.str(),
+  C10D_CHECK_ARG(big.numel() == small.numel() * factor, op, ": invalid tensor size: ", big.str(),
                  " must hold exactly ", factor, " x the elements of ", small.str());
 }
 
@@ -57,14 +73,16 @@ void check_splits(std::string_view op, std::string_view what, const Tensor& tens
                    ") does not divide evenly among ", size, " ranks; pass split sizes");
     return;
   }
-  check_list_length(op, what, splits.size(), static_cast<size_t>(size));
+  C10D_CHECK_ARG(splits.size() == static_cast<size_t>(size), op,
+                 ": Number of tensor splits not equal to group size: ", what, " hold ",
+                 splits.size(), " entries for ", size, " ranks");
   int64_t total = 0;
   for (int64_t s : splits) {
     C10D_CHECK_ARG(s >= 0, op, ": ", what, " has a negative split size ", s);
     total += s;
   }
-  C10D_CHECK_ARG(total == dim0, op, ": ", what, " sum to ", total,
-                 " but the tensor's dimension 0 is ", dim0);
+  C10D_CHECK_ARG(total == dim0, op, ": Split sizes doesn't match total dim 0 size: ", what,
+                 " sum to ", total, " but the tensor's dimension 0 is ", dim0);
 }
 
 }  // namespace c10d::pg

@@ -20,13 +20,16 @@ void check_tensor(std::string_view op, const Tensor& tensor);
 // A non-empty list of dense CPU tensors sharing dtype and shape.
 void check_tensor_list(std::string_view op, const std::vector<Tensor>& tensors,
                        bool same_shape = true);
+// A list of exactly one dense CPU tensor (sends and receives).
+void check_single_tensor(std::string_view op, const std::vector<Tensor>& tensors);
 // The op is valid for the dtype (and complex tensors are allowed for it).
 void check_reduce(std::string_view op, core::DType dtype, const core::ReduceOp& reduce_op);
 inline void check_reduce(std::string_view op, const Tensor& tensor,
                          const core::ReduceOp& reduce_op) {
   check_reduce(op, tensor.dtype(), reduce_op);
 }
-// `list` must hold exactly `expected` tensors (e.g. world size), named in the message.
+// A list (named `what`, e.g. "output tensor list (one tensor per rank)") must hold exactly
+// `expected` entries.
 void check_list_length(std::string_view op, std::string_view what, size_t actual,
                        size_t expected);
 // output and input share a dtype.

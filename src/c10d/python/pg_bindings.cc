@@ -5,6 +5,10 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "c10d/control/handlers.h"
 #include "c10d/core/exception.h"
 #include "c10d/pg/fake_backend.h"
@@ -107,22 +111,49 @@ py::object run_released(const Options& opts, Call&& call) {
   return finish(std::move(work), opts);
 }
 
+// The group a collective runs through: a ProcessGroup itself, or, for a call on a backend
+// object (c10d.ProcessGroupGloo(...).allreduce(...), as torch's own tests make), a group of
+// that backend alone, so that the call gets the same argument checks, staging of strided
+// tensors and uneven all_gather as through any group instead of reaching the backend raw.
+ProcessGroup& target(ProcessGroup& group) { return group; }
+
+ProcessGroup& target(Backend& backend) {
+  static std::mutex mutex;
+  // Per live backend: the backend (weak, to notice it is gone) and its group, which refers to
+  // it without owning it (the backend's Python object owns it).
+  using Entry = std::pair<std::weak_ptr<Backend>, std::shared_ptr<ProcessGroup>>;
+  static std::map<const Backend*, Entry> groups;
+  std::lock_guard lock(mutex);
+  std::erase_if(groups, [](const auto& entry) { return entry.second.first.expired(); });
+  auto& [owner, group] = groups[&backend];
+  if (!group) {
+    owner = backend.weak_from_this();
+    pg::ProcessGroupOptions opts;
+    opts.backend = backend.name();
+    opts.timeout = backend.timeout();
+    group = std::make_shared<ProcessGroup>(nullptr, backend.rank(), backend.size(), opts);
+    group->register_backend(core::DeviceType::kCPU,
+                            std::shared_ptr<Backend>(std::shared_ptr<Backend>(), &backend));
+  }
+  return *group;
+}
+
 template <typename Class>
 py::object broadcast_with(Class& self, py::handle tensors, const pg::BroadcastOptions& opts) {
   auto ts = tensor_or_list(tensors, true, "broadcast");
-  return run_released(opts, [&] { return self.broadcast(ts, opts); });
+  return run_released(opts, [&] { return target(self).broadcast(ts, opts); });
 }
 
 template <typename Class>
 py::object allreduce_with(Class& self, py::handle tensors, const pg::AllreduceOptions& opts) {
   auto ts = tensor_or_list(tensors, true, "allreduce");
-  return run_released(opts, [&] { return self.allreduce(ts, opts); });
+  return run_released(opts, [&] { return target(self).allreduce(ts, opts); });
 }
 
 template <typename Class>
 py::object reduce_with(Class& self, py::handle tensors, const pg::ReduceOptions& opts) {
   auto ts = tensor_or_list(tensors, true, "reduce");
-  return run_released(opts, [&] { return self.reduce(ts, opts); });
+  return run_released(opts, [&] { return target(self).reduce(ts, opts); });
 }
 
 template <typename Class>
@@ -130,7 +161,7 @@ py::object gather_with(Class& self, py::handle outputs, py::handle inputs,
                        const pg::GatherOptions& opts) {
   auto in = tensor_or_list(inputs, false, "gather input");
   TensorLists out = lists_beside(outputs, inputs, true, "gather output");
-  return run_released(opts, [&] { return self.gather(out, in, opts); });
+  return run_released(opts, [&] { return target(self).gather(out, in, opts); });
 }
 
 template <typename Class>
@@ -138,7 +169,7 @@ py::object scatter_with(Class& self, py::handle outputs, py::handle inputs,
                         const pg::ScatterOptions& opts) {
   auto out = tensor_or_list(outputs, true, "scatter output");
   TensorLists in = lists_beside(inputs, outputs, false, "scatter input");
-  return run_released(opts, [&] { return self.scatter(out, in, opts); });
+  return run_released(opts, [&] { return target(self).scatter(out, in, opts); });
 }
 
 template <typename Class>
@@ -146,7 +177,7 @@ py::object reduce_scatter_with(Class& self, py::handle outputs, py::handle input
                                const pg::ReduceScatterOptions& opts) {
   auto out = tensor_or_list(outputs, true, "reduce_scatter output");
   TensorLists in = lists_beside(inputs, outputs, false, "reduce_scatter input");
-  return run_released(opts, [&] { return self.reduce_scatter(out, in, opts); });
+  return run_released(opts, [&] { return target(self).reduce_scatter(out, in, opts); });
 }
 
 // Binds one collective of a class (ProcessGroup or Backend) that share the signatures.
@@ -183,7 +214,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.allreduce_coalesced(ts, opts);
+              work = target(self).allreduce_coalesced(ts, opts);
             }
             return finish(std::move(work), opts);
           },
@@ -210,7 +241,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.allgather(out, in, opts);
+              work = target(self).allgather(out, in, opts);
             }
             return finish(std::move(work), opts);
           },
@@ -224,7 +255,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.allgather_base(out, in, opts);
+              work = target(self).allgather_base(out, in, opts);
             }
             return finish(std::move(work), opts);
           },
@@ -237,7 +268,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.allgather_coalesced(out, in, opts);
+              work = target(self).allgather_coalesced(out, in, opts);
             }
             return finish(std::move(work), opts);
           },
@@ -250,7 +281,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.allgather_into_tensor_coalesced(out, in, opts);
+              work = target(self).allgather_into_tensor_coalesced(out, in, opts);
             }
             return finish(std::move(work), opts);
           },
@@ -303,7 +334,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.reduce_scatter_base(out, in, opts);
+              work = target(self).reduce_scatter_base(out, in, opts);
             }
             return finish(std::move(work), opts);
           },
@@ -318,7 +349,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.reduce_scatter_tensor_coalesced(out, in, opts);
+              work = target(self).reduce_scatter_tensor_coalesced(out, in, opts);
             }
             return finish(std::move(work), opts);
           },
@@ -334,7 +365,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.alltoall_base(out, in, out_splits, in_splits, opts);
+              work = target(self).alltoall_base(out, in, out_splits, in_splits, opts);
             }
             return finish(std::move(work), opts);
           },
@@ -348,7 +379,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.alltoall(out, in, opts);
+              work = target(self).alltoall(out, in, opts);
             }
             return finish(std::move(work), opts);
           },
@@ -359,7 +390,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle tensors, int dst, int tag) {
             auto ts = tensor_or_list(tensors, false, "send");
             G g;
-            return self.send(ts, dst, tag);
+            return target(self).send(ts, dst, tag);
           },
           py::arg("tensors"), py::arg("dstRank"), py::arg("tag") = 0)
       .def(
@@ -367,7 +398,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle tensors, int src, int tag) {
             auto ts = tensor_or_list(tensors, true, "recv");
             G g;
-            return self.recv(ts, src, tag);
+            return target(self).recv(ts, src, tag);
           },
           py::arg("tensors"), py::arg("srcRank"), py::arg("tag") = 0)
       .def(
@@ -375,7 +406,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle tensors, int tag) {
             auto ts = tensor_or_list(tensors, true, "recv_anysource");
             G g;
-            return self.recv_anysource(ts, tag);
+            return target(self).recv_anysource(ts, tag);
           },
           py::arg("tensors"), py::arg("tag") = 0)
       .def(
@@ -384,7 +415,7 @@ void bind_collectives(PyClass& cls) {
             WorkPtr work;
             {
               G g;
-              work = self.barrier(opts);
+              work = target(self).barrier(opts);
             }
             return finish(std::move(work), opts);
           },
@@ -394,7 +425,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, core::Millis timeout, bool wait_all_ranks) {
             pg::BarrierOptions opts;
             opts.timeout = timeout;
-            self.monitored_barrier(opts, wait_all_ranks);
+            target(self).monitored_barrier(opts, wait_all_ranks);
           },
           py::arg("timeout") = pg::kUnsetTimeout, py::arg("wait_all_ranks") = false,
           py::call_guard<py::gil_scoped_release>());
@@ -506,7 +537,9 @@ void init_pg(py::module_& m) {
            py::arg("rank"), py::arg("size"))
       .def("rank", &ProcessGroup::rank)
       .def("size", &ProcessGroup::size)
-      .def("name", &ProcessGroup::backend_name)
+      // A Python subclass names its backend by overriding getBackendName, as with torch.
+      .def("name", [](py::object self) { return self.attr("getBackendName")(); })
+      .def("getBackendName", &ProcessGroup::backend_name)
       .def("_get_backend_name", &ProcessGroup::backend_name)
       .def_property_readonly("group_name", &ProcessGroup::group_name)
       .def("_set_group_name", &ProcessGroup::set_group_name, py::arg("name"))

@@ -280,6 +280,13 @@ def gathers(dist, backend):
         bad = [np.zeros(r + 1, np.int32) for r in range(world)]
         _raises(ValueError, lambda: dist.all_gather(bad, np.zeros(rank + 2, np.int32)),
                 "an uneven all_gather whose own output does not fit the input")
+        # Only rank 0's list is wrong (torch's gloo check): every rank raises, none waits.
+        outs = [np.zeros(r + 1, np.int32) for r in range(world)]
+        if rank == 0:
+            outs[-1] = np.zeros(world + 5, np.int32)
+        _raises(ValueError, lambda: dist.all_gather(outs, np.zeros(rank + 1, np.int32)),
+                "an uneven all_gather with a wrong list on rank 0")
+        dist.barrier()
     # Coalesced all_gather of two tensors of different shapes.
     a, b = np.full(2, rank, np.int64), np.full((2, 3), rank * 10, np.int64)
     outs = [[np.zeros(2, np.int64), np.zeros((2, 3), np.int64)] for _ in range(world)]
