@@ -8,7 +8,7 @@ BACKENDS = ["gloo", "shm"]
 CASES = ["all_reduce", "inline_all_reduce", "inline_numpy_arrays", "all_reduce_errors",
          "broadcast_reduce", "gathers", "reduce_scatters", "all_to_alls", "point_to_point", "barriers_and_async", "objects", "subgroups",
          "state_queries", "torch_interop", "functional_collectives", "device_mesh",
-         "pg_overloads", "strided_arrays"]
+         "pg_overloads", "strided_arrays", "backend_object_checks"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1362,6 +1362,58 @@ def strided_arrays(dist, backend):
     assert torch.equal(t, torch.arange(12.).reshape(3, 4).t() * total), t
 
 
+def backend_object_checks(dist, backend):
+    """A backend object called directly (c10d.ProcessGroupGloo(store, rank, size), as torch's
+    own tests use it) validates like a group, in torch's words, and never crashes."""
+    import re
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    raw = dist.ProcessGroupGloo(dist.PrefixStore("raw", dist._get_default_store()), rank, world)
+
+    def refused(pattern, fn):
+        try:
+            fn()
+        except ValueError as e:
+            assert re.search(pattern, str(e)), (pattern, str(e))
+            return
+        raise AssertionError(f"nothing raised; expected {pattern!r}")
+
+    t1, t2, f64 = np.zeros(1, np.float32), np.zeros(2, np.float32), np.zeros(1, np.float64)
+    refused("requires non-empty tensor list", lambda: raw.allreduce([], dist.AllreduceOptions()))
+    refused("invalid tensor type", lambda: raw.allreduce([t1, f64], dist.AllreduceOptions()))
+    refused("invalid tensor size", lambda: raw.allreduce([t1, t2], dist.AllreduceOptions()))
+    opts = dist.BroadcastOptions()
+    opts.rootTensor = 0
+    refused("invalid root tensor", lambda: raw.broadcast([], opts))
+    opts = dist.ReduceOptions()
+    opts.rootTensor = 1
+    refused("invalid root tensor", lambda: raw.reduce([t1], opts))
+    refused("requires a single-element tensor list",
+            lambda: raw.reduce([t1, t1], dist.ReduceOptions()))
+    refused("requires a single-element input tensor list",
+            lambda: raw.gather([[t1] * world], [], dist.GatherOptions()))
+    if world > 1:
+        refused("requires empty output on non-root", lambda: raw.gather(
+            [[t1] * world], [t1], _root_opts(dist.GatherOptions(), 1 - min(rank, 1))))
+        refused("Incorrect input list size 1. Input list size should be",
+                lambda: raw.scatter([t1], [[t1]], dist.ScatterOptions()) if rank == 0 else
+                raw.scatter([t1], [[t1]], _root_opts(dist.ScatterOptions(), rank)))
+        refused("takes a single tensor", lambda: raw.send([t1, t1], 1 - min(rank, 1), 0))
+    refused("requires input/output tensor lists to have the same length",
+            lambda: raw.allgather([], [t1], dist.AllgatherOptions()))
+    refused("invalid output tensor list",
+            lambda: raw.allgather([[t1] * (world + 1)], [t1], dist.AllgatherOptions()))
+    # The backend still works, strided arrays included.
+    t = np.asfortranarray(np.full((2, 3), rank + 1, np.float32))
+    raw.allreduce([t], dist.AllreduceOptions()).wait()
+    assert (t == world * (world + 1) / 2).all(), t
+
+
+def _root_opts(opts, root):
+    opts.rootRank = root
+    return opts
+
+
 def pg_overloads(dist, backend):
     """The ProcessGroup methods' short forms, as torch's bindings have them: a root or a
     reduce op instead of an options object."""
