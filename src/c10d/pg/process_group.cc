@@ -347,12 +347,36 @@ void check_gathered(std::string_view op, std::string_view side,
 }
 }  // namespace
 
+namespace {
+// Whether some of these tensors are complex and some are not.
+bool mixes_complex_and_real(const std::vector<std::vector<Tensor>>& outputs,
+                            const std::vector<Tensor>& inputs) {
+  bool complex = false, real = false;
+  auto see = [&](const Tensor& t) { (core::is_complex(t.dtype()) ? complex : real) = true; };
+  for (const auto& list : outputs) std::for_each(list.begin(), list.end(), see);
+  std::for_each(inputs.begin(), inputs.end(), see);
+  return complex && real;
+}
+}  // namespace
+
 WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
                                 std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
   if (auto w = Staging::run("allgather", outputs, inputs, [&](auto& o, auto& i) {
         return allgather(o, i, opts);
       })) {
     return *w;
+  }
+  if (mixes_complex_and_real(outputs, inputs)) {
+    // As torch: complex tensors take part as pairs of reals, so a complex tensor and the real
+    // view of one (float32[..., 2] for complex64) gather into each other.
+    auto as_real = [](Tensor& t) {
+      if (core::is_complex(t.dtype())) t = t.view_as_real();
+    };
+    std::vector<std::vector<Tensor>> real_outputs = outputs;
+    std::vector<Tensor> real_inputs = inputs;
+    for (auto& list : real_outputs) std::for_each(list.begin(), list.end(), as_real);
+    std::for_each(real_inputs.begin(), real_inputs.end(), as_real);
+    return allgather(real_outputs, real_inputs, opts);
   }
   if (inputs.size() == 1 && outputs.size() == 1 && outputs[0].size() > 1 &&
       std::any_of(outputs[0].begin(), outputs[0].end(),

@@ -663,6 +663,14 @@ def torch_interop(dist, backend):
     out = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(out, torch.full((2,), rank, dtype=torch.int64))
     assert [int(o[0]) for o in out] == list(range(world))
+    # Complex tensors and real views of them gather into each other, as in torch.
+    if world > 1:
+        c = torch.full((2,), complex(rank, -rank), dtype=torch.complex64)
+        mixed = [torch.zeros(2, dtype=torch.complex64) for _ in range(world)]
+        mixed[-1] = torch.view_as_real(mixed[-1])
+        dist.all_gather(mixed, torch.view_as_real(c) if rank % 2 else c)
+        assert torch.equal(mixed[0], torch.zeros(2, dtype=torch.complex64)), mixed
+        assert torch.equal(mixed[-1], torch.tensor([[world - 1.0, 1.0 - world]] * 2)), mixed
     tt = torch.full((4, 2), float(rank + 1)).t()  # non-contiguous: staged and written back
     dist.all_reduce(tt)
     assert torch.all(tt == world * (world + 1) / 2) and not tt.is_contiguous(), tt
