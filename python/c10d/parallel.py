@@ -57,6 +57,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._rank = _dist.get_rank(self.process_group)
         self._divide_by_initial_world_size = True
         self._still_training = None  # the join notification's Work, in join mode
+        self._unfinished_reduction = None  # why the last backward's reduction did not finish
         seen = set()
         self._params = []
         for p in module.parameters():
@@ -145,7 +146,15 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     def _finalize(self):
         self._finalize_queued = False
         self._in_backward = False
-        self.reducer.finalize_backward()
+        try:
+            self.reducer.finalize_backward()
+        except RuntimeError as e:
+            if self.find_unused_parameters or "not marked ready" not in str(e):
+                raise
+            # As torch: the backward pass itself succeeds; the next forward reports that the
+            # reduction never finished (the pass was abandoned, its buckets partly reduced).
+            self._unfinished_reduction = str(e)
+            return
         if self._still_training is not None and not self._divide_by_initial_world_size:
             # The averages divided by the world size; joined ranks gave zeros.
             self._still_training.wait()
@@ -158,6 +167,14 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                     p.grad.mul_(scale)
 
     def forward(self, *inputs, **kwargs):
+        if self._unfinished_reduction is not None:
+            detail, self._unfinished_reduction = self._unfinished_reduction, None
+            raise RuntimeError(
+                "Expected to have finished reduction in the prior iteration before starting a "
+                "new one. This error indicates that your module has parameters that were not "
+                "used in producing loss. You can enable unused parameter detection by passing "
+                "the keyword argument `find_unused_parameters=True` to DistributedDataParallel, "
+                f"or make sure every output takes part in the loss. ({detail})")
         join = self._join_config.enable
         if join:
             self._still_training = Join.notify_join_context(self)

@@ -7,6 +7,7 @@ import c10d as dist
 from dist import harness
 
 CASES = ["ddp_reducer", "ddp_unused_parameters", "ddp_comm_hooks", "ddp_startup",
+         "ddp_unused_without_detection",
          "ddp_torch_params", "ddp_torch_module", "ddp_join"]
 
 

@@ -1169,6 +1169,31 @@ def ddp_torch_params(dist, backend):
         assert torch.allclose(p.grad, torch.full_like(p, want)), p.grad
 
 
+def ddp_unused_without_detection(dist, backend):
+    """An unused parameter without find_unused_parameters: as in torch, backward() returns and
+    the next forward raises that the reduction of the prior iteration never finished."""
+    import torch
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = torch.nn.Linear(4, 1)
+            self.unused = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.used(x)
+
+    torch.manual_seed(0)
+    model = dist.DistributedDataParallel(TwoHeads())
+    model(torch.ones(2, 4)).sum().backward()  # no error here
+    try:
+        model(torch.ones(2, 4))
+    except RuntimeError as e:
+        assert "Expected to have finished reduction in the prior iteration" in str(e), e
+    else:
+        raise AssertionError("the forward after an incomplete reduction did not raise")
+
+
 def ddp_torch_module(dist, backend):
     """c10d.DistributedDataParallel on a torch model: rank 0's weights everywhere, gradients
     averaged (checked against every rank's gradient computed locally), unused parameters,
