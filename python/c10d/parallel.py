@@ -167,8 +167,10 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                     p.grad.mul_(scale)
 
     def forward(self, *inputs, **kwargs):
-        if self._unfinished_reduction is not None:
-            detail, self._unfinished_reduction = self._unfinished_reduction, None
+        if (self._unfinished_reduction is not None and torch.is_grad_enabled()
+                and self.require_backward_grad_sync):
+            # As torch: on every forward that would start a reduction.
+            detail = self._unfinished_reduction
             raise RuntimeError(
                 "Expected to have finished reduction in the prior iteration before starting a "
                 "new one. This error indicates that your module has parameters that were not "

@@ -141,7 +141,7 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs) -> Iter
         raise _C._ArgumentValueError(f"No rendezvous handler for {parsed.scheme}:// (known: "
                                      f"{', '.join(sorted(_handlers))})")
     result = _handlers[parsed.scheme](url, **kwargs)
-    # A handler written for an older c10d may return the tuple itself.
+    # A handler may also return the tuple itself rather than an iterator of it.
     return iter([result]) if isinstance(result, tuple) else result
 
 

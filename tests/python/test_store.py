@@ -394,3 +394,15 @@ def test_rendezvous_yields_like_torch(tmp_path, monkeypatch):
     monkeypatch.setenv("USE_LIBUV", "0")
     store, _, _ = next(c10d.rendezvous("tcp://127.0.0.1:0?rank=0&world_size=1"))
     assert not store.libuvBackend
+
+
+def test_append_fallback_keeps_every_append():
+    # Through a prefix store (C++), append takes the fallback on compare_set. Appending the
+    # bytes a key already holds used to look like a completed swap and was dropped.
+    p = c10d.PrefixStore("p", MinimalStore())
+    p.set("k", b"x")
+    p.append("k", b"x")  # the appended bytes equal the current value
+    p.append("k", b"x")
+    assert p.get("k") == b"xxx"
+    p.append("new", b"")
+    assert p.get("new") == b""

@@ -409,14 +409,17 @@ WorkPtr ProcessGroup::allgather_uneven(std::vector<Tensor>& outputs, const Tenso
     check_same_dtype(op, out, input);
     largest = std::max(largest, out.numel());
   }
-  // The ranks exchange what each sends and what each expects from every rank, so that all of
-  // them reach the same verdict: a wrong list on one rank fails on every rank, instead of
-  // leaving the others waiting in the allgather.
+  // The ranks exchange how many elements each sends and expects from every rank, so that all
+  // of them reach the same verdict on the sizes: a wrong list on one rank fails on every rank
+  // instead of leaving the others waiting in the allgather. (Other mistakes, a dtype say, are
+  // found by each rank alone, as for any collective; and the exchange completes before the
+  // call returns, also with async_op.)
   const int64_t row = size_ + 1;
   Tensor mine = Tensor::empty({row}, core::DType::kInt64);
   mine.data_as<int64_t>()[0] = input.numel();
   for (int r = 0; r < size_; ++r) mine.data_as<int64_t>()[1 + r] = outputs[r].numel();
   Tensor views = Tensor::empty({row * size_}, core::DType::kInt64);
+  std::memset(views.data(), 0, views.nbytes());  // a backend that moves no data (fake) agrees
   AllgatherOptions exchange = opts;
   exchange.async_op = false;
   allgather_base(views, mine, exchange)->wait();
@@ -432,6 +435,7 @@ WorkPtr ProcessGroup::allgather_uneven(std::vector<Tensor>& outputs, const Tenso
   std::memset(padded.data(), 0, padded.nbytes());
   core::copy_elements(padded.flat_slice(0, input.numel()), input.reshape({input.numel()}));
   Tensor gathered = Tensor::empty({largest * size_}, input.dtype());
+  std::memset(gathered.data(), 0, gathered.nbytes());
   WorkPtr work = allgather_base(gathered, padded, opts);
   auto placed = work->get_future()->then([outputs, gathered, padded, largest](core::Future&) {
     for (size_t r = 0; r < outputs.size(); ++r) {

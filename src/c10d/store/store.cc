@@ -8,21 +8,35 @@ namespace c10d::store {
 
 using core::detail::str_cat;
 
-void Store::append(const std::string& key, const Bytes& value) {
-  // Optimistic read-modify-write on compare_set; retries while other writers interleave.
-  // Without check() (a Python store may define only set, get, add and compare_set), start
-  // from an empty value: compare_set with an empty expected value creates a missing key.
-  Bytes current;
+namespace {
+
+// What `key` holds, or empty bytes when it is missing, through compare_set alone (for stores
+// without check(), e.g. a Python store defining only set, get, add and compare_set): on a
+// missing key, compare_set with a non-empty expected value stores nothing and returns the
+// expected value, which here is a probe no user writes.
+Bytes current_or_empty(Store& store, const std::string& key) {
   try {
-    if (check({key})) current = get(key);
+    return store.check({key}) ? store.get(key) : Bytes{};
   } catch (const core::NotSupported&) {
   }
+  static const Bytes probe = to_bytes(std::string("\0c10d:append-probe\0", 19));
+  Bytes now = store.compare_set(key, probe, probe);
+  return now == probe ? Bytes{} : now;
+}
+
+}  // namespace
+
+void Store::append(const std::string& key, const Bytes& value) {
+  // Optimistic read-modify-write on compare_set, which returns the new value when it swapped
+  // and otherwise what the key holds (the expected value itself when the key is missing).
+  Bytes current = current_or_empty(*this, key);
   while (true) {
     Bytes desired = current;
     desired.insert(desired.end(), value.begin(), value.end());
     Bytes now = compare_set(key, current, desired);
     if (now == desired) return;
-    current = now;
+    // Another writer changed the key: go on from its value; it was deleted: start over empty.
+    current = now == current ? Bytes{} : std::move(now);
   }
 }
 
