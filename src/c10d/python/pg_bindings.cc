@@ -211,12 +211,7 @@ void bind_collectives(PyClass& cls) {
           "allreduce_coalesced",
           [](Class& self, py::handle tensors, const pg::AllreduceCoalescedOptions& opts) {
             auto ts = to_tensors(tensors, true, "allreduce_coalesced");
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).allreduce_coalesced(ts, opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] { return target(self).allreduce_coalesced(ts, opts); });
           },
           py::arg("tensors"), py::arg("opts") = pg::AllreduceCoalescedOptions())
       .def(
@@ -238,12 +233,7 @@ void bind_collectives(PyClass& cls) {
             auto in = tensor_or_list(inputs, false, "allgather input");
             TensorLists out = lists_beside(outputs, inputs, true,
                                             "allgather output");
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).allgather(out, in, opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] { return target(self).allgather(out, in, opts); });
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::AllgatherOptions())
@@ -252,12 +242,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle output, py::handle input, const pg::AllgatherOptions& opts) {
             Tensor out = to_tensor(output, true, "_allgather_base output");
             Tensor in = to_tensor(input, false, "_allgather_base input");
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).allgather_base(out, in, opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] { return target(self).allgather_base(out, in, opts); });
           },
           py::arg("output"), py::arg("input"), py::arg("opts") = pg::AllgatherOptions())
       .def(
@@ -265,12 +250,9 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto out = tensor_lists(outputs, true, "allgather_coalesced output");
             auto in = to_tensors(inputs, false, "allgather_coalesced input");
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).allgather_coalesced(out, in, opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] {
+              return target(self).allgather_coalesced(out, in, opts);
+            });
           },
           py::arg("output_lists"), py::arg("input_list"), py::arg("opts") = pg::AllgatherOptions())
       .def(
@@ -278,12 +260,9 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto out = to_tensors(outputs, true, "allgather_into_tensor_coalesced output");
             auto in = to_tensors(inputs, false, "allgather_into_tensor_coalesced input");
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).allgather_into_tensor_coalesced(out, in, opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] {
+              return target(self).allgather_into_tensor_coalesced(out, in, opts);
+            });
           },
           py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::AllgatherOptions())
       .def(
@@ -331,12 +310,9 @@ void bind_collectives(PyClass& cls) {
              const pg::ReduceScatterOptions& opts) {
             Tensor out = to_tensor(output, true, "_reduce_scatter_base output");
             Tensor in = to_tensor(input, false, "_reduce_scatter_base input");
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).reduce_scatter_base(out, in, opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] {
+              return target(self).reduce_scatter_base(out, in, opts);
+            });
           },
           py::arg("outputTensor"), py::arg("inputTensor"),
           py::arg("opts") = pg::ReduceScatterOptions())
@@ -346,12 +322,9 @@ void bind_collectives(PyClass& cls) {
              const pg::ReduceScatterOptions& opts) {
             auto out = to_tensors(outputs, true, "reduce_scatter_tensor_coalesced output");
             auto in = to_tensors(inputs, false, "reduce_scatter_tensor_coalesced input");
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).reduce_scatter_tensor_coalesced(out, in, opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] {
+              return target(self).reduce_scatter_tensor_coalesced(out, in, opts);
+            });
           },
           py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::ReduceScatterOptions())
       .def(
@@ -362,12 +335,9 @@ void bind_collectives(PyClass& cls) {
             Tensor in = to_tensor(input, false, "alltoall_base input");
             auto out_splits = int_list(output_split_sizes);
             auto in_splits = int_list(input_split_sizes);
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).alltoall_base(out, in, out_splits, in_splits, opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] {
+              return target(self).alltoall_base(out, in, out_splits, in_splits, opts);
+            });
           },
           py::arg("output"), py::arg("input"), py::arg("output_split_sizes"),
           py::arg("input_split_sizes"), py::arg("opts") = pg::AllToAllOptions())
@@ -376,12 +346,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllToAllOptions& opts) {
             auto out = to_tensors(outputs, true, "alltoall output");
             auto in = to_tensors(inputs, false, "alltoall input");
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).alltoall(out, in, opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] { return target(self).alltoall(out, in, opts); });
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg("opts") = pg::AllToAllOptions())
@@ -412,12 +377,7 @@ void bind_collectives(PyClass& cls) {
       .def(
           "barrier",
           [](Class& self, const pg::BarrierOptions& opts) {
-            WorkPtr work;
-            {
-              G g;
-              work = target(self).barrier(opts);
-            }
-            return finish(std::move(work), opts);
+            return run_released(opts, [&] { return target(self).barrier(opts); });
           },
           py::arg("opts") = pg::BarrierOptions())
       .def(
