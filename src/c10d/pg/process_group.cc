@@ -502,6 +502,26 @@ WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outp
                   [&](Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
 }
 
+namespace {
+// The (output, input) pairs of a coalesced tensor collective: one output per input, same
+// dtype, the larger of each pair (the output of allgather, the input of reduce_scatter)
+// holding `size` times the other's elements.
+void check_tensor_pairs(std::string_view op, std::vector<Tensor>& outputs,
+                        std::vector<Tensor>& inputs, int size, bool output_larger) {
+  check_list_length(op, "output list (one tensor per input)", outputs.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(op, inputs[i]);
+    check_tensor(op, outputs[i]);
+    check_same_dtype(op, outputs[i], inputs[i]);
+    if (output_larger) {
+      check_numel_ratio(op, outputs[i], inputs[i], size);
+    } else {
+      check_numel_ratio(op, inputs[i], outputs[i], size);
+    }
+  }
+}
+}  // namespace
+
 WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
                                                       std::vector<Tensor>& inputs,
                                                       const AllgatherOptions& opts) {
@@ -511,14 +531,8 @@ WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outpu
       })) {
     return *w;
   }
-  check_list_length("allgather_into_tensor_coalesced", "output list (one tensor per input)",
-                    outputs.size(), inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor("allgather_into_tensor_coalesced", inputs[i]);
-    check_tensor("allgather_into_tensor_coalesced", outputs[i]);
-    check_same_dtype("allgather_into_tensor_coalesced", outputs[i], inputs[i]);
-    check_numel_ratio("allgather_into_tensor_coalesced", outputs[i], inputs[i], size_);
-  }
+  check_tensor_pairs("allgather_into_tensor_coalesced", outputs, inputs, size_,
+                     /*output_larger=*/true);
   return dispatch({.op = OpType::kAllgatherCoalesced, .inputs = inputs, .outputs = outputs,
                    .timeout = opts.timeout},
                   device_of(inputs), [&](Backend& b) {
@@ -617,14 +631,10 @@ WorkPtr ProcessGroup::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outpu
       })) {
     return *w;
   }
-  check_list_length("reduce_scatter_tensor_coalesced", "output list (one tensor per input)",
-                    outputs.size(), inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor("reduce_scatter_tensor_coalesced", inputs[i]);
-    check_tensor("reduce_scatter_tensor_coalesced", outputs[i]);
-    check_same_dtype("reduce_scatter_tensor_coalesced", outputs[i], inputs[i]);
-    check_numel_ratio("reduce_scatter_tensor_coalesced", inputs[i], outputs[i], size_);
-    check_reduce("reduce_scatter_tensor_coalesced", outputs[i], opts.reduce_op);
+  check_tensor_pairs("reduce_scatter_tensor_coalesced", outputs, inputs, size_,
+                     /*output_larger=*/false);
+  for (const auto& out : outputs) {
+    check_reduce("reduce_scatter_tensor_coalesced", out, opts.reduce_op);
   }
   return dispatch({.op = OpType::kReduceScatterBase, .inputs = inputs, .outputs = outputs,
                    .timeout = opts.timeout},
