@@ -233,8 +233,10 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
 void check_dense_cpu(const Tensor& tensor, std::string_view what) {
   C10D_CHECK_ARG(tensor.device().type == DeviceType::kCPU, what, ": tensors must be on the CPU, got ",
                  tensor.str());
+  // Collectives stage other layouts before this check; sends and receives (as in torch, whose
+  // wording this is) and direct C++ callers reach it.
   C10D_CHECK_ARG(tensor.is_contiguous(), what,
-                 ": tensors must be contiguous (dense, C order); got ", tensor.str(),
+                 ": input tensor has to be contiguous (dense, C order); got ", tensor.str(),
                  " with non-contiguous strides. Pass a contiguous copy "
                  "(numpy.ascontiguousarray / tensor.contiguous()).");
   C10D_CHECK_ARG(tensor.data() != nullptr || tensor.numel() == 0, what, ": tensor has no data");

@@ -422,7 +422,10 @@ WorkPtr ProcessGroup::allgather_uneven(std::vector<Tensor>& outputs, const Tenso
   std::memset(views.data(), 0, views.nbytes());  // a backend that moves no data (fake) agrees
   AllgatherOptions exchange = opts;
   exchange.async_op = false;
-  allgather_base(views, mine, exchange)->wait();
+  // The backend times the exchange out itself (naming the ranks missing); this bound is the
+  // backstop for a backend that does not.
+  allgather_base(views, mine, exchange)
+      ->wait(opts.timeout == kUnsetTimeout ? options_.timeout : opts.timeout);
   const int64_t* v = views.data_as<int64_t>();
   for (int q = 0; q < size_; ++q) {
     for (int r = 0; r < size_; ++r) {

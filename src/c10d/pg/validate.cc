@@ -26,12 +26,6 @@ void check_tensor_list(std::string_view op, const std::vector<Tensor>& tensors,
 void check_single_tensor(std::string_view op, const std::vector<Tensor>& tensors) {
   C10D_CHECK_ARG(tensors.size() == 1, op, ": takes a single tensor, got a list of ",
                  tensors.size());
-  // Sends and receives are not staged (as in torch, which refuses them in these words).
-  C10D_CHECK_ARG(tensors[0].device().type != core::DeviceType::kCPU ||
-                     tensors[0].is_contiguous(),
-                 op, ": input tensor has to be contiguous (dense, C order); got ",
-                 tensors[0].str(), ". Pass a contiguous copy (numpy.ascontiguousarray / "
-                 "tensor.contiguous()).");
   check_tensor(op, tensors[0]);
 }
 
