@@ -166,7 +166,7 @@ void FileStore::open_and_join() {
     synced_size_ = 0;
     kv_.clear();
     queues_.clear();
-    live_workers_ = live_clones_ = joined_workers_ = left_workers_ = 0;
+    live_workers_ = live_clones_ = left_workers_ = 0;
 
     {
       FileLock lock(*this, /*exclusive=*/true);
@@ -350,7 +350,7 @@ void FileStore::apply(const Record& r) {
       const int64_t step = r.op == kJoin ? 1 : -1;
       if (worker) {
         live_workers_ += step;
-        (r.op == kJoin ? joined_workers_ : left_workers_) += 1;
+        if (r.op == kLeave) ++left_workers_;
       } else {
         live_clones_ += step;
       }

@@ -118,7 +118,6 @@ class FileStore : public Store {
   std::unordered_map<std::string, std::deque<Bytes>> queues_;
   int64_t live_workers_ = 0;
   int64_t live_clones_ = 0;
-  int64_t joined_workers_ = 0;
   int64_t left_workers_ = 0;
 };
 
