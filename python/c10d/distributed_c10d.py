@@ -35,7 +35,7 @@ from ._C import (
     Work,
 )
 
-default_pg_timeout = timedelta(minutes=30)
+default_pg_timeout = _C._DEFAULT_PG_TIMEOUT
 
 
 # Bad arguments raise these: a ValueError (TypeError) that is also a RuntimeError, since

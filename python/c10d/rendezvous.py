@@ -13,7 +13,7 @@ from . import _C
 __all__ = ["rendezvous", "register_rendezvous_handler", "store_based_barrier"]
 
 _handlers = {}
-_DEFAULT_TIMEOUT = timedelta(minutes=30)
+_DEFAULT_TIMEOUT = _C._DEFAULT_PG_TIMEOUT  # init_process_group's default
 
 
 def register_rendezvous_handler(scheme, handler):
