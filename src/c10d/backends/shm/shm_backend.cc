@@ -80,7 +80,17 @@ constexpr size_t kPipelineChunk = size_t{256} << 10;
 // 0.57 ms, of 4 MiB 0.25 or 2.3; 7 launches in 16 were slow), while streaming stores took
 // 0.10-0.16 ms (0.42-0.65) in either kind of launch. The probes would find that too, but only
 // after a kind of operation ran for a while (SharedWriter::probe_config).
+//
+// Each round runs a configuration kCalibrationRuns times in a row and times all but the first,
+// which pays for the switch from the previous configuration (where the lines of the slots
+// were left). Timing every allreduce right after a switch misjudged the chunks: 2 ranks, EPYC
+// guest, 2 MiB with large chunks measured 181-230 us against 186-205 with small ones, so small
+// chunks were chosen in 2 launches of 12 (twice), while all_reduce of 1 MiB took 85-115 us
+// with small chunks against 55-70 (once 98) with large ones in every kind of launch (20
+// launches, chunks forced alternately). Without the switches, large chunks measure 101-119 us
+// and small ones 198-213 (13 launches of 14; the other ran in the slow placement).
 constexpr int kCalibrationRounds = 4;
+constexpr int kCalibrationRuns = 3;
 constexpr size_t kCalibrationBytes = size_t{2} << 20;
 // Broadcast, gather and all_gather go direct only from this size (see Engine::direct_fanout).
 constexpr size_t kDirectFanoutBytes = size_t{8} << 20;
@@ -317,6 +327,12 @@ class SharedWriter {
     if (probe_->record(cost, now, bytes_, ran_, now - start_)) {  // a probe ended
       found_[std::min(static_cast<size_t>(type_), kTypes - 1)] = probe_->mode() & 1;
       if (!one_sided(type_)) found_any_ = probe_->mode() & 1;
+      if (core::log_enabled(core::LogLevel::kDebug)) {
+        core::log(core::LogLevel::kDebug,
+                  str_cat("shm store probe: ", core::op_type_name(type_), " of ", bytes_,
+                          " bytes keeps mode ", probe_->mode(), " (bit 0 streaming, bit 1 ",
+                          "large chunks) on cpu ", ::sched_getcpu()));
+      }
     }
   }
 
@@ -432,13 +448,20 @@ class Engine {
     const int configs = copy_shared.adaptive() ? 4 : 2;
     const bool stores = copy_shared.streaming();  // as C10D_SHM_STREAM fixed them, if it did
     std::vector<int64_t> best(configs, INT64_MAX);
-    for (int i = 0; i < configs * kCalibrationRounds; ++i) {
+    // Ranks sharing cores calibrate for as long as before (16 allreduces): initialisation
+    // would otherwise grow by ~100 ms at 4 and 8 ranks on 2 cores, where the configurations
+    // differ little.
+    const int rounds = own_core_ ? kCalibrationRounds : 2;
+    const int runs = own_core_ ? kCalibrationRuns : 2;
+    for (int i = 0; i < configs * rounds; ++i) {
       const int config = i % configs;
       if (configs == 4) copy_shared.use_streaming((config & 2) != 0);
-      const int64_t start = now_ns();
-      pipelined(bytes, bytes, count, DType::kFloat32, ReduceOp(ReduceOp::MAX), false,
-                (config & 1) != 0);
-      best[config] = std::min(best[config], now_ns() - start);
+      for (int run = 0; run < runs; ++run) {
+        const int64_t start = now_ns();
+        pipelined(bytes, bytes, count, DType::kFloat32, ReduceOp(ReduceOp::MAX), false,
+                  (config & 1) != 0);
+        if (run > 0) best[config] = std::min(best[config], now_ns() - start);
+      }
     }
     copy_shared.use_streaming(stores);
     const uint32_t s = next_step();
@@ -450,6 +473,14 @@ class Engine {
     const uint64_t found = rank0_word(s);
     large_chunks_ = (found & 1) != 0;
     copy_shared.seed((found & 2) != 0);
+    if (core::log_enabled(core::LogLevel::kDebug)) {
+      std::string times;
+      for (int c = 0; c < configs; ++c) times += str_cat(" ", best[c] / 1000, "us");
+      core::log(core::LogLevel::kDebug,
+                str_cat(describe(), ": calibration on cpu ", ::sched_getcpu(),
+                        ", allreduce of ", kCalibrationBytes, " bytes per config (bit 0 large ",
+                        "chunks, bit 1 streaming):", times, "; rank 0 chose ", found));
+    }
   }
 
   // --- collectives (raw memory; every rank passes consistent sizes) ---
