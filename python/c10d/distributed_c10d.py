@@ -9,6 +9,7 @@ import hashlib
 import io
 import os
 import pickle
+import time
 import types
 import warnings
 from datetime import timedelta
@@ -405,16 +406,157 @@ def _canonical_rank(group, group_rank, global_rank, name, required=True) -> Opti
     return get_group_rank(group, global_rank)
 
 
+def _group_or_default_group(group: Optional[ProcessGroup] = None) -> ProcessGroup:
+    return _get_default_group() if group is None or group is GroupMember.WORLD else group
+
+
+def _get_group_size(group) -> int:
+    """The size of `group` (the default group for None or WORLD)."""
+    return _group_or_default_group(group).size()
+
+
+def _get_process_group_name(pg: ProcessGroup) -> str:
+    """The name `pg` was registered under ("None" for an unknown group, as in torch)."""
+    return _world.pg_names.get(pg, "None")
+
+
+def _resolve_process_group(group_name: str) -> ProcessGroup:
+    """The live group registered as `group_name`."""
+    for pg, name in _world.pg_names.items():
+        if name == group_name:
+            return pg
+    raise _DistValueError(f"Could not resolve the process group registered under the name "
+                          f"{group_name}")
+
+
+def _get_group_size_by_name(group_name: str) -> int:
+    return _resolve_process_group(group_name).size()
+
+
+def _get_global_rank(group, rank) -> int:
+    """Deprecated spelling of get_global_rank."""
+    warnings.warn("`c10d.distributed_c10d._get_global_rank` is deprecated, please use "
+                  "`c10d.distributed_c10d.get_global_rank` instead", FutureWarning, stacklevel=2)
+    return get_global_rank(group, rank)
+
+
+def _canonicalize_group_rank(group: ProcessGroup, global_rank: Optional[int] = None,
+                             group_rank: Optional[int] = None, return_global: bool = False) -> int:
+    """Either rank of a process in `group` from the one given: its group rank, or its global
+    rank with return_global."""
+    if group_rank is not None:
+        if global_rank is not None:
+            raise _DistValueError("Can't specify both group_rank and global_rank")
+        return get_global_rank(group, group_rank) if return_global else group_rank
+    if global_rank is None:
+        raise _DistValueError("Must specify global_rank or group_rank")
+    return global_rank if return_global else get_group_rank(group, global_rank)
+
+
+def _check_not_self_rank(group: ProcessGroup, rank: int, rank_type: str) -> None:
+    if group.rank() == rank:
+        raise _DistValueError(f"Invalid {rank_type} rank: {rank_type} rank should not be the "
+                              f"same as the rank of the current process.")
+
+
+def _device_capability(group: Optional[ProcessGroup] = None) -> List[str]:
+    """The device types `group`'s backends serve ("cpu", ...)."""
+    return [d.split(":")[0] for d in _group_or_default_group(group)._device_types()]
+
+
+def _get_object_coll_device(group: Optional[ProcessGroup] = None) -> str:
+    """The device type object collectives and barriers of `group` run on: "cpu" whenever a
+    backend of the group serves it (objects are pickled into host memory)."""
+    types_ = _device_capability(group)
+    return "cpu" if not types_ or "cpu" in types_ else types_[0]
+
+
+def _get_pg_default_device(group: Optional[ProcessGroup] = None) -> str:
+    """Deprecated: the device type of `group` (see _get_object_coll_device)."""
+    warnings.warn("`_get_pg_default_device` will be deprecated: use `_get_object_coll_device` "
+                  "for object collectives and `_device_capability` for a group's device types",
+                  stacklevel=2)
+    types_ = _device_capability(group)
+    if not types_:
+        raise RuntimeError("Default device not found, because no backend has been registered "
+                           "with this ProcessGroup.")
+    return "cpu" if "cpu" in types_ else types_[0]
+
+
+def _get_pg_config(group: Optional[ProcessGroup] = None) -> Dict[str, Any]:
+    """Name, description, backend configuration, size and global ranks of `group`."""
+    pg = _group_or_default_group(group)
+    return {
+        "pg_name": _get_process_group_name(pg),
+        "pg_desc": pg.group_desc,
+        "backend_config": get_backend_config(pg),
+        "pg_size": pg.size(),
+        "ranks": get_process_group_ranks(pg),
+    }
+
+
+def _get_all_pg_configs() -> List[Dict[str, Any]]:
+    return [_get_pg_config(pg) for pg in _world.pg_map]
+
+
+STORE_BASED_BARRIER_PREFIX = "store_based_barrier_key"
+
+
+def _is_barrier_after_init() -> int:
+    """Whether groups run a barrier once created (TORCH_DIST_INIT_BARRIER, off by default)."""
+    return int(os.getenv("TORCH_DIST_INIT_BARRIER", "0"))
+
+
+def _store_based_barrier(rank, store, group_name, rendezvous_count, timeout,
+                         logging_interval=timedelta(seconds=10)) -> None:
+    """Waits until `rendezvous_count` processes called this with the same `group_name` on
+    `store`, or raises DistStoreError after `timeout` naming how many arrived."""
+    key = f"{STORE_BASED_BARRIER_PREFIX}:{group_name}"
+    last_worker = f"{key}:last_worker"
+    if store.add(key, 1) == rendezvous_count:
+        store.set(last_worker, "1")
+    deadline = time.monotonic() + timeout.total_seconds()
+    interval = max(logging_interval, timedelta(seconds=10 + rendezvous_count / 1000))
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            wait = min(left, interval.total_seconds())
+            store.wait([last_worker], timedelta(seconds=max(0.001, wait)))
+            return
+        except RuntimeError as e:
+            if time.monotonic() < deadline:
+                continue
+            joined = store.add(key, 0)
+            raise _C.DistStoreError(
+                f"Timed out initializing process group in store based barrier on rank {rank}, "
+                f"for key: {key} (world_size={rendezvous_count}, num_workers_joined={joined}, "
+                f"timeout={timeout} error={e})") from None
+
+
+def _get_process_group_uid(pg: ProcessGroup) -> int:
+    """NCCL's communicator id in torch; no c10d backend has one."""
+    return -1
+
+
 # --------------------------------------------------------------------------------------------
 # Creating and destroying groups
+
+
+def _check_valid_timeout(timeout: Any) -> None:
+    if not isinstance(timeout, timedelta):
+        raise _DistTypeError(f"Expected timeout argument to be of type datetime.timedelta, got "
+                             f"{timeout!r}")
+
+
+def _get_default_timeout(backend) -> timedelta:
+    """The timeout groups of `backend` get when none is given (the same for every backend)."""
+    return default_pg_timeout
 
 
 def _timeout_or_default(timeout) -> timedelta:
     if timeout is None:
         return default_pg_timeout
-    if not isinstance(timeout, timedelta):
-        raise _DistTypeError(f"Expected timeout argument to be of type datetime.timedelta, got "
-                             f"{type(timeout).__name__}")
+    _check_valid_timeout(timeout)
     return timeout
 
 

@@ -646,6 +646,30 @@ def state_queries(dist, backend):
         assert "twice" in str(e)
     else:
         raise AssertionError("a second init_process_group did not raise")
+    # The private helpers torch-based tools call.
+    dc = dist.distributed_c10d
+    sub = dist.new_group(list(range(world))[::-1])  # sorted, as in torch
+    assert dc._get_group_size(None) == world and dc._get_group_size(sub) == world
+    config = dc._get_pg_config(sub)
+    assert config["ranks"] == list(range(world)) and config["pg_size"] == world
+    assert backend in config["backend_config"]
+    assert dc._get_process_group_name(sub) in [c["pg_name"] for c in dc._get_all_pg_configs()]
+    assert dc._get_group_size_by_name(dc._get_process_group_name(sub)) == world
+    assert dc._canonicalize_group_rank(sub, global_rank=rank) == rank
+    assert dc._canonicalize_group_rank(sub, group_rank=world - 1, return_global=True) == world - 1
+    _raises(ValueError, lambda: dc._canonicalize_group_rank(sub), "no rank given")
+    _raises(ValueError, lambda: dc._check_not_self_rank(sub, sub.rank(), "source"), "self")
+    assert dc._get_object_coll_device(sub) == "cpu" and dc._device_capability() == ["cpu"]
+    _raises(TypeError, lambda: dc._check_valid_timeout(30), "timeout of int")
+    store = dc._get_default_store()
+    dc._store_based_barrier(rank, store, "case", world, timedelta(seconds=30))
+    try:
+        dc._store_based_barrier(rank, store, "short", world + 1, timedelta(milliseconds=200))
+    except dist.DistStoreError as e:
+        assert f"key: store_based_barrier_key:short (world_size={world + 1}" in str(e), e
+    else:
+        raise AssertionError("a store based barrier one rank short did not time out")
+    dist.barrier()  # rank 0's store serves the others until they timed out too
 
 
 def torch_interop(dist, backend):
