@@ -684,6 +684,7 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     _world.group_count += 1
     pg = _new_process_group_helper(world_size, rank, [], backend, store, name, pg_options,
                                    timeout)
+    pg._set_group_desc("default_pg")
     _world.set_default(pg)
 
 
@@ -764,8 +765,7 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
     pg = _new_process_group_helper(len(ranks), ranks.index(global_rank), ranks, backend, store,
                                    name, pg_options,
                                    timeout if timeout is not None else default._timeout)
-    if group_desc is not None:
-        pg._set_group_desc(group_desc)
+    pg._set_group_desc("undefined" if group_desc is None else group_desc)  # torch's default
     return pg
 
 

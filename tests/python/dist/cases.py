@@ -652,7 +652,8 @@ def state_queries(dist, backend):
     assert dc._get_group_size(None) == world and dc._get_group_size(sub) == world
     config = dc._get_pg_config(sub)
     assert config["ranks"] == list(range(world)) and config["pg_size"] == world
-    assert backend in config["backend_config"]
+    assert backend in config["backend_config"] and config["pg_desc"] == "undefined"
+    assert dc._get_pg_config()["pg_desc"] == "default_pg"
     assert dc._get_process_group_name(sub) in [c["pg_name"] for c in dc._get_all_pg_configs()]
     assert dc._get_group_size_by_name(dc._get_process_group_name(sub)) == world
     assert dc._canonicalize_group_rank(sub, global_rank=rank) == rank
