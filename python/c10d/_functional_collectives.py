@@ -5,13 +5,16 @@ Each function leaves its input unchanged and returns a new tensor of the input's
 array for numpy input, a torch tensor for torch input). c10d runs them eagerly, so a result is
 ready when it is returned and ``wait_tensor`` returns its argument.
 
-``group`` may be a ProcessGroup, a group name, a list of global ranks, or a list of lists of
-ranks (every rank then uses the list it belongs to). Groups given by ranks are created on first
-use with ``new_group``, so, as with ``new_group``, every rank must make such a call the first
-time, in the same order.
+``group`` may be a ProcessGroup, a group name, a DeviceMesh (1-D) or (mesh, dim), a list of
+global ranks, or a list of lists of ranks (every rank then uses the list it belongs to). Ranks
+name the group of exactly those ranks that this rank already has (the default group for all of
+them); when there is none, its members create it on first use, among themselves
+(``new_group(..., use_local_synchronization=True)``), so ranks outside it need not take part.
+Lists of ranks are deprecated in torch and warn (FutureWarning).
 """
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+import warnings
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -36,24 +39,28 @@ REDUCE_OP_TO_STR = {
     ReduceOp.MAX: "max", ReduceOp.BAND: "band", ReduceOp.BOR: "bor", ReduceOp.BXOR: "bxor",
 }
 
-# Groups made from rank lists: (tag, ranks) -> group.
-_groups_by_ranks: Dict[Tuple[str, Tuple[int, ...]], ProcessGroup] = {}
-
-
 # --------------------------------------------------------------------------------------------
 # Groups, reduce ops and tensors of the caller's kind
 
 
-def _group_of_ranks(ranks: Sequence[int], tag: str) -> ProcessGroup:
-    key = (tag, tuple(int(r) for r in ranks))
-    if not tag and sorted(key[1]) == list(range(_c10d.get_world_size())):
+def _group_of_ranks(ranks: Sequence[int]) -> ProcessGroup:
+    """The group of exactly `ranks` (any order) this rank is a member of: the first made of the
+    ones it has, or a new one its members make among themselves."""
+    wanted = sorted(int(r) for r in ranks)
+    me = _c10d.get_rank()
+    if me not in wanted:
+        raise _c10d._ArgumentError(f"rank {me} is not one of the group's ranks {list(ranks)}")
+    if wanted == list(range(_c10d.get_world_size())):
         return _c10d._get_default_group()
-    # Only groups made here are reused: a group the caller made is known to its members only,
-    # and every rank must make the same new_group calls.
-    pg = _groups_by_ranks.get(key)
-    if pg is None:
-        pg = _groups_by_ranks[key] = _c10d.new_group(list(key[1]))
-    return pg
+    for pg, members in _c10d._world.pg_group_ranks.items():
+        if sorted(members) == wanted and pg in _c10d._world.pg_map:
+            return pg
+    return _c10d.new_group(wanted, use_local_synchronization=True)
+
+
+def _warn_rank_lists() -> None:
+    warnings.warn("groups given as lists of ranks (and a tag) are deprecated, as in torch: pass a "
+                  "ProcessGroup, a DeviceMesh or a group name", FutureWarning, stacklevel=4)
 
 
 def _resolve_group(group: RANK_TYPES, tag: str = "") -> ProcessGroup:
@@ -61,7 +68,7 @@ def _resolve_group(group: RANK_TYPES, tag: str = "") -> ProcessGroup:
         return group
     if isinstance(group, DeviceMesh):  # SPMD over a 1-D mesh
         if group.ndim != 1:
-            raise _c10d._DistValueError(
+            raise _c10d._ArgumentError(
                 f"a DeviceMesh of {group.ndim} dimensions needs one: pass (mesh, dim)")
         return group.get_group(0)
     if (isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh)
@@ -74,24 +81,18 @@ def _resolve_group(group: RANK_TYPES, tag: str = "") -> ProcessGroup:
         raise _c10d._DistValueError(f"no process group is named {group!r}")
     if isinstance(group, (list, tuple)) and group:
         if all(isinstance(g, (list, tuple)) for g in group):
+            _warn_rank_lists()
             sizes = {len(g) for g in group}
             if len(sizes) != 1:
-                raise _c10d._DistValueError(f"group sizes must be identical, got {sorted(sizes)}")
+                raise _c10d._ArgumentError(f"group sizes must be identical, got {sorted(sizes)}")
             me = _c10d.get_rank()
-            mine = None
-            for ranks in group:  # every rank creates every group, in the same order
-                pg = _group_of_ranks(ranks, tag)
-                if me in ranks:
-                    mine = pg
-            if mine is None:
-                raise _c10d._DistValueError(f"rank {me} is in none of the groups {group}")
-            return mine
+            mine = [ranks for ranks in group if me in ranks]
+            if not mine:
+                raise _c10d._ArgumentError(f"rank {me} is in none of the groups {group}")
+            return _group_of_ranks(mine[0])
         if all(isinstance(r, int) for r in group):
-            pg = _group_of_ranks(group, tag)
-            if pg is _c10d.GroupMember.NON_GROUP_MEMBER:
-                raise _c10d._DistValueError(
-                    f"rank {_c10d.get_rank()} is not one of the group's ranks {list(group)}")
-            return pg
+            _warn_rank_lists()
+            return _group_of_ranks(group)
     raise _c10d._DistValueError(f"Unsupported group type: {type(group).__name__}, {group!r}")
 
 
@@ -179,17 +180,21 @@ def all_gather_tensor(self, gather_dim: int, group: RANK_TYPES, tag: str = ""):
     return out
 
 
+def _check_scatter_dim(what: str, tensor, scatter_dim: int, n: int) -> None:
+    shape = _shape(tensor)
+    if not shape or shape[scatter_dim] % n != 0:
+        raise _c10d._ArgumentError(
+            f"{what}: dimension {scatter_dim} of the input (shape {shape}) must be a multiple "
+            f"of the group size {n}")
+
+
 def reduce_scatter_tensor(self, reduceOp: str, scatter_dim: int, group: RANK_TYPES,
                           tag: str = ""):
     """This rank's chunk (along `scatter_dim`, in rank order) of the reduction of every rank's
     tensor."""
     pg = _resolve_group(group, tag)
     n = pg.size()
-    shape = _shape(self)
-    if not shape or shape[scatter_dim] % n != 0:
-        raise _c10d._DistValueError(
-            f"reduce_scatter_tensor: dimension {scatter_dim} of the input (shape {shape}) must "
-            f"be a multiple of the group size {n}")
+    _check_scatter_dim("reduce_scatter_tensor", self, scatter_dim, n)
     # Chunk j along scatter_dim goes to rank j: with the chunks stacked along dimension 0,
     # rank j's block of the flat input is that chunk, already in the output's shape.
     flat = _contiguous(self) if scatter_dim == 0 else _move_dim_chunks(self, n, scatter_dim, 0)
@@ -213,8 +218,11 @@ def reduce_scatter_tensor_coalesced(inputs: List, reduceOp: str, scatter_dim: Li
                                     group: RANK_TYPES, tag: str = ""):
     """reduce_scatter_tensor of each tensor of the list, along its entry of `scatter_dim`."""
     if len(scatter_dim) != len(inputs):
-        raise _c10d._DistValueError("reduce_scatter_tensor_coalesced: scatter_dim needs one "
-                                    "entry per input")
+        raise _c10d._ArgumentError("reduce_scatter_tensor_coalesced: scatter_dim needs one "
+                                   "entry per input")
+    n = _resolve_group(group, tag).size()
+    for i, (t, d) in enumerate(zip(inputs, scatter_dim)):  # all checked before any runs
+        _check_scatter_dim(f"reduce_scatter_tensor_coalesced: input {i}", t, d, n)
     return [reduce_scatter_tensor(t, reduceOp, d, group, tag)
             for t, d in zip(inputs, scatter_dim)]
 
@@ -227,8 +235,8 @@ def all_to_all_single(self, output_split_sizes: Optional[List[int]],
     n = pg.size()
     shape = _shape(self) or [1]
     if (output_split_sizes is None) != (input_split_sizes is None):
-        raise _c10d._DistValueError("output_split_sizes and input_split_sizes must either be "
-                                    "given together or both be None")
+        raise _c10d._ArgumentError("output_split_sizes and input_split_sizes must either be "
+                                   "specified together or both set to None")
     if output_split_sizes is None:
         output_split_sizes = [shape[0] // n] * n
         input_split_sizes = output_split_sizes
@@ -274,7 +282,8 @@ def _copy_into(dst, src):
 
 def _sync_only(async_op: bool, name: str) -> None:
     if async_op:
-        raise _c10d._DistValueError(f"{name}: the in-place functional form has no async version")
+        raise _c10d._ArgumentError(f"{name}: the in-place functional form has no async "
+                                   "version")
 
 
 def _group_or_world(group):
@@ -311,8 +320,8 @@ def all_gather_inplace(tensor_list, tensor, group=None, async_op=False, tag: str
     _sync_only(async_op, "all_gather_inplace")
     rows = _shape(tensor)[0] if _shape(tensor) else 1
     if any((_shape(t)[0] if _shape(t) else 1) != rows for t in tensor_list):
-        raise _c10d._DistValueError("all_gather_inplace: every output must have the input's "
-                                    "first dimension")
+        raise _c10d._ArgumentError("all_gather_inplace: every output must have the input's "
+                                   "first dimension")
     gathered = all_gather_tensor(tensor, 0, _group_or_world(group), tag)
     for i, dst in enumerate(tensor_list):
         _copy_into(dst, gathered[i * rows:(i + 1) * rows].reshape(_shape(dst)))

@@ -5,6 +5,7 @@ result with numpy and check its own output."""
 
 import os
 import time
+import warnings
 from datetime import timedelta
 
 import numpy as np
@@ -936,6 +937,21 @@ def functional_collectives(dist, backend):
         pairs = [[i, i + 1] for i in range(0, world, 2)]
         s = funcol.all_reduce(np.full(1, rank), "sum", pairs)
         assert s[0] == 2 * (rank - rank % 2) + 1, s
+        # Each pair names only its own ranks (MPMD): the groups are made by their members
+        # alone, and a new_group of every rank afterwards still pairs the right ranks.
+        mine = [rank - rank % 2, rank - rank % 2 + 1]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            s = funcol.all_reduce(np.full(1, 10 ** rank), "sum", mine)
+        assert s[0] == 10 ** mine[0] + 10 ** mine[1], s
+        assert any(issubclass(w.category, FutureWarning) for w in caught), caught
+        odd = dist.new_group([r for r in range(world) if r % 2])
+        if rank % 2:
+            s = funcol.all_reduce(np.full(1, 10 ** rank), "sum", odd)
+            assert s[0] == sum(10 ** r for r in range(1, world, 2)), s
+    _raises(AssertionError, lambda: funcol.reduce_scatter_tensor(np.ones(world + 1), "sum", 0,
+                                                                 W) if world > 1 else
+            funcol.reduce_scatter_tensor(np.ones(()), "sum", 0, W), "indivisible")
     try:
         import torch
     except ImportError:
