@@ -258,7 +258,10 @@ def permute_tensor(self, src_dst: List[int], group: RANK_TYPES, tag: str = ""):
         if dst == me:
             out_splits[src] = numel
     flat = _contiguous(self).reshape(-1)
-    return all_to_all_single(flat, out_splits, in_splits, pg, tag).reshape(_shape(self))
+    got = all_to_all_single(flat, out_splits, in_splits, pg, tag)
+    # One tensor received (src_dst a permutation): in the input's shape. Otherwise, as in
+    # torch, whatever arrived, flat and in rank order.
+    return got.reshape(_shape(self)) if sum(out_splits) == numel else got
 
 
 # c10d has no autograd: the autograd variants are the plain ones.

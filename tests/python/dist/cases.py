@@ -921,6 +921,9 @@ def functional_collectives(dist, backend):
     np.testing.assert_array_equal(got[:, 0], np.repeat(np.arange(world), np.arange(1, world + 1)))
     shifted = funcol.permute_tensor(np.full(3, rank), [(i + 1) % world for i in range(world)], W)
     assert (shifted == (rank - 1) % world).all(), shifted
+    to_0 = funcol.permute_tensor(np.full((1, 2), rank), [0] * world, W)  # not a permutation
+    expect = np.repeat(np.arange(world), 2) if rank == 0 else np.zeros(0)
+    np.testing.assert_array_equal(to_0.reshape(-1), expect)
     outs = funcol.all_reduce_coalesced([np.ones(2), np.full(3, rank)], "sum", W)
     assert (outs[0] == world).all() and (outs[1] == world * (world - 1) // 2).all(), outs
     # The in-place forms with the classic signatures.
