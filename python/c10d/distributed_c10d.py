@@ -1016,7 +1016,10 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
     work = _resolve_group(group).allgather_coalesced(
         [list(x) for x in output_tensor_lists], input_tensor_list,
         _opts(AllgatherOptions, async_op))
-    return work.get_future() if async_op else _finish(work, False)
+    if not async_op:
+        return _finish(work, False)
+    # As torch's: the future's value is the output lists (the caller's), one per rank.
+    return work.get_future().then(lambda _: output_tensor_lists)
 
 
 def _root_and_list(group, group_root, root, name, tensor_list, list_name, role):

@@ -289,11 +289,44 @@ bool ProcessGroup::run_inline(const InlineOp& op) {
   return true;
 }
 
+namespace {
+// Whether some of these tensors are complex and some are not.
+bool mixes_complex_and_real(const std::vector<std::vector<Tensor>>& outputs,
+                            const std::vector<Tensor>& inputs) {
+  bool complex = false, real = false;
+  auto see = [&](const Tensor& t) { (core::is_complex(t.dtype()) ? complex : real) = true; };
+  for (const auto& list : outputs) std::for_each(list.begin(), list.end(), see);
+  std::for_each(inputs.begin(), inputs.end(), see);
+  return complex && real;
+}
+
+// As torch, complex tensors mixed with real ones take part as pairs of reals (float32[..., 2]
+// for complex64): a complex tensor and the real view of one gather into each other, and a
+// list of both reduces in one call.
+std::vector<Tensor> as_reals(std::vector<Tensor> tensors) {
+  for (auto& t : tensors) {
+    if (core::is_complex(t.dtype())) t = t.view_as_real();
+  }
+  return tensors;
+}
+
+std::vector<std::vector<Tensor>> as_reals(const std::vector<std::vector<Tensor>>& lists) {
+  std::vector<std::vector<Tensor>> reals;
+  for (const auto& list : lists) reals.push_back(as_reals(list));
+  return reals;
+}
+}  // namespace
+
 WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
                                           const AllreduceCoalescedOptions& opts) {
   if (auto w = Staging::run_in_place("allreduce_coalesced", tensors,
                                       [&](auto& t) { return allreduce_coalesced(t, opts); })) {
     return *w;
+  }
+  if (mixes_complex_and_real({}, tensors)) {
+    for (const auto& t : tensors) check_reduce("allreduce_coalesced", t, opts.reduce_op);
+    std::vector<Tensor> reals = as_reals(tensors);
+    return allreduce_coalesced(reals, opts);
   }
   check_tensor_list("allreduce_coalesced", tensors, /*same_shape=*/false);
   check_reduce("allreduce_coalesced", tensors.front(), opts.reduce_op);
@@ -347,17 +380,6 @@ void check_gathered(std::string_view op, std::string_view side,
 }
 }  // namespace
 
-namespace {
-// Whether some of these tensors are complex and some are not.
-bool mixes_complex_and_real(const std::vector<std::vector<Tensor>>& outputs,
-                            const std::vector<Tensor>& inputs) {
-  bool complex = false, real = false;
-  auto see = [&](const Tensor& t) { (core::is_complex(t.dtype()) ? complex : real) = true; };
-  for (const auto& list : outputs) std::for_each(list.begin(), list.end(), see);
-  std::for_each(inputs.begin(), inputs.end(), see);
-  return complex && real;
-}
-}  // namespace
 
 WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
                                 std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
@@ -367,15 +389,8 @@ WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
     return *w;
   }
   if (mixes_complex_and_real(outputs, inputs)) {
-    // As torch: complex tensors take part as pairs of reals, so a complex tensor and the real
-    // view of one (float32[..., 2] for complex64) gather into each other.
-    auto as_real = [](Tensor& t) {
-      if (core::is_complex(t.dtype())) t = t.view_as_real();
-    };
-    std::vector<std::vector<Tensor>> real_outputs = outputs;
-    std::vector<Tensor> real_inputs = inputs;
-    for (auto& list : real_outputs) std::for_each(list.begin(), list.end(), as_real);
-    std::for_each(real_inputs.begin(), real_inputs.end(), as_real);
+    auto real_outputs = as_reals(outputs);
+    auto real_inputs = as_reals(inputs);
     return allgather(real_outputs, real_inputs, opts);
   }
   if (inputs.size() == 1 && outputs.size() == 1 && outputs[0].size() > 1 &&
@@ -475,6 +490,11 @@ WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outp
         return allgather_coalesced(o, i, opts);
       })) {
     return *w;
+  }
+  if (mixes_complex_and_real(outputs, inputs)) {
+    auto real_outputs = as_reals(outputs);
+    auto real_inputs = as_reals(inputs);
+    return allgather_coalesced(real_outputs, real_inputs, opts);
   }
   check_tensor_list("allgather_coalesced", inputs, /*same_shape=*/false);
   // Dtypes first, as torch checks them before the lists' lengths.

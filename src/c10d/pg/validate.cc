@@ -6,6 +6,8 @@
 
 namespace c10d::pg {
 
+using core::detail::str_cat;
+
 void check_rank(std::string_view op, std::string_view what, int64_t rank, int size) {
   C10D_CHECK_ARG(rank >= 0 && rank < size, op, ": invalid ", what, " ", rank,
                  " (the group has ranks 0..", size - 1, ")");
@@ -33,7 +35,17 @@ void check_reduce(std::string_view op, core::DType dtype, const core::ReduceOp& 
   try {
     core::check_reduce_op(dtype, reduce_op);
   } catch (const core::InvalidArgument& e) {
-    throw core::InvalidArgument(std::string(op) + ": " + e.what());
+    // With torch's phrases where torch has one (its users match on them).
+    const std::string name(reduce_op.name());
+    std::string torch_words;
+    if (core::is_complex(dtype) && core::is_valid_reduce_op(core::DType::kFloat32, reduce_op)) {
+      const std::string_view api = op.starts_with("allreduce") ? "all_reduce" : op;
+      torch_words = str_cat(api, " does not support ", name, " on complex tensors; ");
+    } else if (reduce_op.kind == core::ReduceOp::BAND || reduce_op.kind == core::ReduceOp::BOR ||
+               reduce_op.kind == core::ReduceOp::BXOR) {
+      torch_words = str_cat("Cannot use ReduceOp.", name, " with non-integral dtype; ");
+    }
+    throw core::InvalidArgument(str_cat(op, ": ", torch_words, e.what()));
   }
 }
 

@@ -208,6 +208,24 @@ def all_reduce_errors(dist, backend):
         _raises(ValueError, lambda: dist.all_reduce(c, op=op), "complex MAX")
     _raises(ValueError, lambda: dist.all_reduce(np.ones(4, np.float32), op=dist.ReduceOp.BAND),
             "BAND on float")
+    for fn, words in [(lambda: dist.all_reduce(c, op=dist.ReduceOp.MAX),
+                       "all_reduce does not support MAX on complex tensors"),
+                      (lambda: dist.all_reduce_coalesced([np.ones(2, np.float32), c],
+                                                         op=dist.ReduceOp.MAX),
+                       "all_reduce does not support MAX on complex tensors"),
+                      (lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.BOR),
+                       "Cannot use ReduceOp.BOR with non-integral dtype")]:
+        try:
+            fn()
+        except ValueError as e:
+            assert words in str(e), e
+        else:
+            raise AssertionError(f"no error with {words!r}")
+    # A list mixing real and complex tensors reduces in one call (complex as pairs of reals).
+    mixed = [np.ones(3, np.float32), np.full(2, (1 + 2j) * rank, np.complex64)]
+    dist.all_reduce_coalesced(mixed)
+    world = dist.get_world_size()
+    assert (mixed[0] == world).all() and (mixed[1] == (1 + 2j) * sum(range(world))).all(), mixed
     overlapping = np.lib.stride_tricks.as_strided(np.zeros(1), (4,), (0,), writeable=True)
     _raises(ValueError, lambda: dist.all_reduce(overlapping), "an output with a stride of 0")
     ro = np.ones(4)
@@ -294,6 +312,11 @@ def gathers(dist, backend):
     dist.all_gather_coalesced(outs, [a, b])
     for r in range(world):
         assert (outs[r][0] == r).all() and (outs[r][1] == r * 10).all()
+    # Real and complex tensors in one list.
+    outs = [[np.zeros(2, np.float32), np.zeros(1, np.complex64)] for _ in range(world)]
+    dist.all_gather_coalesced(outs, [np.full(2, rank, np.float32), np.full(1, 1j * rank,
+                                                                          np.complex64)])
+    assert all((outs[r][0] == r).all() and outs[r][1][0] == 1j * r for r in range(world)), outs
     # Argument rules.
     x = np.zeros(3)
     if world > 1:
@@ -504,6 +527,7 @@ def barriers_and_async(dist, backend):
     outs = [[np.zeros(1)] for _ in range(world)]
     values = dist.all_gather_coalesced(outs, [np.full(1, rank, np.float64)], async_op=True).wait()
     assert [o[0][0] for o in outs] == list(range(world)), (outs, values)
+    assert all(v[0] is o[0] for v, o in zip(values, outs)), values  # the output lists, as torch
     # broadcast and reduce need a root, as in torch.
     _raises(ValueError, lambda: dist.broadcast(np.zeros(1)), "broadcast without src")
     _raises(ValueError, lambda: dist.reduce(np.zeros(1)), "reduce without dst")
