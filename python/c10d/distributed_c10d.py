@@ -749,7 +749,9 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
         raise _DistValueError(f"new_group: ranks contain duplicates: {ranks}")
     for r in ranks:
         if r < 0 or r >= world_size:
-            raise _DistValueError(f"Invalid rank {r} in new_group: ranks must be in [0, "
+            # torch's words, its doubled "the" included: its users match on them.
+            raise _DistValueError(f"The new group's rank should be within the the world_size "
+                                  f"set by init_process_group: rank {r} is not in [0, "
                                   f"{world_size})")
     if backend is None:
         backend = _world.pg_map[default][0]
@@ -1136,6 +1138,10 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
 def barrier(group=None, async_op=False, device_ids=None):
     """Blocks until every rank of `group` has entered the barrier."""
+    if device_ids is not None and (not isinstance(device_ids, (list, tuple)) or
+                                   not all(isinstance(d, int) for d in device_ids)):
+        raise _DistTypeError("Invalid function argument: device_ids type should be List[int], "
+                             f"got {device_ids!r}")
     if not async_op:
         fast = _world.inline.get(group)
         if fast is not None and fast.barrier():
@@ -1159,6 +1165,9 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     pg = _resolve_group(group)
     if timeout is None:
         timeout = pg._timeout
+    _check_valid_timeout(timeout)
+    # No time at all is the shortest wait (a zero timeout means none to the backends).
+    timeout = max(timeout, timedelta(milliseconds=1))
     return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
@@ -1328,12 +1337,12 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     me = get_rank(group)
     world = get_world_size(group)
     if me == root:
-        if not object_gather_list:
-            raise _DistValueError("Argument ``object_gather_list`` must be specified on the "
-                                  "destination rank.")
+        if not object_gather_list:  # torch names the argument gather_list here too
+            raise _DistValueError("Argument ``gather_list`` must be specified on destination "
+                                  "rank (object_gather_list).")
     elif object_gather_list:
-        raise _DistValueError("Argument ``object_gather_list`` must NOT be specified on "
-                              "non-destination ranks.")
+        raise _DistValueError("Argument ``gather_list`` must NOT be specified on "
+                              "non-destination ranks (object_gather_list).")
     data = _to_bytes_tensor(obj)
     sizes = np.zeros(world, dtype=np.int64)
     all_gather_into_tensor(sizes, np.array([data.size], dtype=np.int64), group)

@@ -33,6 +33,14 @@ def test_recv_without_sender_times_out(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_barrier_timeout_says_timed_out(backend):
+    results = harness.run("barrier_timeout_words", 3, backend, env={"C10D_TEST_PG_TIMEOUT": "2"})
+    harness.check_all_ok(results)
+    for r in results[:2]:
+        assert "BARRIER_TIMEOUT_OK" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_p2p_size_mismatch_raises(backend):
     results = harness.run("p2p_size_mismatch", 2, backend, env={"C10D_TEST_PG_TIMEOUT": "3"})
     harness.check_all_ok(results)

@@ -129,6 +129,12 @@ WorkPtr Backend::recv_anysource(std::vector<Tensor>&, int) {
   throw_not_supported("recv_anysource");
 }
 WorkPtr Backend::barrier(const BarrierOptions&) { throw_not_supported("barrier"); }
+std::string monitored_barrier_failure_on(int rank) {
+  return core::detail::str_cat("Rank ", rank, " successfully reached monitoredBarrier, but "
+                               "received errors while waiting for send/recv from rank 0. Please "
+                               "check rank 0 logs for faulty rank.");
+}
+
 void Backend::monitored_barrier(const BarrierOptions&, bool) {
   throw_not_supported("monitored_barrier");
 }

@@ -53,6 +53,10 @@ struct InlineOp {
   Millis timeout = kUnsetTimeout;
 };
 
+// How a failed monitored barrier begins on a rank other than 0, in torch's words (its users
+// match them): those ranks hear of the failure from rank 0.
+std::string monitored_barrier_failure_on(int rank);
+
 class Backend : public std::enable_shared_from_this<Backend> {
  public:
   Backend(int rank, int size, Millis timeout = kDefaultPgTimeout)
@@ -111,7 +115,8 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual WorkPtr recv_anysource(std::vector<Tensor>& tensors, int tag);
   virtual WorkPtr barrier(const BarrierOptions& opts);
   // Reports every rank that did not arrive within the timeout (all of them with
-  // wait_all_ranks, else the first one found).
+  // wait_all_ranks, else the first one found). Ranks other than 0 begin their error with
+  // monitored_barrier_failure_on(rank).
   virtual void monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks);
 
   // The inline fast path: a synchronous collective run to completion on the calling thread

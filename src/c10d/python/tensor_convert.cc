@@ -149,7 +149,11 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
 }
 
 core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
-  if (obj.is_none()) throw py::type_error(str_cat(what, ": expected a tensor, got None"));
+  // "Invalid function argument": torch's words for a parameter that is not a tensor.
+  if (obj.is_none()) {
+    throw py::type_error(str_cat("Invalid function argument. ", what,
+                                 ": expected a tensor, got None"));
+  }
   // numpy arrays answer both protocols; the buffer protocol also covers read-only arrays and
   // bool, so it goes first. Torch tensors have only __dlpack__.
   if (PyObject_CheckBuffer(obj.ptr()) && !py::isinstance<py::str>(obj)) {
@@ -157,8 +161,8 @@ core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
   }
   // The tensor keeps `obj` too, so that results hand the caller's object back (to_python).
   if (py::hasattr(obj, "__dlpack__")) return with_source(from_dlpack_object(obj, what), obj);
-  throw py::type_error(str_cat(what, ": expected a tensor (numpy array, buffer or object with "
-                                     "__dlpack__), got ", type_name(obj)));
+  throw py::type_error(str_cat("Invalid function argument. ", what, ": expected a tensor (numpy "
+                               "array, buffer or object with __dlpack__), got ", type_name(obj)));
 }
 
 std::vector<core::Tensor> to_tensors(py::handle seq, bool writable, std::string_view what) {

@@ -671,6 +671,20 @@ def state_queries(dist, backend):
         assert "twice" in str(e)
     else:
         raise AssertionError("a second init_process_group did not raise")
+    # torch's words for bad arguments.
+    for fn, exc, words in [
+            (lambda: dist.new_group([world]), ValueError,
+             "The new group's rank should be within the the world_size"),
+            (lambda: dist.barrier(device_ids=0), TypeError, "device_ids type should be List[int]"),
+            (lambda: dist.all_reduce("x"), TypeError, "Invalid function argument"),
+            (lambda: dist.gather_object(1, None, dst=rank), ValueError,
+             "Argument ``gather_list`` must be specified on destination rank")]:
+        try:
+            fn()
+        except exc as e:
+            assert words in str(e), e
+        else:
+            raise AssertionError(f"no {exc.__name__} with {words!r}")
     # The private helpers torch-based tools call.
     dc = dist.distributed_c10d
     sub = dist.new_group(list(range(world))[::-1])  # sorted, as in torch
@@ -812,6 +826,25 @@ def p2p_size_mismatch(dist, backend):
     print("MISMATCH_OK sent")
 
 
+def barrier_timeout_words(dist, backend):
+    """The last rank skips a barrier: the others time out with torch's words around them (its
+    tests match " (Timed out|closed|timeout) ")."""
+    import re
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == world - 1:
+        time.sleep(5)
+        return
+    start = time.monotonic()
+    try:
+        dist.barrier()
+    except RuntimeError as e:
+        assert time.monotonic() - start < 4.5, e
+        assert re.search(" (Timed out|closed|timeout) ", str(e)), e
+        print("BARRIER_TIMEOUT_OK", e)
+    else:
+        raise AssertionError("a barrier without the last rank passed")
+
+
 def monitored_barrier_reports(dist, backend):
     """The last rank skips the barrier; the others learn which rank is missing."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -822,10 +855,21 @@ def monitored_barrier_reports(dist, backend):
         dist.monitored_barrier(timeout=timedelta(seconds=2), wait_all_ranks=True)
     except RuntimeError as e:
         if rank == 0:
-            assert str(world - 1) in str(e), str(e)
+            assert f"Rank {world - 1} failed to pass monitoredBarrier in 2000 ms" in str(e), e
+        else:  # torch's words on the other ranks
+            assert f"Rank {rank} successfully reached monitoredBarrier, but received errors " \
+                   f"while waiting for send/recv from rank 0" in str(e), e
         print(f"MONITORED_OK: {e}")
-        return
-    raise AssertionError("monitored_barrier passed with a rank missing")
+    else:
+        raise AssertionError("monitored_barrier passed with a rank missing")
+    if rank == 0 and world > 1:  # a zero timeout fails at once, as in torch
+        start = time.monotonic()
+        try:
+            dist.monitored_barrier(timeout=timedelta(0))
+        except RuntimeError as e:
+            assert time.monotonic() - start < 2 and "failed to pass monitoredBarrier" in str(e), e
+        else:
+            raise AssertionError("monitored_barrier with a zero timeout passed")
 
 
 def desync_detail(dist, backend):

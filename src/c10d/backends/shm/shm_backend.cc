@@ -501,6 +501,9 @@ class Engine {
                                        " ms");
       broken = missing.size() == 1 ? str_cat("Rank ", missing[0], text)
                                    : str_cat("Ranks ", join_ranks(missing), text);
+      // Every rank sees who is missing here, but torch's other ranks only hear from rank 0,
+      // and its users match that wording.
+      if (rank_ != 0) broken = str_cat(pg::monitored_barrier_failure_on(rank_), " (", broken, ")");
       throw DistTimeoutError(broken);
     }
     step_ = s;
@@ -1252,7 +1255,8 @@ class Engine {
       for (int r : missing) {
         if (r != rank_) peers.push_back(r);
       }
-      fail<DistTimeoutError>(str_cat(describe(), " timed out after ",
+      // "Timed out" between spaces, as torch's messages have it (its tests match on that).
+      fail<DistTimeoutError>(str_cat(describe(), ": Timed out after ",
                                      core::format_timeout(timeout_), " waiting for rank",
                                      peers.size() == 1 ? " " : "s ", join_ranks(peers)));
     }
@@ -1393,7 +1397,7 @@ class P2PEngine {
           }
         }
         if (why.empty() && op->deadline.expired()) {
-          why = str_cat("timed out after ", core::format_timeout(op->timeout));
+          why = str_cat("Timed out after ", core::format_timeout(op->timeout));
           timed_out = true;
         }
         if (!why.empty()) {
