@@ -208,19 +208,14 @@ def all_reduce_errors(dist, backend):
         _raises(ValueError, lambda: dist.all_reduce(c, op=op), "complex MAX")
     _raises(ValueError, lambda: dist.all_reduce(np.ones(4, np.float32), op=dist.ReduceOp.BAND),
             "BAND on float")
-    for fn, words in [(lambda: dist.all_reduce(c, op=dist.ReduceOp.MAX),
-                       "all_reduce does not support MAX on complex tensors"),
-                      (lambda: dist.all_reduce_coalesced([np.ones(2, np.float32), c],
-                                                         op=dist.ReduceOp.MAX),
-                       "all_reduce does not support MAX on complex tensors"),
-                      (lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.BOR),
-                       "Cannot use ReduceOp.BOR with non-integral dtype")]:
-        try:
-            fn()
-        except ValueError as e:
-            assert words in str(e), e
-        else:
-            raise AssertionError(f"no error with {words!r}")
+    # In torch's words.
+    complex_max = "all_reduce does not support MAX on complex tensors"
+    _raises(ValueError, lambda: dist.all_reduce(c, op=dist.ReduceOp.MAX), "complex", complex_max)
+    _raises(ValueError, lambda: dist.all_reduce_coalesced([np.ones(2, np.float32), c],
+                                                          op=dist.ReduceOp.MAX),
+            "complex in a list", complex_max)
+    _raises(ValueError, lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.BOR), "BOR",
+            "Cannot use ReduceOp.BOR with non-integral dtype")
     # A list mixing real and complex tensors reduces in one call (complex as pairs of reals).
     mixed = [np.ones(3, np.float32), np.full(2, (1 + 2j) * rank, np.complex64)]
     dist.all_reduce_coalesced(mixed)
@@ -237,10 +232,12 @@ def all_reduce_errors(dist, backend):
     assert (t == dist.get_world_size()).all()
 
 
-def _raises(exc, fn, what):
+def _raises(exc, fn, what, words=None):
+    """fn() raises exc (with `words` in its message, when given)."""
     try:
         fn()
-    except exc:
+    except exc as e:
+        assert words is None or words in str(e), f"{what}: {words!r} not in {e}"
         return
     except Exception as e:
         raise AssertionError(f"{what}: expected {exc.__name__}, got {type(e).__name__}: {e}")
@@ -672,19 +669,13 @@ def state_queries(dist, backend):
     else:
         raise AssertionError("a second init_process_group did not raise")
     # torch's words for bad arguments.
-    for fn, exc, words in [
-            (lambda: dist.new_group([world]), ValueError,
-             "The new group's rank should be within the the world_size"),
-            (lambda: dist.barrier(device_ids=0), TypeError, "device_ids type should be List[int]"),
-            (lambda: dist.all_reduce("x"), TypeError, "Invalid function argument"),
-            (lambda: dist.gather_object(1, None, dst=rank), ValueError,
-             "Argument ``gather_list`` must be specified on destination rank")]:
-        try:
-            fn()
-        except exc as e:
-            assert words in str(e), e
-        else:
-            raise AssertionError(f"no {exc.__name__} with {words!r}")
+    _raises(ValueError, lambda: dist.new_group([world]), "rank outside",
+            "The new group's rank should be within the the world_size")
+    _raises(TypeError, lambda: dist.barrier(device_ids=0), "device_ids",
+            "device_ids type should be List[int]")
+    _raises(TypeError, lambda: dist.all_reduce("x"), "a str", "Invalid function argument")
+    _raises(ValueError, lambda: dist.gather_object(1, None, dst=rank), "no gather list",
+            "Argument ``gather_list`` must be specified on destination rank")
     # The private helpers torch-based tools call.
     dc = dist.distributed_c10d
     sub = dist.new_group(list(range(world))[::-1])  # sorted, as in torch
