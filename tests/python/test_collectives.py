@@ -56,6 +56,15 @@ def test_monitored_barrier_names_missing_rank(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_missing_rank_named_at_detail(backend):
+    results = harness.run("detail_missing_rank", 3, backend,
+                          env={"C10D_TEST_PG_TIMEOUT": "2", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    harness.check_all_ok(results)
+    for r in results[:2]:
+        assert "DETAIL_MISSING_OK" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_desync_detected_at_detail(backend):
     results = harness.run("desync_detail", 2, backend,
                           env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})

@@ -34,6 +34,9 @@ void WrapperBackend::check(const std::string& call) {
   const uint64_t seq = ++seq_;
   const std::string mine = call + " seq " + std::to_string(seq);
   const int n = size();
+  // 0) every rank arrived (as torch's wrapper does first): a rank that never calls is named
+  // ("Rank 1 failed to pass monitoredBarrier in ...") instead of an exchange timing out.
+  checker_->monitored_barrier(BarrierOptions{}, /*wait_all_ranks=*/true);
   // 1) everyone's description length, 2) the descriptions padded to the longest.
   Tensor length = Tensor::empty({1}, DType::kInt64);
   *length.data_as<int64_t>() = static_cast<int64_t>(mine.size());

@@ -1,6 +1,7 @@
 // WrapperBackend: a debugging backend (used at debug level DETAIL) that checks, before every
-// collective, that all ranks are calling the same collective with the same sequence number,
-// dtypes and shapes, and only then runs it on the wrapped backend. The check travels over a
+// collective, that every rank arrived (a monitored barrier, which names the missing ones) and
+// that all ranks are calling the same collective with the same sequence number, dtypes and
+// shapes, and only then runs it on the wrapped backend. The check travels over a
 // separate backend (a side Gloo group), so a mismatch is reported on every rank instead of
 // hanging or corrupting data. Point-to-point operations are not collective and pass straight
 // through. Thread-safe to the same degree as the wrapped backend; collectives must be issued

@@ -836,6 +836,25 @@ def barrier_timeout_words(dist, backend):
         raise AssertionError("a barrier without the last rank passed")
 
 
+def detail_missing_rank(dist, backend):
+    """At DETAIL, a rank that never calls a collective is named, as torch's wrapper does."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = np.ones(2)
+    dist.all_reduce(t)
+    if rank == world - 1:
+        time.sleep(5)
+        return
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        words = (f"Rank {world - 1} failed to pass monitoredBarrier" if rank == 0 else
+                 f"Rank {rank} successfully reached monitoredBarrier")
+        assert words in str(e), e
+        print("DETAIL_MISSING_OK", e)
+    else:
+        raise AssertionError("an all_reduce without the last rank passed")
+
+
 def monitored_barrier_reports(dist, backend):
     """The last rank skips the barrier; the others learn which rank is missing."""
     rank, world = dist.get_rank(), dist.get_world_size()
