@@ -72,6 +72,10 @@ from .distributed_c10d import (  # noqa: F401  (private names tests and tools us
 from .rendezvous import register_rendezvous_handler, rendezvous  # noqa: F401
 from . import control  # noqa: F401,E402  (registers the dump_traceback handler)
 from .shm import shm_empty  # noqa: F401
+from . import futures  # noqa: F401,E402  (collect_all, wait_all)
+
+# Future[T] in annotations (comm hooks are written `-> dist.Future[...]`), as torch's allows.
+_C.Future.__class_getitem__ = classmethod(lambda cls, item: cls)
 _Work = Work  # torch.distributed's name for the base of custom backends' Work classes
 from .device_mesh import DeviceMesh, init_device_mesh  # noqa: F401,E402
 

@@ -700,7 +700,8 @@ def _incarnation_store(store, world_size):
 
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
-    """Destroys `group`, or every group when None. Never waits on peers."""
+    """Destroys `group`, or every group when None. Operations already submitted finish first
+    (within the group's timeout), as in torch; nothing else waits on peers."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return
     if group is None or group is GroupMember.WORLD:

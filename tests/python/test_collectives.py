@@ -33,6 +33,11 @@ def test_recv_without_sender_times_out(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_destroy_lets_submitted_work_finish(backend):
+    harness.check_all_ok(harness.run("destroy_with_pending", 3, backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_barrier_timeout_says_timed_out(backend):
     results = harness.run("barrier_timeout_words", 3, backend, env={"C10D_TEST_PG_TIMEOUT": "2"})
     harness.check_all_ok(results)

@@ -106,16 +106,55 @@ def test_future_then_and_errors():
     assert chained.wait() == 42
     assert seen == [41]
 
+    # A raising callback: torch's RuntimeError naming it, caused by the callback's error,
+    # raised again on every wait.
     g = c10d.Future()
     failing = g.then(lambda fut: 1 / 0)
     g.set_result(1)
-    with pytest.raises(ZeroDivisionError):
-        failing.wait()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="Got the following error when running the "
+                                               "callback: ZeroDivisionError") as info:
+            failing.wait()
+        assert isinstance(info.value.__cause__, ZeroDivisionError)
 
+    # A Python error set on a future is raised as itself, every time (it aborted the process
+    # the second time).
     h = c10d.Future()
     h.set_exception(ValueError("bad"))
-    with pytest.raises(ValueError, match="bad"):
-        h.wait()
+    for wait in (h.wait, h.value, h.wait):
+        with pytest.raises(ValueError, match="bad"):
+            wait()
+    work = _C._create_work_from_future(h)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="bad"):
+            work.wait()
+    assert isinstance(work.exception(), ValueError)
+    with pytest.raises(AssertionError, match="not an Exception"):
+        c10d.Future().set_exception("bad")
+
+    # then() runs its callback on a failed future too, which may handle the error.
+    def handle(fut):
+        try:
+            fut.wait()
+        except ValueError:
+            return "handled"
+    assert h.then(handle).wait() == "handled"
+
+
+def test_collect_all_and_wait_all():
+    from c10d.futures import collect_all, wait_all
+    a, b = c10d.Future(devices=[]), c10d.Future()
+    both = collect_all([a, b])
+    a.set_result(1)
+    assert not both.done()
+    threading.Thread(target=lambda: b.set_result([2])).start()
+    assert [f.value() for f in both.wait()] == [1, [2]]
+    assert wait_all([a, b]) == [1, [2]] and collect_all([]).wait() == []
+    bad = c10d.Future()
+    bad.set_exception(KeyError("k"))
+    with pytest.raises(KeyError):
+        wait_all([a, bad])
+    assert c10d.Future[int] is c10d.Future  # annotations of comm hooks
 
 
 def test_work_from_future():
@@ -124,9 +163,11 @@ def test_work_from_future():
     assert not w.is_completed()
     with pytest.raises(c10d.DistTimeoutError):
         w.wait(0.05)
-    f.set_result([np.ones(2)])
+    a = np.ones(2)
+    f.set_result([a])
     assert w.wait()
     assert w.is_success()
+    assert w.result()[0] is a  # the future's tensors
     assert w.exception() is None
 
 

@@ -127,6 +127,11 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual bool has_inline(core::OpType /*type*/) const { return false; }
   virtual void run_inline(const InlineOp& op);
 
+  // Waits, at most `timeout` (kNoTimeout: as long as it takes), for the operations already
+  // submitted to finish, as torch's backends finish their queue before going away
+  // (ProcessGroup::shutdown, i.e. destroy_process_group, calls it first). Not for destructors:
+  // finishing operations may need the thread that drops the backend (a Python caller's GIL).
+  virtual void finish_pending(Millis /*timeout*/) {}
   // Stops outstanding operations; later calls fail. Never blocks on peers.
   virtual void shutdown() {}
 

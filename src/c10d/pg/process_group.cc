@@ -803,6 +803,7 @@ void ProcessGroup::shutdown() {
     std::lock_guard lock(mutex_);
     backends = backends_;
   }
+  for (auto& [device, backend] : backends) backend->finish_pending(backend->timeout());
   for (auto& [device, backend] : backends) backend->shutdown();
 }
 

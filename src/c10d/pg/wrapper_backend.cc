@@ -161,6 +161,8 @@ void WrapperBackend::monitored_barrier(const BarrierOptions& o, bool wait_all_ra
   // Checking first would block on the missing rank, hiding what monitored_barrier reports.
   wrapped_->monitored_barrier(o, wait_all_ranks);
 }
+void WrapperBackend::finish_pending(Millis timeout) { wrapped_->finish_pending(timeout); }
+
 void WrapperBackend::shutdown() {
   wrapped_->shutdown();
   checker_->shutdown();

@@ -58,6 +58,7 @@ class WrapperBackend : public Backend {
   WorkPtr recv_anysource(std::vector<Tensor>& tensors, int tag) override;
   WorkPtr barrier(const BarrierOptions& opts) override;
   void monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks) override;
+  void finish_pending(Millis timeout) override;
   void shutdown() override;
 
   // "all_reduce(float32[4], op=SUM)": how a call is named in mismatch reports.

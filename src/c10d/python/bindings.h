@@ -38,6 +38,23 @@ bool interpreter_running();
 // finalizing.
 std::shared_ptr<pybind11::object> hold_python(pybind11::object obj);
 
+// A Python exception stored in a core::Future (set_exception, a raising then() callback, a
+// Python hook): raised again as itself every time the future is waited on. pybind11's own
+// error_already_set may be raised only once, so it must never be stored.
+class PythonException : public std::exception {
+ public:
+  explicit PythonException(pybind11::handle exception);  // an exception instance; GIL held
+  const char* what() const noexcept override { return what_.c_str(); }
+  pybind11::handle exception() const { return *held_; }
+
+ private:
+  std::shared_ptr<pybind11::object> held_;
+  std::string what_;
+};
+
+// The exception_ptr for the Python error being handled (e.g. a caught error_already_set's).
+std::exception_ptr python_exception_ptr(const pybind11::error_already_set& error);
+
 // Sets the Python error for a C++ exception as pybind11 would (c10d's error classes, ValueError
 // for invalid arguments, RuntimeError otherwise); for code outside pybind11's dispatch.
 void set_python_error(std::exception_ptr error);

@@ -81,6 +81,9 @@ void translate_exception(std::exception_ptr p) {
   {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const PythonException& e) {
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.exception().ptr())),
+                      e.exception().ptr());
     } catch (const core::DistStoreTimeoutError& e) {
       PyErr_SetString(g_store_timeout_error, e.what());
     } catch (const core::DistQueueEmptyError& e) {
@@ -118,17 +121,26 @@ FutureValue value_from_python(py::handle obj) {
   return value;
 }
 
-// Turns the Python exception `exc` into a C++ exception_ptr that rethrows as itself.
-std::exception_ptr exception_from_python(py::handle exc) {
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-  try {
-    throw py::error_already_set();
-  } catch (...) {
-    return std::current_exception();
-  }
+// What then() stores when its callback raised: torch's RuntimeError naming the callback's
+// error, which becomes its __cause__.
+std::exception_ptr callback_error(const py::error_already_set& e) {
+  py::object error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError)(
+      "Got the following error when running the callback: " +
+      py::str(e.type().attr("__name__")).cast<std::string>() + ": " +
+      py::str(e.value()).cast<std::string>());
+  error.attr("__cause__") = e.value();
+  return std::make_exception_ptr(PythonException(error));
 }
 
 }  // namespace
+
+PythonException::PythonException(py::handle exception)
+    : held_(hold_python(py::reinterpret_borrow<py::object>(exception))),
+      what_(py::str(exception).cast<std::string>()) {}
+
+std::exception_ptr python_exception_ptr(const py::error_already_set& error) {
+  return std::make_exception_ptr(PythonException(error.value()));
+}
 
 bool interpreter_running() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
 
@@ -179,7 +191,10 @@ void init_core(py::module_& m) {
 
   py::class_<Future, std::shared_ptr<Future>>(m, "Future",
                                               "The eventual result of an asynchronous operation.")
-      .def(py::init<>())
+      .def(py::init([](const py::object& /*devices: CPU only*/) {
+             return std::make_shared<Future>();
+           }),
+           py::arg("devices") = py::none())
       .def("done", &Future::completed, "True once the future has a result or an error.")
       .def(
           "wait",
@@ -200,24 +215,46 @@ void init_core(py::module_& m) {
       .def(
           "set_exception",
           [](Future& f, py::object exc) {
-            if (PyType_Check(exc.ptr())) exc = exc();
-            f.set_error(exception_from_python(exc));
+            if (!PyExceptionInstance_Check(exc.ptr())) {
+              PyErr_SetString(PyExc_AssertionError,
+                              (py::repr(exc).cast<std::string>() + " is of type " +
+                               py::str(py::type::of(exc)).cast<std::string>() +
+                               ", not an Exception.").c_str());
+              throw py::error_already_set();
+            }
+            f.set_error(std::make_exception_ptr(PythonException(exc)));
           },
           py::arg("result"))
       .def(
           "then",
           [](const std::shared_ptr<Future>& f, py::function callback) {
-            return f->then([self = f, fn = hold_python(std::move(callback))](Future&) {
+            // The callback runs whether this future succeeded or failed (it may handle the
+            // error through wait() or value()), as torch's does.
+            auto child = std::make_shared<Future>();
+            f->add_callback([self = f, child, fn = hold_python(std::move(callback))](Future&) {
               if (!interpreter_running()) {
-                throw std::runtime_error("Future.then: the Python interpreter is shutting down");
+                child->set_error(std::make_exception_ptr(std::runtime_error(
+                    "Future.then: the Python interpreter is shutting down")));
+                return;
               }
-              py::gil_scoped_acquire gil;
-              return value_from_python((*fn)(self));
+              FutureValue value;
+              {
+                py::gil_scoped_acquire gil;
+                try {
+                  value = value_from_python((*fn)(self));
+                } catch (py::error_already_set& e) {
+                  child->set_error(callback_error(e));
+                  return;
+                }
+              }
+              child->mark_completed(std::move(value));
             });
+            return child;
           },
           py::arg("callback"),
-          "A new future completed with callback(this future)'s return value; an exception in "
-          "the callback becomes the new future's error.")
+          "A new future completed with callback(this future)'s return value; the callback "
+          "runs also when this future failed, and an exception in it becomes the new future's "
+          "error (a RuntimeError naming it).")
       .def(
           "add_done_callback",
           [](const std::shared_ptr<Future>& f, py::function callback) {
@@ -243,8 +280,8 @@ void init_core(py::module_& m) {
              if (!error) return py::none();
              try {
                std::rethrow_exception(error);
-             } catch (py::error_already_set& e) {
-               return e.value();
+             } catch (const PythonException& e) {
+               return py::reinterpret_borrow<py::object>(e.exception());
              } catch (...) {
              }
              // Build the Python exception object the same way a raising call would.
@@ -261,14 +298,20 @@ void init_core(py::module_& m) {
       .def("source_rank", &Work::source_rank)
       .def("_source_rank", &Work::source_rank)
       .def("result",
-           [](const Work& w) {
-             py::list out;
-             std::vector<core::Tensor> tensors;
+           [](const Work& w) -> py::object {
+             const FutureValue* value = nullptr;
              {
                py::gil_scoped_release release;
-               tensors = w.result();
+               value = &w.get_future()->value();
              }
-             for (const auto& t : tensors) out.append(to_python(t));
+             if (!value->object) return value_to_python(*value);
+             // A work made from a Python future (_create_work_from_future): its tensors.
+             py::object held = value_to_python(*value);
+             if (py::isinstance<py::list>(held) || py::isinstance<py::tuple>(held)) {
+               return py::list(held);
+             }
+             py::list out;
+             if (!held.is_none()) out.append(held);
              return out;
            })
       .def("synchronize", [](Work&) {})

@@ -249,7 +249,13 @@ void init_ddp(py::module_& m) {
         self.reducer->register_comm_hook([fn, st](GradBucket& bucket) {
           py::gil_scoped_acquire gil;
           auto handle = std::make_shared<GradBucket>(bucket);
-          py::object result = (*fn)(*st, handle);
+          py::object result;
+          try {
+            result = (*fn)(*st, handle);
+          } catch (const py::error_already_set& e) {
+            // Kept by the reducer and raised to Python later, maybe more than once.
+            std::rethrow_exception(python_exception_ptr(e));
+          }
           // The hook may have replaced the buffer of its copy.
           bucket.set_buffer(handle->buffer());
           return tensor_future(result.cast<std::shared_ptr<Future>>());

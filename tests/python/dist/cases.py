@@ -817,6 +817,18 @@ def p2p_size_mismatch(dist, backend):
     print("MISMATCH_OK sent")
 
 
+def destroy_with_pending(dist, backend):
+    """destroy_process_group() lets operations already submitted finish, as torch's does: the
+    peers that called them too get their results."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = np.full(4, rank + 1.0)
+    if rank == world - 1:
+        time.sleep(0.3)  # the others destroy while their all_reduce still waits for this rank
+    work = dist.all_reduce(t, async_op=True)
+    dist.destroy_process_group()
+    assert work.wait() and (t == world * (world + 1) / 2).all(), t
+
+
 def barrier_timeout_words(dist, backend):
     """The last rank skips a barrier: the others time out with torch's words around them (its
     tests match " (Timed out|closed|timeout) ")."""

@@ -453,7 +453,7 @@ struct GlooBackend::Shared {
   // in sequence order on every rank.
   std::mutex mutex;
   std::condition_variable wake;    // work queued or stopping
-  std::condition_variable exited;  // a worker left worker_loop
+  std::condition_variable exited;  // a worker finished a task or left worker_loop
   uint32_t next_seq = 0;           // guarded by mutex
   std::deque<Task> queue;          // guarded by mutex
   bool stopping = false;           // guarded by mutex
@@ -594,6 +594,18 @@ void GlooBackend::worker_loop(std::shared_ptr<Shared> shared) {
     std::lock_guard<std::mutex> lock(shared->mutex);
     auto& in_flight = shared->in_flight;
     in_flight.erase(std::find(in_flight.begin(), in_flight.end(), task.work));
+    shared->exited.notify_all();  // finish_pending() waits for the queue to drain
+  }
+}
+
+void GlooBackend::finish_pending(Millis timeout) {
+  Shared& shared = *shared_;
+  std::unique_lock<std::mutex> lock(shared.mutex);
+  auto drained = [&] { return shared.queue.empty() && shared.in_flight.empty(); };
+  if (timeout > Millis::zero()) {
+    shared.exited.wait_for(lock, timeout, drained);
+  } else {
+    shared.exited.wait(lock, drained);
   }
 }
 

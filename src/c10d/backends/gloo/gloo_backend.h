@@ -115,6 +115,7 @@ class GlooBackend : public pg::Backend {
 
   // Fails queued operations, closes the connections (so running operations fail at once
   // instead of waiting for peers) and joins the workers. Idempotent.
+  void finish_pending(pg::Millis timeout) override;
   void shutdown() override;
 
   // Sequence number the next operation will take (for tests and debug output).

@@ -1855,6 +1855,22 @@ void ShmBackend::worker_loop(std::shared_ptr<Queue> queue, std::shared_ptr<Engin
   }
 }
 
+void ShmBackend::finish_pending(Millis timeout) {
+  // Operations run in order, so waiting for the last one waits for all.
+  Queue& q = *queue_;
+  WorkPtr last;
+  {
+    std::lock_guard<std::mutex> lock(q.mutex);
+    if (!q.stopping && !q.tasks.empty()) last = q.tasks.back().work;
+  }
+  if (!last) return;
+  try {
+    last->wait(timeout);
+  } catch (...) {
+    // Its error is the caller's to see; what is still queued is dropped by shutdown().
+  }
+}
+
 void ShmBackend::shutdown() {
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mutex_);
   Queue& q = *queue_;

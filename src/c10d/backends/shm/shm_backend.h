@@ -99,6 +99,7 @@ class ShmBackend : public pg::Backend {
 
   // Fails queued operations, makes running waits fail within a few milliseconds, tells the
   // peers this rank is gone and joins the worker. Never waits for peers. Idempotent.
+  void finish_pending(pg::Millis timeout) override;
   void shutdown() override;
 
   // Number of collectives issued so far (for tests and debug output).
