@@ -165,8 +165,14 @@ def _endpoint(args):
                                  f"{args.rdzv_endpoint!r}: give host:port or --master-port")
             port = pt
     host = host or "127.0.0.1"
-    if port is None:
-        port = _free_port(host) if (args.standalone or args.nnodes == 1) else 29500
+    single = args.standalone or args.nnodes == 1
+    if port is None or (port == 0 and single):
+        # Port 0 asks for any free one, as torchrun's docs suggest for several single-node
+        # jobs on one host.
+        port = _free_port(host) if single else 29500
+    elif port == 0:
+        raise SystemExit("c10drun: port 0 (any free port) works for a single node only: the "
+                         "other nodes could not know which one was taken")
     return host, port
 
 
@@ -292,10 +298,12 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def _stop(workers: List[_Worker], grace: float) -> None:
+def _stop(workers: List[_Worker], grace: float, signum: int = signal.SIGTERM) -> None:
+    """Sends `signum` to the workers still running, and SIGKILL to those left after `grace`
+    seconds."""
     for w in workers:
         if w.proc.poll() is None:
-            w.proc.send_signal(signal.SIGTERM)
+            w.proc.send_signal(signum)
     deadline = time.monotonic() + grace
     for w in workers:
         remaining = max(0.0, deadline - time.monotonic())
@@ -428,11 +436,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     workers: List[_Worker] = []
 
     def forward_signal(signum, _frame):
-        _stop(workers, args.grace_period)
+        # The workers get the launcher's signal (SIGINT too: their finally blocks and atexit
+        # handlers run), as torchrun passes it on.
+        _stop(workers, args.grace_period, signum)
         sys.exit(128 + signum)
 
-    signal.signal(signal.SIGINT, forward_signal)
-    signal.signal(signal.SIGTERM, forward_signal)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, forward_signal)
 
     error_dir = tempfile.mkdtemp(prefix="c10drun_errors_")
     base_env["C10DRUN_ERROR_DIR"] = error_dir

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -217,6 +218,43 @@ def test_launcher_stops_others_when_one_fails(tmp_path):
     assert "worker rank 1" in out.stderr and "exit code 7" in out.stderr
     assert "rank one gives up" in out.stderr
     assert "stopped the other workers" in out.stderr
+
+
+def test_launcher_rendezvous_endpoint_port_0_takes_a_free_port(tmp_path):
+    script = _launched_job(tmp_path, "SUM {int(t[0])}")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    out = subprocess.run([sys.executable, "-m", "c10d.run", "--nnodes", "1", "--rdzv-backend",
+                          "c10d", "--rdzv-endpoint", "localhost:0", "--nproc-per-node", "2",
+                          str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("SUM 2") == 2, out.stdout
+
+
+def test_launcher_passes_sigint_on(tmp_path):
+    """SIGINT reaches the workers as SIGINT (KeyboardInterrupt, so their cleanup runs), as
+    torchrun passes it on, instead of a SIGTERM."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        open(os.path.join({str(tmp_path)!r}, "up" + os.environ["RANK"]), "w").close()
+        try:
+            time.sleep(60)
+        except KeyboardInterrupt:
+            open(os.path.join({str(tmp_path)!r}, "interrupted" + os.environ["RANK"]),
+                 "w").close()
+    """))
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    launcher = subprocess.Popen([sys.executable, "-m", "c10d.run", "--nproc-per-node", "2",
+                                 str(script)], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"up{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.poll()
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGINT)
+    launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + signal.SIGINT
+    assert all((tmp_path / f"interrupted{r}").exists() for r in range(2))
 
 
 def test_argument_errors_are_also_runtime_errors(world1):
