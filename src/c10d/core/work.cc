@@ -135,6 +135,8 @@ std::shared_ptr<Future> Work::future_of(const std::shared_ptr<Work>& work) {
 
 int Work::source_rank() const {
   std::lock_guard lock(mutex_);
+  // A receive from any source knows its sender once it completed: -1 until then, as in torch.
+  if (op_ == OpType::kRecvAnySource) return source_rank_;
   C10D_CHECK(source_rank_ >= 0, "source_rank is only available for receives (",
              description_, ")");
   return source_rank_;

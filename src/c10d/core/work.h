@@ -104,7 +104,8 @@ class Work {
   // whether an exception was recorded); is_completed() says whether it finished.
   bool is_success() const { return !future_->has_error(); }
   std::exception_ptr exception() const { return future_->error(); }
-  // The sender of a receive (the actual one for a receive from any source).
+  // The sender of a receive (the actual one for a receive from any source, -1 until it
+  // completed).
   int source_rank() const;
   std::vector<Tensor> result() const { return future_->value().tensors; }
   std::shared_ptr<Future> get_future() const { return future_; }

@@ -449,6 +449,19 @@ def point_to_point(dist, backend):
         assert seen == set(range(1, world))
     else:
         dist.send(np.array([rank * 11], np.int64), 0)
+    if world > 1:  # an any-source irecv names its sender once done, -1 before (as torch)
+        dist.barrier()
+        if rank == 0:
+            buf = np.zeros(1, np.int64)
+            work = dist.irecv(buf)
+            early = work.source_rank()
+            dist.barrier()  # the sender sends only now
+            work.wait()
+            assert early == -1 and work.source_rank() == world - 1 == buf[0], (early, buf)
+        else:
+            dist.barrier()
+            if rank == world - 1:
+                dist.send(np.array([rank], np.int64), 0)
     _raises(ValueError, lambda: dist.send(np.zeros(1), rank), "send to self")
     _raises(ValueError, lambda: dist.recv(np.zeros(1), world + 3), "recv from a bad rank")
     _raises(ValueError, lambda: dist.P2POp(print, np.zeros(1), 0), "P2POp with a bad op")
