@@ -123,6 +123,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             _streams(getattr(args, name), 0)
         except ValueError:
             p.error(f"--{name} takes 0-3 or local_rank:value pairs, got {getattr(args, name)!r}")
+    to_files = any(_streams(args.redirects, r) | _streams(args.tee, r)
+                   for r in range(args.nproc_per_node))
+    if to_files and not args.log_dir:
+        # As torchrun: the files go to a new temporary folder.
+        args.log_dir = tempfile.mkdtemp(prefix="c10drun_logs_")
+        print(f"c10drun: worker logs go to {args.log_dir}", file=sys.stderr)
     try:
         conf = dict(item.split("=", 1) for item in args.rdzv_conf.split(",") if item)
         args.join_timeout = float(conf.get("join_timeout", 600))

@@ -1,6 +1,7 @@
 """The torch.distributed API surface on one process, plus the launcher."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -371,6 +372,22 @@ def test_launcher_writes_redirected_streams_to_the_log_dir(tmp_path):
         assert (folder / "stderr.log").read_text() == f"err of {r}\n"
         assert f"out of {r}" not in out.stdout  # redirected: only in the file
         assert f"err of {r}" in out.stderr  # teed: in the file and on the console
+
+
+def test_launcher_redirects_without_log_dir_use_a_temporary_one(tmp_path):
+    out = _launch("""
+        import os
+        print("out of", os.environ["LOCAL_RANK"])
+    """, 2, tmp_path, "--redirects", "1")
+    assert out.returncode == 0, out.stderr
+    folder = out.stderr.split("c10drun: worker logs go to ")[1].split()[0]
+    try:
+        for r in range(2):
+            path = os.path.join(folder, "none", "attempt_0", str(r), "stdout.log")
+            assert open(path).read() == f"out of {r}\n"
+            assert f"out of {r}" not in out.stdout
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_launcher_endpoints():
