@@ -523,7 +523,7 @@ def _store_based_barrier(rank, store, group_name, rendezvous_count, timeout,
             wait = min(left, interval.total_seconds())
             store.wait([last_worker], timedelta(seconds=max(0.001, wait)))
             return
-        except RuntimeError as e:
+        except _C.DistTimeoutError as e:  # other errors (a store gone) are the caller's
             if time.monotonic() < deadline:
                 continue
             joined = store.add(key, 0)
