@@ -1044,12 +1044,13 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
     }
     if (result != WaitResult::kDone) {
       park(std::move(slot));
-      throw DistTimeoutError(str_cat(pg::monitored_barrier_failure_on(c.rank), " (rank 0 did not release "
-                                     "it within ", timeout_text, ")"));
+      throw DistTimeoutError(str_cat(pg::monitored_barrier_failure_on(c.rank),
+                                     " (rank 0 did not release it within ", timeout_text, ")"));
     }
     if (*slot.byte != 1) {
-      throw DistBackendError(str_cat(pg::monitored_barrier_failure_on(c.rank), " (other ranks failed "
-                                     "to pass it in ", timeout_text, "; rank 0 names them)"));
+      throw DistBackendError(str_cat(pg::monitored_barrier_failure_on(c.rank),
+                                     " (other ranks failed to pass it in ", timeout_text,
+                                     "; rank 0 names them)"));
     }
     return;
   }
