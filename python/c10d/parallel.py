@@ -30,6 +30,32 @@ def _as_torch(view):
     return torch.utils.dlpack.from_dlpack(view)
 
 
+class _TorchBucket:
+    """A c10d.GradBucket as torch's DDP hands it to comm hooks: its tensors are torch tensors
+    sharing the bucket's memory."""
+
+    def __init__(self, bucket):
+        self._bucket = bucket
+
+    def index(self):
+        return self._bucket.index()
+
+    def is_last(self):
+        return self._bucket.is_last()
+
+    def buffer(self):
+        return _as_torch(self._bucket.buffer())
+
+    def gradients(self):
+        return [_as_torch(g) for g in self._bucket.gradients()]
+
+    def parameters(self):
+        return [_as_torch(p) for p in self._bucket.parameters()]
+
+    def set_buffer(self, buffer):
+        self._bucket.set_buffer(buffer)
+
+
 class DistributedDataParallel(torch.nn.Module, Joinable):
     """Wraps ``module`` for data-parallel training over ``process_group`` (default: WORLD).
 
@@ -228,15 +254,23 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     def register_comm_hook(self, state, hook):
         """Reduces buckets with ``hook(state, bucket) -> c10d.Future`` instead of the
-        default allreduce (see c10d.algorithms.ddp_comm_hooks). ``bucket.buffer()`` is a numpy
-        array, and the future must be a c10d one (e.g. from ``c10d.all_reduce(...,
-        async_op=True).get_future()``), so torch's own hooks do not apply unchanged."""
-        if getattr(hook, "__module__", "").startswith("torch."):
+        default allreduce. As in torch, ``bucket.buffer()``, ``gradients()`` and
+        ``parameters()`` are torch tensors (views of the bucket's memory); the future must be
+        a c10d one (e.g. from ``c10d.all_reduce(..., async_op=True).get_future()``), so
+        torch.distributed's own hooks do not apply. c10d's (c10d.algorithms.ddp_comm_hooks)
+        get the bucket as it is."""
+        module = getattr(hook, "__module__", "") or ""
+        if module.startswith("torch."):
             # They call torch.distributed on torch tensors: they would fail inside backward().
             raise ValueError(
-                f"register_comm_hook: {hook.__module__}.{getattr(hook, '__name__', 'hook')} "
+                f"register_comm_hook: {module}.{getattr(hook, '__name__', 'hook')} "
                 "is a torch.distributed hook; use the c10d ones "
                 "(c10d.algorithms.ddp_comm_hooks.default_hooks) or write one on c10d")
+        if not module.startswith("c10d."):
+            user_hook = hook
+
+            def hook(hook_state, bucket):
+                return user_hook(hook_state, _TorchBucket(bucket))
         _C._register_comm_hook(self.reducer, state, hook)
 
     def _register_builtin_comm_hook(self, comm_hook_type):

@@ -1416,6 +1416,22 @@ def ddp_torch_module(dist, backend):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as torch_hooks
     _raises(ValueError, lambda: tuned.register_comm_hook(None, torch_hooks.allreduce_hook),
             "a torch.distributed comm hook")
+    # A hook written as for torch's DDP: the bucket's tensors are torch tensors.
+    hooked = dist.DistributedDataParallel(torch.nn.Linear(2, 1, bias=False))
+    seen = []
+
+    def torch_style_hook(state, bucket):
+        buf = bucket.buffer()
+        seen.append((type(buf), type(bucket.gradients()[0])))
+        fut = dist.all_reduce(buf, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0].div_(world))
+
+    hooked.register_comm_hook(None, torch_style_hook)
+    hooked(torch.full((1, 2), float(rank + 1))).sum().backward()
+    assert seen and seen[0] == (torch.Tensor, torch.Tensor), seen
+    mean = sum(r + 1 for r in range(world)) / world
+    assert torch.allclose(hooked.module.weight.grad, torch.full((1, 2), mean)), \
+        hooked.module.weight.grad
 
     # no_sync: gradients stay local and accumulate; the next synced pass averages the sum.
     strict = dist.DistributedDataParallel(torch.nn.Linear(2, 1, bias=False))
