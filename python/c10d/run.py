@@ -144,6 +144,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args.min_nodes, args.nnodes = bounds[0], bounds[-1]
     if args.nproc_per_node <= 0 or args.min_nodes <= 0 or args.min_nodes > args.nnodes:
         p.error("--nproc-per-node and --nnodes must be positive (and MIN <= MAX)")
+    if args.master_addr and args.master_addr.startswith("[") and args.master_addr.endswith("]"):
+        args.master_addr = args.master_addr[1:-1]  # an IPv6 address as torchrun writes it
     if not 0 <= args.node_rank < args.nnodes:
         p.error(f"--node-rank {args.node_rank} is outside [0, {args.nnodes})")
     # A dynamic rendezvous numbers the nodes itself; its endpoint defaults to port 29400.

@@ -3,6 +3,7 @@
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -229,6 +230,23 @@ def test_launcher_rendezvous_endpoint_port_0_takes_a_free_port(tmp_path):
                           str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SUM 2") == 2, out.stdout
+
+
+def test_launcher_takes_an_ipv6_master_addr_in_brackets(tmp_path):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    script = _launched_job(tmp_path, "SUM {int(t[0])} {os.environ['MASTER_ADDR']}")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    out = subprocess.run([sys.executable, "-m", "c10d.run", "--nproc-per-node", "2",
+                          "--master-addr", "[::1]", str(script)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("SUM 2 ::1") == 2, out.stdout
 
 
 def test_launcher_passes_sigint_on(tmp_path):
