@@ -157,6 +157,17 @@ def test_collect_all_and_wait_all():
     assert c10d.Future[int] is c10d.Future  # annotations of comm hooks
 
 
+def test_bare_work_has_no_result_or_future():
+    # A Work() made in Python (a base for Python backends' works) runs nothing: torch's
+    # answers, instead of blocking forever.
+    w = c10d.Work()
+    with pytest.raises(RuntimeError, match="result\\(\\) not implemented"):
+        w.result()
+    with pytest.raises(RuntimeError, match="getFuture not implemented"):
+        w.get_future()
+    assert not w.is_completed()
+
+
 def test_work_from_future():
     f = c10d.Future()
     w = _C._create_work_from_future(f)

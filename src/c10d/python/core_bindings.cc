@@ -121,6 +121,9 @@ FutureValue value_from_python(py::handle obj) {
   return value;
 }
 
+// The Work that Python's Work() makes (a base for Python subclasses): no operation behind it.
+class BareWork : public Work {};
+
 // What then() stores when its callback raised: torch's RuntimeError naming the callback's
 // error, which becomes its __cause__.
 std::exception_ptr callback_error(const py::error_already_set& e) {
@@ -271,7 +274,7 @@ void init_core(py::module_& m) {
           py::arg("callback"));
 
   py::class_<Work, std::shared_ptr<Work>>(m, "Work", "An operation in flight.")
-      .def(py::init<>())
+      .def(py::init([]() -> std::shared_ptr<Work> { return std::make_shared<BareWork>(); }))
       .def("is_completed", &Work::is_completed)
       .def("is_success", &Work::is_success)
       .def("exception",
@@ -299,6 +302,10 @@ void init_core(py::module_& m) {
       .def("_source_rank", &Work::source_rank)
       .def("result",
            [](const Work& w) -> py::object {
+             // A Work() made in Python has no operation behind it (torch's base raises too).
+             if (dynamic_cast<const BareWork*>(&w) != nullptr) {
+               throw std::runtime_error("result() not implemented.");
+             }
              const FutureValue* value = nullptr;
              {
                py::gil_scoped_release release;
@@ -320,7 +327,13 @@ void init_core(py::module_& m) {
            "Blocks until the operation finishes and raises its error. With a timeout, raises "
            "DistTimeoutError if it has not finished by then.")
       .def("abort", &Work::abort)
-      .def("get_future", &Work::future_of,
+      .def("get_future",
+           [](const std::shared_ptr<Work>& w) {
+             if (dynamic_cast<const BareWork*>(w.get()) != nullptr) {
+               throw std::runtime_error("Work::getFuture not implemented.");
+             }
+             return Work::future_of(w);
+           },
            "A Future completed when this operation is (with its output tensors). A send or "
            "receive advances only in wait(): until it completed, this raises.")
       .def_property_readonly("op_type",
