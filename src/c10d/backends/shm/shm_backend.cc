@@ -1662,6 +1662,7 @@ struct ShmBackend::Queue {
   bool running = false;    // guarded by mutex
   bool stopping = false;   // guarded by mutex
   bool deep_sleep = false;  // the worker waits to be woken; guarded by mutex
+  std::weak_ptr<core::Work> last;  // the latest submitted operation; guarded by mutex
   std::chrono::steady_clock::time_point last_async{};  // guarded by mutex
 };
 
@@ -1758,6 +1759,7 @@ WorkPtr ShmBackend::submit(OpType type, const char* name, Millis timeout, bool a
       return task.work;
     }
     ++q.pending;
+    q.last = task.work;
     if (!async && q.pending == 1) {
       // Nothing queued before it: run here, without a thread hand-off.
       inline_run = true;
@@ -1856,14 +1858,15 @@ void ShmBackend::worker_loop(std::shared_ptr<Queue> queue, std::shared_ptr<Engin
 }
 
 void ShmBackend::finish_pending(Millis timeout) {
-  // Operations run in order, so waiting for the last one waits for all.
+  // Operations run in order, so waiting for the last one submitted (queued or running)
+  // waits for all.
   Queue& q = *queue_;
   WorkPtr last;
   {
     std::lock_guard<std::mutex> lock(q.mutex);
-    if (!q.stopping && !q.tasks.empty()) last = q.tasks.back().work;
+    if (!q.stopping) last = q.last.lock();
   }
-  if (!last) return;
+  if (!last || last->is_completed()) return;
   try {
     last->wait(timeout);
   } catch (...) {
