@@ -339,8 +339,8 @@ def test_launcher_restarts_the_group_while_max_restarts_allows(tmp_path):
     script = f"""
         import os, sys
         p = {str(counter)!r}
-        n = int(open(p).read()) if os.path.exists(p) else 0
-        if os.environ["RANK"] == "0":
+        if os.environ["RANK"] == "0":  # only rank 0 touches the file (no torn reads)
+            n = int(open(p).read()) if os.path.exists(p) else 0
             open(p, "w").write(str(n + 1))
         env = os.environ
         os.write(1, f"ATTEMPT {{env['RANK']}} {{env['TORCHELASTIC_RESTART_COUNT']}} "
