@@ -75,10 +75,7 @@ def _resolve_group(group: RANK_TYPES, tag: str = "") -> ProcessGroup:
             and isinstance(group[1], (int, str))):  # one dimension of the mesh
         return group[0].get_group(group[1])
     if isinstance(group, str):
-        for pg, name in _c10d._world.pg_names.items():
-            if name == group:
-                return pg
-        raise _c10d._DistValueError(f"no process group is named {group!r}")
+        return _c10d._resolve_process_group(group)
     if isinstance(group, (list, tuple)) and group:
         if all(isinstance(g, (list, tuple)) for g in group):
             _warn_rank_lists()
@@ -289,34 +286,30 @@ def _sync_only(async_op: bool, name: str) -> None:
                                    "version")
 
 
-def _group_or_world(group):
-    return _c10d._get_default_group() if group is None else group
-
-
 def all_gather_tensor_inplace(output_tensor, input_tensor, group=None, async_op: bool = False,
                               tag: str = "", gather_dim: int = 0):
     _sync_only(async_op, "all_gather_tensor_inplace")
     return _copy_into(output_tensor,
-                      all_gather_tensor(input_tensor, gather_dim, _group_or_world(group), tag))
+                      all_gather_tensor(input_tensor, gather_dim, _c10d._resolve_group(group), tag))
 
 
 def reduce_scatter_tensor_inplace(output, input, op="sum", group=None, async_op: bool = False,
                                   scatter_dim: int = 0, tag: str = ""):
     _sync_only(async_op, "reduce_scatter_tensor_inplace")
-    return _copy_into(output,
-                      reduce_scatter_tensor(input, op, scatter_dim, _group_or_world(group), tag))
+    pg = _c10d._resolve_group(group)
+    return _copy_into(output, reduce_scatter_tensor(input, op, scatter_dim, pg, tag))
 
 
 def all_reduce_inplace(tensor, op="sum", group=None, async_op: bool = False, tag: str = ""):
     _sync_only(async_op, "all_reduce_inplace")
-    return _copy_into(tensor, all_reduce(tensor, op, _group_or_world(group), tag))
+    return _copy_into(tensor, all_reduce(tensor, op, _c10d._resolve_group(group), tag))
 
 
 def all_to_all_inplace(output, input, output_split_sizes=None, input_split_sizes=None,
                        group=None, async_op=False, tag: str = ""):
     _sync_only(async_op, "all_to_all_inplace")
     return _copy_into(output, all_to_all_single(input, output_split_sizes, input_split_sizes,
-                                                _group_or_world(group), tag))
+                                                _c10d._resolve_group(group), tag))
 
 
 def all_gather_inplace(tensor_list, tensor, group=None, async_op=False, tag: str = ""):
@@ -325,7 +318,7 @@ def all_gather_inplace(tensor_list, tensor, group=None, async_op=False, tag: str
     if any((_shape(t)[0] if _shape(t) else 1) != rows for t in tensor_list):
         raise _c10d._ArgumentError("all_gather_inplace: every output must have the input's "
                                    "first dimension")
-    gathered = all_gather_tensor(tensor, 0, _group_or_world(group), tag)
+    gathered = all_gather_tensor(tensor, 0, _c10d._resolve_group(group), tag)
     for i, dst in enumerate(tensor_list):
         _copy_into(dst, gathered[i * rows:(i + 1) * rows].reshape(_shape(dst)))
     return tensor_list

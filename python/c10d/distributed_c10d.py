@@ -9,7 +9,6 @@ import hashlib
 import io
 import os
 import pickle
-import time
 import types
 import warnings
 from datetime import timedelta
@@ -406,8 +405,8 @@ def _canonical_rank(group, group_rank, global_rank, name, required=True) -> Opti
     return get_group_rank(group, global_rank)
 
 
-def _group_or_default_group(group: Optional[ProcessGroup] = None) -> ProcessGroup:
-    return _get_default_group() if group is None or group is GroupMember.WORLD else group
+# torch's name for it (GroupMember.WORLD is the default group itself).
+_group_or_default_group = _resolve_group
 
 
 def _get_group_size(group) -> int:
@@ -476,11 +475,10 @@ def _get_pg_default_device(group: Optional[ProcessGroup] = None) -> str:
     warnings.warn("`_get_pg_default_device` will be deprecated: use `_get_object_coll_device` "
                   "for object collectives and `_device_capability` for a group's device types",
                   stacklevel=2)
-    types_ = _device_capability(group)
-    if not types_:
+    if not _device_capability(group):
         raise RuntimeError("Default device not found, because no backend has been registered "
                            "with this ProcessGroup.")
-    return "cpu" if "cpu" in types_ else types_[0]
+    return _get_object_coll_device(group)
 
 
 def _get_pg_config(group: Optional[ProcessGroup] = None) -> Dict[str, Any]:
@@ -510,27 +508,20 @@ def _is_barrier_after_init() -> int:
 def _store_based_barrier(rank, store, group_name, rendezvous_count, timeout,
                          logging_interval=timedelta(seconds=10)) -> None:
     """Waits until `rendezvous_count` processes called this with the same `group_name` on
-    `store`, or raises DistStoreError after `timeout` naming how many arrived."""
+    `store`, or raises DistStoreError after `timeout` naming how many arrived.
+    (`logging_interval`, torch's progress logging, is accepted and unused.)"""
     key = f"{STORE_BASED_BARRIER_PREFIX}:{group_name}"
     last_worker = f"{key}:last_worker"
     if store.add(key, 1) == rendezvous_count:
         store.set(last_worker, "1")
-    deadline = time.monotonic() + timeout.total_seconds()
-    interval = max(logging_interval, timedelta(seconds=10 + rendezvous_count / 1000))
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            wait = min(left, interval.total_seconds())
-            store.wait([last_worker], timedelta(seconds=max(0.001, wait)))
-            return
-        except _C.DistTimeoutError as e:  # other errors (a store gone) are the caller's
-            if time.monotonic() < deadline:
-                continue
-            joined = store.add(key, 0)
-            raise _C.DistStoreError(
-                f"Timed out initializing process group in store based barrier on rank {rank}, "
-                f"for key: {key} (world_size={rendezvous_count}, num_workers_joined={joined}, "
-                f"timeout={timeout} error={e})") from None
+    try:
+        store.wait([last_worker], timeout)
+    except _C.DistTimeoutError as e:  # other errors (a store gone) are the caller's
+        joined = store.add(key, 0)
+        raise _C.DistStoreError(
+            f"Timed out initializing process group in store based barrier on rank {rank}, "
+            f"for key: {key} (world_size={rendezvous_count}, num_workers_joined={joined}, "
+            f"timeout={timeout} error={e})") from None
 
 
 def _get_process_group_uid(pg: ProcessGroup) -> int:
@@ -1180,10 +1171,7 @@ def _peer(group, group_peer, peer, name):
     """The peer's rank in `group`; never this rank itself (checked here too, for process
     groups written in Python, which the C++ check does not reach)."""
     rank = _canonical_rank(group, group_peer, peer, name)
-    if rank == _resolve_group(group).rank():
-        role = "destination" if name == "dst" else "source"
-        raise _DistValueError(f"Invalid {role} rank: {role} rank should not be the same as the "
-                              f"rank of the current process ({rank}).")
+    _check_not_self_rank(_resolve_group(group), rank, "destination" if name == "dst" else "source")
     return rank
 
 
