@@ -602,11 +602,15 @@ void GlooBackend::finish_pending(Millis timeout) {
   Shared& shared = *shared_;
   std::unique_lock<std::mutex> lock(shared.mutex);
   auto drained = [&] { return shared.queue.empty() && shared.in_flight.empty(); };
-  if (timeout > Millis::zero()) {
-    shared.exited.wait_for(lock, timeout, drained);
-  } else {
-    shared.exited.wait(lock, drained);
-  }
+  if (timeout <= Millis::zero()) return shared.exited.wait(lock, drained);
+  if (shared.exited.wait_for(lock, timeout, drained)) return;
+  const std::string first = !shared.in_flight.empty() ? shared.in_flight.front()->description()
+                                                      : shared.queue.front().work->description();
+  core::log(core::LogLevel::kWarning,
+            str_cat("Gloo rank ", rank(), " of ", size(), ": ",
+                    shared.queue.size() + shared.in_flight.size(), " operation(s) (first: ",
+                    first, ") did not finish within ", core::format_timeout(timeout),
+                    " while the backend shut down; they fail"));
 }
 
 void GlooBackend::shutdown() {

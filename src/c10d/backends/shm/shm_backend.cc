@@ -1869,6 +1869,12 @@ void ShmBackend::finish_pending(Millis timeout) {
   if (!last || last->is_completed()) return;
   try {
     last->wait(timeout);
+  } catch (const DistTimeoutError&) {
+    if (last->is_completed()) return;  // the operation's own timeout: its error says so
+    core::log(core::LogLevel::kWarning,
+              str_cat("shm rank ", rank(), " of ", size(), ": operations up to ",
+                      last->description(), " did not finish within ",
+                      core::format_timeout(timeout), " while the backend shut down; they fail"));
   } catch (...) {
     // Its error is the caller's to see; what is still queued is dropped by shutdown().
   }
