@@ -4,6 +4,7 @@ Tensors are numpy arrays or anything with the buffer protocol or ``__dlpack__`` 
 tensors included); they are used in place, never copied on the way in.
 """
 
+import atexit
 import collections
 import hashlib
 import io
@@ -76,7 +77,8 @@ class Backend(str):
 
     backend_list = [UNDEFINED, GLOO, NCCL, UCC, MPI, XCCL, SHM]
     default_device_backend_map = {"cpu": GLOO}
-    backend_capability: Dict[str, List[str]] = {GLOO: ["cpu"], SHM: ["cpu"], FAKE: ["cpu"]}
+    backend_capability: Dict[str, List[str]] = {GLOO: ["cpu"], SHM: ["cpu"], MPI: ["cpu"],
+                                                 FAKE: ["cpu"]}
     backend_type_map: Dict[str, int] = {UNDEFINED: 0, GLOO: 1, NCCL: 2, UCC: 3, MPI: 4,
                                         XCCL: 5, FAKE: 6, SHM: 7}
 
@@ -551,7 +553,8 @@ def _timeout_or_default(timeout) -> timedelta:
     return timeout
 
 
-def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, pg_options):
+def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, pg_options,
+                    global_ranks=()):
     if name == Backend.GLOO:
         if not is_gloo_available():
             raise RuntimeError("Backend gloo is not available in this build of c10d")
@@ -561,7 +564,15 @@ def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, 
     if name == Backend.SHM and is_shm_available():
         return _C.ProcessGroupShm(store, rank, size, timeout)
     if name == Backend.MPI and is_mpi_available():
-        return _C.ProcessGroupMPI.create([])
+        _finalize_mpi_at_exit()
+        created = _C.ProcessGroupMPI.create(list(global_ranks), timeout)
+        if created is None or (created.rank(), created.size()) != (rank, size):
+            mpi_rank, mpi_size = _C.ProcessGroupMPI._world()
+            raise _DistValueError(
+                f"MPI assigns this process rank {mpi_rank} of {mpi_size}, but the group expects "
+                f"rank {rank} of {size} (global ranks {list(global_ranks) or 'all'}): with the "
+                f"mpi backend, rank and world_size come from the MPI launcher")
+        return created
     plugin = Backend._plugins.get(name.upper())
     if plugin is not None:
         if plugin.extended_api:
@@ -573,6 +584,47 @@ def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, 
         return plugin.creator_fn(store, rank, size, timeout)
     raise RuntimeError(f"Backend {name} is not available in this build of c10d (available: "
                        f"{', '.join(b for b in ['gloo', 'shm', 'mpi'] if is_backend_available(b))})")
+
+
+_mpi_finalizer_registered = False
+
+
+def _finalize_mpi_at_exit():
+    """MPI must be finalised before the interpreter goes (mpirun reports a rank that exits
+    without it), while Python callbacks of operations still in flight can run."""
+    global _mpi_finalizer_registered
+    if not _mpi_finalizer_registered:
+        _mpi_finalizer_registered = True
+        atexit.register(_C.ProcessGroupMPI._finalize)
+
+
+def _mpi_store(timeout):
+    """A TCPStore for a world that MPI started: rank 0 serves it on a free port and tells the
+    others where through MPI. Torch's MPI groups have no store; c10d's get one, so that
+    everything built on the default store (other backends' groups, store barriers) works."""
+    import socket
+
+    _finalize_mpi_at_exit()
+    rank, world_size = _C.ProcessGroupMPI._world()
+    host = socket.gethostname()
+    server = None
+    if rank == 0:
+        # The server listens on every interface; its own client goes through loopback.
+        server = _C.TCPStore("127.0.0.1", 0, world_size, True, timeout, wait_for_workers=False)
+    # (hostname, port) of the server, broadcast from rank 0 in a fixed-size buffer.
+    payload = np.zeros(512, np.uint8)
+    if rank == 0:
+        text = pickle.dumps((host, server.port))
+        payload[0] = len(text)
+        payload[1:1 + len(text)] = np.frombuffer(text, np.uint8)
+    world = _C.ProcessGroupMPI.create([], timeout)
+    world.broadcast([payload], _opts(BroadcastOptions, True)).wait()
+    del world
+    if rank == 0:
+        return server, rank, world_size
+    server_host, port = pickle.loads(payload[1:1 + int(payload[0])].tobytes())
+    address = "127.0.0.1" if server_host == host else server_host
+    return _C.TCPStore(address, port, world_size, False, timeout), rank, world_size
 
 
 class _ExtendedBackendOptions:
@@ -595,7 +647,7 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
     backends = {}
     for device, name in config.get_device_backend_map().items():
         created = _create_backend(name, prefix_store, group_rank, group_size, timeout,
-                                  pg_options)
+                                  pg_options, global_ranks)
         if isinstance(created, ProcessGroup):
             # A complete process group (e.g. a Python subclass of ProcessGroup): use it as is.
             pg = created
@@ -653,7 +705,16 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
     if backend is None:
         backend = Backend.UNDEFINED
     BackendConfig(backend)  # validate the name before any rendezvous
-    if store is not None:
+    if str(backend).lower() == Backend.MPI and store is None and init_method is None:
+        # MPI's launcher assigns the ranks; the group needs no rendezvous.
+        if not is_mpi_available():
+            raise RuntimeError("Backend mpi is not available in this build of c10d")
+        if (world_size is not None and world_size != -1) or (rank is not None and rank != -1):
+            warnings.warn(f"For MPI backend, world_size ({world_size}) and rank ({rank}) are "
+                          f"ignored since they are assigned by the MPI runtime.")
+        store, rank, world_size = _mpi_store(timeout)
+        store = _incarnation_store(store, world_size)
+    elif store is not None:
         if world_size is None or world_size <= 0:
             raise _ArgumentError("world_size must be positive if using store")
         if rank is None or rank < 0:

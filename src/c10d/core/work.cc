@@ -51,17 +51,37 @@ void Future::set_error(std::exception_ptr error) {
 }
 
 void Future::finish(FutureValue value, std::exception_ptr error) {
+  std::vector<std::function<void(std::exception_ptr)>> observers;
+  {
+    std::lock_guard lock(mutex_);
+    C10D_CHECK(!completed_ && !finishing_, "this future was already completed");
+    value_ = std::move(value);
+    error_ = std::move(error);
+    finishing_ = true;
+    observers.swap(observers_);
+  }
+  for (auto& observer : observers) observer(error_);
   std::vector<Callback> callbacks;
   {
     std::lock_guard lock(mutex_);
-    C10D_CHECK(!completed_, "this future was already completed");
-    value_ = std::move(value);
-    error_ = std::move(error);
     completed_ = true;
     callbacks.swap(callbacks_);
   }
   done_cv_.notify_all();
   for (auto& callback : callbacks) callback(*this);
+}
+
+void Future::add_observer(std::function<void(std::exception_ptr)> observer) {
+  std::exception_ptr outcome;
+  {
+    std::lock_guard lock(mutex_);
+    if (!finishing_) {
+      observers_.push_back(std::move(observer));
+      return;
+    }
+    outcome = error_;
+  }
+  observer(outcome);
 }
 
 void Future::add_callback(Callback callback) {

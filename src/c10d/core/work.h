@@ -45,6 +45,10 @@ class Future : public std::enable_shared_from_this<Future> {
 
   // Runs `callback` when complete (immediately, on this thread, if already complete).
   void add_callback(Callback callback);
+  // Runs `observer` with the outcome (the error, or null) as the future completes, before
+  // wait() returns to anyone: for bookkeeping that a waiter may read right after (the flight
+  // recorder). Observers must be quick and must not wait on this future.
+  void add_observer(std::function<void(std::exception_ptr)> observer);
   // A child future completed with `fn(*this)`'s result; an exception from fn, or this future's
   // error, becomes the child's error.
   std::shared_ptr<Future> then(std::function<FutureValue(Future&)> fn);
@@ -58,6 +62,8 @@ class Future : public std::enable_shared_from_this<Future> {
   FutureValue value_;                      // written once before completed_ is set
   std::exception_ptr error_;               // written once before completed_ is set
   std::vector<Callback> callbacks_;        // guarded by mutex_
+  std::vector<std::function<void(std::exception_ptr)>> observers_;  // guarded by mutex_
+  bool finishing_ = false;                 // guarded by mutex_: outcome set, observers run
 };
 
 // The kinds of operation a Work can stand for (names as in torch's OpType).

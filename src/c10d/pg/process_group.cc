@@ -139,8 +139,9 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
     if (!work || work->is_completed()) {
       FlightRecorder::instance().record_finished(traced, work ? work->exception() : nullptr);
     } else {
-      work->get_future()->add_callback([traced = std::move(traced)](core::Future& f) {
-        FlightRecorder::instance().record_finished(traced, f.error());
+      // Before wait() returns: whoever waited may read the recorder at once.
+      work->get_future()->add_observer([traced = std::move(traced)](std::exception_ptr error) {
+        FlightRecorder::instance().record_finished(traced, error);
       });
     }
   }

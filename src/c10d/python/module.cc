@@ -18,4 +18,7 @@ PYBIND11_MODULE(_C, m) {
 #if C10D_WITH_SHM
   c10d::python::init_shm(m);
 #endif
+#if C10D_WITH_MPI
+  c10d::python::init_mpi(m);
+#endif
 }

@@ -12,6 +12,10 @@ from . import cases
 
 def main() -> int:
     case, backend, init = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    if backend == "mpi":
+        # Cases that build their own store read these, which mpirun spells its own way.
+        os.environ.setdefault("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+        os.environ.setdefault("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
     try:
         if init:
             seconds = float(os.environ.get("C10D_TEST_PG_TIMEOUT", "30"))
@@ -27,4 +31,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    print(f"[worker] exit {code}", flush=True)  # mpirun reports no per-rank exit codes
+    sys.exit(code)
