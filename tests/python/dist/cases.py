@@ -1646,3 +1646,48 @@ def pg_overloads(dist, backend):
     t = one(-1)
     pg.reduce_scatter(t, [one(r) for r in range(world)], dist.ReduceOp.SUM).wait()
     assert t[0] == world * rank, t
+
+
+def mpi_broken_group(dist, backend):
+    """MPI cannot withdraw a posted collective: once one times out, the group's later
+    operations fail at once, naming it, instead of pairing with the wrong peers' calls."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == world - 1:
+        time.sleep(4)
+        return
+    try:
+        dist.all_reduce(np.ones(3))
+    except dist.DistTimeoutError as e:
+        assert "allreduce (sequence" in str(e) and f"rank {rank} of {world}" in str(e), e
+    else:
+        raise AssertionError("an all_reduce without the last rank passed")
+    start = time.monotonic()
+    try:
+        dist.broadcast(np.ones(3), 0)
+    except RuntimeError as e:
+        assert time.monotonic() - start < 1, time.monotonic() - start
+        assert "unusable since allreduce" in str(e), e
+    else:
+        raise AssertionError("a broken group ran another collective")
+    print("BROKEN_OK")
+
+
+def mpi_rank_from_launcher(dist, backend):
+    """With the mpi backend the launcher assigns ranks: rank and world_size arguments are
+    ignored with torch's warning."""
+    import warnings
+
+    dist.destroy_process_group()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.init_process_group("mpi", rank=7, world_size=9)
+    assert any("are ignored since they are assigned by the MPI runtime" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+    assert dist.get_rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
+    assert dist.get_world_size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    assert dist.get_backend() == "mpi" and dist.is_mpi_available()
+    # The default store is a real one, shared by every rank.
+    store = dist.distributed_c10d._get_default_store()
+    store.add("mpi_counter", 1)
+    dist.barrier()
+    assert int(store.get("mpi_counter")) == dist.get_world_size()
