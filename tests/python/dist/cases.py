@@ -1691,3 +1691,4 @@ def mpi_rank_from_launcher(dist, backend):
     store.add("mpi_counter", 1)
     dist.barrier()
     assert int(store.get("mpi_counter")) == dist.get_world_size()
+    dist.barrier()  # rank 0 serves the store: it stays until everyone has read

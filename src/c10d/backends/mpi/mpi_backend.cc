@@ -72,6 +72,7 @@ struct Types {
   MPI_Op user[ReduceOp::BXOR + 1] = {};
 };
 Types types;  // written once on the engine thread before any operation is posted
+int tag_upper_bound = 32767;  // MPI_TAG_UB, read at initialisation (the standard's minimum)
 
 DType own_dtype(MPI_Datatype datatype) {
   for (DType d : {DType::kFloat16, DType::kBFloat16, DType::kBool}) {
@@ -85,13 +86,19 @@ void user_reduce(void* in, void* inout, int* length, MPI_Datatype* datatype) {
   core::reduce(inout, in, static_cast<size_t>(*length), own_dtype(*datatype), ReduceOp(kKind));
 }
 
-void create_types() {
+void set_up_types_and_limits() {
   auto own = [](DType d, int bytes) {
     MPI_Datatype t;
     check(MPI_Type_contiguous(bytes, MPI_BYTE, &t), "MPI_Type_contiguous");
     check(MPI_Type_commit(&t), "MPI_Type_commit");
     types.of[static_cast<int>(d)] = t;
   };
+  int* upper = nullptr;
+  int found = 0;
+  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &upper, &found) == MPI_SUCCESS && found &&
+      upper != nullptr) {
+    tag_upper_bound = *upper;
+  }
   types.of[static_cast<int>(DType::kFloat32)] = MPI_FLOAT;
   types.of[static_cast<int>(DType::kFloat64)] = MPI_DOUBLE;
   types.of[static_cast<int>(DType::kInt8)] = MPI_INT8_T;
@@ -321,7 +328,7 @@ class Engine {
     }
     check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(MPI_COMM_WORLD, &world_size_), "MPI_Comm_size");
-    create_types();
+    set_up_types_and_limits();
     // Programs that never call finalize() (C++ ones) still finalise MPI before exiting, as
     // mpirun expects of every rank.
     std::atexit([] { MpiBackend::finalize(std::chrono::seconds(10)); });
@@ -1014,16 +1021,11 @@ WorkPtr MpiBackend::barrier(const pg::BarrierOptions& opts) {
 
 namespace {
 
+// On the caller's thread, which must not call MPI itself: the bound was read at init.
 void check_tag(int tag) {
-  static const int upper = [] {
-    int* value = nullptr;
-    int found = 0;
-    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &found);
-    return found && value != nullptr ? *value : 32767;
-  }();
-  if (tag < 0 || tag > upper) {
+  if (tag < 0 || tag > tag_upper_bound) {
     throw core::InvalidArgument(str_cat("MPI backend: tag ", tag, " is outside MPI's range [0, ",
-                                        upper, "]"));
+                                        tag_upper_bound, "]"));
   }
 }
 
