@@ -135,6 +135,17 @@ std::string monitored_barrier_failure_on(int rank) {
                                "check rank 0 logs for faulty rank.");
 }
 
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+std::string monitored_barrier_missing(const std::vector<int>& ranks, Millis timeout) {
+  return core::detail::str_cat(ranks.size() == 1 ? "Rank " : "Ranks ", join_ranks(ranks),
+                               " failed to pass monitoredBarrier in ", timeout.count(), " ms");
+}
+
 void Backend::monitored_barrier(const BarrierOptions&, bool) {
   throw_not_supported("monitored_barrier");
 }

@@ -56,6 +56,11 @@ struct InlineOp {
 // How a failed monitored barrier begins on a rank other than 0, in torch's words (its users
 // match them): those ranks hear of the failure from rank 0.
 std::string monitored_barrier_failure_on(int rank);
+// Rank 0's report of the ranks that did not reach a monitored barrier within `timeout`, in
+// torch's words: "Rank 2 failed to pass monitoredBarrier in 1000 ms" ("Ranks 1, 2 ...").
+std::string monitored_barrier_missing(const std::vector<int>& ranks, Millis timeout);
+// "1, 2, 5".
+std::string join_ranks(const std::vector<int>& ranks);
 
 class Backend : public std::enable_shared_from_this<Backend> {
  public:

@@ -198,15 +198,6 @@ WaitResult wait_or_abort(::gloo::transport::UnboundBuffer& buffer, bool is_send,
   return fired ? WaitResult::kTimedOut : WaitResult::kAborted;
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i != 0) out += ", ";
-    out += std::to_string(ranks[i]);
-  }
-  return out;
-}
-
 // Whether `host` resolves to an address this machine can bind (so peers could reach us there).
 bool hostname_is_bindable(const std::string& host) {
   addrinfo hints{};
@@ -1103,11 +1094,7 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
     }
   }
   if (failed.empty()) return;
-  std::string message =
-      failed.size() == 1
-          ? str_cat("Rank ", failed[0], " failed to pass monitoredBarrier in ", timeout_text)
-          : str_cat("Ranks ", join_ranks(failed), " failed to pass monitoredBarrier in ",
-                    timeout_text);
+  const std::string message = pg::monitored_barrier_missing(failed, c.timeout);
   if (!first_error.empty()) throw DistBackendError(str_cat(message, ": ", first_error));
   throw DistTimeoutError(message);
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <latch>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -204,9 +205,11 @@ class Engine {
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
 
-  // Runs `fn` on the engine thread and returns its result (or rethrows its exception).
+  // Runs `fn` on the engine thread and returns its result (or rethrows its exception). A
+  // call that does not finish within `timeout` throws DistTimeoutError naming `what` (fn
+  // keeps running, so it must own what it uses).
   template <typename Fn>
-  auto call(Fn fn) -> decltype(fn()) {
+  auto call(Fn fn, Millis timeout, const std::string& what) -> decltype(fn()) {
     using R = decltype(fn());
     auto task = std::make_shared<std::packaged_task<R()>>(std::move(fn));
     std::future<R> result = task->get_future();
@@ -216,6 +219,10 @@ class Engine {
       calls_.push_back([task] { (*task)(); });
     }
     wake_.notify_one();
+    if (timeout > Millis::zero() && result.wait_for(timeout) != std::future_status::ready) {
+      throw DistTimeoutError(str_cat("MPI backend: ", what, " did not finish within ",
+                                     core::format_timeout(timeout)));
+    }
     return result.get();
   }
 
@@ -287,24 +294,6 @@ class Engine {
     thread_ = std::thread([this] { run(); });
   }
 
-  // A one-shot latch (std::latch is fine too, but this also works before C++20 libraries).
-  struct Latch {
-    std::mutex m;
-    std::condition_variable cv;
-    bool open = false;
-    void release() {
-      {
-        std::lock_guard<std::mutex> lock(m);
-        open = true;
-      }
-      cv.notify_all();
-    }
-    void wait() {
-      std::unique_lock<std::mutex> lock(m);
-      cv.wait(lock, [&] { return open; });
-    }
-  };
-
   void initialise() {
     int initialised = 0;
     check(MPI_Initialized(&initialised), "MPI_Initialized");
@@ -340,10 +329,10 @@ class Engine {
     } catch (const std::exception& e) {
       init_error_ = e.what();
       stopped_ = true;
-      started_.release();
+      started_.count_down();
       return;
     }
-    started_.release();
+    started_.count_down();
     std::vector<OpPtr> active;
     int idle = 0;
     bool stopping = false;
@@ -519,7 +508,7 @@ class Engine {
   static constexpr Millis kFinalizeWait{30000};
 
   std::thread thread_;
-  Latch started_;
+  std::latch started_{1};  // opened once MPI is initialised (or failed to be)
   std::string init_error_;
   bool owns_mpi_ = false;
   int world_rank_ = 0;
@@ -599,7 +588,10 @@ std::shared_ptr<MpiBackend> MpiBackend::create(std::vector<int> ranks, Millis ti
   // Members agree on the tag from the ranks alone (MPI_Comm_create_group runs among them).
   uint32_t tag = 2166136261u;
   for (int r : ranks) tag = (tag ^ static_cast<uint32_t>(r)) * 16777619u;
-  engine.call([&] {
+  const std::string what = str_cat("creating the communicator of world ranks [",
+                                   pg::join_ranks(ranks), "] on world rank ", world_rank,
+                                   " (every member must create it)");
+  engine.call([group, ranks, tag, world_size] {
     if (static_cast<int>(ranks.size()) == world_size &&
         std::is_sorted(ranks.begin(), ranks.end())) {
       check(MPI_Comm_dup(MPI_COMM_WORLD, &group->comm), "MPI_Comm_dup");
@@ -617,7 +609,7 @@ std::shared_ptr<MpiBackend> MpiBackend::create(std::vector<int> ranks, Millis ti
     check(MPI_Comm_set_errhandler(group->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check(MPI_Comm_dup(group->comm, &group->control), "MPI_Comm_dup");
     return 0;
-  });
+  }, timeout, what);
   return std::make_shared<MpiBackend>(group, group->rank, group->size, timeout);
 }
 
@@ -854,18 +846,13 @@ WorkPtr MpiBackend::scatter(std::vector<Tensor>& outputs,
 
 namespace {
 
-// Posts a reduce-scatter of `in` (size * out.numel() elements) into `out`.
+// Posts a reduce-scatter of `in` (size * out.numel() elements) into `out`; PREMUL_SUM's
+// scaling is the caller's.
 void post_reduce_scatter(const Tensor& out, const Tensor& in, const ReduceOp& rop, MPI_Comm comm,
                          std::vector<MPI_Request>& r) {
   const Buffer b = typed(out, "reduce_scatter");
-  // PREMUL_SUM scales a copy: the input is the caller's and stays as it was.
-  Tensor source = in;
-  if (rop.kind == ReduceOp::PREMUL_SUM) {
-    source = in.contiguous_copy();
-    core::apply_premul(source.data(), static_cast<size_t>(source.numel()), in.dtype(), rop);
-  }
   r.emplace_back();
-  check(MPI_Ireduce_scatter_block(data_or_dummy(source), b.data, b.count, b.type,
+  check(MPI_Ireduce_scatter_block(data_or_dummy(in), b.data, b.count, b.type,
                                   mpi_op(out.dtype(), rop), comm, &r.back()),
         "MPI_Ireduce_scatter_block");
 }
@@ -897,9 +884,7 @@ WorkPtr MpiBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs
         s = s.contiguous_copy();
         core::apply_premul(s.data(), static_cast<size_t>(s.numel()), s.dtype(), rop);
       }
-      ReduceOp sum = rop;
-      if (rop.kind == ReduceOp::PREMUL_SUM) sum = ReduceOp(ReduceOp::SUM);
-      post_reduce_scatter(outs[i], (*sources)[i], sum, comm, r);
+      post_reduce_scatter(outs[i], (*sources)[i], rop, comm, r);
     }
   };
   op->done = [outs = outputs, rop, n](const MPI_Status&) {
@@ -1093,7 +1078,6 @@ WorkPtr MpiBackend::recv_anysource(std::vector<Tensor>& tensors, int tag) {
 
 void MpiBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
   const Millis limit = effective_timeout(opts.timeout);
-  const core::Deadline deadline(limit);
   if (size() == 1) return;
   const std::string timeout_text = std::to_string(limit.count()) + " ms";
   MPI_Comm control = group_->control;
@@ -1144,16 +1128,12 @@ void MpiBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all
     }
     (arrived(arrivals[r]) ? came : missing).push_back(r);
   }
-  (void)deadline;
   const char status = missing.empty() ? 1 : 0;
   std::vector<WorkPtr> releases;
   for (int r : came) releases.push_back(message(r, true, std::make_shared<char>(status), limit));
   for (auto& w : releases) arrived(w);
   if (missing.empty()) return;
-  std::string ranks;
-  for (size_t i = 0; i < missing.size(); ++i) ranks += (i ? ", " : "") + std::to_string(missing[i]);
-  throw DistTimeoutError(str_cat(missing.size() == 1 ? "Rank " : "Ranks ", ranks,
-                                 " failed to pass monitoredBarrier in ", timeout_text));
+  throw DistTimeoutError(pg::monitored_barrier_missing(missing, limit));
 }
 
 }  // namespace c10d::backends::mpi

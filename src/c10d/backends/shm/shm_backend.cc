@@ -189,12 +189,6 @@ WaitPolicy wait_policy(size_t per_core) {
   return {0, 0, 500'000};
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
-  return out;
-}
-
 // owner_computes' piece for tensors read through the kernel: kDirectPiece, shared by the ranks
 // that share a core (the piece and its landing area should stay in that core's L2).
 size_t direct_piece(size_t per_core) {
@@ -497,10 +491,7 @@ class Engine {
     } catch (const DistTimeoutError&) {
       std::vector<int> missing = not_arrived(s);
       if (!wait_all_ranks && missing.size() > 1) missing.resize(1);
-      const std::string text = str_cat(" failed to pass monitoredBarrier in ", timeout_.count(),
-                                       " ms");
-      broken = missing.size() == 1 ? str_cat("Rank ", missing[0], text)
-                                   : str_cat("Ranks ", join_ranks(missing), text);
+      broken = pg::monitored_barrier_missing(missing, timeout_);
       // Every rank sees who is missing here, but torch's other ranks only hear from rank 0,
       // and its users match that wording.
       if (rank_ != 0) broken = str_cat(pg::monitored_barrier_failure_on(rank_), " (", broken, ")");
@@ -1258,7 +1249,7 @@ class Engine {
       // "Timed out" between spaces, as torch's messages have it (its tests match on that).
       fail<DistTimeoutError>(str_cat(describe(), ": Timed out after ",
                                      core::format_timeout(timeout_), " waiting for rank",
-                                     peers.size() == 1 ? " " : "s ", join_ranks(peers)));
+                                     peers.size() == 1 ? " " : "s ", pg::join_ranks(peers)));
     }
   }
 
@@ -1393,7 +1384,7 @@ class P2PEngine {
             if (r != rank_ && !seg_.peer_gone(r).empty()) gone.push_back(r);
           }
           if (static_cast<int>(gone.size()) == size_ - 1) {
-            why = str_cat("every other rank is gone (", join_ranks(gone), ")");
+            why = str_cat("every other rank is gone (", pg::join_ranks(gone), ")");
           }
         }
         if (why.empty() && op->deadline.expired()) {
