@@ -28,7 +28,28 @@ using namespace std::chrono_literals;
 struct RankRun {
   int size = 2;
   pg::Millis timeout = 10s;
+  int cpu = -1;  // every rank runs on this CPU from before init (ranks share a core), if >= 0
 };
+
+// The first CPU this thread may run on.
+int first_cpu() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) return cpu;
+  }
+  return 0;
+}
+
+// Pins the calling thread to `cpu`.
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  ASSERT_EQ(::pthread_setaffinity_np(::pthread_self(), sizeof set, &set), 0);
+}
+
 
 template <typename Fn>
 void run_ranks(const RankRun& run, Fn fn) {
@@ -38,6 +59,7 @@ void run_ranks(const RankRun& run, Fn fn) {
   for (int r = 0; r < run.size; ++r) {
     threads.emplace_back([&, r] {
       try {
+        if (run.cpu >= 0) pin_to(run.cpu);
         ShmOptions opts;
         opts.timeout = run.timeout;
         opts.heap_bytes = size_t{64} << 20;
@@ -391,27 +413,31 @@ TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
   ::unsetenv("C10D_SHM_STREAM");
 }
 
-// With C10D_SHM_STREAM=auto and a core per rank, repeated allreduces of one size are probed
-// in every mode: plain and streaming stores, and (rank 0 proposing, every rank following one
-// operation later) 256 KiB and 1 MiB chunks. Every result must stay exact throughout, also when
-// the size, and so the probe, changes.
+// With C10D_SHM_STREAM=auto, repeated allreduces of one size are probed in every mode, which
+// rank 0 proposes and every rank follows one operation later: plain and streaming stores,
+// and with a core per rank 256 KiB and 1 MiB chunks. Every result must stay exact
+// throughout, also when the size, and so the probe, changes.
 TEST(ShmBackend, ProbedModesKeepResultsExact) {
   ::setenv("C10D_SHM_STREAM", "auto", 1);
-  run_ranks(2, [](int rank, ShmBackend& b) {
-    // 400 KB, 1.2 MB and 2.4 MB + 12 bytes: one, two and three size classes, all chunked.
-    for (const int64_t n : {int64_t{100000}, int64_t{300000}, int64_t{600003}}) {
-      const Tensor want = expected_reduce(n, DType::kFloat32, 2, ReduceOp::SUM);
-      const Tensor mine = filled(n, DType::kFloat32, rank);
-      // 8 held, 3 in the held mode, 4 in each of the 3 others, and some to spare.
-      for (int i = 0; i < 32; ++i) {
-        Tensor t = Tensor::empty({n}, DType::kFloat32);
-        std::memcpy(t.data(), mine.data(), mine.nbytes());
-        std::vector<Tensor> ts{t};
-        b.allreduce(ts, {})->wait();
-        expect_same(t, want, "allreduce n=" + std::to_string(n) + " #" + std::to_string(i));
+  // 2 ranks with a core each where the machine has 2 CPUs, and 3 ranks sharing one, whose
+  // chunks (a third of a slot) divide none of the sizes.
+  for (const RankRun run : {RankRun{2}, RankRun{.size = 3, .cpu = first_cpu()}}) {
+    run_ranks(run, [size = run.size](int rank, ShmBackend& b) {
+      // 400 KB, 1.2 MB and 2.4 MB + 12 bytes: one, two and three size classes, all chunked.
+      for (const int64_t n : {int64_t{100000}, int64_t{300000}, int64_t{600003}}) {
+        const Tensor want = expected_reduce(n, DType::kFloat32, size, ReduceOp::SUM);
+        const Tensor mine = filled(n, DType::kFloat32, rank);
+        // 8 held, 3 in the held mode, 4 in each of the 3 others, and some to spare.
+        for (int i = 0; i < 32; ++i) {
+          Tensor t = Tensor::empty({n}, DType::kFloat32);
+          std::memcpy(t.data(), mine.data(), mine.nbytes());
+          std::vector<Tensor> ts{t};
+          b.allreduce(ts, {})->wait();
+          expect_same(t, want, "allreduce n=" + std::to_string(n) + " #" + std::to_string(i));
+        }
       }
-    }
-  });
+    });
+  }
   ::unsetenv("C10D_SHM_STREAM");
 }
 
@@ -663,14 +689,6 @@ TEST(ShmBackend, StreamingReduceReachesTheRoot) {
     }
   });
   ::unsetenv("C10D_SHM_STREAM");
-}
-
-// Pins the calling thread to `cpu`.
-void pin_to(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  ASSERT_EQ(::pthread_setaffinity_np(::pthread_self(), sizeof set, &set), 0);
 }
 
 // The ranks agree on how many CPUs they have together (the union of their affinity masks),

@@ -72,7 +72,7 @@ constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{8} << 20;
 // again. On a Zen 4 guest 1 MiB chunks (kSlotBytes) won: 1 MiB in 54-66 us against 102-117,
 // 2 MiB 101 against 219, 32 MiB 3.9 ms against 5.1. So with a core per rank the ranks time
 // both at init (Engine::calibrate) and start with the faster, and their probes try both again
-// (SharedWriter::select). With 4 ranks on 2 cores the two were even.
+// (SharedWriter::select). When ranks share cores the chunk is fixed (shared_core_chunk).
 constexpr size_t kPipelineChunk = size_t{256} << 10;
 // Engine::calibrate times this many allreduces of kCalibrationBytes per configuration at
 // init: chunk size, and plain or streaming stores. Plain stores into the slots are fast or
@@ -189,6 +189,16 @@ WaitPolicy wait_policy(size_t per_core) {
   return {0, 0, 500'000};
 }
 
+// The pipelined allreduce's chunk when ranks share cores: the ranks of one core together
+// move about one slot per step, and never less than kPipelineChunk each. Fewer, larger
+// steps save the context switches of each step's barrier. Min of 15 timings of 50 calls,
+// plain stores, 2 cores, by chunk 256 KiB / 512 KiB / 1 MiB: 4 ranks, all_reduce of 1 MiB
+// 187-202 / 171-172 / 175-191 us, 2 MiB 382 / 360 / 382, 4 MiB 915 / 775 / 971; 3 ranks,
+// 1 MiB 178 / 157 / 197; 8 ranks, 1 MiB 409-462 / 448-535 / 535-677.
+size_t shared_core_chunk(size_t per_core) {
+  return std::max(kPipelineChunk, kSlotBytes / per_core / kLine * kLine);
+}
+
 // owner_computes' piece for tensors read through the kernel: kDirectPiece, shared by the ranks
 // that share a core (the piece and its landing area should stay in that core's L2).
 size_t direct_piece(size_t per_core) {
@@ -196,6 +206,10 @@ size_t direct_piece(size_t per_core) {
 }
 
 void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n); }
+
+// The ways a pipelined allreduce can run (bits of a mode; SharedWriter::select).
+constexpr int kModeStreaming = 1;    // streaming stores into the slots
+constexpr int kModeLargeChunks = 2;  // chunks of kSlotBytes instead of Engine::small_chunk_
 
 // Copies into memory that peers read after every write: the slots and the p2p channels.
 //
@@ -244,37 +258,45 @@ class SharedWriter {
     probe_ = nullptr;
   }
 
-  // The operation moves `bytes` per rank: its type and size class choose the probe. A
-  // pipelined allreduce will run in chunks of kSlotBytes if `large_chunks` (which the ranks
-  // agreed on, Engine::pipelined), else of kPipelineChunk; its probe also times both.
-  void select(size_t bytes, bool large_chunks) {
-    proposal_ = large_chunks;
+  // The operation moves `bytes` per rank: its type and size class choose the probe.
+  //
+  // A pipelined allreduce (an allreduce of more than kPipelineChunk bytes) runs in the mode
+  // `agreed` (kModeStreaming, kModeLargeChunks) that rank 0 proposed in the previous one
+  // (Engine::pipelined). Rank 0 (`leader`) times it and proposes what its probe wants next
+  // (proposal), with large chunks only where the chunk is chosen (choose_chunks); the other
+  // ranks do not probe it. Each rank choosing its own stores mixed the modes, and a rank's
+  // probe then timed the others' choices as much as its own: 4 ranks on 2 cores kept
+  // streaming stores (all_reduce of 1 MiB 281 us) while plain ones ran it in 189.
+  void select(size_t bytes, int agreed, bool leader) {
+    proposal_ = agreed;
     if (!adaptive_) return;
     probe_ = nullptr;
-    streaming_ = false;
+    const bool pipelined = bytes > kPipelineChunk && type_ == OpType::kAllreduce;
+    streaming_ = pipelined && (agreed & kModeStreaming) != 0;
     if (bytes < kProbedBytes) return;  // streaming would not change them (core::stream_bytes)
+    if (pipelined && !leader) return;
     const size_t size_class = std::min<size_t>(
         kSizeClasses - 1, (std::bit_width(bytes) - std::bit_width(kProbedBytes)) / 2);
     const size_t type = std::min(static_cast<size_t>(type_), kTypes - 1);
     ModeProbe& probe = probes_[type * kSizeClasses + size_class];
-    const bool chunked = bytes > kPipelineChunk && type_ == OpType::kAllreduce;
-    // Modes: bit 0 streaming stores, bit 1 (chunked operations only) large chunks.
-    if (chunked && probe.modes() != 4) probe = ModeProbe(probe_config(), 4);
-    // A kind not probed yet starts with the stores this type's last probe found best at
-    // another size (or any type's, for the first), as that depends mostly on the placement,
-    // and with the chunks the ranks run now.
+    const int modes = pipelined && choose_chunks_ ? 4 : 2;
+    if (probe.modes() < modes) probe = ModeProbe(probe_config(), modes);
+    // A kind not probed yet starts with the mode the ranks run now (pipelined), or else with
+    // the stores this type's last probe found best at another size (or any type's, for the
+    // first), as that depends mostly on the placement.
     if (probe.untried()) {
       const int found = found_[type] >= 0 ? found_[type] : found_any_;
-      probe.adopt((found > 0 ? 1 : 0) | (chunked && large_chunks ? 2 : 0));
+      probe.adopt(pipelined ? agreed & (modes - 1) : found > 0 ? kModeStreaming : 0);
     }
     probe_ = &probe;
     bytes_ = bytes;
     const int mode = probe.mode();
-    streaming_ = (mode & 1) != 0;
-    ran_ = mode & 1;
-    if (chunked) {
-      proposal_ = (mode & 2) != 0;
-      ran_ |= large_chunks ? 2 : 0;
+    if (pipelined) {
+      proposal_ = mode;
+      ran_ = agreed & (modes - 1);
+    } else {
+      streaming_ = (mode & kModeStreaming) != 0;
+      ran_ = mode & kModeStreaming;
     }
     timed_ = probe.wants_time();
     if (timed_) start_ = now_ns();
@@ -296,14 +318,17 @@ class SharedWriter {
     return type == OpType::kBroadcast || type == OpType::kGather || type == OpType::kScatter;
   }
 
-  // The chunk size this rank proposes for the next pipelined allreduce (rank 0's is taken).
-  bool proposed_large_chunks() const { return proposal_; }
+  // The mode this rank proposes for the next pipelined allreduce (rank 0's is taken).
+  int proposal() const { return proposal_; }
 
   // Whether this operation's copies use streaming stores.
   bool streaming() const { return streaming_; }
 
-  // Whether the stores are chosen by timing (C10D_SHM_STREAM=auto and a core per rank).
+  // Whether the stores are chosen by timing (C10D_SHM_STREAM=auto).
   bool adaptive() const { return adaptive_; }
+  // Whether the probes of pipelined allreduces also choose the chunk size (every rank has a
+  // core of its own; see kPipelineChunk).
+  void choose_chunks(bool on) { choose_chunks_ = on; }
   // For calibration: the stores of the copies until the next operation selects again.
   void use_streaming(bool on) { streaming_ = on; }
   // The stores calibration found faster: every kind of operation starts with them until its
@@ -345,9 +370,10 @@ class SharedWriter {
   static constexpr size_t kSizeClasses = 6;
   static constexpr size_t kTypes = static_cast<size_t>(OpType::kUnknown) + 1;
   bool adaptive_ = false;
+  bool choose_chunks_ = true;
   bool streaming_ = false;
   bool timed_ = false;
-  bool proposal_ = false;
+  int proposal_ = 0;
   int ran_ = 0;  // the mode the operation runs in
   OpType type_ = OpType::kUnknown;
   size_t written_ = 0;
@@ -392,7 +418,10 @@ class Engine {
         own_core_(per_core_ <= 1),
         direct_piece_(direct_piece(per_core_)),
         direct_allreduce_(own_core_ ? kDirectAllreduceBytes : kDirectAllreduceSharedCoreBytes),
-        copy_shared(true) {}
+        small_chunk_(own_core_ ? kPipelineChunk : shared_core_chunk(per_core_)),
+        copy_shared(true) {
+    copy_shared.choose_chunks(own_core_);
+  }
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -430,50 +459,56 @@ class Engine {
 
   // Times pipelined allreduces of kCalibrationBytes in both chunk sizes (interleaved) and
   // starts with the faster one on rank 0: which wins depends on the machine (kPipelineChunk).
-  // With stores that adapt, plain and streaming ones too (see SharedWriter).
+  // With stores that adapt, plain and streaming ones too (see SharedWriter). Ranks that share
+  // cores keep their chunk size and only time the stores, if they adapt.
   void calibrate(Millis timeout) {
-    if (size_ < 2) return;
+    std::vector<int> modes;  // kModeStreaming, kModeLargeChunks
+    for (int mode = 0; mode < 4; ++mode) {
+      if ((mode & kModeStreaming) != 0 && !copy_shared.adaptive()) continue;
+      if ((mode & kModeLargeChunks) != 0 && !own_core_) continue;
+      modes.push_back(mode);
+    }
+    if (size_ < 2 || modes.size() < 2) return;
     begin("chunk calibration", OpType::kAllreduce, 0, timeout);
     const size_t count = kCalibrationBytes / sizeof(float);
     std::vector<float> data(count, 1.0f);
     char* bytes = reinterpret_cast<char*>(data.data());
-    // Configurations: bit 0 large chunks, bit 1 streaming stores (tried only when the stores
-    // adapt). Rank 0's timings decide for every rank.
-    const int configs = copy_shared.adaptive() ? 4 : 2;
     const bool stores = copy_shared.streaming();  // as C10D_SHM_STREAM fixed them, if it did
-    std::vector<int64_t> best(configs, INT64_MAX);
-    // Ranks sharing cores calibrate for as long as before (16 allreduces): initialisation
-    // would otherwise grow by ~100 ms at 4 and 8 ranks on 2 cores, where the configurations
-    // differ little.
-    const int rounds = own_core_ ? kCalibrationRounds : 2;
+    std::vector<int64_t> best(modes.size(), INT64_MAX);
+    // Ranks sharing cores time 16 allreduces in all: more would add ~100 ms to
+    // initialisation at 4 and 8 ranks on 2 cores.
+    const size_t rounds = own_core_ ? kCalibrationRounds : 16 / modes.size() / 2;
     const int runs = own_core_ ? kCalibrationRuns : 2;
-    for (int i = 0; i < configs * rounds; ++i) {
-      const int config = i % configs;
-      if (configs == 4) copy_shared.use_streaming((config & 2) != 0);
+    for (size_t i = 0; i < modes.size() * rounds; ++i) {
+      const int mode = modes[i % modes.size()];
+      if (copy_shared.adaptive()) copy_shared.use_streaming((mode & kModeStreaming) != 0);
       for (int run = 0; run < runs; ++run) {
         const int64_t start = now_ns();
         pipelined(bytes, bytes, count, DType::kFloat32, ReduceOp(ReduceOp::MAX), false,
-                  (config & 1) != 0);
-        if (run > 0) best[config] = std::min(best[config], now_ns() - start);
+                  (mode & kModeLargeChunks) != 0);
+        int64_t& b = best[i % modes.size()];
+        if (run > 0) b = std::min(b, now_ns() - start);
       }
     }
     copy_shared.use_streaming(stores);
+    // Rank 0's timings decide for every rank.
     const uint32_t s = next_step();
     if (rank_ == 0) {
-      rank0_word(s) = static_cast<uint64_t>(std::min_element(best.begin(), best.end()) -
-                                            best.begin());
+      rank0_word(s) = static_cast<uint64_t>(
+          modes[std::min_element(best.begin(), best.end()) - best.begin()]);
     }
     sync(s);
-    const uint64_t found = rank0_word(s);
-    large_chunks_ = (found & 1) != 0;
-    copy_shared.seed((found & 2) != 0);
+    agreed_mode_ = static_cast<int>(rank0_word(s));
+    copy_shared.seed((agreed_mode_ & kModeStreaming) != 0);
     if (core::log_enabled(core::LogLevel::kDebug)) {
       std::string times;
-      for (int c = 0; c < configs; ++c) times += str_cat(" ", best[c] / 1000, "us");
+      for (size_t m = 0; m < modes.size(); ++m) {
+        times += str_cat(" mode ", modes[m], " ", best[m] / 1000, " us;");
+      }
       core::log(core::LogLevel::kDebug,
-                str_cat(describe(), ": calibration on cpu ", ::sched_getcpu(),
-                        ", allreduce of ", kCalibrationBytes, " bytes per config (bit 0 large ",
-                        "chunks, bit 1 streaming):", times, "; rank 0 chose ", found));
+                str_cat(describe(), ": calibration on cpu ", ::sched_getcpu(), ", allreduce of ",
+                        kCalibrationBytes, " bytes (mode bit 0 streaming, bit 1 large chunks):",
+                        times, " rank 0 chose ", agreed_mode_));
     }
   }
 
@@ -730,7 +765,7 @@ class Engine {
     // a rank whose parts all fit `small` writes them too, and when every rank did (each sees
     // all sizes) this step is the whole exchange.
     copy_shared.select(std::accumulate(send_len.begin(), send_len.end(), size_t{0}),
-                       large_chunks_);
+                       agreed_mode_, rank_ == 0);
     const bool addresses = seg_.cma() && 2 * size_ <= kMaxRanks;
     const size_t quota = kSlotBytes / size_ / kLine * kLine;
     const size_t small = std::min(quota, kOneShotBytes);
@@ -813,7 +848,7 @@ class Engine {
     core::apply_postdiv(out, count, dtype, op, size_);
   }
 
-  // Chunks of kPipelineChunk bytes: at step k every rank copies in chunk k and, after the
+  // Chunks of small_chunk_ bytes: at step k every rank copies in chunk k and, after the
   // barrier, copies out the reduced pieces of chunk k-1 and reduces its own piece of chunk k
   // into its out area of the next parity. One barrier per chunk. A rank's own piece stays out of the
   // slots: it reduces it straight from its input into its output (and then publishes it in
@@ -821,18 +856,20 @@ class Engine {
   // scaling is applied to the slot copies, every piece goes through the slots.
   //
   // The chunks are kSlotBytes large if `large` (calibrate) or else if the ranks agreed on that
-  // in the previous pipelined allreduce: rank 0 proposes the chunk size of the next one in
-  // this one's first step, and every rank reads it after the sync.
+  // in the previous pipelined allreduce: rank 0 proposes the mode of the next one (chunks and
+  // stores, SharedWriter::select) in this one's first step, and every rank reads it after
+  // the sync.
   void pipelined(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
                  bool premul, std::optional<bool> large = std::nullopt) {
     const bool own_direct = !premul;
     const size_t es = core::element_size(dtype);
-    const size_t chunk = (large.value_or(large_chunks_) ? kSlotBytes : kPipelineChunk) / es;
+    const bool large_chunks = large.value_or((agreed_mode_ & kModeLargeChunks) != 0);
+    const size_t chunk = (large_chunks ? kSlotBytes : small_chunk_) / es;
     const size_t chunks = ceil_div(count, chunk);
     for (size_t k = 0; k <= chunks; ++k) {
       const uint32_t s = next_step();
       const bool agree = k == 0 && !large.has_value();
-      if (agree && rank_ == 0) rank0_word(s) = copy_shared.proposed_large_chunks() ? 1 : 0;
+      if (agree && rank_ == 0) rank0_word(s) = static_cast<uint64_t>(copy_shared.proposal());
       const size_t off = k * chunk;
       const size_t e = k < chunks ? std::min(chunk, count - off) : 0;
       size_t b = 0, len = 0;  // this rank's piece of chunk k
@@ -849,7 +886,7 @@ class Engine {
         }
       }
       sync(s);
-      if (agree) large_chunks_ = rank0_word(s) != 0;
+      if (agree) agreed_mode_ = static_cast<int>(rank0_word(s));
       if (k >= 1 && out != nullptr) {
         const size_t prev_off = (k - 1) * chunk;
         const size_t prev_e = std::min(chunk, count - prev_off);
@@ -1056,7 +1093,8 @@ class Engine {
     described_.root = root;
     described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : StepDescription::kNoReduce;
     op_ = signature(described_);
-    copy_shared.select(dtype ? count * core::element_size(*dtype) : count, large_chunks_);
+    copy_shared.select(dtype ? count * core::element_size(*dtype) : count, agreed_mode_,
+                       rank_ == 0);
   }
 
   // 32 bits for the step word: the OpType and a 24-bit hash of everything else.
@@ -1268,13 +1306,14 @@ class Engine {
   const bool own_core_;            // every rank has a core of its own
   const size_t direct_piece_;      // owner_computes' piece through the kernel
   const size_t direct_allreduce_;  // allreduce of ordinary tensors goes direct from this size
+  const size_t small_chunk_;       // the pipelined allreduce's chunk unless kModeLargeChunks
   SharedWriter copy_shared;
   int cpu_ = -1;              // the CPU in this rank's header (note_cpu)
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
-  // Pipelined allreduces run in chunks of kSlotBytes instead of kPipelineChunk (agreed in the
-  // previous one; see pipelined).
-  bool large_chunks_ = false;
+  // The mode of the next pipelined allreduce (kModeStreaming, kModeLargeChunks), agreed in
+  // the previous one (see pipelined).
+  int agreed_mode_ = 0;
   // Whether the parity slots were read after their step was published (not one-sided):
   // bit 0 for the last step opened, bit 1 for the one before (next_step).
   uint32_t two_sided_ = 3;
