@@ -2,6 +2,10 @@
 
 #include <signal.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 
 #include <algorithm>
 #include <cctype>
@@ -112,9 +116,10 @@ struct FlightRecorder::Entry {
   std::vector<core::DType> input_dtypes, output_dtypes;
   State state = State::kScheduled;
   std::string error;
-  int64_t time_enqueued_ns = 0;
-  int64_t time_started_ns = 0;
-  int64_t time_completed_ns = 0;
+  // TraceClock ticks; 0: not yet.
+  int64_t enqueued_at = 0;
+  int64_t started_at = 0;
+  int64_t completed_at = 0;
   int64_t timeout_ms = 0;
 };
 
@@ -167,6 +172,46 @@ std::string trace_op_name(OpType op) {
   std::string name(core::op_type_name(op));
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return name;
+}
+
+namespace {
+// Whether the time-stamp counter runs at a constant rate in every power state (CPUID
+// 0x80000007, EDX bit 8).
+bool invariant_tsc() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0x80000000, &eax, &ebx, &ecx, &edx) == 0 || eax < 0x80000007) return false;
+  if (__get_cpuid(0x80000007, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (edx & (1u << 8)) != 0;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+TraceClock::TraceClock()
+    : tsc_(invariant_tsc()),
+      origin_ticks_(now()),
+      origin_wall_ns_(now_ns()),
+      origin_steady_ns_(steady_ns()) {}
+
+int64_t TraceClock::now() const {
+#if defined(__x86_64__)
+  if (tsc_) return static_cast<int64_t>(__rdtsc());
+#endif
+  return now_ns();
+}
+
+TraceClock::Scale TraceClock::scale() const {
+  if (!tsc_) return {};  // ticks are ns already
+  const int64_t elapsed_ticks = now() - origin_ticks_;
+  const int64_t elapsed_ns = steady_ns() - origin_steady_ns_;
+  Scale scale{.origin_ticks = origin_ticks_, .origin_ns = origin_wall_ns_};
+  // Before a tick has passed (never in practice) any rate will do.
+  if (elapsed_ticks > 0 && elapsed_ns > 0) {
+    scale.ns_per_tick = static_cast<double>(elapsed_ns) / static_cast<double>(elapsed_ticks);
+  }
+  return scale;
 }
 
 FlightRecorder::FlightRecorder(size_t capacity) : capacity_(capacity) {}
@@ -246,7 +291,7 @@ FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
 TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, const TraceOp& op,
                                    bool started) {
   if (!enabled() || !group) return {};
-  const int64_t now = now_ns();
+  const int64_t now = clock_.now();
   TraceHandle handle;
   handle.p2p = is_p2p(op.op);
   handle.group = group;
@@ -279,29 +324,29 @@ TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, con
   }
   e.state = started ? State::kStarted : State::kScheduled;
   e.error.clear();
-  e.time_enqueued_ns = now;
-  e.time_started_ns = started ? now : 0;
-  e.time_completed_ns = 0;
+  e.enqueued_at = now;
+  e.started_at = started ? now : 0;
+  e.completed_at = 0;
   e.timeout_ms = (op.timeout.count() >= 0 ? op.timeout : g.timeout).count();
   return handle;
 }
 
 void FlightRecorder::record_started(const TraceHandle& handle) {
   if (!handle) return;
-  const int64_t now = now_ns();
+  const int64_t now = clock_.now();
   std::lock_guard lock(mutex_);
   TraceGroup& g = *handle.group;
   uint64_t& last = handle.p2p ? g.last_started_p2p : g.last_started;
   last = std::max(last, handle.seq);
   if (Entry* e = find(handle.id); e != nullptr && e->state == State::kScheduled) {
     e->state = State::kStarted;
-    e->time_started_ns = now;
+    e->started_at = now;
   }
 }
 
 void FlightRecorder::record_finished(const TraceHandle& handle, std::exception_ptr error) {
   if (!handle) return;
-  const int64_t now = now_ns();
+  const int64_t now = clock_.now();
   std::string message;
   bool worth_a_dump = false;
   if (error) std::tie(message, worth_a_dump) = classify(error);
@@ -316,8 +361,8 @@ void FlightRecorder::record_finished(const TraceHandle& handle, std::exception_p
     Entry* e = find(handle.id);
     if (e != nullptr) {
       e->state = error ? State::kFailed : State::kCompleted;
-      e->time_completed_ns = now;
-      if (e->time_started_ns == 0) e->time_started_ns = now;
+      e->completed_at = now;
+      if (e->started_at == 0) e->started_at = now;
       if (error) e->error = message;
     }
     worth_a_dump = worth_a_dump && !g.closing && !auto_dumped_.load();
@@ -522,6 +567,7 @@ std::string FlightRecorder::dump_json_locked(bool include_completed, bool only_a
   out["groups"] = std::move(group_list);
 
   json entries = json::array();
+  const TraceClock::Scale to_ns = clock_.scale();
   const size_t n = ring_.size();
   const size_t oldest = n < capacity_ || n == 0 ? 0 : (next_id_ - 1) % capacity_;
   for (size_t i = 0; i < n; ++i) {
@@ -550,12 +596,13 @@ std::string FlightRecorder::dump_json_locked(bool include_completed, bool only_a
     j["output_dtypes"] = dtypes_json(e.output_dtypes);
     j["state"] = trace_state_name(e.state);
     j["error"] = e.state == State::kFailed ? json(e.error) : json(nullptr);
-    j["time_enqueued_ns"] = e.time_enqueued_ns;
-    j["time_started_ns"] = time_or_null(e.time_started_ns);
-    j["time_completed_ns"] = time_or_null(e.time_completed_ns);
-    j["duration_ns"] = (e.time_completed_ns != 0 && e.time_started_ns != 0)
-                           ? json(e.time_completed_ns - e.time_started_ns)
-                           : json(nullptr);
+    const int64_t started = to_ns(e.started_at);
+    const int64_t completed = to_ns(e.completed_at);
+    j["time_enqueued_ns"] = to_ns(e.enqueued_at);
+    j["time_started_ns"] = time_or_null(started);
+    j["time_completed_ns"] = time_or_null(completed);
+    j["duration_ns"] = (completed != 0 && started != 0) ? json(completed - started)
+                                                        : json(nullptr);
     j["timeout_ms"] = e.timeout_ms;
     entries.push_back(std::move(j));
   }

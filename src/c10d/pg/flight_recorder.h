@@ -126,6 +126,38 @@ struct TraceHandle {
   explicit operator bool() const { return id != 0; }
 };
 
+// The recorder's timestamps, read twice per operation. Where the CPU's time-stamp counter is
+// invariant a read is one rdtsc (~10 ns against ~22 for clock_gettime on this project's VMs,
+// where a sync all_reduce of 64 B at 2 ranks takes ~0.58 us in all), and a trace's dump
+// converts the ticks into wall-clock ns (scale): from the wall-clock time at construction, at
+// the rate the monotonic clock and the counter advanced together since. Elsewhere a tick is a
+// nanosecond of the system clock.
+class TraceClock {
+ public:
+  TraceClock();
+  int64_t now() const;
+
+  // Converts now() values into wall-clock ns since the epoch; 0 stays 0 (no time).
+  struct Scale {
+    int64_t origin_ticks = 0;
+    int64_t origin_ns = 0;
+    double ns_per_tick = 1.0;
+    int64_t operator()(int64_t ticks) const {
+      if (ticks == 0) return 0;
+      return origin_ns +
+             static_cast<int64_t>(static_cast<double>(ticks - origin_ticks) * ns_per_tick);
+    }
+  };
+  // The conversion as of now.
+  Scale scale() const;
+
+ private:
+  bool tsc_ = false;
+  int64_t origin_ticks_ = 0;
+  int64_t origin_wall_ns_ = 0;
+  int64_t origin_steady_ns_ = 0;
+};
+
 class FlightRecorder {
  public:
   enum class State : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
@@ -205,6 +237,7 @@ class FlightRecorder {
   void watch();
 
   const size_t capacity_;
+  const TraceClock clock_;
   bool process_recorder_ = false;  // instance(): owns the watcher thread and SIGUSR1 handler
 
   mutable std::mutex mutex_;

@@ -35,7 +35,6 @@ using core::OpType;
 using pg::DenseView;
 using pg::InlineOp;
 
-constexpr const char* kCapsuleName = "c10d._C.inline_ops";
 
 struct InlineState {
   std::shared_ptr<pg::ProcessGroup> group;
@@ -236,7 +235,7 @@ bool dense_list(PyObject* obj, bool writable, BufferList& out) {
 }
 
 InlineState* state_of(PyObject* self) {
-  return static_cast<InlineState*>(PyCapsule_GetPointer(self, kCapsuleName));
+  return static_cast<InlineState*>(PyCapsule_GetPointer(self, nullptr));
 }
 
 bool check_nargs(Py_ssize_t nargs, Py_ssize_t expected, const char* name) {
@@ -406,10 +405,13 @@ py::dict make_inline_ops(std::shared_ptr<pg::ProcessGroup> group) {
       state->kinds.emplace_back(py::reinterpret_borrow<py::object>(member), kind);
     }
   }
-  py::capsule capsule(state.get(), kCapsuleName, [](PyObject* c) {
-    delete static_cast<InlineState*>(PyCapsule_GetPointer(c, kCapsuleName));
+  // Unnamed: a name costs a strcmp in every PyCapsule_GetPointer, i.e. in every call.
+  PyObject* raw = PyCapsule_New(state.get(), nullptr, [](PyObject* c) {
+    delete static_cast<InlineState*>(PyCapsule_GetPointer(c, nullptr));
   });
+  if (raw == nullptr) throw py::error_already_set();
   state.release();
+  py::object capsule = py::reinterpret_steal<py::object>(raw);
   py::dict out;
   for (PyMethodDef& def : g_methods) {
     PyObject* fn = PyCFunction_NewEx(&def, capsule.ptr(), nullptr);

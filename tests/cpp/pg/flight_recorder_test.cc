@@ -141,6 +141,31 @@ TEST(FlightRecorder, StatesTimestampsAndErrors) {
   EXPECT_EQ(no_completed["entries"].size(), 2u);  // the failed one and the running one
 }
 
+// The recorder stamps operations with a cheap clock (TraceClock: the CPU's counter where it
+// is invariant); its dumps must still show wall-clock times and real durations.
+TEST(FlightRecorder, TimestampsAreWallClockNanoseconds) {
+  auto wall_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  FlightRecorder recorder(10);
+  auto group = recorder.register_group(nullptr, 0, 1, "fake", Millis(5000));
+  std::vector<Tensor> ts{Tensor::empty({2}, DType::kFloat64)};
+  const int64_t before = wall_ns();
+  auto handle = recorder.record(group, allreduce_op(ts), /*started=*/true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  recorder.record_finished(handle, nullptr);
+  const int64_t after = wall_ns();
+  const json e = json::parse(recorder.dump_trace_json())["entries"][0];
+  // A millisecond of slack for the conversion's rounding.
+  constexpr int64_t kSlack = 1'000'000;
+  EXPECT_GE(e["time_started_ns"].get<int64_t>(), before - kSlack);
+  EXPECT_LE(e["time_completed_ns"].get<int64_t>(), after + kSlack);
+  EXPECT_GE(e["duration_ns"].get<int64_t>(), 30'000'000 - kSlack);
+  EXPECT_LE(e["duration_ns"].get<int64_t>(), after - before + kSlack);
+}
+
 TEST(FlightRecorder, JsonIsSelfDescribing) {
   FlightRecorder recorder(10);
   auto group = recorder.register_group(nullptr, 1, 2, "gloo", Millis(3000));
