@@ -103,11 +103,22 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    type=float, default=0.1)
     p.add_argument("--grace-period", dest="grace_period", type=float, default=5.0,
                    help="seconds between SIGTERM and SIGKILL when stopping workers")
+    p.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter",
+                   default="",
+                   help="show only these local ranks' output on the console (0,1,2); files "
+                        "from --redirects/--tee still get every rank's")
     p.add_argument("-m", "--module", action="store_true", help="run the script as a module")
     p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
                    help="run the script as an executable, not with Python")
     p.add_argument("training_script")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    # As torchrun: PET_<OPTION> (PET_NPROC_PER_NODE=4, PET_STANDALONE=1) gives an option's
+    # default, so a job's environment can configure the launcher.
+    for action in p._actions:
+        value = os.environ.get(f"PET_{action.dest.upper()}") if action.option_strings else None
+        if value is None or action.dest == "help":
+            continue
+        action.default = value == "1" if isinstance(action, argparse._StoreTrueAction) else value
     args = p.parse_args(argv)
     if args.nproc_per_node in ("cpu", "auto"):  # auto: one per GPU in torchrun; there are none
         args.nproc_per_node = os.cpu_count() or 1
@@ -123,6 +134,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             _streams(getattr(args, name), 0)
         except ValueError:
             p.error(f"--{name} takes 0-3 or local_rank:value pairs, got {getattr(args, name)!r}")
+    try:
+        args.local_ranks_filter = ({int(r) for r in args.local_ranks_filter.split(",")}
+                                   if args.local_ranks_filter else None)
+    except ValueError:
+        p.error("--local-ranks-filter must be a comma-separated list of integers, e.g. 0,1,2; "
+                f"got {args.local_ranks_filter!r}")
     to_files = any(_streams(args.redirects, r) | _streams(args.tee, r)
                    for r in range(args.nproc_per_node))
     if to_files and not args.log_dir:
@@ -256,7 +273,8 @@ def _dynamic_rendezvous(args):
 class _Worker:
     """One worker process. Its stderr always passes through the launcher (the summary quotes
     its last lines); stdout only when redirected or teed to a file. A stream redirected to
-    --log-dir goes only there; teed, to both."""
+    --log-dir goes only there; teed, to both. A rank --local-ranks-filter leaves out shows
+    nothing on the console."""
 
     def __init__(self, local_rank: int, rank: int, command: List[str], env: Dict[str, str],
                  files: Dict[str, Optional[str]], console: Dict[str, bool]):
@@ -267,8 +285,8 @@ class _Worker:
         self.files = {name: open(path, "wb") if path else None for name, path in files.items()}
         self.console = console
         pipe_out = self.files["stdout"] is not None
-        self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE,
-                                     stdout=subprocess.PIPE if pipe_out else None)
+        stdout = subprocess.PIPE if pipe_out else None if console["stdout"] else subprocess.DEVNULL
+        self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=stdout)
         self.readers = [threading.Thread(target=self._forward, args=("stderr",), daemon=True)]
         if pipe_out:
             self.readers.append(threading.Thread(target=self._forward, args=("stdout",),
@@ -334,7 +352,8 @@ def _start_group(args, command, base_env, attempt) -> List[_Worker]:
                    TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_ERROR_FILE=error_file)
         env.pop("C10DRUN_ERROR_DIR")
         files: Dict[str, Optional[str]] = {"stdout": None, "stderr": None}
-        console = {"stdout": True, "stderr": True}
+        shown = args.local_ranks_filter is None or local_rank in args.local_ranks_filter
+        console = {"stdout": shown, "stderr": shown}
         to_file = _streams(args.redirects, local_rank) | _streams(args.tee, local_rank)
         if args.log_dir and to_file:
             folder = os.path.join(args.log_dir, args.rdzv_id, f"attempt_{attempt}",
@@ -343,7 +362,7 @@ def _start_group(args, command, base_env, attempt) -> List[_Worker]:
             for bit, name in ((1, "stdout"), (2, "stderr")):
                 if to_file & bit:
                     files[name] = os.path.join(folder, f"{name}.log")
-                    console[name] = bool(_streams(args.tee, local_rank) & bit)
+                    console[name] = shown and bool(_streams(args.tee, local_rank) & bit)
         workers.append(_Worker(local_rank, rank, command, env, files, console))
     return workers
 

@@ -392,6 +392,31 @@ def test_launcher_writes_redirected_streams_to_the_log_dir(tmp_path):
         assert f"err of {r}" in out.stderr  # teed: in the file and on the console
 
 
+def test_launcher_local_ranks_filter_and_pet_environment(tmp_path):
+    """--local-ranks-filter (here from PET_LOCAL_RANKS_FILTER, as torchrun reads PET_<OPTION>)
+    shows only those ranks' output; the files of --tee still get every rank's."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        os.write(1, f"out of {os.environ['LOCAL_RANK']}\\n".encode())
+        os.write(2, f"err of {os.environ['LOCAL_RANK']}\\n".encode())
+    """))
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), PET_NPROC_PER_NODE="3",
+               PET_LOCAL_RANKS_FILTER="0,2")
+    out = subprocess.run([sys.executable, "-m", "c10d.run", "--tee", "3", "--log-dir",
+                          str(tmp_path / "logs"), str(script)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for r in range(3):
+        shown = r != 1
+        assert (f"out of {r}" in out.stdout) == shown, out.stdout
+        assert (f"err of {r}" in out.stderr) == shown, out.stderr
+        folder = tmp_path / "logs" / "none" / "attempt_0" / str(r)
+        assert (folder / "stdout.log").read_text() == f"out of {r}\n"
+    bad = _launch("print(1)", 1, tmp_path, "--local-ranks-filter", "0,x")
+    assert bad.returncode == 2 and "comma-separated list of integers" in bad.stderr
+
+
 def test_launcher_redirects_without_log_dir_use_a_temporary_one(tmp_path):
     out = _launch("""
         import os
