@@ -75,6 +75,23 @@ struct StepDescription {
   bool operator==(const StepDescription&) const = default;
 };
 
+// A small step's data together with the step number that publishes it, so a peer waiting on
+// the mailbox finds the first bytes in the line it waited on and the rest in lines it loads
+// at once (the adjacent line comes with the first), instead of first waiting on the step
+// word and only then missing on the data. Written before the step word, indexed like the
+// ring. One-shot allreduce, 2 ranks, time per call against the ring entries (3 launches
+// each, median of 15 runs of 20000): 4 B 392-408 ns against 434-469, 64 B 412-428 against
+// 445-451, 256 B 439-446 against 461-471. Up to 1 KiB (the benchmark's last latency size)
+// and pairs of lines (a 128-byte block, which the L2 prefetcher fetches together).
+struct alignas(2 * kLine) Mailbox {
+  static constexpr size_t kLines = 18;
+  std::atomic<uint32_t> step;
+  std::atomic<uint32_t> op;  // the signature of the operation (as on the step word's line)
+  static constexpr size_t kBytes = kLines * kLine - 2 * sizeof(uint32_t);
+  unsigned char data[kBytes];
+};
+static_assert(sizeof(Mailbox) == Mailbox::kLines * kLine);
+
 struct SegmentHeader {
   uint64_t magic;
   int32_t rank;
@@ -102,6 +119,7 @@ struct SegmentHeader {
   // that ran more than kSignatureDepth steps ahead overwrote it. Written before the step is
   // published.
   alignas(kLine) StepDescription described[kRingDepth];
+  alignas(2 * kLine) Mailbox mailbox[kRingDepth];
 };
 
 // Control block of the channel from sender s to receiver d, in s's segment. The sender writes

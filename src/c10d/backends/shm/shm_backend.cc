@@ -123,6 +123,10 @@ constexpr int64_t kSleepNs = 2'000'000;
 // Spins a wait makes before it first reads the clock (Engine::await_step), when every rank has
 // a core of its own.
 constexpr int kBlindSpins = 32;
+// A wait for a peer's Mailbox spins this many times kBlindSpins on the mailbox's line before
+// it waits on the step word (Engine::await_mailbox): a couple of microseconds, which covers
+// the skew between ranks of most small operations.
+constexpr int kMailboxSpins = 4;
 
 int64_t now_ns() {
   timespec ts;
@@ -835,6 +839,7 @@ class Engine {
   void one_shot(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
                 bool premul) {
     const size_t bytes = count * core::element_size(dtype);
+    if (bytes <= Mailbox::kBytes) return one_shot_mailbox(in, out, count, dtype, op, premul);
     const bool small = fits_ring(bytes);
     const uint32_t s = next_step(small);
     char* mine = slot(rank_, s, small);
@@ -846,6 +851,47 @@ class Engine {
     core::reduce_into(out, slot(0, s, small), slot(1, s, small), count, dtype, op);
     for (int r = 2; r < size_; ++r) core::reduce(out, slot(r, s, small), count, dtype, op);
     core::apply_postdiv(out, count, dtype, op, size_);
+  }
+
+  // one_shot for messages that fit a Mailbox: every rank writes its contribution and the step
+  // into its mailbox line, then publishes the step as usual; the peers spin on that line, so
+  // the data comes with the step. A peer not there within the spins is waited for as usual
+  // (wait_peer: deadlines, dead peers, sleeping), after which its mailbox holds the step.
+  // Ranks without `out` (reduce's non-roots) only write.
+  void one_shot_mailbox(const char* in, char* out, size_t count, DType dtype,
+                        const ReduceOp& op, bool premul) {
+    const size_t bytes = count * core::element_size(dtype);
+    const uint32_t s = next_step(true);
+    Mailbox& mine = seg_.header(rank_)->mailbox[s % kRingDepth];
+    std::memcpy(mine.data, in, bytes);
+    if (premul) core::apply_premul(mine.data, count, dtype, op);
+    mine.op.store(op_, std::memory_order_relaxed);
+    mine.step.store(s, std::memory_order_release);
+    if (out == nullptr) return finish_step(s);
+    publish(s);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) await_mailbox(r, s);
+    }
+    step_ = s;
+    all_reached_ = s;
+    // The same order on every rank, so every rank computes identical bits.
+    auto data = [&](int r) { return seg_.header(r)->mailbox[s % kRingDepth].data; };
+    core::reduce_into(out, data(0), data(1), count, dtype, op);
+    for (int r = 2; r < size_; ++r) core::reduce(out, data(r), count, dtype, op);
+    core::apply_postdiv(out, count, dtype, op, size_);
+  }
+
+  // Until peer r's mailbox holds step s of this operation.
+  void await_mailbox(int r, uint32_t s) {
+    const Mailbox& box = seg_.header(r)->mailbox[s % kRingDepth];
+    for (int i = 0; i < kMailboxSpins * policy_.blind_spins; ++i) {
+      if (box.step.load(std::memory_order_acquire) == s) {
+        if (box.op.load(std::memory_order_relaxed) == op_) return;
+        break;  // another operation: wait_peer names both
+      }
+      cpu_relax();
+    }
+    wait_peer(r, s);
   }
 
   // Chunks of small_chunk_ bytes: at step k every rank copies in chunk k and, after the
