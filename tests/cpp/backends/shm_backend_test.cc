@@ -141,8 +141,11 @@ TEST(ShmBackend, AllreduceDtypesOpsAndSizes) {
           {DType::kBool, {ReduceOp::SUM, ReduceOp::PRODUCT}},
           {DType::kInt8, {ReduceOp::SUM}},
       };
-      // 0, 1, odd, one-shot boundary, several pipelined chunks with a ragged tail.
-      for (int64_t n : {0, 1, 7, 1000, 8193, 600001}) {
+      // 0, 1, odd, the float32 mailbox boundary (one_shot_mailbox), one-shot boundary,
+      // several pipelined chunks with a ragged tail.
+      constexpr auto kMailboxFloats = static_cast<int64_t>(Mailbox::kBytes / sizeof(float));
+      for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, kMailboxFloats, kMailboxFloats + 1,
+                        int64_t{1000}, int64_t{8193}, int64_t{600001}}) {
         for (const auto& [dtype, ops] : cases) {
           for (const ReduceOp& op : ops) {
             Tensor t = filled(n, dtype, rank);
