@@ -557,14 +557,16 @@ class Engine {
     // One-sided: the root publishes and moves on; the others wait only for the root. Large
     // tensors go in chunks, so the root writes one while the others read the one before.
     const bool small = fits_ring(bytes);
+    const bool boxed = fits_mailbox(bytes);
     for (size_t off = 0; off < bytes; off += kPipelineChunk) {
       const size_t len = std::min(kPipelineChunk, bytes - off);
       const uint32_t s = next_step(small, true);
       if (rank_ == root) {
-        copy_shared(slot(rank_, s, small), data + off, len);
+        copy_shared(step_data(rank_, s, small, boxed), data + off, len);
+        if (boxed) seal_mailbox(s);
       } else {
-        wait_peer(root, s);
-        copy(data + off, slot(root, s, small), len);
+        wait_step_data(root, s, boxed);
+        copy(data + off, step_data(root, s, small, boxed), len);
       }
       finish_step(s);
     }
@@ -645,18 +647,20 @@ class Engine {
       return allgather(in, bytes, [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
     }
     const bool small = fits_ring(bytes);
+    const bool boxed = fits_mailbox(bytes);
     for (size_t off = 0; off < bytes; off += kPipelineChunk) {
       const size_t len = std::min(kPipelineChunk, bytes - off);
       const uint32_t s = next_step(small, true);
       if (rank_ != root) {
-        copy_shared(slot(rank_, s, small), in + off, len);
+        copy_shared(step_data(rank_, s, small, boxed), in + off, len);
+        if (boxed) seal_mailbox(s);
       } else {
         for (int r = 0; r < size_; ++r) {
           if (r == root) {
             copy(out_of(r) + off, in + off, len);
           } else {
-            wait_peer(r, s);
-            copy(out_of(r) + off, slot(r, s, small), len);
+            wait_step_data(r, s, boxed);
+            copy(out_of(r) + off, step_data(r, s, small, boxed), len);
           }
         }
       }
@@ -690,20 +694,24 @@ class Engine {
     // Every part in one ring entry when they fit, else in rounds of the slot.
     const size_t part = ceil_div(bytes, kLine) * kLine;
     const bool small = fits_ring(part * static_cast<size_t>(size_));
-    const size_t quota = small ? part : kSlotBytes / size_ / kLine * kLine;
+    // The parts packed one after another when they fit a mailbox together.
+    const bool boxed = fits_mailbox(bytes * static_cast<size_t>(size_));
+    const size_t quota = boxed ? bytes : small ? part : kSlotBytes / size_ / kLine * kLine;
     for (size_t off = 0; off < bytes; off += quota) {
       const size_t len = std::min(quota, bytes - off);
       const uint32_t s = next_step(small, true);
       // One-sided, as broadcast: the root fills round k + 1 while the others copy out round k
       // (2 ranks, 3 launches: parts of 1 MiB 73-86 us against 98-164 before).
       if (rank_ == root) {
+        char* parts = step_data(root, s, small, boxed);
         for (int j = 0; j < size_; ++j) {
-          if (j != root) copy_shared(slot(root, s, small) + j * quota, src_of(j) + off, len);
+          if (j != root) copy_shared(parts + j * quota, src_of(j) + off, len);
         }
+        if (boxed) seal_mailbox(s);
         copy(out + off, src_of(rank_) + off, len);
       } else {
-        wait_peer(root, s);
-        copy(out + off, slot(root, s, small) + rank_ * quota, len);
+        wait_step_data(root, s, boxed);
+        copy(out + off, step_data(root, s, small, boxed) + rank_ * quota, len);
       }
       finish_step(s);
     }
@@ -839,7 +847,7 @@ class Engine {
   void one_shot(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
                 bool premul) {
     const size_t bytes = count * core::element_size(dtype);
-    if (bytes <= Mailbox::kBytes) return one_shot_mailbox(in, out, count, dtype, op, premul);
+    if (fits_mailbox(bytes)) return one_shot_mailbox(in, out, count, dtype, op, premul);
     const bool small = fits_ring(bytes);
     const uint32_t s = next_step(small);
     char* mine = slot(rank_, s, small);
@@ -862,11 +870,10 @@ class Engine {
                         const ReduceOp& op, bool premul) {
     const size_t bytes = count * core::element_size(dtype);
     const uint32_t s = next_step(true);
-    Mailbox& mine = seg_.header(rank_)->mailbox[s % kRingDepth];
-    std::memcpy(mine.data, in, bytes);
-    if (premul) core::apply_premul(mine.data, count, dtype, op);
-    mine.op.store(op_, std::memory_order_relaxed);
-    mine.step.store(s, std::memory_order_release);
+    char* mine = mailbox_data(rank_, s);
+    std::memcpy(mine, in, bytes);
+    if (premul) core::apply_premul(mine, count, dtype, op);
+    seal_mailbox(s);
     if (out == nullptr) return finish_step(s);
     publish(s);
     for (int r = 0; r < size_; ++r) {
@@ -875,10 +882,32 @@ class Engine {
     step_ = s;
     all_reached_ = s;
     // The same order on every rank, so every rank computes identical bits.
-    auto data = [&](int r) { return seg_.header(r)->mailbox[s % kRingDepth].data; };
-    core::reduce_into(out, data(0), data(1), count, dtype, op);
-    for (int r = 2; r < size_; ++r) core::reduce(out, data(r), count, dtype, op);
+    core::reduce_into(out, mailbox_data(0, s), mailbox_data(1, s), count, dtype, op);
+    for (int r = 2; r < size_; ++r) core::reduce(out, mailbox_data(r, s), count, dtype, op);
     core::apply_postdiv(out, count, dtype, op, size_);
+  }
+
+  // Small steps whose data fits a Mailbox carry it there (see Mailbox and one_shot_mailbox):
+  // the writer seals its mailbox after writing, before it publishes the step; a reader waits
+  // with await_mailbox. The same answer on every rank for the same message.
+  static bool fits_mailbox(size_t bytes) { return bytes <= Mailbox::kBytes; }
+  char* mailbox_data(int r, uint32_t s) const {
+    return reinterpret_cast<char*>(seg_.header(r)->mailbox[s % kRingDepth].data);
+  }
+  // This rank's mailbox for step s holds its data: the signature and the step go with it.
+  void seal_mailbox(uint32_t s) {
+    Mailbox& box = seg_.header(rank_)->mailbox[s % kRingDepth];
+    box.op.store(op_, std::memory_order_relaxed);
+    box.step.store(s, std::memory_order_release);
+  }
+  // Rank r's data of small step s (ring entry or parity slot, or mailbox when `boxed`), and
+  // the wait for it.
+  char* step_data(int r, uint32_t s, bool small, bool boxed) const {
+    return boxed ? mailbox_data(r, s) : slot(r, s, small);
+  }
+  void wait_step_data(int r, uint32_t s, bool boxed) {
+    if (boxed) return await_mailbox(r, s);
+    wait_peer(r, s);
   }
 
   // Until peer r's mailbox holds step s of this operation.
