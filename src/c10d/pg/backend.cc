@@ -141,6 +141,17 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return out;
 }
 
+std::string monitored_barrier_unreleased(int rank, Millis timeout) {
+  return core::detail::str_cat(monitored_barrier_failure_on(rank),
+                               " (rank 0 did not release it within ", timeout.count(), " ms)");
+}
+
+std::string monitored_barrier_others_failed(int rank, Millis timeout) {
+  return core::detail::str_cat(monitored_barrier_failure_on(rank),
+                               " (other ranks failed to pass it in ", timeout.count(),
+                               " ms; rank 0 names them)");
+}
+
 std::string monitored_barrier_missing(const std::vector<int>& ranks, Millis timeout) {
   return core::detail::str_cat(ranks.size() == 1 ? "Rank " : "Ranks ", join_ranks(ranks),
                                " failed to pass monitoredBarrier in ", timeout.count(), " ms");

@@ -59,6 +59,10 @@ std::string monitored_barrier_failure_on(int rank);
 // Rank 0's report of the ranks that did not reach a monitored barrier within `timeout`, in
 // torch's words: "Rank 2 failed to pass monitoredBarrier in 1000 ms" ("Ranks 1, 2 ...").
 std::string monitored_barrier_missing(const std::vector<int>& ranks, Millis timeout);
+// What a rank other than 0 reports when rank 0 did not release it within `timeout`, and when
+// rank 0 released it with the news that other ranks failed.
+std::string monitored_barrier_unreleased(int rank, Millis timeout);
+std::string monitored_barrier_others_failed(int rank, Millis timeout);
 // "1, 2, 5".
 std::string join_ranks(const std::vector<int>& ranks);
 

@@ -1011,7 +1011,6 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
   const core::Deadline deadline(c.timeout);
   const uint64_t arrive_slot = (kMonitoredBarrierPrefix << 56) | (uint64_t{c.tag} << 24);
   const uint64_t release_slot = arrive_slot + 1;
-  const std::string timeout_text = std::to_string(c.timeout.count()) + " ms";
 
   // Waits go through wait_or_abort, so a rank that does not arrive leaves the context usable.
   // Waits go through wait_or_abort, so a rank that does not arrive leaves the context usable.
@@ -1039,13 +1038,10 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
     }
     if (result != WaitResult::kDone) {
       park(std::move(slot));
-      throw DistTimeoutError(str_cat(pg::monitored_barrier_failure_on(c.rank),
-                                     " (rank 0 did not release it within ", timeout_text, ")"));
+      throw DistTimeoutError(pg::monitored_barrier_unreleased(c.rank, c.timeout));
     }
     if (*slot.byte != 1) {
-      throw DistBackendError(str_cat(pg::monitored_barrier_failure_on(c.rank),
-                                     " (other ranks failed to pass it in ", timeout_text,
-                                     "; rank 0 names them)"));
+      throw DistBackendError(pg::monitored_barrier_others_failed(c.rank, c.timeout));
     }
     return;
   }

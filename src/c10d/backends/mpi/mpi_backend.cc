@@ -1079,7 +1079,6 @@ WorkPtr MpiBackend::recv_anysource(std::vector<Tensor>& tensors, int tag) {
 void MpiBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
   const Millis limit = effective_timeout(opts.timeout);
   if (size() == 1) return;
-  const std::string timeout_text = std::to_string(limit.count()) + " ms";
   MPI_Comm control = group_->control;
   auto message = [&](int peer, bool sending, std::shared_ptr<char> byte, Millis within) {
     OpPtr op = make_op(group_, sending ? OpType::kSend : OpType::kRecv,
@@ -1108,13 +1107,10 @@ void MpiBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all
     const bool ok = arrived(message(0, true, std::make_shared<char>(1), limit)) &&
                     arrived(message(0, false, status, limit + limit));
     if (!ok) {
-      throw DistTimeoutError(str_cat(pg::monitored_barrier_failure_on(rank()),
-                                     " (rank 0 did not release it within ", timeout_text, ")"));
+      throw DistTimeoutError(pg::monitored_barrier_unreleased(rank(), limit));
     }
     if (*status != 1) {
-      throw DistBackendError(str_cat(pg::monitored_barrier_failure_on(rank()),
-                                     " (other ranks failed to pass it in ", timeout_text,
-                                     "; rank 0 names them)"));
+      throw DistBackendError(pg::monitored_barrier_others_failed(rank(), limit));
     }
     return;
   }
