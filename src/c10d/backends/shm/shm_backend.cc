@@ -240,7 +240,11 @@ class SharedWriter {
   // streaming, all_reduce of 256 KiB 52-94 us against 85-125 in the fast placement and 207-269
   // against 83-134 in the slow one (4 MiB: 0.8-1.5 ms against 1.2-2.3, 3.6-4.5 against
   // 1.2-2.0); all_to_all and gather alike, broadcast faster streaming in both.
-  explicit SharedWriter(bool may_adapt = false) {
+  // `leader`: rank 0, whose probes choose the mode of the pipelined allreduces (select);
+  // `choose_chunks`: whether they also choose its chunk size (every rank has a core of its
+  // own; see kPipelineChunk).
+  explicit SharedWriter(bool may_adapt = false, bool leader = false, bool choose_chunks = false)
+      : leader_(leader), choose_chunks_(choose_chunks) {
     found_.fill(-1);
     probes_.fill(ModeProbe(probe_config()));
     if (core::env_string(core::kEnvShmStream) == "auto") {
@@ -266,19 +270,19 @@ class SharedWriter {
   //
   // A pipelined allreduce (an allreduce of more than kPipelineChunk bytes) runs in the mode
   // `agreed` (kModeStreaming, kModeLargeChunks) that rank 0 proposed in the previous one
-  // (Engine::pipelined). Rank 0 (`leader`) times it and proposes what its probe wants next
+  // (Engine::pipelined). Rank 0 (the leader) times it and proposes what its probe wants next
   // (proposal), with large chunks only where the chunk is chosen (choose_chunks); the other
   // ranks do not probe it. Each rank choosing its own stores mixed the modes, and a rank's
   // probe then timed the others' choices as much as its own: 4 ranks on 2 cores kept
   // streaming stores (all_reduce of 1 MiB 281 us) while plain ones ran it in 189.
-  void select(size_t bytes, int agreed, bool leader) {
+  void select(size_t bytes, int agreed) {
     proposal_ = agreed;
     if (!adaptive_) return;
     probe_ = nullptr;
     const bool pipelined = bytes > kPipelineChunk && type_ == OpType::kAllreduce;
     streaming_ = pipelined && (agreed & kModeStreaming) != 0;
     if (bytes < kProbedBytes) return;  // streaming would not change them (core::stream_bytes)
-    if (pipelined && !leader) return;
+    if (pipelined && !leader_) return;
     const size_t size_class = std::min<size_t>(
         kSizeClasses - 1, (std::bit_width(bytes) - std::bit_width(kProbedBytes)) / 2);
     const size_t type = std::min(static_cast<size_t>(type_), kTypes - 1);
@@ -330,9 +334,6 @@ class SharedWriter {
 
   // Whether the stores are chosen by timing (C10D_SHM_STREAM=auto).
   bool adaptive() const { return adaptive_; }
-  // Whether the probes of pipelined allreduces also choose the chunk size (every rank has a
-  // core of its own; see kPipelineChunk).
-  void choose_chunks(bool on) { choose_chunks_ = on; }
   // For calibration: the stores of the copies until the next operation selects again.
   void use_streaming(bool on) { streaming_ = on; }
   // The stores calibration found faster: every kind of operation starts with them until its
@@ -373,8 +374,9 @@ class SharedWriter {
   // Size classes by powers of 4 from 4 KiB: [4, 16) KiB ... [1, 4) MiB, 4 MiB and up.
   static constexpr size_t kSizeClasses = 6;
   static constexpr size_t kTypes = static_cast<size_t>(OpType::kUnknown) + 1;
+  const bool leader_;
+  const bool choose_chunks_;
   bool adaptive_ = false;
-  bool choose_chunks_ = true;
   bool streaming_ = false;
   bool timed_ = false;
   int proposal_ = 0;
@@ -423,9 +425,7 @@ class Engine {
         direct_piece_(direct_piece(per_core_)),
         direct_allreduce_(own_core_ ? kDirectAllreduceBytes : kDirectAllreduceSharedCoreBytes),
         small_chunk_(own_core_ ? kPipelineChunk : shared_core_chunk(per_core_)),
-        copy_shared(true) {
-    copy_shared.choose_chunks(own_core_);
-  }
+        copy_shared(/*may_adapt=*/true, /*leader=*/rank_ == 0, /*choose_chunks=*/own_core_) {}
 
   std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
@@ -776,8 +776,7 @@ class Engine {
     // With the sizes go the send addresses, for the direct path, and small parts themselves:
     // a rank whose parts all fit `small` writes them too, and when every rank did (each sees
     // all sizes) this step is the whole exchange.
-    copy_shared.select(std::accumulate(send_len.begin(), send_len.end(), size_t{0}),
-                       agreed_mode_, rank_ == 0);
+    copy_shared.select(std::accumulate(send_len.begin(), send_len.end(), size_t{0}), agreed_mode_);
     const bool addresses = seg_.cma() && 2 * size_ <= kMaxRanks;
     const size_t quota = kSlotBytes / size_ / kLine * kLine;
     const size_t small = std::min(quota, kOneShotBytes);
@@ -1168,8 +1167,7 @@ class Engine {
     described_.root = root;
     described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : StepDescription::kNoReduce;
     op_ = signature(described_);
-    copy_shared.select(dtype ? count * core::element_size(*dtype) : count, agreed_mode_,
-                       rank_ == 0);
+    copy_shared.select(dtype ? count * core::element_size(*dtype) : count, agreed_mode_);
   }
 
   // 32 bits for the step word: the OpType and a 24-bit hash of everything else.
