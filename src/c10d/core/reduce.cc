@@ -637,25 +637,38 @@ bool unary_misaligned(void* data, size_t count, DType dtype, Step&& step) {
 
 void reduce_into(void* out, const void* a, const void* b, size_t count, DType dtype,
                  const ReduceOp& op) {
+  const void* srcs[] = {a, b};
+  reduce_many(out, srcs, 2, count, dtype, op);
+}
+
+void reduce(void* dst, const void* src, size_t count, DType dtype, const ReduceOp& op) {
+  reduce_into(dst, dst, src, count, dtype, op);
+}
+
+void reduce_many(void* out, const void* const* srcs, size_t n, size_t count, DType dtype,
+                 const ReduceOp& op) {
+  C10D_CHECK_ARG(n >= 1, "reduce_many needs at least one source");
   check_reduce_op(dtype, op);
   const bool avx2 = detail::kernel_isa() == detail::KernelIsa::kAvx2;
   CombineFn fn = avx2 ? pick_combine<true>(dtype, op.kind) : pick_combine<false>(dtype, op.kind);
   C10D_CHECK(fn != nullptr, "no reduction kernel for ReduceOp ", op.name(), " on ",
              dtype_name(dtype));
   if (count == 0) return;
-  const size_t n = is_complex(dtype) ? 2 * count : count;
-  const size_t align = is_complex(dtype) ? element_size(dtype) / 2 : element_size(dtype);
-  const auto addresses = reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(a) |
-                         reinterpret_cast<uintptr_t>(b);
-  if ((addresses & (align - 1)) == 0) [[likely]] {
-    fn(out, a, b, n);
-  } else {
-    combine_misaligned(fn, out, a, b, n, align);
+  const size_t elem = element_size(dtype);
+  if (n == 1 && out != srcs[0]) std::memmove(out, srcs[0], count * elem);
+  // Complex values combine (SUM only) as twice as many reals.
+  const size_t scalars = is_complex(dtype) ? 2 * count : count;
+  const size_t align = is_complex(dtype) ? elem / 2 : elem;
+  uintptr_t addresses = reinterpret_cast<uintptr_t>(out);
+  for (size_t j = 0; j < n; ++j) addresses |= reinterpret_cast<uintptr_t>(srcs[j]);
+  for (size_t j = 1; j < n; ++j) {
+    const void* a = j == 1 ? srcs[0] : out;
+    if ((addresses & (align - 1)) == 0) [[likely]] {
+      fn(out, a, srcs[j], scalars);
+    } else {
+      combine_misaligned(fn, out, a, srcs[j], scalars, align);
+    }
   }
-}
-
-void reduce(void* dst, const void* src, size_t count, DType dtype, const ReduceOp& op) {
-  reduce_into(dst, dst, src, count, dtype, op);
 }
 
 void scale(void* data, size_t count, DType dtype, double factor) {

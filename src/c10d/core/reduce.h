@@ -31,6 +31,12 @@ void reduce(void* dst, const void* src, size_t count, DType dtype, const ReduceO
 void reduce_into(void* out, const void* a, const void* b, size_t count, DType dtype,
                  const ReduceOp& op);
 
+// out[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[n - 1][i], combined left to right (so
+// every caller that passes the same sources in the same order gets identical bits), for
+// n >= 1. `out` may be srcs[0] (or srcs[1] when n == 2), but no later source. Checks the arguments and picks the kernel once.
+void reduce_many(void* out, const void* const* srcs, size_t n, size_t count, DType dtype,
+                 const ReduceOp& op);
+
 // data[i] *= factor: the pre-step of PREMUL_SUM. Floating types multiply in their compute
 // type (float32 for float16/bfloat16/float32, float64 for float64; complex scales both
 // halves). Integers: an integral factor multiplies exactly (wrapping); any other factor

@@ -684,6 +684,47 @@ TEST(ReduceIntoTest, AllAliasingPatterns) {
   });
 }
 
+// reduce_many folds its sources left to right: the same bits as a chain of reduce_into, which
+// matters where rounding makes the order visible (float16, float32 sums of mixed magnitudes).
+TEST(ReduceManyTest, FoldsLeftToRightLikeAChainOfReduceInto) {
+  for_each_isa([] {
+    std::mt19937_64 rng(17);
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8,
+                        DType::kComplex64, DType::kBool}) {
+      for (size_t sources = 1; sources <= 5; ++sources) {
+        for (size_t offset : {size_t{0}, size_t{1}}) {  // 1: not even element-aligned
+          const size_t n = 1031;
+          const size_t e = element_size(dtype);
+          SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " sources=" << sources
+                                            << " offset=" << offset);
+          std::vector<std::vector<unsigned char>> src(sources,
+                                                      std::vector<unsigned char>(n * e + 1));
+          std::vector<const void*> ptrs;
+          for (auto& v : src) {
+            fill_random(dtype, v.data() + offset, n, rng);
+            ptrs.push_back(v.data() + offset);
+          }
+          std::vector<unsigned char> expected(src[0].begin() + offset,
+                                              src[0].begin() + offset + n * e);
+          for (size_t j = 1; j < sources; ++j) {
+            reduce_into(expected.data(), expected.data(), ptrs[j], n, dtype, ReduceOp::SUM);
+          }
+          std::vector<unsigned char> out(n * e + 1);
+          reduce_many(out.data() + offset, ptrs.data(), sources, n, dtype, ReduceOp::SUM);
+          EXPECT_EQ(0, std::memcmp(out.data() + offset, expected.data(), n * e));
+          // In place into the first source.
+          reduce_many(src[0].data() + offset, ptrs.data(), sources, n, dtype, ReduceOp::SUM);
+          EXPECT_EQ(0, std::memcmp(src[0].data() + offset, expected.data(), n * e));
+        }
+      }
+    }
+  });
+  unsigned char a[4] = {};
+  EXPECT_THROW(reduce_many(a, nullptr, 0, 1, DType::kFloat32, ReduceOp::SUM), InvalidArgument);
+  const void* one[] = {a};
+  EXPECT_THROW(reduce_many(a, one, 1, 1, DType::kBool, ReduceOp::AVG), InvalidArgument);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pre- and post-steps.
 

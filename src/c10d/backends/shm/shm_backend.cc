@@ -737,13 +737,7 @@ class Engine {
       sync(s);
       char* dst = out + off * es;
       const size_t at = rank_ * quota * es;
-      if (size_ == 1) {
-        copy(dst, seg_.in(0, s) + at, m * es);
-      } else {
-        core::reduce_into(dst, seg_.in(0, s) + at, seg_.in(1, s) + at, m, dtype, op);
-        for (int j = 2; j < size_; ++j) core::reduce(dst, seg_.in(j, s) + at, m, dtype, op);
-      }
-      core::apply_postdiv(dst, m, dtype, op, size_);
+      reduce_sources(dst, m, dtype, op, [&](int j) { return seg_.in(j, s) + at; });
     }
   }
 
@@ -854,10 +848,7 @@ class Engine {
     if (premul) core::apply_premul(mine, count, dtype, op);
     if (out == nullptr) return finish_step(s);  // reduce: only the root waits
     sync(s);
-    // The same order on every rank, so every rank computes identical bits.
-    core::reduce_into(out, slot(0, s, small), slot(1, s, small), count, dtype, op);
-    for (int r = 2; r < size_; ++r) core::reduce(out, slot(r, s, small), count, dtype, op);
-    core::apply_postdiv(out, count, dtype, op, size_);
+    reduce_sources(out, count, dtype, op, [&](int r) { return slot(r, s, small); });
   }
 
   // one_shot for messages that fit a Mailbox: every rank writes its contribution and the step
@@ -880,10 +871,7 @@ class Engine {
     }
     step_ = s;
     all_reached_ = s;
-    // The same order on every rank, so every rank computes identical bits.
-    core::reduce_into(out, mailbox_data(0, s), mailbox_data(1, s), count, dtype, op);
-    for (int r = 2; r < size_; ++r) core::reduce(out, mailbox_data(r, s), count, dtype, op);
-    core::apply_postdiv(out, count, dtype, op, size_);
+    reduce_sources(out, count, dtype, op, [&](int r) { return mailbox_data(r, s); });
   }
 
   // Small steps whose data fits a Mailbox carry it there (see Mailbox and one_shot_mailbox):
@@ -985,16 +973,26 @@ class Engine {
         if (scratch_.size() < len * es) scratch_.resize(len * es);
         dst = scratch_.data();
       }
-      const int first = rank_ == 0 ? 1 : 0;
-      core::reduce_into(dst, mine, seg_.in(first, s) + b * es, len, dtype, op);
-      for (int j = first + 1; j < size_; ++j) {
-        if (j != rank_) core::reduce(dst, seg_.in(j, s) + b * es, len, dtype, op);
-      }
-      core::apply_postdiv(dst, len, dtype, op, size_);
+      reduce_sources(dst, len, dtype, op, [&](int j) {
+        // This rank's operand first, then the peers' by rank.
+        return j == 0 ? mine : seg_.in(j <= rank_ ? j - 1 : j, s) + b * es;
+      });
       // Reduced in place when this rank keeps no result (reduce's non-roots, PREMUL_SUM): a
       // copy onto itself would only cost time with streaming stores.
       if (dst != published) copy_shared(published, dst, len * es);
     }
+  }
+
+  // out = source(0) op source(1) op ... op source(size_ - 1), then op's post-step. The ranks
+  // that reduce the same data pass its sources in the same order, so they compute identical
+  // bits.
+  template <typename Source>
+  void reduce_sources(char* out, size_t count, DType dtype, const ReduceOp& op,
+                      Source&& source) {
+    sources_.resize(size_);
+    for (int j = 0; j < size_; ++j) sources_[j] = source(j);
+    core::reduce_many(out, sources_.data(), sources_.size(), count, dtype, op);
+    core::apply_postdiv(out, count, dtype, op, size_);
   }
 
   // PREMUL_SUM may scale the sum instead of each input only where that is exact enough: for
@@ -1395,6 +1393,7 @@ class Engine {
   // only the peers need (streaming stores)
   std::vector<char> scratch_;
   std::vector<Where> where_;   // locate()
+  std::vector<const void*> sources_;  // reduce_sources' operands
   std::vector<size_t> incoming_;  // alltoall: bytes each peer sends this rank
   std::vector<const char*> equal_send_;  // alltoall_equal's parts
   std::vector<char*> equal_recv_;
