@@ -99,6 +99,26 @@ def test_host_mismatch_fails_at_init_with_advice():
         _report(results)
 
 
+@pytest.mark.parametrize("setting", ["auto", "0", "prepinned"])
+def test_ranks_outnumbering_cpus_pin_one_each_unless_told_or_pinned(setting):
+    cpus = sorted(os.sched_getaffinity(0))
+    world = len(cpus) + 1
+    if setting == "prepinned":  # rank 0 runs on the first CPU only: nobody re-pins
+        env = lambda r: {"C10D_SHM_BIND": "auto", "BIND_PREPIN": str(cpus[0]) if r == 0 else ""}
+    else:
+        env = lambda r: {"C10D_SHM_BIND": setting}
+    results = _run("bind", world, timeout=50, env_for_rank=env)
+    _all_ok(results)
+    for rank, (_, out, _) in enumerate(results):
+        got = [int(c) for c in out.split("AFFINITY")[1].split()]
+        if setting == "auto":
+            assert got == [cpus[rank % len(cpus)]], _report(results)
+        elif setting == "0" or rank != 0:
+            assert got == cpus, _report(results)
+        else:
+            assert got == cpus[:1], _report(results)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_fuzzed_sizes_agree_with_numpy(world):
     # 2 ranks have a core each (mid-sized messages then go through the kernel, see
@@ -253,6 +273,17 @@ def case_oversubscribed(dist):
     dist.all_gather(out, np.full(1000, rank, np.int64))
     assert [int(o[0]) for o in out] == list(range(world))
     dist.barrier()
+    dist.destroy_process_group()
+
+
+def case_bind(dist):
+    if os.environ.get("BIND_PREPIN"):
+        os.sched_setaffinity(0, {int(os.environ["BIND_PREPIN"])})
+    rank, world = _init(dist)
+    t = np.full(1000, rank, np.int64)
+    dist.all_reduce(t)  # the pinned ranks still work together
+    assert t[0] == sum(range(world)), t[0]
+    print("AFFINITY", *sorted(os.sched_getaffinity(0)))
     dist.destroy_process_group()
 
 

@@ -57,6 +57,10 @@ struct EnvVar {
     "Whether the shm backend copies large messages straight between the ranks' own memory "   \
     "(process_vm_readv/writev, one copy per byte) when every rank may; 0 = always through "   \
     "the shared slots.")                                                                      \
+  X(kEnvShmBind, "C10D_SHM_BIND", "auto",                                                     \
+    "Whether each shm rank pins itself to one CPU when its process group starts: auto = when " \
+    "the ranks outnumber the CPUs they may run on and none is pinned already, 1 = also with "  \
+    "a CPU per rank, 0 = never. Rank r takes the (r mod CPUs)-th CPU of the ranks' masks.")   \
   X(kEnvShmStream, "C10D_SHM_STREAM", "auto",                                                 \
     "How the shm backend writes large blocks into the shared slots: 1 = non-temporal stores, " \
     "0 = plain stores, auto = whichever makes whole operations faster (timed as it runs).")

@@ -207,6 +207,9 @@ class Segment {
   // How many CPUs the ranks may run on together (the union of their affinity masks, e.g.
   // fewer than the machine's under taskset or a container's cpuset). The same on all ranks.
   int cpus() const { return cpus_; }
+  // Pins the calling thread (and the threads it starts later) to one CPU of the ranks' masks
+  // when C10D_SHM_BIND asks for it (see env.h); returns that CPU, or -1 when it does not pin.
+  int bind_cpu() const;
   // Copies `bytes` between this process's `local` and `remote`, an address in rank r's
   // address space. Throw DistBackendError naming the rank when the kernel refuses.
   void read_peer(int r, void* local, uint64_t remote, size_t bytes) const;

@@ -1806,6 +1806,7 @@ ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, 
   const Millis rendezvous_timeout =
       opts.timeout > Millis::zero() ? opts.timeout : store_->timeout();
   segment_ = std::make_shared<Segment>(*store_, rank, size, heap, rendezvous_timeout);
+  segment_->bind_cpu();
   engine_ = std::make_shared<Engine>(segment_);
   {
     std::lock_guard<std::mutex> lock(engine_->exec_mutex);
