@@ -354,15 +354,20 @@ TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
     run_ranks(3, [cma = cma, stream = stream](int rank, ShmBackend& b) {
       const std::string mode =
           std::string(" C10D_SHM_CMA=") + cma + " C10D_SHM_STREAM=" + stream;
-      // Past the direct allreduce threshold when ranks outnumber cores (8 MiB; 3 ranks here).
       const int64_t n = (int64_t{9} << 20) / 4 + 5;
+      // Allreduce goes direct from 96 MiB when ranks outnumber cores (3 ranks here) and from
+      // 64 MiB with a core per rank: 97 MiB is past both (only where the kernel path is on).
+      std::vector<int64_t> counts{n};
+      if (std::string(cma) == "1") counts.push_back((int64_t{97} << 20) / 4 + 5);
       for (const ReduceOp& op : {ReduceOp(ReduceOp::SUM), ReduceOp::premul_sum(0.5)}) {
-        Tensor t = filled(n, DType::kFloat32, rank);
-        std::vector<Tensor> ts{t};
-        pg::AllreduceOptions opts;
-        opts.reduce_op = op;
-        b.allreduce(ts, opts)->wait();
-        expect_same(t, expected_reduce(n, DType::kFloat32, 3, op), "allreduce" + mode);
+        for (int64_t count : counts) {
+          Tensor t = filled(count, DType::kFloat32, rank);
+          std::vector<Tensor> ts{t};
+          pg::AllreduceOptions opts;
+          opts.reduce_op = op;
+          b.allreduce(ts, opts)->wait();
+          expect_same(t, expected_reduce(count, DType::kFloat32, 3, op), "allreduce" + mode);
+        }
       }
       pg::BroadcastOptions bo;
       bo.root_rank = 2;

@@ -59,11 +59,13 @@ constexpr size_t kDirectBytes = size_t{4} << 20;
 // tens of MiB while every rank has a core; past that the direct path's smaller memory traffic
 // wins. Slots against direct, 2 ranks (min of 7 timings, 2 runs): 8 MiB 337 us against
 // 422-553, 16 MiB 823-840 against 1149-1551, 32 MiB 2.21-2.23 ms against 2.58-2.90, 64 MiB
-// 5.20-5.33 against 5.49-5.82 (even, so direct from there). With more ranks than cores the
-// direct path wins from 8 MiB: 4 ranks, 32 MiB 6.3-8.4 ms against 5.7-7.0, 64 MiB 13.4-16.2
-// against 10.7-12.9.
+// 5.20-5.33 against 5.49-5.82 (even, so direct from there). With more ranks than cores, and
+// the ranks pinned (Segment::bind_cpu), the slots win up to 64 MiB too: 4 ranks on 2 cores,
+// medians of 8-12 timings, 3 launches each: 16 MiB 4.4-5.1 ms against 5.2-5.6, 32 MiB
+// 9.0-9.1 against 9.8-9.9, 64 MiB 17.5-17.7 against 18.7-20.2; 128 MiB 46-48 against 35-38.
+// (Unpinned, the direct path had won from 8 MiB: 32 MiB 6.3-8.4 ms against 5.7-7.0.)
 constexpr size_t kDirectAllreduceBytes = size_t{64} << 20;
-constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{8} << 20;
+constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{96} << 20;
 // The pipelined allreduce's chunk: step k copies chunk k in and the reduced pieces of chunk
 // k - 1 out, so with smaller chunks the copies of one step stay in L2 and overlap the peers'.
 // Which size wins depends on the machine. On an EPYC Zen 5 guest, 2 ranks, 3 interleaved runs
