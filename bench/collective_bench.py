@@ -217,8 +217,16 @@ def worker(args) -> int:
             try:
                 fn = impl.op(name, count, dtype)
                 iters = iterations(size, args.time_scale, args.rounds)
-                for _ in range(max(2, iters // 10)):
+                warm = max(2, iters // 10)
+                for i in range(warm):
+                    if i == warm - 1:  # the last warm-up call estimates the time per call
+                        impl.barrier()
+                        start = time.perf_counter()
                     fn()
+                per_call = impl.max_over_ranks(time.perf_counter() - start)
+                # At least --min-seconds of timed calls: 8 calls of a few ms each let one
+                # preemption or a short slow spell of the host decide a row.
+                iters = max(iters, min(2000, int(args.min_seconds / max(per_call, 1e-9))))
                 impl.barrier()
                 start = time.perf_counter()
                 for _ in range(iters):
@@ -248,7 +256,8 @@ def launch(impl: str, args, out_path: str) -> bool:
     common = [__file__, "--worker", "--impl", impl, "--out", out_path, "--backend", args.backend,
               "--ops", args.ops, "--min-bytes", str(args.min_bytes), "--max-bytes",
               str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype,
-              "--time-scale", str(args.time_scale), "--rounds", str(args.rounds)]
+              "--time-scale", str(args.time_scale), "--rounds", str(args.rounds),
+              "--min-seconds", str(args.min_seconds)]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     if args.backend == "shm-zc":
         # Every size's buffers live in the shared heap (touched pages only use memory).
@@ -391,6 +400,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="scales the iteration counts (lower = quicker, noisier)")
+    p.add_argument("--min-seconds", type=float, default=0.02,
+                   help="time every size for at least this long per round (up to 2000 calls)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every implementation this many times, interleaved, sharing the "
                         "iterations of one run, and report the median per size")
