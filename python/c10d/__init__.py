@@ -83,6 +83,8 @@ if hasattr(_C, "ProcessGroupGloo"):
     from ._C import ProcessGroupGloo  # noqa: F401
 if hasattr(_C, "ProcessGroupShm"):
     from ._C import ProcessGroupShm  # noqa: F401
+if hasattr(_C, "ProcessGroupMPI"):
+    from ._C import ProcessGroupMPI  # noqa: F401
 
 __version__ = _C.__version__
 

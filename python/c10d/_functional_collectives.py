@@ -1,9 +1,11 @@
 """Functional collectives: out-of-place versions of the collectives, as in
 ``torch.distributed._functional_collectives`` (``import c10d._functional_collectives as funcol``).
 
-Each function leaves its input unchanged and returns a new tensor of the input's kind (a numpy
-array for numpy input, a torch tensor for torch input). c10d runs them eagerly, so a result is
-ready when it is returned and ``wait_tensor`` returns its argument.
+Each function leaves its input unchanged and returns a new tensor of the input's kind: for
+numpy input an ``AsyncCollectiveTensor`` (a numpy array with torch's ``wait()``,
+``trigger_wait()`` and ``numpy()``), for torch input a torch tensor. c10d runs the collectives
+eagerly, so a result is complete when it is returned; ``wait_tensor`` and ``wait()`` give the
+plain array.
 
 ``group`` may be a ProcessGroup, a group name, a DeviceMesh (1-D) or (mesh, dim), a list of
 global ranks, or a list of lists of ranks (every rank then uses the list it belongs to). Ranks
@@ -26,7 +28,7 @@ RANK_TYPES = Union[List[int], List[List[int]], ProcessGroup, DeviceMesh, Tuple[D
                    str]
 
 __all__ = [
-    "wait_tensor", "broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd",
+    "AsyncCollectiveTensor", "wait_tensor", "broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd",
     "reduce_scatter_tensor", "reduce_scatter_tensor_autograd", "all_reduce_coalesced",
     "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "all_to_all_single",
     "all_to_all_single_autograd", "permute_tensor", "all_gather_tensor_inplace",
@@ -141,11 +143,80 @@ def _shape(t) -> List[int]:
 
 
 # --------------------------------------------------------------------------------------------
+# Results
+
+
+def _plain(x):
+    """x with every AsyncCollectiveTensor in it (also inside lists, tuples and dicts) replaced
+    by the plain array it holds."""
+    if isinstance(x, AsyncCollectiveTensor):
+        return x.view(np.ndarray)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_plain(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
+
+
+class AsyncCollectiveTensor(np.ndarray):
+    """The result of a functional collective on numpy input, as torch's class of this name:
+    ``wait()`` (and ``wait_tensor``) return the plain array, and computing with it gives plain
+    arrays, while views of it (slices, reshapes) stay AsyncCollectiveTensors. c10d's
+    collectives are complete when they return, so nothing is ever pending."""
+
+    def __new__(cls, elem):
+        return np.asarray(elem).view(cls)
+
+    @property
+    def elem(self) -> np.ndarray:
+        return self.view(np.ndarray)
+
+    @property
+    def completed(self) -> bool:
+        return True
+
+    def wait(self) -> np.ndarray:
+        return self.elem
+
+    def trigger_wait(self) -> np.ndarray:
+        return self.elem
+
+    def numpy(self) -> np.ndarray:
+        return self.elem
+
+    def tolist(self):
+        return self.elem.tolist()
+
+    def _get_acs_underlying_tensor(self) -> np.ndarray:
+        return self.elem
+
+    def __repr__(self) -> str:
+        return f"AsyncCollectiveTensor({self.elem!r})"
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if "out" in kwargs:
+            kwargs["out"] = _plain(kwargs["out"])
+        return getattr(ufunc, method)(*_plain(inputs), **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return func(*_plain(args), **_plain(kwargs))
+
+
+def _maybe_wrap_tensor(t):
+    """A collective's result as the caller gets it: numpy arrays as AsyncCollectiveTensor."""
+    if isinstance(t, np.ndarray) and not isinstance(t, AsyncCollectiveTensor):
+        return AsyncCollectiveTensor(t)
+    return t
+
+
+# --------------------------------------------------------------------------------------------
 # Collectives
 
 
 def wait_tensor(tensor):
-    """Waits for a tensor returned by a functional collective (c10d's are already complete)."""
+    """The plain tensor of a functional collective's result (complete already in c10d)."""
+    if isinstance(tensor, AsyncCollectiveTensor):
+        return tensor.wait()
     return tensor
 
 
@@ -154,7 +225,7 @@ def broadcast(self, src: int, group: RANK_TYPES, tag: str = ""):
     pg = _resolve_group(group, tag)
     out = _clone(self)
     _c10d.broadcast(out, group=pg, group_src=src)
-    return out
+    return _maybe_wrap_tensor(out)
 
 
 def all_reduce(self, reduceOp: str, group: RANK_TYPES, tag: str = ""):
@@ -162,7 +233,7 @@ def all_reduce(self, reduceOp: str, group: RANK_TYPES, tag: str = ""):
     pg = _resolve_group(group, tag)
     out = _clone(self)
     _c10d.all_reduce(out, op=_reduce_op(reduceOp), group=pg)
-    return out
+    return _maybe_wrap_tensor(out)
 
 
 def all_gather_tensor(self, gather_dim: int, group: RANK_TYPES, tag: str = ""):
@@ -174,7 +245,7 @@ def all_gather_tensor(self, gather_dim: int, group: RANK_TYPES, tag: str = ""):
     _c10d.all_gather_into_tensor(out, _contiguous(self).reshape(shape), group=pg)
     if gather_dim != 0 and n > 1:
         out = _move_dim_chunks(out, n, 0, gather_dim)
-    return out
+    return _maybe_wrap_tensor(out)
 
 
 def _check_scatter_dim(what: str, tensor, scatter_dim: int, n: int) -> None:
@@ -198,7 +269,7 @@ def reduce_scatter_tensor(self, reduceOp: str, scatter_dim: int, group: RANK_TYP
     flat_shape = _shape(flat)
     out = _empty(self, [flat_shape[0] // n] + flat_shape[1:])
     _c10d.reduce_scatter_tensor(out, flat, op=_reduce_op(reduceOp), group=pg)
-    return out
+    return _maybe_wrap_tensor(out)
 
 
 def all_reduce_coalesced(self: List, reduceOp: str, group: RANK_TYPES, tag: str = ""):
@@ -240,7 +311,7 @@ def all_to_all_single(self, output_split_sizes: Optional[List[int]],
     out = _empty(self, [sum(output_split_sizes)] + shape[1:])
     _c10d.all_to_all_single(out, _contiguous(self).reshape(shape), list(output_split_sizes),
                             list(input_split_sizes), group=pg)
-    return out
+    return _maybe_wrap_tensor(out)
 
 
 def permute_tensor(self, src_dst: List[int], group: RANK_TYPES, tag: str = ""):

@@ -1245,6 +1245,53 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
+def _rank_pdb():
+    """A pdb for a process whose stdin is not the terminal (a launcher's child): while stopped
+    it reads the controlling terminal, or the standard streams when there is none."""
+    import pdb
+    import sys
+
+    class RankPdb(pdb.Pdb):
+        def interaction(self, *args, **kwargs):
+            saved = sys.stdin
+            try:
+                tty = open("/dev/tty")
+            except OSError:
+                tty = None
+            try:
+                if tty is not None:
+                    sys.stdin = self.stdin = tty
+                pdb.Pdb.interaction(self, *args, **kwargs)
+            finally:
+                sys.stdin = self.stdin = saved
+                if tty is not None:
+                    tty.close()
+
+    return RankPdb()
+
+
+_breakpoint_hits: Dict[Tuple[str, int], int] = collections.Counter()
+
+
+def breakpoint(rank: int = 0, skip: int = 0):
+    """Stops rank `rank` of the default group in the debugger while every other rank waits (in
+    a barrier) until it continues. With `skip`, the first `skip` calls from this line of code
+    pass without stopping."""
+    import sys
+    if skip > 0:
+        caller = sys._getframe(1)
+        where = (caller.f_code.co_filename, caller.f_lineno)
+        _breakpoint_hits[where] += 1
+        if _breakpoint_hits[where] <= skip:
+            return
+    if get_rank() == rank:
+        debugger = _rank_pdb()
+        debugger.message(f"\nrank {rank} stopped in c10d.breakpoint(); the other ranks wait in a "
+                         "barrier. 'up' goes to the caller, 'c' continues.\n")
+        debugger.set_trace(sys._getframe(1))
+    barrier()
+
+
 # --------------------------------------------------------------------------------------------
 # Point to point
 
@@ -1551,7 +1598,7 @@ __all__ = [
     "ReduceOp", "ReduceOptions", "ReduceScatterOptions", "ScatterOptions", "Store",
     "DebugLevel", "get_debug_level", "Work", "default_pg_timeout", "get_group_rank",
     "get_global_rank", "get_process_group_ranks", "reduce_op", "all_gather_into_tensor",
-    "reduce_scatter_tensor", "get_node_local_rank", "is_available",
+    "reduce_scatter_tensor", "get_node_local_rank", "is_available", "breakpoint",
 ]
 
 from ._C import DebugLevel, PrefixStore, get_debug_level  # noqa: E402,F401

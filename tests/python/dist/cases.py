@@ -546,6 +546,27 @@ def barriers_and_async(dist, backend):
     # broadcast and reduce need a root, as in torch.
     _raises(ValueError, lambda: dist.broadcast(np.zeros(1)), "broadcast without src")
     _raises(ValueError, lambda: dist.reduce(np.zeros(1)), "reduce without dst")
+    # breakpoint(rank) stops that rank in the debugger (stubbed here: it sleeps) while the
+    # others wait; `skip` lets the first calls from a line pass.
+    import c10d.distributed_c10d as c10d_module
+    stops = []
+
+    class Debugger:
+        def message(self, text):
+            assert "breakpoint" in text, text
+
+        def set_trace(self, frame):
+            stops.append(frame.f_code.co_name)
+            time.sleep(0.3)
+
+    c10d_module._rank_pdb = Debugger
+    target = world - 1
+    for _ in range(3):
+        start = time.monotonic()
+        dist.breakpoint(rank=target, skip=1)
+        waited = time.monotonic() - start
+    assert stops == (["barriers_and_async"] * 2 if rank == target else []), stops
+    assert waited >= 0.25, waited  # every rank waited for the stopped one
 
 
 def objects(dist, backend):
@@ -1003,8 +1024,17 @@ def functional_collectives(dist, backend):
         return np.arange(6, dtype=np.float32).reshape(2, 3) + r
 
     x = base(rank)
-    y = funcol.wait_tensor(funcol.all_reduce(x, "sum", W))
+    act = funcol.all_reduce(x, "sum", W)
+    y = funcol.wait_tensor(act)
     np.testing.assert_array_equal(y, sum(base(r) for r in range(world)))
+    # Results are AsyncCollectiveTensors, as in torch: wait()/trigger_wait()/numpy() give the
+    # plain array, arithmetic gives plain arrays, views stay wrapped.
+    assert isinstance(act, funcol.AsyncCollectiveTensor) and isinstance(act, np.ndarray)
+    assert type(y) is np.ndarray and type(act.wait()) is np.ndarray
+    np.testing.assert_array_equal(act.trigger_wait(), y)
+    assert type(act + 1) is np.ndarray and type(np.concatenate([act, act])) is np.ndarray
+    assert isinstance(act[0], funcol.AsyncCollectiveTensor)
+    assert repr(act).startswith("AsyncCollectiveTensor(") and act.tolist() == y.tolist()
     np.testing.assert_array_equal(x, base(rank))  # input unchanged
     np.testing.assert_array_equal(funcol.all_reduce(x, "max", list(range(world))),
                                   base(world - 1))
