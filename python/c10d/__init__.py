@@ -83,6 +83,7 @@ if hasattr(_C, "ProcessGroupGloo"):
     from ._C import ProcessGroupGloo  # noqa: F401
 if hasattr(_C, "ProcessGroupShm"):
     from ._C import ProcessGroupShm  # noqa: F401
+from ._C import _Backend  # noqa: F401,E402  (torch.distributed's name for the backend base)
 if hasattr(_C, "ProcessGroupMPI"):
     from ._C import ProcessGroupMPI  # noqa: F401
 

@@ -144,6 +144,18 @@ def test_register_python_backend():
         dist.Backend.register_backend("echo", lambda *a: None)
 
 
+def test_process_group_built_by_hand_as_in_torch():
+    # torch's idiom for a hand-made group: Options, then _register_backend with a BackendType.
+    opts = dist.ProcessGroup.Options("gloo", timedelta(seconds=7))
+    assert opts.backend == "gloo" and opts._timeout == timedelta(seconds=7)
+    pg = dist.ProcessGroup(dist.HashStore(), 0, 1)
+    backend = dist.FakeProcessGroup(0, 1)
+    pg._register_backend("cpu", dist.ProcessGroup.BackendType.CUSTOM, backend)
+    assert pg._get_backend("cpu") is backend
+    assert dist.ProcessGroup.BackendType.GLOO != dist.ProcessGroup.BackendType.MPI
+    assert issubclass(dist.ProcessGroupGloo, dist._Backend)
+
+
 def test_completion_hooks_and_coalescing(world1):
     pg = dist.group.WORLD
     seen = []

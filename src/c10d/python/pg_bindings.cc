@@ -24,6 +24,8 @@ namespace py = pybind11;
 namespace c10d::python {
 namespace {
 
+enum class BackendType { kUndefined, kGloo, kNccl, kUcc, kMpi, kCustom };
+
 using core::ReduceOp;
 using core::Tensor;
 using pg::Backend;
@@ -476,11 +478,29 @@ void init_pg(py::module_& m) {
 
   py::class_<pg::ProcessGroupOptions>(m, "_ProcessGroupOptions")
       .def(py::init<>())
+      .def(py::init([](std::string backend, core::Millis timeout) {
+             pg::ProcessGroupOptions opts;
+             opts.backend = std::move(backend);
+             opts.timeout = timeout;
+             return opts;
+           }),
+           py::arg("backend"), py::arg("timeout") = pg::ProcessGroupOptions{}.timeout)
       .def_readwrite("backend", &pg::ProcessGroupOptions::backend)
       .def_readwrite("_timeout", &pg::ProcessGroupOptions::timeout);
 
   py::class_<ProcessGroup, std::shared_ptr<ProcessGroup>> group(
       m, "ProcessGroup", "A set of ranks running collectives together, with one backend per device.");
+  group.attr("Options") = m.attr("_ProcessGroupOptions");
+  // torch's names for the kinds of backend, as _register_backend takes them (c10d keys its
+  // backends by device and ignores the kind).
+  py::enum_<BackendType>(group, "BackendType")
+      .value("UNDEFINED", BackendType::kUndefined)
+      .value("GLOO", BackendType::kGloo)
+      .value("NCCL", BackendType::kNccl)
+      .value("UCC", BackendType::kUcc)
+      .value("MPI", BackendType::kMpi)
+      .value("CUSTOM", BackendType::kCustom)
+      .export_values();
   group
       .def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
                        std::optional<std::string> backend, std::optional<core::Millis> timeout) {
