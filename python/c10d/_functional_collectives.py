@@ -28,7 +28,8 @@ RANK_TYPES = Union[List[int], List[List[int]], ProcessGroup, DeviceMesh, Tuple[D
                    str]
 
 __all__ = [
-    "AsyncCollectiveTensor", "wait_tensor", "broadcast", "all_reduce", "all_gather_tensor", "all_gather_tensor_autograd",
+    "AsyncCollectiveTensor", "wait_tensor", "broadcast", "all_reduce", "all_gather_tensor",
+    "all_gather_tensor_autograd",
     "reduce_scatter_tensor", "reduce_scatter_tensor_autograd", "all_reduce_coalesced",
     "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "all_to_all_single",
     "all_to_all_single_autograd", "permute_tensor", "all_gather_tensor_inplace",

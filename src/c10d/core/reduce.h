@@ -33,7 +33,8 @@ void reduce_into(void* out, const void* a, const void* b, size_t count, DType dt
 
 // out[i] = srcs[0][i] (op) srcs[1][i] (op) ... (op) srcs[n - 1][i], combined left to right (so
 // every caller that passes the same sources in the same order gets identical bits), for
-// n >= 1. `out` may be srcs[0] (or srcs[1] when n == 2), but no later source. Checks the arguments and picks the kernel once.
+// n >= 1. `out` may be srcs[0] (or srcs[1] when n == 2), but no later source. Checks the
+// arguments and picks the kernel once.
 void reduce_many(void* out, const void* const* srcs, size_t n, size_t count, DType dtype,
                  const ReduceOp& op);
 
