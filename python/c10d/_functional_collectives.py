@@ -1,11 +1,12 @@
 """Functional collectives: out-of-place versions of the collectives, as in
 ``torch.distributed._functional_collectives`` (``import c10d._functional_collectives as funcol``).
 
-Each function leaves its input unchanged and returns a new tensor of the input's kind: for
-numpy input an ``AsyncCollectiveTensor`` (a numpy array with torch's ``wait()``,
-``trigger_wait()`` and ``numpy()``), for torch input a torch tensor. c10d runs the collectives
-eagerly, so a result is complete when it is returned; ``wait_tensor`` and ``wait()`` give the
-plain array.
+Each function leaves its input unchanged and returns a new tensor of the input's kind, as
+torch's AsyncCollectiveTensor: for numpy input an ``AsyncCollectiveTensor`` (a numpy array
+with torch's ``wait()``, ``trigger_wait()`` and ``numpy()``), for torch input a torch.Tensor
+subclass with the same methods. Computing with either gives plain arrays or tensors. c10d runs
+the collectives eagerly, so a result is complete when it is returned; ``wait_tensor`` and
+``wait()`` give the plain array or tensor.
 
 ``group`` may be a ProcessGroup, a group name, a DeviceMesh (1-D) or (mesh, dim), a list of
 global ranks, or a list of lists of ranks (every rank then uses the list it belongs to). Ranks
@@ -203,10 +204,56 @@ class AsyncCollectiveTensor(np.ndarray):
         return func(*_plain(args), **_plain(kwargs))
 
 
+_torch_result_class = None
+
+
+def _torch_result(t):
+    """t as torch's AsyncCollectiveTensor behaves: a tensor (sharing t's storage) with wait(),
+    trigger_wait() and numpy(), whose operations give plain tensors. The class is made on
+    first use, so that c10d imports torch only for callers that pass torch tensors."""
+    global _torch_result_class
+    if _torch_result_class is None:
+        import torch
+
+        class AsyncCollectiveTensor(torch.Tensor):  # noqa: F811 (torch's counterpart)
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                with torch._C.DisableTorchFunction():
+                    return func(*args, **(kwargs or {}))
+
+            @property
+            def completed(self) -> bool:
+                return True
+
+            def wait(self):
+                return self.as_subclass(torch.Tensor)
+
+            def trigger_wait(self):
+                return self.wait()
+
+            def _get_acs_underlying_tensor(self):
+                return self.wait()
+
+            def numpy(self):
+                return self.wait().numpy()
+
+            def tolist(self):
+                return self.wait().tolist()
+
+            def __repr__(self):
+                return f"AsyncCollectiveTensor({self.wait()!r})"
+
+        _torch_result_class = AsyncCollectiveTensor
+    return t.as_subclass(_torch_result_class)
+
+
 def _maybe_wrap_tensor(t):
-    """A collective's result as the caller gets it: numpy arrays as AsyncCollectiveTensor."""
-    if isinstance(t, np.ndarray) and not isinstance(t, AsyncCollectiveTensor):
-        return AsyncCollectiveTensor(t)
+    """A collective's result as the caller gets it, wrapped as torch's AsyncCollectiveTensor:
+    numpy arrays as AsyncCollectiveTensor, torch tensors as its torch counterpart."""
+    if isinstance(t, np.ndarray):
+        return t if isinstance(t, AsyncCollectiveTensor) else AsyncCollectiveTensor(t)
+    if _is_torch(t) and type(t) is not _torch_result_class:
+        return _torch_result(t)
     return t
 
 
@@ -216,7 +263,8 @@ def _maybe_wrap_tensor(t):
 
 def wait_tensor(tensor):
     """The plain tensor of a functional collective's result (complete already in c10d)."""
-    if isinstance(tensor, AsyncCollectiveTensor):
+    if isinstance(tensor, AsyncCollectiveTensor) or (
+            _torch_result_class is not None and isinstance(tensor, _torch_result_class)):
         return tensor.wait()
     return tensor
 
@@ -330,7 +378,7 @@ def permute_tensor(self, src_dst: List[int], group: RANK_TYPES, tag: str = ""):
     got = all_to_all_single(flat, out_splits, in_splits, pg, tag)
     # One tensor received (src_dst a permutation): in the input's shape. Otherwise, as in
     # torch, whatever arrived, flat and in rank order.
-    return got.reshape(_shape(self)) if sum(out_splits) == numel else got
+    return _maybe_wrap_tensor(got.reshape(_shape(self)) if sum(out_splits) == numel else got)
 
 
 # c10d has no autograd: the autograd variants are the plain ones.

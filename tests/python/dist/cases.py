@@ -783,6 +783,16 @@ def torch_interop(dist, backend):
     b = torch.full((5,), float(rank))
     dist.broadcast(b, src=world - 1)
     assert torch.all(b == world - 1), b
+    # Functional collectives on torch tensors return torch's AsyncCollectiveTensor: a tensor
+    # with wait() and numpy(); computing with it gives plain tensors.
+    import c10d._functional_collectives as funcol
+    act = funcol.all_reduce(torch.full((2, 2), float(rank)), "sum", dist.group.WORLD)
+    assert isinstance(act, torch.Tensor) and type(act).__name__ == "AsyncCollectiveTensor"
+    assert type(act.wait()) is torch.Tensor and type(act * 2) is torch.Tensor
+    assert type(funcol.wait_tensor(act)) is torch.Tensor
+    assert torch.equal(act.wait(), torch.full((2, 2), world * (world - 1) / 2))
+    assert act.numpy().tolist() == [[world * (world - 1) / 2] * 2] * 2
+    assert repr(act).startswith("AsyncCollectiveTensor(tensor(")
     # Tensors that require grad, such as Parameters, take part as in torch.distributed (not
     # recorded by autograd), in place.
     p = torch.nn.Parameter(torch.full((3,), float(rank)))
