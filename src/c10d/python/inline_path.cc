@@ -35,7 +35,6 @@ using core::OpType;
 using pg::DenseView;
 using pg::InlineOp;
 
-
 struct InlineState {
   std::shared_ptr<pg::ProcessGroup> group;
   // The ReduceOp.RedOpType members accepted, compared by identity.

@@ -1013,7 +1013,6 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
   const uint64_t release_slot = arrive_slot + 1;
 
   // Waits go through wait_or_abort, so a rank that does not arrive leaves the context usable.
-  // Waits go through wait_or_abort, so a rank that does not arrive leaves the context usable.
   // A receive given up on is parked rather than destroyed (see parked_).
   auto park = [this](Parked parked) {
     std::lock_guard<std::mutex> lock(parked_mutex_);
