@@ -1808,7 +1808,11 @@ ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, 
   const Millis rendezvous_timeout =
       opts.timeout > Millis::zero() ? opts.timeout : store_->timeout();
   segment_ = std::make_shared<Segment>(*store_, rank, size, heap, rendezvous_timeout);
-  segment_->bind_cpu();
+  if (const int cpu = segment_->bind_cpu(); cpu >= 0 && core::log_enabled(core::LogLevel::kDebug)) {
+    core::log(core::LogLevel::kDebug, str_cat("shm rank ", rank, " of ", size, ": ", size,
+                                              " ranks share ", segment_->cpus(),
+                                              " CPUs, pinned to cpu ", cpu, " (C10D_SHM_BIND)"));
+  }
   engine_ = std::make_shared<Engine>(segment_);
   {
     std::lock_guard<std::mutex> lock(engine_->exec_mutex);
