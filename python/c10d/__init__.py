@@ -60,6 +60,8 @@ QueueEmptyError = DistQueueEmptyError  # torch.distributed's name for it
 from .distributed_c10d import *  # noqa: F401,F403
 from .distributed_c10d import (  # noqa: F401  (private names tests and tools use)
     _all_gather_base,
+    _coalescing_manager,
+    _CoalescingManager,
     _get_default_group,
     _get_default_store,
     _get_process_group_store,

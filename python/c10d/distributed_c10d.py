@@ -6,6 +6,7 @@ tensors included); they are used in place, never copied on the way in.
 
 import atexit
 import collections
+import contextlib
 import hashlib
 import io
 import os
@@ -1399,6 +1400,48 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
             peer = {"dst" if p.op is isend else "src": p.peer}
         works[i] = p.op(p.tensor, group=p.group, tag=p.tag, **peer)
     return works
+
+
+class _CoalescingManager:
+    """The Works of a _coalescing_manager block, when it was entered with async_ops=True."""
+
+    def __init__(self):
+        self.works: List[Work] = []
+
+    def append(self, work: Optional[Work]) -> None:
+        if work:
+            self.works.append(work)
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
+
+
+@contextlib.contextmanager
+def _coalescing_manager(group=None, device=None, async_ops: bool = False):
+    """Groups the collectives issued on `group` inside the block into one Work.
+
+    The operations run as they are issued; leaving the block waits for all of them, or, with
+    ``async_ops=True``, hands their combined Work to the manager it yielded (``cm.wait()``).
+    On a rank outside `group` nothing runs and the manager stays empty.
+    """
+    cm = _CoalescingManager()
+    if _rank_not_in_group(group):
+        yield cm
+        return
+    pg = _resolve_group(group)
+    where = "cpu" if device is None else device
+    pg._start_coalescing(where)
+    try:
+        yield cm
+    except BaseException:
+        pg._end_coalescing(where)  # closes the window; the block's error is the one raised
+        raise
+    work = pg._end_coalescing(where)
+    if async_ops:
+        cm.append(work)
+    else:
+        work.wait()
 
 
 # --------------------------------------------------------------------------------------------

@@ -543,6 +543,27 @@ def barriers_and_async(dist, backend):
     values = dist.all_gather_coalesced(outs, [np.full(1, rank, np.float64)], async_op=True).wait()
     assert [o[0][0] for o in outs] == list(range(world)), (outs, values)
     assert all(v[0] is o[0] for v, o in zip(values, outs)), values  # the output lists, as torch
+    # _coalescing_manager: leaving the block waits for its collectives, or with async_ops
+    # the manager holds one Work for all of them.
+    c, d = np.full(2, rank, np.float32), np.full(5, 1.0, np.float32)
+    with dist._coalescing_manager():
+        dist.all_reduce(c)
+        dist.all_reduce(d, async_op=True)
+    assert (c == s).all() and (d == world).all(), (c, d)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(c, op=dist.ReduceOp.MAX)
+        dist.all_reduce(d)
+    assert isinstance(cm, dist._CoalescingManager) and len(cm.works) == 1, cm.works
+    cm.wait()
+    assert (c == s).all() and (d == world * world).all(), (c, d)
+    try:
+        with dist._coalescing_manager():
+            raise KeyError("inside the block")
+    except KeyError:
+        pass
+    with dist._coalescing_manager():  # the failed block closed its window
+        dist.all_reduce(c)
+    assert (c == s * world).all(), c
     # broadcast and reduce need a root, as in torch.
     _raises(ValueError, lambda: dist.broadcast(np.zeros(1)), "broadcast without src")
     _raises(ValueError, lambda: dist.reduce(np.zeros(1)), "reduce without dst")
