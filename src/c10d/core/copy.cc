@@ -4,7 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 namespace c10d::core {
@@ -39,6 +39,29 @@ void vector_copy(char* dst, const char* src, size_t n) {
   std::memcpy(dst + i, src + i, n - i);
 }
 
+// The same with 32-byte registers, two lines per iteration (CPUs with AVX2).
+[[gnu::target("avx2")]] void vector_copy_avx2(char* dst, const char* src, size_t n) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i v[4];
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32 * k));
+    }
+    for (int k = 0; k < 4; ++k) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 32 * k), v[k]);
+    }
+  }
+  std::memcpy(dst + i, src + i, n - i);
+}
+
+bool has_avx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+}
+
+// From this size copies on AVX2 CPUs take vector_copy_avx2 instead of memcpy (see copy.h).
+constexpr size_t kVectorMin = size_t{16} << 10;
+
 // Below this a streaming copy saves too little to pay for reading the data back from memory.
 constexpr size_t kStreamMin = 4096;
 #endif
@@ -50,6 +73,9 @@ void copy_bytes(void* dst, const void* src, size_t n) {
 #if defined(__x86_64__)
   const auto distance =
       (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) & uintptr_t{4095};
+  if (n >= kVectorMin && has_avx2()) {
+    return vector_copy_avx2(static_cast<char*>(dst), static_cast<const char*>(src), n);
+  }
   if (n >= 2048 && distance != 0 && distance < 64) {
     return vector_copy(static_cast<char*>(dst), static_cast<const char*>(src), n);
   }

@@ -4,7 +4,11 @@
 // CPUs (AMD Zen among them) runs about 20x slower when the destination lies 1-63 bytes past
 // the source modulo 4 KiB. That is the common case of copying a page-aligned shared buffer into
 // a large numpy array, whose data starts 16 bytes into its first page. Those copies take a
-// plain vector loop; every other copy is memcpy.
+// plain vector loop, and so does every copy from 16 KiB on CPUs with AVX2: where glibc picks
+// `rep movsb` (up to about the L2 size on AMD) a 32-byte load/store loop is faster even
+// without the pathology. EPYC Zen 4 guest, one thread, 256 KiB: 57 GB/s against 54 for
+// memcpy; 2-rank all_reduce of 4 MiB (medians of 3 interleaved launches): 181-187 us against
+// 189-196, of 1 MiB 47-48 against 50-51. Every other copy is memcpy.
 #pragma once
 
 #include <cstddef>

@@ -12,13 +12,14 @@ namespace {
 using CopyFn = void (*)(void*, const void*, size_t);
 
 // Every size class and every destination offset (including the 1-63 bytes past the source,
-// modulo 4 KiB, that take copy_bytes' vector loop, and the unaligned heads and tails around
-// stream_bytes' whole lines) copies exactly the bytes asked for.
+// modulo 4 KiB, that take copy_bytes' vector loop; sizes around the AVX2 loop's 16 KiB start
+// and 128-byte steps; the unaligned heads and tails around stream_bytes' whole lines) copies
+// exactly the bytes asked for.
 void expect_exact_copies(CopyFn copy) {
   std::vector<unsigned char> src(300000), dst(300000 + 8192);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
   for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{2047}, size_t{2048}, size_t{4095},
-                   size_t{4099}, size_t{4096 + 64 + 1},
+                   size_t{4099}, size_t{4096 + 64 + 1}, size_t{16383}, size_t{16384 + 127},
                    size_t{65536 + 17}, size_t{262144}}) {
     for (size_t shift : {size_t{0}, size_t{1}, size_t{16}, size_t{63}, size_t{64}, size_t{4080}}) {
       std::fill(dst.begin(), dst.end(), 0xAB);
