@@ -181,6 +181,22 @@ def test_completion_hooks_and_coalescing(world1):
     assert all(w.is_completed() for w in works)
 
 
+def test_work_op_type_numbers_boxing_and_duration(world1):
+    # torch's OpType numbers: ALLREDUCE 1, ALLGATHER 4, BARRIER 15, and so on.
+    works = [dist.all_reduce(np.ones(2), async_op=True),
+             dist.all_gather([np.zeros(1)], np.ones(1), async_op=True),
+             dist.barrier(async_op=True)]
+    for w in works:
+        w.wait()
+    assert [w._get_op_type() for w in works] == [1, 4, 15]
+    assert [w.op_type for w in works] == ["ALLREDUCE", "ALLGATHER", "BARRIER"]
+    assert dist.Work.unbox(works[0].boxed()) is works[0]
+    with pytest.raises(TypeError, match="boxed Work"):
+        dist.Work.unbox(3)
+    with pytest.raises(RuntimeError, match="getDuration"):
+        works[0]._get_duration()
+
+
 def test_fake_backend_does_nothing_but_succeeds():
     dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -62,7 +62,9 @@ WorkPtr Backend::allgather(std::vector<std::vector<Tensor>>& outputs,
   for (int r = 0; r < size_; ++r) {
     for (const auto& list : outputs) by_rank[r].push_back(list[r]);
   }
-  return allgather_coalesced(by_rank, inputs, opts);
+  WorkPtr work = allgather_coalesced(by_rank, inputs, opts);
+  // Reported as the allgather it is (Work.op_type, completion hooks), as torch's is.
+  return Work::from_future(work->get_future(), core::OpType::kAllgather, work->description());
 }
 WorkPtr Backend::allgather_base(Tensor&, Tensor&, const AllgatherOptions&) {
   throw_not_supported("_allgather_base");

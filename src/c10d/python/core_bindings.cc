@@ -338,6 +338,26 @@ void init_core(py::module_& m) {
            "receive advances only in wait(): until it completed, this raises.")
       .def_property_readonly("op_type",
                              [](const Work& w) { return std::string(core::op_type_name(w.op_type())); })
+      .def("_get_op_type",
+           [](const Work& w) {
+             // torch's OpType numbers: the operations in this order, then UNKNOWN = 100.
+             const auto type = w.op_type();
+             return type == core::OpType::kUnknown ? 100 : static_cast<int>(type);
+           })
+      .def("_get_duration",
+           [](const Work&) -> double {
+             throw std::runtime_error("This Backend doesn't support getDuration.");
+           })
+      // TorchScript's boxing of a Work: without TorchScript the object stands for itself.
+      .def("boxed", [](py::object self) { return self; })
+      .def_static("unbox",
+                  [](py::object obj) {
+                    if (!py::isinstance<Work>(obj)) {
+                      throw py::type_error("Work.unbox expects a boxed Work, got " +
+                                           py::str(py::type::of(obj)).cast<std::string>());
+                    }
+                    return obj;
+                  })
       .def("__repr__", [](const Work& w) {
         return "<c10d.Work " + w.description() +
                (w.is_completed() ? (w.is_success() ? " completed>" : " failed>") : " pending>");
