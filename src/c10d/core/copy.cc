@@ -39,7 +39,9 @@ void vector_copy(char* dst, const char* src, size_t n) {
   std::memcpy(dst + i, src + i, n - i);
 }
 
-// The same with 32-byte registers, two lines per iteration (CPUs with AVX2).
+// The same with 32-byte registers, two lines per iteration (CPUs with AVX2). A loop of its
+// own: AVX2 intrinsics inline only into functions compiled for AVX2, so copy_lines cannot
+// be instantiated for them without making every copy require AVX2.
 [[gnu::target("avx2")]] void vector_copy_avx2(char* dst, const char* src, size_t n) {
   size_t i = 0;
   for (; i + 128 <= n; i += 128) {
@@ -71,11 +73,11 @@ constexpr size_t kStreamMin = 4096;
 void copy_bytes(void* dst, const void* src, size_t n) {
   if (n == 0 || dst == src) return;
 #if defined(__x86_64__)
-  const auto distance =
-      (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) & uintptr_t{4095};
   if (n >= kVectorMin && has_avx2()) {
     return vector_copy_avx2(static_cast<char*>(dst), static_cast<const char*>(src), n);
   }
+  const auto distance =
+      (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) & uintptr_t{4095};
   if (n >= 2048 && distance != 0 && distance < 64) {
     return vector_copy(static_cast<char*>(dst), static_cast<const char*>(src), n);
   }
