@@ -63,7 +63,11 @@ struct EnvVar {
     "a CPU per rank, 0 = never. Rank r takes the (r mod CPUs)-th CPU of the ranks' masks.")   \
   X(kEnvShmStream, "C10D_SHM_STREAM", "auto",                                                 \
     "How the shm backend writes large blocks into the shared slots: 1 = non-temporal stores, " \
-    "0 = plain stores, auto = whichever makes whole operations faster (timed as it runs).")
+    "0 = plain stores, auto = whichever makes whole operations faster (timed as it runs).") \
+  X(kEnvShmFarTripNs, "C10D_SHM_FAR_TRIP_NS", "250",                                          \
+    "With C10D_SHM_STREAM=auto: the median cache-line round trip between ranks 0 and 1, in "   \
+    "ns, from which the shm backend counts their CPUs as far apart (then streaming stores "    \
+    "win) when it times one, a few times a second; 0 = always far apart.")
 
 #define C10D_DECLARE_ENV(id, name, def, doc) inline constexpr EnvVar id{name, def, doc};
 C10D_ENV_VARS(C10D_DECLARE_ENV)

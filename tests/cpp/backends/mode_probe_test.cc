@@ -120,6 +120,26 @@ TEST(ModeProbe, TheFirstOperationsOfAKindAreNotJudged) {
   EXPECT_FALSE(probe.mode());
 }
 
+// hold() replaces what the last probe found until the next probe, which may find it again;
+// a running probe ignores it.
+TEST(ModeProbe, HoldKeepsAModeUntilTheNextProbe) {
+  ModeProbe probe(quick());
+  int64_t now = 0;
+  ASSERT_TRUE(settle_on_mode_1(probe, now));
+  probe.hold(0);
+  EXPECT_EQ(probe.held(), 0);
+  // 10 held operations in mode 0, then a probe (3 in mode 0, 4 in mode 1) finds mode 1 again.
+  auto modes = run(probe, 17, [](bool m) { return m ? 1.0 : 1.25; }, now);
+  EXPECT_EQ(std::count(modes.begin(), modes.begin() + 13, false), 13);
+  EXPECT_TRUE(probe.mode());
+  probe.hold(5);  // no such mode
+  EXPECT_TRUE(probe.mode());
+  ModeProbe probing({3, 10, 0, 0, 0});  // probes from its first operation
+  probing.record(1.0, ++now);
+  probing.hold(1);
+  EXPECT_FALSE(probing.mode());
+}
+
 TEST(ModeProbe, TriesEveryModeAndKeepsTheFastest) {
   ModeProbe probe({3, 10, 0, 0, 0}, 4);
   int64_t now = 0;

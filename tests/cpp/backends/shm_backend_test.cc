@@ -450,6 +450,43 @@ TEST(ShmBackend, ProbedModesKeepResultsExact) {
   ::unsetenv("C10D_SHM_STREAM");
 }
 
+// Rank 0 times a cache line's round trip with rank 1 a few times a second, and every rank
+// follows its verdict (far apart: streaming stores) while results stay exact. The threshold
+// decides the verdict here: 0 ns (every trip counts as far) or a minute (none does).
+TEST(ShmBackend, PlacementWatchReachesEveryRankAndKeepsResultsExact) {
+  if (::sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  ::setenv("C10D_SHM_STREAM", "auto", 1);
+  for (const bool far : {true, false}) {
+    ::setenv("C10D_SHM_FAR_TRIP_NS", far ? "0" : "60000000000", 1);
+    run_ranks(2, [far](int rank, ShmBackend& b) {
+      const int64_t n = 300000;  // 1.2 MB: the pipelined allreduce, through the slots
+      const Tensor want = expected_reduce(n, DType::kFloat32, 2, ReduceOp::SUM);
+      const Tensor mine = filled(n, DType::kFloat32, rank);
+      const auto deadline = std::chrono::steady_clock::now() + 10s;
+      Tensor status = Tensor::empty({2}, DType::kInt64);  // ranks that heard it; expired
+      std::vector<Tensor> ss{status};
+      int64_t heard = 0;
+      for (int i = 0; heard < 2; ++i) {
+        Tensor t = Tensor::empty({n}, DType::kFloat32);
+        std::memcpy(t.data(), mine.data(), mine.nbytes());
+        std::vector<Tensor> ts{t};
+        b.allreduce(ts, {})->wait();
+        expect_same(t, want, "allreduce #" + std::to_string(i));
+        status.data_as<int64_t>()[0] = b.cpus_far_apart() == std::optional<bool>(far);
+        status.data_as<int64_t>()[1] = std::chrono::steady_clock::now() > deadline;
+        b.allreduce(ss, {})->wait();
+        heard = status.data_as<int64_t>()[0];
+        if (status.data_as<int64_t>()[1] != 0) break;
+      }
+      EXPECT_EQ(heard, 2) << (far ? "far apart" : "close") << ", rank " << rank << " heard "
+                          << (b.cpus_far_apart() ? (*b.cpus_far_apart() ? "far" : "close")
+                                                 : "nothing");
+    });
+  }
+  ::unsetenv("C10D_SHM_FAR_TRIP_NS");
+  ::unsetenv("C10D_SHM_STREAM");
+}
+
 // Small alltoalls finish in the step that exchanges the sizes; one large part anywhere sends
 // everyone through the rounds. Sizes the receiver does not expect fail on that rank after the
 // exchange, in both cases, and the group stays usable.

@@ -53,6 +53,16 @@ class ModeProbe {
     held_ = mode_ = last_ran_ = mode;
   }
 
+  // The mode kept between probes.
+  int held() const { return held_; }
+
+  // Keeps `mode` until the next probe, e.g. when what the last probe found no longer holds.
+  // Ignored during a probe, which finds out itself.
+  void hold(int mode) {
+    if (probing_ || mode < 0 || mode >= modes_) return;
+    held_ = mode_ = mode;
+  }
+
   // The mode the next operation should run in, 0 to modes() - 1.
   int mode() const { return mode_; }
 

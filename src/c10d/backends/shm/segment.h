@@ -115,6 +115,13 @@ struct SegmentHeader {
   // The CPU this rank ran on when it last published a step, when it changed (Engine::publish):
   // a waiter on the same CPU yields at once instead of spinning.
   alignas(kLine) std::atomic<int32_t> cpu;
+  // Rank 0's placement word (Engine::watch_placement): the step after which rank 0 times a
+  // cache line's round trip with rank 1 (low 32 bits), whether the last one found the
+  // vCPUs far apart (bit 32) and whether it timed any yet (bit 33). Only rank 0 writes it, a
+  // few times a second.
+  alignas(kLine) std::atomic<uint64_t> placement;
+  // This rank's side of that round trip.
+  alignas(kLine) std::atomic<uint64_t> ping;
   // What this rank ran at each of its last kRingDepth steps, in full (the step word carries
   // only a hash of the last kSignatureDepth), read when a peer's signature differs: a peer
   // that ran more than kSignatureDepth steps ahead overwrote it. Written before the step is

@@ -127,6 +127,15 @@ constexpr size_t kDirectPiece = size_t{512} << 10;
 // (4 and 16 MiB even). With streaming stores blocks were slower (2 ranks, 4 MiB 360 us against
 // 326).
 constexpr size_t kPublishBlock = size_t{16} << 10;
+// Engine::watch_placement: how often rank 0 times a cache line's round trip with rank 1, how
+// many trips it makes, how long either side waits for the other before it gives up, and the
+// median trip from which the vCPUs count as far apart is C10D_SHM_FAR_TRIP_NS. On this
+// project's EPYC guests a trip took 85-120 ns (40 while the vCPUs shared a physical core) and
+// 460-510 ns in the slow placement, where plain stores into the slots cost several times
+// streaming ones.
+constexpr int64_t kPlacementPeriodNs = 100'000'000;
+constexpr int kPlacementTrips = 16;
+constexpr int64_t kPlacementGiveUpNs = 50'000;
 // How often a blocked wait checks the peers, the deadline and shutdown.
 constexpr int64_t kCheckNs = 1'000'000;
 constexpr int64_t kSleepNs = 2'000'000;
@@ -304,7 +313,10 @@ class SharedWriter {
     // first), as that depends mostly on the placement.
     if (probe.untried()) {
       const int found = found_[type] >= 0 ? found_[type] : found_any_;
-      probe.adopt(pipelined ? agreed & (modes - 1) : found > 0 ? kModeStreaming : 0);
+      const int stores = found > 0 ? kModeStreaming : 0;
+      probe.adopt(!pipelined ? stores
+                  : found < 0 ? agreed & (modes - 1)
+                              : (agreed & (modes - 1) & ~kModeStreaming) | stores);
     }
     probe_ = &probe;
     bytes_ = bytes;
@@ -350,6 +362,20 @@ class SharedWriter {
   // own probe (ModeProbe) says otherwise.
   void seed(bool streaming) {
     if (adaptive_) found_any_ = streaming ? 1 : 0;
+  }
+
+  // The host moved the vCPUs apart (`far`) or together (Engine::watch_placement): what the
+  // probes found no longer holds, so every kind of operation takes the stores that suit the
+  // new placement (streaming when far) until its next probe. Without this a benchmark's rows,
+  // too short for a probe, kept plain stores through the slow placement: all_reduce of 1 MiB
+  // took 430-490 us with them and 82-91 with streaming ones (47 plain before the move).
+  void placement_changed(bool far) {
+    if (!adaptive_) return;
+    found_.fill(-1);
+    found_any_ = far ? 1 : 0;
+    for (ModeProbe& probe : probes_) {
+      probe.hold((probe.held() & ~kModeStreaming) | (far ? kModeStreaming : 0));
+    }
   }
 
   // The operation begun last completed (not called when it failed).
@@ -435,6 +461,7 @@ class Engine {
         direct_piece_(direct_piece(per_core_)),
         direct_allreduce_(own_core_ ? kDirectAllreduceBytes : kDirectAllreduceSharedCoreBytes),
         small_chunk_(own_core_ ? kPipelineChunk : shared_core_chunk(per_core_)),
+        far_trip_ns_(core::env_int(core::kEnvShmFarTripNs)),
         copy_shared(/*may_adapt=*/true, /*leader=*/rank_ == 0, /*choose_chunks=*/own_core_) {}
 
   std::mutex exec_mutex;
@@ -466,6 +493,12 @@ class Engine {
 
   // The operation begun last completed.
   void end() { copy_shared.end_op(); }
+
+  // What watch_placement last found (whether ranks 0 and 1 run far apart), once rank 0 timed
+  // round trips.
+  std::optional<bool> far_apart() const {
+    return timed_ ? std::optional<bool>(far_) : std::nullopt;
+  }
 
   std::string describe() const {
     return str_cat("shm ", name_, " (sequence ", seq_, ", rank ", rank_, " of ", size_, ")");
@@ -508,12 +541,19 @@ class Engine {
     // Rank 0's timings decide for every rank.
     const uint32_t s = next_step();
     if (rank_ == 0) {
-      rank0_word(s) = static_cast<uint64_t>(
-          modes[std::min_element(best.begin(), best.end()) - best.begin()]);
+      const int mode = modes[std::min_element(best.begin(), best.end()) - best.begin()];
+      rank0_word(s) = static_cast<uint64_t>(mode);
+      seg_.header(0)->placement.store((mode & kModeStreaming) != 0 ? kFarBit : 0,
+                                      std::memory_order_relaxed);
     }
     sync(s);
     agreed_mode_ = static_cast<int>(rank0_word(s));
     copy_shared.seed((agreed_mode_ & kModeStreaming) != 0);
+    // Streaming stores won calibration if the vCPUs were far apart (plain ones win otherwise
+    // with a core per rank); from here the round trips tell.
+    far_ = (agreed_mode_ & kModeStreaming) != 0;
+    watching_ = own_core_ && copy_shared.adaptive();
+    next_placement_ns_ = now_ns() + kPlacementPeriodNs;
     if (core::log_enabled(core::LogLevel::kDebug)) {
       std::string times;
       for (size_t m = 0; m < modes.size(); ++m) {
@@ -1272,12 +1312,91 @@ class Engine {
   }
 
   void sync(uint32_t s) {
+    const bool time_trips = placement_due();
+    if (time_trips) {  // published with the step
+      std::atomic<uint64_t>& word = seg_.header(0)->placement;
+      word.store((word.load(std::memory_order_relaxed) & ~kStepBits) | s,
+                 std::memory_order_relaxed);
+    }
     publish(s);
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) wait_peer(r, s);
     }
     step_ = s;
     all_reached_ = s;
+    if (watching_) watch_placement(s, time_trips);
+  }
+
+  // The host moves the vCPUs between placements every few minutes, and in the slow one plain
+  // stores into lines a peer reads cost several times what they cost in the fast one (see
+  // SharedWriter). The probes of each kind of operation notice only after it ran for a while,
+  // so rank 0 also times a cache line's round trip with rank 1 after a two-sided step every
+  // kPlacementPeriodNs (a few microseconds), and tells every rank through its placement word
+  // whether the vCPUs are far apart (SharedWriter::placement_changed). Only while every rank
+  // has a core: a rank that shares one may not be running to answer.
+  bool placement_due() {
+    if (!watching_ || rank_ != 0 || (++syncs_ & 15) != 0) return false;
+    if (now_ns() < next_placement_ns_) return false;
+    next_placement_ns_ = now_ns() + kPlacementPeriodNs;
+    return seg_.header(1)->cpu.load(std::memory_order_relaxed) != cpu_;
+  }
+
+  // After two-sided step s: rank 0 times the round trips if it asked for them (`time_trips`),
+  // rank 1 answers when asked, and every rank follows rank 0's verdict.
+  void watch_placement(uint32_t s, bool time_trips) {
+    std::atomic<uint64_t>& word = seg_.header(0)->placement;
+    const uint64_t seen = word.load(std::memory_order_acquire);
+    if (rank_ != 0) {
+      if (rank_ == 1 && (seen & kStepBits) == s) round_trip(s, 0, false);
+      timed_ = (seen & kTimedBit) != 0;
+      return set_placement((seen & kFarBit) != 0);
+    }
+    if (!time_trips) return;
+    const int64_t trip = round_trip(s, 1, true);
+    if (trip < 0) return;  // rank 1 did not answer in time: next period
+    const bool far = trip >= far_trip_ns_;
+    word.store((seen & kStepBits) | kTimedBit | (far ? kFarBit : 0), std::memory_order_release);
+    timed_ = true;
+    set_placement(far);
+  }
+
+  // Bounces this rank's ping word off `peer`'s kPlacementTrips times (the leading side
+  // writes first); returns the median trip in ns, or -1 when the peer did not answer within
+  // kPlacementGiveUpNs.
+  int64_t round_trip(uint32_t s, int peer, bool leading) {
+    std::atomic<uint64_t>& mine = seg_.header(rank_)->ping;
+    const std::atomic<uint64_t>& theirs = seg_.header(peer)->ping;
+    std::array<int64_t, kPlacementTrips> trips{};
+    const int64_t start = now_ns();
+    int64_t last = start;
+    for (int i = 0; i < kPlacementTrips; ++i) {
+      const uint64_t v = uint64_t{s} << 8 | static_cast<uint64_t>(i);
+      if (leading) mine.store(v, std::memory_order_release);
+      for (uint32_t spin = 1; theirs.load(std::memory_order_acquire) != v; ++spin) {
+        cpu_relax();
+        if ((spin & 63) == 0 && now_ns() - start > kPlacementGiveUpNs) return -1;
+      }
+      if (!leading) mine.store(v, std::memory_order_release);
+      const int64_t now = now_ns();
+      trips[i] = now - last;
+      last = now;
+    }
+    // The first trip includes the wait for the other side to arrive.
+    const auto mid = trips.begin() + 1 + (kPlacementTrips - 1) / 2;
+    std::nth_element(trips.begin() + 1, mid, trips.end());
+    return *mid;
+  }
+
+  void set_placement(bool far) {
+    if (far == far_) return;
+    far_ = far;
+    copy_shared.placement_changed(far);
+    if (core::log_enabled(core::LogLevel::kDebug)) {
+      core::log(core::LogLevel::kDebug,
+                str_cat(describe(), ": the vCPUs are ", far ? "far apart" : "close",
+                        " now; the copies into shared lines use ", far ? "streaming" : "plain",
+                        " stores"));
+    }
   }
 
   void finish_step(uint32_t s) {
@@ -1395,6 +1514,7 @@ class Engine {
   const size_t direct_piece_;      // owner_computes' piece through the kernel
   const size_t direct_allreduce_;  // allreduce of ordinary tensors goes direct from this size
   const size_t small_chunk_;       // the pipelined allreduce's chunk unless kModeLargeChunks
+  const int64_t far_trip_ns_;      // watch_placement's verdict: far apart from this round trip
   SharedWriter copy_shared;
   int cpu_ = -1;              // the CPU in this rank's header (note_cpu)
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
@@ -1405,6 +1525,18 @@ class Engine {
   // Whether the parity slots were read after their step was published (not one-sided):
   // bit 0 for the last step opened, bit 1 for the one before (next_step).
   uint32_t two_sided_ = 3;
+  // watch_placement: rank 0's placement word (the step of its next round trips, whether the
+  // vCPUs are far apart, whether it timed any round trip yet), whether it runs (set by
+  // calibrate), the verdict this rank follows, whether rank 0 timed round trips, when rank 0
+  // times the next ones, and its two-sided steps so far.
+  static constexpr uint64_t kStepBits = 0xffffffff;
+  static constexpr uint64_t kFarBit = uint64_t{1} << 32;
+  static constexpr uint64_t kTimedBit = uint64_t{1} << 33;
+  bool watching_ = false;
+  bool far_ = false;
+  bool timed_ = false;
+  int64_t next_placement_ns_ = 0;
+  uint32_t syncs_ = 0;
   // Per-operation buffers kept between operations, so that collectives do not allocate.
   // owner_computes' landing area for pieces read through the kernel; pipelined's for a piece
   // only the peers need (streaming stores)
@@ -1841,6 +1973,11 @@ ShmBackend::~ShmBackend() { shutdown(); }
 uint64_t ShmBackend::next_sequence() const {
   std::lock_guard<std::mutex> lock(queue_->mutex);
   return queue_->next_seq;
+}
+
+std::optional<bool> ShmBackend::cpus_far_apart() const {
+  std::lock_guard<std::mutex> lock(engine_->exec_mutex);
+  return engine_->far_apart();
 }
 
 Tensor ShmBackend::empty(std::vector<int64_t> sizes, DType dtype) {

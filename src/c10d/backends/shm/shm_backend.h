@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +105,10 @@ class ShmBackend : public pg::Backend {
 
   // Number of collectives issued so far (for tests and debug output).
   uint64_t next_sequence() const;
+  // Whether the last timed round trip between ranks 0 and 1 found their CPUs far apart (the
+  // copies into the slots then use streaming stores; C10D_SHM_FAR_TRIP_NS), as this rank last
+  // heard; nullopt where nobody times them. For tests and debug output.
+  std::optional<bool> cpus_far_apart() const;
 
  private:
   using Body = std::function<void(Engine&)>;
