@@ -549,10 +549,10 @@ class Engine {
     sync(s);
     agreed_mode_ = static_cast<int>(rank0_word(s));
     copy_shared.seed((agreed_mode_ & kModeStreaming) != 0);
-    // Streaming stores won calibration if the vCPUs were far apart (plain ones win otherwise
-    // with a core per rank); from here the round trips tell.
+    // Streaming stores won calibration if the vCPUs were far apart (plain ones win otherwise);
+    // from here the round trips tell.
     far_ = (agreed_mode_ & kModeStreaming) != 0;
-    watching_ = own_core_ && copy_shared.adaptive();
+    watching_ = seg_.cpus() >= 2 && copy_shared.adaptive();
     next_placement_ns_ = now_ns() + kPlacementPeriodNs;
     if (core::log_enabled(core::LogLevel::kDebug)) {
       std::string times;
@@ -1332,13 +1332,15 @@ class Engine {
   // SharedWriter). The probes of each kind of operation notice only after it ran for a while,
   // so rank 0 also times a cache line's round trip with rank 1 after a two-sided step every
   // kPlacementPeriodNs (a few microseconds), and tells every rank through its placement word
-  // whether the vCPUs are far apart (SharedWriter::placement_changed). Only while every rank
-  // has a core: a rank that shares one may not be running to answer.
+  // whether the vCPUs are far apart (SharedWriter::placement_changed). Ranks that share
+  // cores are pinned to CPUs in turn (Segment::bind_cpu), so ranks 0 and 1 run on different
+  // ones, but rank 1 may not be running to answer: with 4 ranks on 2 cores 16 of 26 timings
+  // got an answer in time, and the others cost rank 0 kPlacementGiveUpNs.
   bool placement_due() {
     if (!watching_ || rank_ != 0 || (++syncs_ & 15) != 0) return false;
     if (now_ns() < next_placement_ns_) return false;
     next_placement_ns_ = now_ns() + kPlacementPeriodNs;
-    return seg_.header(1)->cpu.load(std::memory_order_relaxed) != cpu_;
+    return !own_core_ || seg_.header(1)->cpu.load(std::memory_order_relaxed) != cpu_;
   }
 
   // After two-sided step s: rank 0 times the round trips if it asked for them (`time_trips`),
