@@ -130,9 +130,8 @@ constexpr size_t kPublishBlock = size_t{16} << 10;
 // Engine::watch_placement: how often rank 0 times a cache line's round trip with rank 1, how
 // many trips it makes, how long either side waits for the other before it gives up, and the
 // median trip from which the vCPUs count as far apart is C10D_SHM_FAR_TRIP_NS. On this
-// project's EPYC guests a trip took 85-120 ns (40 while the vCPUs shared a physical core) and
-// 460-510 ns in the slow placement, where plain stores into the slots cost several times
-// streaming ones.
+// project's EPYC guests a trip took 85-120 ns (about 40 at times) and 460-510 ns in the slow
+// placement, where plain stores into the slots cost several times streaming ones.
 constexpr int64_t kPlacementPeriodNs = 100'000'000;
 constexpr int kPlacementTrips = 16;
 constexpr int64_t kPlacementGiveUpNs = 50'000;
