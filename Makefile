@@ -37,7 +37,8 @@ test-python:
 run: build
 	@C10D_WITH_PEERS=1 bash scripts/install-deps.sh
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
-	  --backend $(BACKEND) --compare --time-scale 0.3 --rounds 3
+	  --backend $(BACKEND) --compare --time-scale 0.3 --rounds 3 \
+	  --placement-probe $(BUILD)/bench/placement_probe
 
 demo: build
 	@PYTHONPATH=python $(PYTHON) examples/store_demo.py --nproc $(NPROC)
@@ -47,7 +48,8 @@ bench: build
 	@$(BUILD)/bench/reduce_bench --benchmark_min_time=0.2
 	@PYTHONPATH=python $(PYTHON) bench/store_bench.py
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
-	  --backend $(BACKEND) --compare --plot bench/busbw.png
+	  --backend $(BACKEND) --compare --plot bench/busbw.png \
+	  --placement-probe $(BUILD)/bench/placement_probe
 
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 600

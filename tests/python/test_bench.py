@@ -1,0 +1,71 @@
+"""The collective benchmark's placement checks (bench/collective_bench.py): a launch that the
+CPUs were far apart around runs again while the budget lasts, and the report says which
+launches ran in which placement."""
+
+import importlib.util
+import os
+import subprocess
+
+import pytest
+
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+@pytest.fixture()
+def bench():
+    spec = importlib.util.spec_from_file_location(
+        "collective_bench", os.path.join(REPO, "bench", "collective_bench.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake(bench, monkeypatch, trips):
+    """Probe answers from `trips` in turn; launches that always work; no real sleeping."""
+    answers = iter(trips)
+    launches = []
+    monkeypatch.setattr(bench, "round_trip_ns", lambda probe: next(answers))
+    monkeypatch.setattr(bench, "launch", lambda impl, args, out: launches.append(impl) or True)
+    monkeypatch.setattr(bench.time, "sleep", lambda s: None)
+    return launches
+
+
+def test_a_launch_the_cpus_were_far_apart_around_runs_again(bench, monkeypatch):
+    # Far after the first launch; close around the second.
+    launches = fake(bench, monkeypatch, [100, 480, 110, 105])
+    budget = [60.0]
+    ok, around = bench.launch_close("c10d", None, "out", "probe", budget, "c10d-shm")
+    assert ok and around == (110, 105)
+    assert launches == ["c10d", "c10d"]
+    assert budget[0] < 60
+
+
+def test_it_waits_for_the_cpus_to_be_close_before_launching(bench, monkeypatch):
+    launches = fake(bench, monkeypatch, [480, 470, 100, 100])
+    budget = [60.0]
+    ok, around = bench.launch_close("mpi", None, "out", "probe", budget, "mpi")
+    assert around == (100, 100) and launches == ["mpi"]
+    assert budget[0] == 56  # two waits of 2 s
+
+
+def test_when_the_budget_is_spent_the_launch_stands_and_the_report_says_so(bench, monkeypatch):
+    launches = fake(bench, monkeypatch, [480, 490])
+    ok, around = bench.launch_close("mpi", None, "out", "probe", [0.0], "mpi")
+    assert ok and around == (480, 490) and launches == ["mpi"]
+    text = bench.placement_summary({"c10d-shm": [(100, 120)], "mpi": [around]})
+    assert "far apart (>= 250 ns) around: mpi round 1 (480 -> 490 ns)" in text
+    assert "close otherwise (100-120 ns)" in text
+    text = bench.placement_summary({"c10d-shm": [(100, 120)], "mpi": [(90, 95)]})
+    assert text.endswith("every launch ran with the CPUs close (< 250 ns)")
+    assert "not checked" in bench.placement_summary({"mpi": [(None, None)]})
+
+
+def test_the_probe_program_prints_a_round_trip():
+    probe = os.path.join(REPO, "build", "bench", "placement_probe")
+    if not os.access(probe, os.X_OK):
+        pytest.skip("bench/placement_probe is not built")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    out = subprocess.run([probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    assert 0 < int(out.stdout) < 1_000_000
