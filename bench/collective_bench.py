@@ -289,9 +289,13 @@ def round_trip_ns(probe):
     """The median cache-line round trip between the first two CPUs, or None."""
     if probe is None:
         return None
-    out = subprocess.run([probe], capture_output=True, text=True)
     try:
+        out = subprocess.run([probe], capture_output=True, text=True, timeout=30)
         return int(out.stdout)
+    except subprocess.TimeoutExpired:
+        print(f"# placement probe {probe} took over 30 s; placement not checked",
+              file=sys.stderr)
+        return None
     except ValueError:
         return None
 

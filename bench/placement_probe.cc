@@ -1,5 +1,6 @@
 // Prints the median round trip, in ns, of a cache line bounced between two threads pinned to
-// the first two CPUs this process may run on, or nothing (exit 1) with fewer than two.
+// the first two CPUs this process may run on, or nothing (exit 1) with fewer than two, or when
+// a trip has not come back within kGiveUpNs (the other thread did not get its CPU).
 //
 // collective_bench.py runs it around every launch: on this project's KVM guests the host
 // moves the two vCPUs between a placement where a round trip takes ~100 ns and one where it
@@ -34,6 +35,21 @@ struct alignas(64) Line {
   std::atomic<int64_t> value{0};
 };
 
+constexpr int64_t kGiveUpNs = 1'000'000'000;
+
+// Spins until `line` holds `want`; false (with a message naming the wait) after kGiveUpNs.
+bool await_value(const Line& line, int64_t want, const char* who) {
+  const int64_t start = now_ns();
+  for (uint32_t spin = 1; line.value.load(std::memory_order_acquire) != want; ++spin) {
+    if ((spin & 1023) == 0 && now_ns() - start > kGiveUpNs) {
+      std::fprintf(stderr, "placement_probe: %s waited over 1 s for trip %lld\n", who,
+                   static_cast<long long>(want));
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main() {
@@ -50,25 +66,24 @@ int main() {
   std::thread echo([&] {
     pin(cpus[1]);
     for (int64_t i = 1; i <= int64_t{kBatches} * kTrips; ++i) {
-      while (ping.value.load(std::memory_order_acquire) != i) {
-      }
+      if (!await_value(ping, i, "the echo thread")) return;
       pong.value.store(i, std::memory_order_release);
     }
   });
-  if (!pin(cpus[0])) return 1;
+  bool ok = pin(cpus[0]);
   std::vector<int64_t> batches;
-  for (int b = 0; b < kBatches; ++b) {
+  for (int b = 0; ok && b < kBatches; ++b) {
     int64_t start = 0;
-    for (int t = 0; t < kTrips; ++t) {
+    for (int t = 0; ok && t < kTrips; ++t) {
       const int64_t i = int64_t{b} * kTrips + t + 1;
       if (t == 1) start = now_ns();  // the first trip of a batch waits for the echo to arrive
       ping.value.store(i, std::memory_order_release);
-      while (pong.value.load(std::memory_order_acquire) != i) {
-      }
+      ok = await_value(pong, i, "the pinging thread");
     }
-    batches.push_back((now_ns() - start) / (kTrips - 1));
+    if (ok) batches.push_back((now_ns() - start) / (kTrips - 1));
   }
-  echo.join();
+  echo.join();  // after kGiveUpNs at most: the echo gives up on a trip that never comes
+  if (!ok) return 1;
   std::nth_element(batches.begin(), batches.begin() + kBatches / 2, batches.end());
   std::printf("%lld\n", static_cast<long long>(batches[kBatches / 2]));
   return 0;
