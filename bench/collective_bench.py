@@ -278,11 +278,15 @@ def launch(impl: str, args, out_path: str) -> bool:
 # placement where a cache line's round trip between them takes ~500 ns instead of ~100 and
 # stores into lines the other CPU reads cost several times more (c10d's shm backend switches
 # to streaming stores there; Open MPI's large transfers, single copies through the kernel,
-# barely notice, while every implementation's small messages slow down). Columns timed in
-# different placements do not compare, so every launch is bracketed by this probe, and a
-# launch that saw the far placement is run again once the CPUs are close, within
-# --placement-budget seconds of waiting and reruns per benchmark.
+# barely notice, while every implementation's small messages slow down). At times it also
+# puts them on one physical core (~35-40 ns), where two busy ranks share its execution units
+# (shm's 2-rank all_reduce of 4 MiB took 279 us in a run that saw it, 182 in one that did
+# not). Columns timed in different placements do not compare, so every launch is bracketed
+# by this probe, and a launch that saw an unusual placement is run again once the CPUs are
+# back on separate cores close together, within --placement-budget seconds of waiting and
+# reruns per benchmark.
 FAR_TRIP_NS = 250
+SHARED_CORE_TRIP_NS = 65
 
 
 def round_trip_ns(probe):
@@ -300,27 +304,35 @@ def round_trip_ns(probe):
         return None
 
 
-def is_far(trip) -> bool:
-    return trip is not None and trip >= FAR_TRIP_NS
+def elsewhere(trip):
+    """The unusual placement a round trip shows, or None for the usual one (or no probe)."""
+    if trip is None:
+        return None
+    if trip >= FAR_TRIP_NS:
+        return f"far apart (>= {FAR_TRIP_NS} ns)"
+    if trip < SHARED_CORE_TRIP_NS:
+        return f"on one physical core (< {SHARED_CORE_TRIP_NS} ns)"
+    return None
 
 
 def launch_close(impl, args, out_path, probe, budget, label):
-    """launch(), run again while the probe found the CPUs far apart before or after it, as
-    long as budget[0] (seconds of waiting and reruns left) lasts. Returns whether the last
-    launch worked and the round trips around it."""
+    """launch(), run again while the probe found the CPUs in an unusual placement before or
+    after it, as long as budget[0] (seconds of waiting and reruns left) lasts. Returns whether
+    the last launch worked and the round trips around it."""
     while True:
         before = round_trip_ns(probe)
-        while is_far(before) and budget[0] > 0:
+        while elsewhere(before) and budget[0] > 0:
             time.sleep(2)
             budget[0] -= 2
             before = round_trip_ns(probe)
         start = time.monotonic()
         ok = launch(impl, args, out_path)
         after = round_trip_ns(probe)
-        if not ok or not (is_far(before) or is_far(after)) or budget[0] <= 0:
+        where = elsewhere(before) or elsewhere(after)
+        if not ok or not where or budget[0] <= 0:
             return ok, (before, after)
         budget[0] -= time.monotonic() - start
-        print(f"# {label}: the CPUs were far apart around this launch (cache-line round trip "
+        print(f"# {label}: the CPUs were {where} around this launch (cache-line round trip "
               f"{before} ns before, {after} ns after): running it again", file=sys.stderr,
               flush=True)
 
@@ -330,16 +342,21 @@ def placement_summary(trips) -> str:
     seen = [t for pairs in trips.values() for pair in pairs for t in pair if t is not None]
     if not seen:
         return "# placement: not checked (no placement probe: see --placement-probe)"
-    far = [f"{label} round {k + 1} ({pair[0]} -> {pair[1]} ns)"
-           for label, pairs in trips.items() for k, pair in enumerate(pairs)
-           if is_far(pair[0]) or is_far(pair[1])]
-    close = [t for t in seen if not is_far(t)]
+    odd = {}  # unusual placement -> the launches it was seen around
+    for label, pairs in trips.items():
+        for k, (before, after) in enumerate(pairs):
+            where = elsewhere(before) or elsewhere(after)
+            if where:
+                odd.setdefault(where, []).append(f"{label} round {k + 1} ({before} -> {after} ns)")
+    close = [t for t in seen if not elsewhere(t)]
     text = (f"# placement: cache-line round trip between the CPUs around the launches "
             f"{min(seen)}-{max(seen)} ns")
-    if not far:
-        return text + f"; every launch ran with the CPUs close (< {FAR_TRIP_NS} ns)"
-    return text + (f"; far apart (>= {FAR_TRIP_NS} ns) around: {', '.join(far)}"
-                   + (f"; close otherwise ({min(close)}-{max(close)} ns)" if close else ""))
+    if not odd:
+        return text + (f"; none on one physical core (< {SHARED_CORE_TRIP_NS} ns); every "
+                       f"launch ran with the CPUs close (< {FAR_TRIP_NS} ns)")
+    for where, launches in odd.items():
+        text += f"; {where} around: {', '.join(launches)}"
+    return text + (f"; close otherwise ({min(close)}-{max(close)} ns)" if close else "")
 
 
 def peers_available():

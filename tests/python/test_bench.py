@@ -60,6 +60,16 @@ def test_when_the_budget_is_spent_the_launch_stands_and_the_report_says_so(bench
     assert "not checked" in bench.placement_summary({"mpi": [(None, None)]})
 
 
+def test_one_physical_core_counts_as_unusual_too(bench, monkeypatch):
+    # Both vCPUs on one physical core (the round trip through a shared L2): run again.
+    launches = fake(bench, monkeypatch, [110, 36, 115, 120])
+    ok, around = bench.launch_close("c10d", None, "out", "probe", [60.0], "c10d-shm")
+    assert around == (115, 120) and launches == ["c10d", "c10d"]
+    text = bench.placement_summary({"c10d-shm": [(110, 36)], "mpi": [(100, 500)]})
+    assert "on one physical core (< 65 ns) around: c10d-shm round 1 (110 -> 36 ns)" in text
+    assert "far apart (>= 250 ns) around: mpi round 1 (100 -> 500 ns)" in text
+
+
 def test_the_probe_program_prints_a_round_trip():
     probe = os.path.join(REPO, "build", "bench", "placement_probe")
     if not os.access(probe, os.X_OK):
