@@ -48,3 +48,7 @@ def test_numpy_training_example_converges_in_lockstep():
     losses = [float(v) for v in re.findall(r"mean loss over ranks ([0-9.]+)", out.stdout)]
     assert len(losses) >= 2 and losses[-1] < losses[0] / 2, out.stdout
     assert "weights identical on every rank: True" in out.stdout, out.stdout
+
+
+def test_waits_on_futures_run_queued_reductions():
+    harness.check_all_ok(harness.run("ddp_waits_run_queued_reductions", 2, "shm"))

@@ -20,6 +20,7 @@ std::exception_ptr Future::error() const {
 }
 
 void Future::wait(Millis timeout, std::string_view what) const {
+  if (driver_ && !completed()) driver_(timeout);
   std::unique_lock lock(mutex_);
   Deadline deadline(timeout);
   if (deadline.infinite()) {
@@ -97,6 +98,7 @@ void Future::add_callback(Callback callback) {
 
 std::shared_ptr<Future> Future::then(std::function<FutureValue(Future&)> fn) {
   auto child = std::make_shared<Future>();
+  child->driver_ = driver_;
   add_callback([child, fn = std::move(fn)](Future& parent) {
     if (parent.has_error()) {
       child->set_error(parent.error());

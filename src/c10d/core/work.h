@@ -53,6 +53,12 @@ class Future : public std::enable_shared_from_this<Future> {
   // error, becomes the child's error.
   std::shared_ptr<Future> then(std::function<FutureValue(Future&)> fn);
 
+  // For a future that completes only once someone runs its operation (queued for a
+  // backend's worker thread, which a waiter may run itself): wait() calls `driver` with its
+  // timeout before it blocks, and the futures then() makes from this one inherit it. Set
+  // before the future is shared.
+  void set_driver(std::function<void(Millis)> driver) { driver_ = std::move(driver); }
+
  private:
   void finish(FutureValue value, std::exception_ptr error);
 
@@ -64,6 +70,7 @@ class Future : public std::enable_shared_from_this<Future> {
   std::vector<Callback> callbacks_;        // guarded by mutex_
   std::vector<std::function<void(std::exception_ptr)>> observers_;  // guarded by mutex_
   bool finishing_ = false;                 // guarded by mutex_: outcome set, observers run
+  std::function<void(Millis)> driver_;     // set before sharing (set_driver)
 };
 
 // The kinds of operation a Work can stand for (names as in torch's OpType).

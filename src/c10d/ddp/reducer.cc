@@ -109,8 +109,10 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::vector<size_t>> bu
       elements += static_cast<size_t>(params_[i].numel());
     }
     bucket.params = members;
-    bucket.buffer = Tensor::empty({static_cast<int64_t>(elements)}, params_[members[0]].dtype());
-    std::memset(bucket.buffer.data(), 0, bucket.buffer.nbytes());
+    // Where the group's collectives reduce it fastest: in the shm backend's shared heap, an
+    // allreduce of the bucket reads and writes the peers' buckets directly.
+    bucket.buffer = group_->empty_for_collectives({static_cast<int64_t>(elements)},
+                                                  params_[members[0]].dtype());
     buckets_.push_back(std::move(bucket));
   }
   for (size_t i = 0; i < n; ++i) {

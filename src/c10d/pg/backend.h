@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,15 @@ class Backend : public std::enable_shared_from_this<Backend> {
   // anything that can wait for long (a peer, a queue, a lock another thread holds).
   virtual bool has_inline(core::OpType /*type*/) const { return false; }
   virtual void run_inline(const InlineOp& op);
+
+  // A zeroed C-contiguous tensor in memory this backend's collectives can work on in place,
+  // without staging copies (the shm backend's shared heap), for buffers allocated once and
+  // reduced often, such as DDP's buckets; nullopt when the backend has no such memory or it
+  // is full.
+  virtual std::optional<Tensor> empty_for_collectives(const std::vector<int64_t>& /*sizes*/,
+                                                      core::DType /*dtype*/) {
+    return std::nullopt;
+  }
 
   // Waits, at most `timeout` (kNoTimeout: as long as it takes), for the operations already
   // submitted to finish, as torch's backends finish their queue before going away

@@ -71,6 +71,22 @@ std::shared_ptr<Backend> ProcessGroup::get_backend(DeviceType device) const {
   return it->second;
 }
 
+Tensor ProcessGroup::empty_for_collectives(const std::vector<int64_t>& sizes,
+                                           core::DType dtype) const {
+  std::shared_ptr<Backend> backend;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = backends_.find(DeviceType::kCPU);
+    if (it != backends_.end()) backend = it->second;
+  }
+  if (backend) {
+    if (std::optional<Tensor> t = backend->empty_for_collectives(sizes, dtype)) return *t;
+  }
+  Tensor t = Tensor::empty(sizes, dtype);
+  std::memset(t.data(), 0, t.nbytes());
+  return t;
+}
+
 std::vector<DeviceType> ProcessGroup::device_types() const {
   std::lock_guard lock(mutex_);
   std::vector<DeviceType> out;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <thread>
+#include <vector>
 
 #include "c10d/core/exception.h"
 
@@ -44,6 +45,23 @@ TEST(Future, ThenChainsValuesAndErrors) {
   auto g_child = g->then([](Future&) { return FutureValue{}; });
   g->set_error(std::make_exception_ptr(DistNetworkError("peer 3 went away")));
   EXPECT_THROW(g_child->wait(), DistNetworkError);
+}
+
+TEST(Future, WaitRunsTheDriverAndThenChildrenInheritIt) {
+  auto f = std::make_shared<Future>();
+  std::vector<Millis> driven;
+  f->set_driver([&](Millis timeout) {
+    driven.push_back(timeout);
+    if (!f->completed()) f->mark_completed({});
+  });
+  auto child = f->then([](Future&) { return FutureValue{}; });
+  // Nobody else completes f: only the driver, which the child's wait runs too.
+  child->wait(5s, "child");
+  EXPECT_TRUE(f->completed());
+  ASSERT_EQ(driven.size(), 1u);
+  EXPECT_EQ(driven[0], Millis(5000));
+  f->wait();  // completed: no driving
+  EXPECT_EQ(driven.size(), 1u);
 }
 
 TEST(Future, WaitTimeoutNamesWhat) {

@@ -22,8 +22,9 @@ namespace {
 using core::DType;
 using namespace std::chrono_literals;
 
+// heap_bytes: each rank's shared heap (0: the default).
 template <typename Fn>
-void run_ranks(int size, Fn fn) {
+void run_ranks(int size, Fn fn, size_t heap_bytes = 0) {
   auto store = std::make_shared<store::HashStore>(10s);
   std::vector<std::thread> threads;
   std::vector<std::string> errors(size);
@@ -36,6 +37,7 @@ void run_ranks(int size, Fn fn) {
         auto group = std::make_shared<pg::ProcessGroup>(store, r, size, opts);
         backends::shm::ShmOptions shm;
         shm.timeout = 10s;
+        shm.heap_bytes = heap_bytes;
         group->register_backend(core::DeviceType::kCPU,
                                 std::make_shared<backends::shm::ShmBackend>(store, r, size, shm));
         fn(r, group);
@@ -110,6 +112,40 @@ TEST(Reducer, AveragesGradientsBucketByBucket) {
     EXPECT_EQ(reducer.num_iterations(), 3);
     for (int64_t ns : reducer.backward_stats()) EXPECT_GE(ns, 0);
   });
+}
+
+// The buckets live in the shm backend's shared heap, where an allreduce reads and writes the
+// peers' buckets directly; with the heap full they take plain memory. Averages exact either way.
+TEST(Reducer, BucketsLiveInTheShmHeapUnlessItIsFull) {
+  for (size_t heap : {size_t{0}, size_t{4096}}) {
+    run_ranks(2, [heap](int rank, std::shared_ptr<pg::ProcessGroup> group) {
+      auto shm = std::dynamic_pointer_cast<backends::shm::ShmBackend>(
+          group->get_backend(core::DeviceType::kCPU));
+      ASSERT_NE(shm, nullptr);
+      std::vector<Tensor> grads{filled({1 << 16}, DType::kFloat32, 0),
+                                filled({3}, DType::kFloat64, 0)};
+      Reducer reducer(grads, {{0}, {1}}, {}, group);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const Tensor view = reducer.bucket_view(i);
+        // A heap of 4 KiB holds the small bucket only.
+        EXPECT_EQ(shm->in_shared_heap(view.data(), view.nbytes()), heap == 0 || i == 1)
+            << "heap " << heap << ", parameter " << i;
+      }
+      for (int iteration = 0; iteration < 3; ++iteration) {
+        reducer.prepare_for_backward();
+        for (const Tensor& g : grads) {
+          Tensor fresh = filled(g.sizes(), g.dtype(), 10.0 * rank + iteration);
+          std::memcpy(g.data(), fresh.data(), fresh.nbytes());
+        }
+        reducer.mark_ready(0);
+        reducer.mark_ready(1);
+        for (int64_t i = 0; i < grads[0].numel(); i += 4099) {
+          ASSERT_EQ(grads[0].data_as<float>()[i], 5 + iteration + i) << "element " << i;
+        }
+        for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(grads[1].data_as<double>()[i], 5 + iteration + i);
+      }
+    }, heap);
+  }
 }
 
 TEST(Reducer, UnusedParametersAreZeroAndUntouchedWhenNoRankUsedThem) {

@@ -1194,6 +1194,32 @@ def _ddp_expected(world, iteration):
             for i in range(4)]
 
 
+def ddp_waits_run_queued_reductions(dist, backend):
+    """Waiting on a queued asynchronous operation's future (as the reducer does for its
+    buckets, and users through get_future()) runs it: shm's worker only polls its queue every
+    millisecond while asynchronous operations are in use, and each such wait took >= 1 ms."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    grad = np.zeros(256, np.float32)
+    reducer = dist.Reducer([grad], [[0]], [1 << 20], dist.group.WORLD)
+    passes = 200
+    start = time.perf_counter()
+    for i in range(passes):
+        reducer.prepare_for_backward()
+        grad[...] = rank + i
+        reducer._autograd_hook(0)
+        assert np.all(grad == (world - 1) / 2 + i), (i, grad[:4])
+    reducer_s = time.perf_counter() - start
+    x = np.ones(256, np.float32)
+    start = time.perf_counter()
+    for _ in range(passes):
+        x[...] = 1
+        dist.all_reduce(x, async_op=True).get_future().wait()
+        assert np.all(x == world), x[:4]
+    future_s = time.perf_counter() - start
+    # A few us each without the stall; 1 ms or more each with it.
+    assert reducer_s < 0.15 and future_s < 0.15, (reducer_s, future_s)
+
+
 def ddp_reducer(dist, backend):
     rank, world = dist.get_rank(), dist.get_world_size()
     grads = _ddp_grads(rank, 0)

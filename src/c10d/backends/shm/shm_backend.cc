@@ -1920,31 +1920,25 @@ struct ShmBackend::Queue {
 
 // An operation's Work whose wait() runs the operation itself when it is still queued and no
 // other operation runs, instead of blocking until the worker thread wakes up for it: a
-// thread hand-off costs 10-100 us on these machines, the operation itself a few.
+// thread hand-off costs 10-100 us on these machines, the operation itself a few. Waits on
+// its future (and on futures chained to it) do the same: while asynchronous operations are
+// in use the worker only polls the queue (see Queue), and DDP's reducer, which waits on its
+// buckets' futures, took 1.1 ms per backward pass for a bucket of 1 KiB before they did.
 class ShmBackend::QueuedWork : public core::Work {
  public:
   QueuedWork(OpType type, std::string description, std::weak_ptr<Queue> queue,
-             std::weak_ptr<Engine> engine, uint64_t seq)
-      : core::Work(type, std::move(description)),
-        queue_(std::move(queue)),
-        engine_(std::move(engine)),
-        seq_(seq) {}
-
-  // With a timeout the caller only waits: running the operation here would bind it to the
-  // caller's deadline, while it must keep running past it.
-  bool wait(Millis timeout) override {
-    if (timeout <= core::kNoTimeout && !is_completed()) {
-      const std::shared_ptr<Queue> queue = queue_.lock();
-      const std::shared_ptr<Engine> engine = engine_.lock();
-      if (queue && engine) run_queued_until(*queue, *engine, seq_);
-    }
-    return core::Work::wait(timeout);
+             std::weak_ptr<Engine> engine, uint64_t seq, Millis op_timeout)
+      : core::Work(type, std::move(description)) {
+    get_future()->set_driver([queue = std::move(queue), engine = std::move(engine), seq,
+                              op_timeout](Millis timeout) {
+      // A waiter with a shorter timeout only waits: running the operation here would bind it
+      // to the waiter's deadline, while it must keep running past it.
+      if (timeout > core::kNoTimeout && timeout < op_timeout) return;
+      const std::shared_ptr<Queue> q = queue.lock();
+      const std::shared_ptr<Engine> e = engine.lock();
+      if (q && e) run_queued_until(*q, *e, seq);
+    });
   }
-
- private:
-  std::weak_ptr<Queue> queue_;
-  std::weak_ptr<Engine> engine_;
-  const uint64_t seq_;
 };
 
 ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, ShmOptions opts)
@@ -1997,6 +1991,22 @@ Tensor ShmBackend::empty(std::vector<int64_t> sizes, DType dtype) {
   return Tensor(data, dtype, std::move(sizes), {}, std::move(owner));
 }
 
+bool ShmBackend::in_shared_heap(const void* data, size_t bytes) const {
+  return segment_->heap_offset(data, bytes) >= 0;
+}
+
+std::optional<Tensor> ShmBackend::empty_for_collectives(const std::vector<int64_t>& sizes,
+                                                        DType dtype) {
+  std::optional<Tensor> t;
+  try {
+    t = empty(sizes, dtype);
+  } catch (const DistBackendError&) {
+    return std::nullopt;  // the heap is full: the caller takes plain memory
+  }
+  std::memset(t->data(), 0, t->nbytes());
+  return t;
+}
+
 WorkPtr ShmBackend::submit(OpType type, const char* name, Millis timeout, bool async, Body body,
                            std::vector<Tensor> outputs) {
   Task task;
@@ -2012,7 +2022,7 @@ WorkPtr ShmBackend::submit(OpType type, const char* name, Millis timeout, bool a
     task.seq = q.next_seq++;
     task.work = std::make_shared<QueuedWork>(
         type, std::string("shm:") + name + "#" + std::to_string(task.seq), queue_, engine_,
-        task.seq);
+        task.seq, task.timeout);
     if (q.stopping) {
       lock.unlock();
       task.work->finish_with_error(std::make_exception_ptr(DistBackendError(

@@ -62,6 +62,11 @@ class ShmBackend : public pg::Backend {
   // A C-contiguous tensor in this rank's shared heap; collectives on it can skip the copy
   // through the slots. The memory stays valid after the backend is gone.
   core::Tensor empty(std::vector<int64_t> sizes, core::DType dtype);
+  // Whether [data, data + bytes) lies in this rank's shared heap (memory from empty()).
+  bool in_shared_heap(const void* data, size_t bytes) const;
+  // empty(), zeroed; nullopt when the heap is full.
+  std::optional<core::Tensor> empty_for_collectives(const std::vector<int64_t>& sizes,
+                                                    core::DType dtype) override;
 
   pg::WorkPtr broadcast(std::vector<pg::Tensor>& tensors, const pg::BroadcastOptions& opts) override;
   pg::WorkPtr allreduce(std::vector<pg::Tensor>& tensors, const pg::AllreduceOptions& opts) override;
