@@ -121,6 +121,17 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             accumulator.register_hook(self._make_grad_hook(index))
             self._grad_accumulators.append(accumulator)
 
+    def _rebuild_buckets(self):
+        """As torch's DDP before its second iteration: once, regroup the buckets in the order
+        the first backward pass produced the gradients (rank 0's order for all ranks)."""
+        if not self.reducer._rebuild_buckets():
+            return
+        if self.gradient_as_bucket_view:
+            # The reducer copied the buckets over; .grad must follow them.
+            for index, p in enumerate(self._params):
+                if p.grad is not None:
+                    p.grad = _as_torch(self.reducer._bucket_view(index))
+
     def _buffers_to_sync(self):
         return [b.detach() for b in self.module.buffers()]
 
@@ -206,6 +217,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         join = self._join_config.enable
         if join:
             self._still_training = Join.notify_join_context(self)
+        if torch.is_grad_enabled():
+            self._rebuild_buckets()
         self._sync_buffers()
         output = self.module(*inputs, **kwargs)
         # A forward pass without backward (validation with grad enabled) leaves a pass with no
@@ -287,6 +300,7 @@ class _DDPJoinHook(JoinHook):
 
     def main_hook(self):
         ddp = self._ddp
+        ddp._rebuild_buckets()
         ddp._sync_buffers(joined=True)
         if not ddp._sync_backward(False):
             return

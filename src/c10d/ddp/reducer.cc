@@ -1,5 +1,6 @@
 #include "c10d/ddp/reducer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -79,16 +80,23 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::vector<size_t>> bu
                  "Reducer: expect_sparse_gradients has ",
                  options_.expect_sparse_gradients.size(), " entries for ", n, " parameters");
   for (size_t i = 0; i < n; ++i) {
-    C10D_CHECK_ARG(options_.param_is_gradient.empty() || options_.param_is_gradient.size() == n,
-                 "Reducer: param_is_gradient has ", options_.param_is_gradient.size(),
-                 " entries for ", n, " parameters");
-  C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() ||
+    C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() ||
                        !options_.expect_sparse_gradients[i],
                    "Reducer: parameter ", i, " expects a sparse gradient; only dense gradients "
                    "are supported");
     C10D_CHECK_ARG(params_[i].is_contiguous(), "Reducer: parameter ", i, " (",
                    params_[i].str(), ") is not contiguous");
   }
+  init_buckets();
+  ready_.assign(n, false);
+  used_.assign(n, false);
+  used_anywhere_.assign(n, true);
+  ready_ns_.assign(n, -1);
+}
+
+void Reducer::init_buckets() {
+  const size_t n = params_.size();
+  buckets_.clear();
   where_.assign(n, {SIZE_MAX, 0});
   for (size_t b = 0; b < bucket_params_.size(); ++b) {
     const std::vector<size_t>& members = bucket_params_[b];
@@ -118,10 +126,6 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::vector<size_t>> bu
   for (size_t i = 0; i < n; ++i) {
     C10D_CHECK_ARG(where_[i].first != SIZE_MAX, "Reducer: parameter ", i, " is in no bucket");
   }
-  ready_.assign(n, false);
-  used_.assign(n, false);
-  used_anywhere_.assign(n, true);
-  ready_ns_.assign(n, -1);
 }
 
 Tensor Reducer::bucket_view(size_t index) const {
@@ -174,6 +178,7 @@ void Reducer::prepare_for_backward() {
   ready_ns_.assign(n, -1);
   next_bucket_ = 0;
   any_marked_ = false;
+  ready_order_.clear();
   pass_start_ = std::chrono::steady_clock::now();
   in_backward_ = true;
 }
@@ -202,6 +207,7 @@ void Reducer::mark_ready(size_t index, std::optional<Tensor> grad) {
                          std::chrono::steady_clock::now() - pass_start_)
                          .count();
   copy_into_bucket(index, g);
+  if (should_rebuild()) ready_order_.push_back(index);
   grads_[index] = std::move(g);
   ready_[index] = used_[index] = has_grad_[index] = any_marked_ = true;
   --buckets_[where_[index].first].pending;
@@ -308,6 +314,68 @@ void Reducer::finalize_backward() {
   }
   in_backward_ = false;
   ++iterations_;
+  // A pass in which every gradient was marked ready gives the order to rebuild the buckets in.
+  if (should_rebuild() && ready_order_.size() == params_.size()) rebuild_order_ = ready_order_;
+}
+
+void Reducer::push_all_rebuilt_params() {
+  rebuild_order_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) rebuild_order_[i] = i;
+}
+
+bool Reducer::rebuild_buckets() {
+  check_finalized();  // no pass with gradients marked is open
+  if (!should_rebuild() || rebuild_order_.empty()) return false;
+  const size_t n = params_.size();
+  // Rank 0's grouping for everyone, as [bucket count, bucket sizes..., parameter indices...]
+  // (at most n buckets).
+  Tensor plan = Tensor::empty({static_cast<int64_t>(2 * n + 1)}, DType::kInt64);
+  int64_t* p = plan.data_as<int64_t>();
+  std::fill(p, p + 2 * n + 1, 0);
+  if (group_->rank() == 0) {
+    std::vector<Tensor> ordered;
+    std::vector<int64_t> indices;
+    for (size_t i : rebuild_order_) {
+      ordered.push_back(params_[i]);
+      indices.push_back(static_cast<int64_t>(i));
+    }
+    const std::vector<size_t> limits{static_cast<size_t>(options_.first_bucket_bytes_cap),
+                                     static_cast<size_t>(options_.bucket_bytes_cap)};
+    const BucketAssignment a = compute_bucket_assignment_by_size(ordered, limits, {}, indices);
+    p[0] = static_cast<int64_t>(a.buckets.size());
+    size_t at = 1 + a.buckets.size();
+    for (size_t b = 0; b < a.buckets.size(); ++b) {
+      p[1 + b] = static_cast<int64_t>(a.buckets[b].size());
+      for (size_t i : a.buckets[b]) p[at++] = static_cast<int64_t>(i);
+    }
+  }
+  std::vector<Tensor> tensors{plan};
+  group_->broadcast(tensors)->get_future()->wait(
+      group_->options().timeout,
+      "the broadcast of rank 0's rebuilt gradient buckets");
+  const auto count = static_cast<size_t>(p[0]);
+  C10D_CHECK(count >= 1 && count <= n, "Reducer: rank 0 sent ", count, " buckets for ", n,
+             " parameters");
+  std::vector<std::vector<size_t>> buckets(count);
+  size_t at = 1 + count;
+  for (size_t b = 0; b < count; ++b) {
+    for (int64_t k = 0; k < p[1 + b] && at < 2 * n + 1; ++k) {
+      buckets[b].push_back(static_cast<size_t>(p[at++]));
+    }
+  }
+  std::vector<size_t> limits(count, static_cast<size_t>(options_.bucket_bytes_cap));
+  limits[0] = static_cast<size_t>(options_.first_bucket_bytes_cap);
+  std::vector<Tensor> old_views;  // keep the buckets' contents (gradients as bucket views)
+  for (size_t i = 0; i < n; ++i) old_views.push_back(bucket_view(i));
+  bucket_params_ = std::move(buckets);
+  size_limits_ = std::move(limits);
+  init_buckets();  // checks that rank 0's grouping names every parameter once
+  for (size_t i = 0; i < n; ++i) copy_into_bucket(i, old_views[i]);
+  for (Bucket& bucket : buckets_) bucket.pending = bucket.params.size();  // a pass prepared
+  has_rebuilt_ = true;
+  rebuild_order_.clear();
+  ready_order_.clear();
+  return true;
 }
 
 void Reducer::reset_state() { abandon_pass(); }

@@ -77,6 +77,8 @@ struct ReducerOptions {
   // mark ready in a pass has no gradient here to receive the average: global_used_map() says
   // whether some rank used it, and bucket_view() holds the average.
   std::vector<bool> param_is_gradient;
+  // The first bucket's limit when rebuild_buckets regroups them (torch: 1 MiB).
+  int64_t first_bucket_bytes_cap = static_cast<int64_t>(kDefaultFirstBucketBytes);
 };
 
 class Reducer {
@@ -130,6 +132,18 @@ class Reducer {
   // Per parameter: whether any rank used it in the last finalized pass (all true unless
   // find_unused_parameters).
   std::vector<bool> global_used_map() const { return used_anywhere_; }
+  // Regroups the buckets in the order in which the gradients were marked ready in the last
+  // finished pass (or push_all_rebuilt_params' order), as torch's DDP does before its second
+  // iteration so that the buckets fill, and are reduced, in the order the backward pass
+  // produces them. The buckets close at first_bucket_bytes_cap, then bucket_bytes_cap; rank
+  // 0's grouping is broadcast so every rank uses the same. Only once per reducer, not during a
+  // pass, and not with find_unused_parameters outside a static graph (unused parameters leave
+  // no complete order); returns whether it rebuilt. Bucket views change: the current ones keep
+  // their values but are no longer the buckets.
+  bool rebuild_buckets();
+  // Takes every parameter, in index order, as the order for rebuild_buckets.
+  void push_all_rebuilt_params();
+  bool has_rebuilt_buckets() const { return has_rebuilt_; }
   void set_static_graph() { static_graph_ = true; }
   bool static_graph() const { return static_graph_; }
   const std::shared_ptr<pg::ProcessGroup>& process_group() const { return group_; }
@@ -145,6 +159,11 @@ class Reducer {
     std::optional<GradBucket> view; // what the hook saw (its buffer may be replaced)
   };
 
+  // Builds buckets_ and where_ from bucket_params_ (checked).
+  void init_buckets();
+  bool should_rebuild() const {
+    return !has_rebuilt_ && (static_graph_ || !options_.find_unused_parameters);
+  }
   GradBucket make_grad_bucket(size_t b, Tensor buffer) const;
   bool is_gradient(size_t index) const;
   // Waits for the launched reductions (ignoring their errors) and ends the pass.
@@ -176,6 +195,9 @@ class Reducer {
   std::chrono::steady_clock::time_point pass_start_;
   bool static_graph_ = false;
   int64_t iterations_ = 0;
+  std::vector<size_t> ready_order_;    // parameters in the order marked ready in this pass
+  std::vector<size_t> rebuild_order_;  // the order rebuild_buckets uses (empty: none yet)
+  bool has_rebuilt_ = false;
 };
 
 }  // namespace c10d::ddp

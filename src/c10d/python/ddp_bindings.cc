@@ -148,8 +148,9 @@ void init_ddp(py::module_& m) {
                        std::shared_ptr<ProcessGroup> process_group,
                        std::vector<bool> expect_sparse_gradients, int64_t bucket_bytes_cap,
                        bool find_unused_parameters, bool gradient_as_bucket_view,
-                       py::object /*param_to_name_mapping*/, int64_t /*first_bucket_bytes_cap*/) {
+                       py::object /*param_to_name_mapping*/, int64_t first_bucket_bytes_cap) {
              ddp::ReducerOptions opts;
+             opts.first_bucket_bytes_cap = first_bucket_bytes_cap;
              opts.expect_sparse_gradients = std::move(expect_sparse_gradients);
              opts.bucket_bytes_cap = bucket_bytes_cap;
              opts.find_unused_parameters = find_unused_parameters;
@@ -236,6 +237,19 @@ void init_ddp(py::module_& m) {
       .def_property_readonly(
           "per_bucket_size_limits",
           [](PyReducer& self) { return self.reducer->per_bucket_size_limits(); })
+      .def("_rebuild_buckets",
+           [](PyReducer& self) {
+             py::gil_scoped_release release;
+             return self.reducer->rebuild_buckets();
+           },
+           "Regroups the buckets in the order the last full backward pass marked gradients "
+           "ready (rank 0's grouping, broadcast); once per reducer. Returns whether it did. "
+           "Bucket views taken before are no longer the buckets.")
+      .def("_push_all_rebuilt_params",
+           [](PyReducer& self) { self.reducer->push_all_rebuilt_params(); },
+           "Takes the parameters in index order as the order for _rebuild_buckets.")
+      .def("_has_rebuilt_buckets",
+           [](PyReducer& self) { return self.reducer->has_rebuilt_buckets(); })
       .def("_set_static_graph", [](PyReducer& self) { self.reducer->set_static_graph(); })
       .def("_ddp_graph_static", [](PyReducer& self) { return self.reducer->static_graph(); })
       .def_property_readonly("num_iterations",

@@ -148,6 +148,53 @@ TEST(Reducer, BucketsLiveInTheShmHeapUnlessItIsFull) {
   }
 }
 
+// After a full pass the buckets are regrouped once, in the order rank 0 marked the gradients
+// ready (rank 1 marks them in another order and takes rank 0's grouping); bucket contents
+// are kept, later passes average exactly, and find_unused_parameters never rebuilds.
+TEST(Reducer, RebuildsBucketsInRankZerosReadyOrderOnce) {
+  run_ranks(2, [](int rank, std::shared_ptr<pg::ProcessGroup> group) {
+    std::vector<Tensor> grads;
+    for (int i = 0; i < 4; ++i) grads.push_back(filled({4}, DType::kFloat32, 0));
+    ReducerOptions opts;
+    opts.first_bucket_bytes_cap = 16;  // one parameter
+    opts.bucket_bytes_cap = 32;        // two
+    Reducer reducer(grads, {{0, 1, 2, 3}}, {}, group, opts);
+    EXPECT_FALSE(reducer.rebuild_buckets());  // no pass yet
+    const std::vector<size_t> order = rank == 0 ? std::vector<size_t>{3, 1, 2, 0}
+                                                : std::vector<size_t>{0, 1, 2, 3};
+    auto pass = [&](int iteration) {
+      reducer.prepare_for_backward();
+      for (const Tensor& g : grads) {
+        Tensor fresh = filled(g.sizes(), g.dtype(), 10.0 * rank + iteration);
+        std::memcpy(g.data(), fresh.data(), fresh.nbytes());
+      }
+      for (size_t i : order) reducer.mark_ready(i);
+      for (const Tensor& g : grads) {
+        for (int64_t i = 0; i < 4; ++i) ASSERT_EQ(g.data_as<float>()[i], 5 + iteration + i);
+      }
+    };
+    pass(0);
+    ASSERT_TRUE(reducer.rebuild_buckets());
+    const std::vector<std::vector<size_t>> want{{3}, {1, 2}, {0}};
+    EXPECT_EQ(reducer.bucket_indices(), want);
+    EXPECT_TRUE(reducer.has_rebuilt_buckets());
+    for (size_t i = 0; i < 4; ++i) {  // the last pass's averages, copied over
+      EXPECT_EQ(reducer.bucket_view(i).data_as<float>()[1], 6) << "parameter " << i;
+    }
+    pass(1);
+    pass(2);
+    EXPECT_FALSE(reducer.rebuild_buckets());
+
+    ReducerOptions unused;
+    unused.find_unused_parameters = true;
+    Reducer detecting(grads, {{0, 1, 2, 3}}, {}, group, unused);
+    detecting.prepare_for_backward();
+    for (size_t i : order) detecting.mark_ready(i);
+    detecting.finalize_backward();
+    EXPECT_FALSE(detecting.rebuild_buckets());
+  });
+}
+
 TEST(Reducer, UnusedParametersAreZeroAndUntouchedWhenNoRankUsedThem) {
   run_ranks(2, [](int rank, std::shared_ptr<pg::ProcessGroup> group) {
     std::vector<Tensor> grads{filled({2}, DType::kFloat32, 1), filled({2}, DType::kFloat32, 1),

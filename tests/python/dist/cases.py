@@ -1495,6 +1495,16 @@ def ddp_torch_module(dist, backend):
     assert [p.grad.data_ptr() for p in viewed.parameters()] == ptrs
     mean = sum(r + 1 for r in range(world)) / world
     assert torch.allclose(viewed.module.weight.grad, torch.full((2, 3), mean))
+    # The next forward regroups the buckets in the order the first backward produced the
+    # gradients (once, as torch's DDP does): .grad follows the new buckets.
+    assert not viewed.reducer._has_rebuilt_buckets()
+    viewed.zero_grad(set_to_none=False)
+    viewed(torch.full((1, 3), float(rank + 1))).sum().backward()
+    assert viewed.reducer._has_rebuilt_buckets()
+    assert torch.allclose(viewed.module.weight.grad, torch.full((2, 3), mean))
+    views = [viewed.reducer._bucket_view(i) for i in range(2)]
+    assert [p.grad.data_ptr() for p in viewed.parameters()] == [v.ctypes.data for v in views]
+    assert viewed.reducer._rebuild_buckets() is False  # only once
 
     # Frozen parameters take rank 0's values too (torch syncs the whole module state).
     torch.manual_seed(rank)
