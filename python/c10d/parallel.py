@@ -121,16 +121,30 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             accumulator.register_hook(self._make_grad_hook(index))
             self._grad_accumulators.append(accumulator)
 
+    def _update_process_group(self, new_process_group):
+        """Trains over `new_process_group` from now on (as torch's DDP, e.g. after replacing a
+        group that lost a rank): a pass in progress is dropped, and the buckets are rebuilt
+        again after the next full backward pass."""
+        self.reducer._reset_state()
+        self._in_backward = False
+        self._finalize_queued = False
+        self.process_group = _dist._resolve_group(new_process_group)
+        self._rank = _dist.get_rank(self.process_group)
+        self.reducer._update_process_group(self.process_group)
+        if self.gradient_as_bucket_view:
+            self._point_grads_at_buckets()
+
+    def _point_grads_at_buckets(self):
+        """gradient_as_bucket_view: .grad follows the reducer's (new) buckets."""
+        for index, p in enumerate(self._params):
+            if p.grad is not None:
+                p.grad = _as_torch(self.reducer._bucket_view(index))
+
     def _rebuild_buckets(self):
         """As torch's DDP before its second iteration: once, regroup the buckets in the order
         the first backward pass produced the gradients (rank 0's order for all ranks)."""
-        if not self.reducer._rebuild_buckets():
-            return
-        if self.gradient_as_bucket_view:
-            # The reducer copied the buckets over; .grad must follow them.
-            for index, p in enumerate(self._params):
-                if p.grad is not None:
-                    p.grad = _as_torch(self.reducer._bucket_view(index))
+        if self.reducer._rebuild_buckets() and self.gradient_as_bucket_view:
+            self._point_grads_at_buckets()  # the reducer copied the buckets over
 
     def _buffers_to_sync(self):
         return [b.detach() for b in self.module.buffers()]

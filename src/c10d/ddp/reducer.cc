@@ -318,6 +318,26 @@ void Reducer::finalize_backward() {
   if (should_rebuild() && ready_order_.size() == params_.size()) rebuild_order_ = ready_order_;
 }
 
+void Reducer::regroup(std::vector<std::vector<size_t>> bucket_params,
+                      std::vector<size_t> size_limits) {
+  std::vector<Tensor> old_views;  // the buckets' contents (gradients as bucket views)
+  for (size_t i = 0; i < params_.size(); ++i) old_views.push_back(bucket_view(i));
+  bucket_params_ = std::move(bucket_params);
+  size_limits_ = std::move(size_limits);
+  init_buckets();
+  for (size_t i = 0; i < params_.size(); ++i) copy_into_bucket(i, old_views[i]);
+  for (Bucket& bucket : buckets_) bucket.pending = bucket.params.size();  // a pass prepared
+}
+
+void Reducer::update_process_group(std::shared_ptr<pg::ProcessGroup> group) {
+  C10D_CHECK_ARG(group != nullptr, "Reducer.update_process_group: no process group");
+  check_finalized();  // not during a pass
+  group_ = std::move(group);
+  regroup(bucket_params_, size_limits_);
+  has_rebuilt_ = false;
+  rebuild_order_.clear();
+}
+
 void Reducer::push_all_rebuilt_params() {
   rebuild_order_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) rebuild_order_[i] = i;
@@ -365,13 +385,7 @@ bool Reducer::rebuild_buckets() {
   }
   std::vector<size_t> limits(count, static_cast<size_t>(options_.bucket_bytes_cap));
   limits[0] = static_cast<size_t>(options_.first_bucket_bytes_cap);
-  std::vector<Tensor> old_views;  // keep the buckets' contents (gradients as bucket views)
-  for (size_t i = 0; i < n; ++i) old_views.push_back(bucket_view(i));
-  bucket_params_ = std::move(buckets);
-  size_limits_ = std::move(limits);
-  init_buckets();  // checks that rank 0's grouping names every parameter once
-  for (size_t i = 0; i < n; ++i) copy_into_bucket(i, old_views[i]);
-  for (Bucket& bucket : buckets_) bucket.pending = bucket.params.size();  // a pass prepared
+  regroup(std::move(buckets), std::move(limits));  // checks rank 0's grouping
   has_rebuilt_ = true;
   rebuild_order_.clear();
   ready_order_.clear();

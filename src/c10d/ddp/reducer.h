@@ -144,6 +144,10 @@ class Reducer {
   // Takes every parameter, in index order, as the order for rebuild_buckets.
   void push_all_rebuilt_params();
   bool has_rebuilt_buckets() const { return has_rebuilt_; }
+  // Reduces over `group` from now on (torch: after replacing a failed group). Not during a
+  // pass. The buckets move to memory of the new group's backend (contents kept), and may be
+  // rebuilt again after the next full pass, as torch's reducer allows.
+  void update_process_group(std::shared_ptr<pg::ProcessGroup> group);
   void set_static_graph() { static_graph_ = true; }
   bool static_graph() const { return static_graph_; }
   const std::shared_ptr<pg::ProcessGroup>& process_group() const { return group_; }
@@ -161,6 +165,8 @@ class Reducer {
 
   // Builds buckets_ and where_ from bucket_params_ (checked).
   void init_buckets();
+  // New buckets (from the group's memory) holding what the current ones hold.
+  void regroup(std::vector<std::vector<size_t>> bucket_params, std::vector<size_t> size_limits);
   bool should_rebuild() const {
     return !has_rebuilt_ && (static_graph_ || !options_.find_unused_parameters);
   }

@@ -248,6 +248,14 @@ void init_ddp(py::module_& m) {
       .def("_push_all_rebuilt_params",
            [](PyReducer& self) { self.reducer->push_all_rebuilt_params(); },
            "Takes the parameters in index order as the order for _rebuild_buckets.")
+      .def("_update_process_group",
+           [](PyReducer& self, std::shared_ptr<ProcessGroup> group) {
+             py::gil_scoped_release release;
+             self.reducer->update_process_group(std::move(group));
+           },
+           py::arg("new_process_group"),
+           "Reduces over new_process_group from now on (not during a backward pass); the "
+           "buckets may be rebuilt again after the next full pass.")
       .def("_has_rebuilt_buckets",
            [](PyReducer& self) { return self.reducer->has_rebuilt_buckets(); })
       .def("_set_static_graph", [](PyReducer& self) { self.reducer->set_static_graph(); })

@@ -15,6 +15,7 @@
 #include "c10d/ddp/bucket_assignment.h"
 #include "c10d/ddp/comm.h"
 #include "c10d/store/hash_store.h"
+#include "c10d/store/prefix_store.h"
 
 namespace c10d::ddp {
 namespace {
@@ -192,6 +193,48 @@ TEST(Reducer, RebuildsBucketsInRankZerosReadyOrderOnce) {
     for (size_t i : order) detecting.mark_ready(i);
     detecting.finalize_backward();
     EXPECT_FALSE(detecting.rebuild_buckets());
+  });
+}
+
+// A reducer moved to another group reduces over it (its buckets now in that group's heap,
+// contents kept) and may rebuild its buckets once more.
+TEST(Reducer, UpdateProcessGroupMovesTheBucketsAndAllowsAnotherRebuild) {
+  run_ranks(2, [](int rank, std::shared_ptr<pg::ProcessGroup> group) {
+    auto store = std::make_shared<store::PrefixStore>("second", group->store());
+    pg::ProcessGroupOptions opts;
+    opts.backend = "shm";
+    opts.timeout = 10s;
+    auto second = std::make_shared<pg::ProcessGroup>(store, rank, 2, opts);
+    backends::shm::ShmOptions shm;
+    shm.timeout = 10s;
+    auto second_shm = std::make_shared<backends::shm::ShmBackend>(store, rank, 2, shm);
+    second->register_backend(core::DeviceType::kCPU, second_shm);
+
+    std::vector<Tensor> grads{filled({4}, DType::kFloat32, 0), filled({4}, DType::kFloat32, 0)};
+    Reducer reducer(grads, {{0, 1}}, {}, group);
+    auto pass = [&](int iteration) {
+      reducer.prepare_for_backward();
+      for (const Tensor& g : grads) {
+        Tensor fresh = filled(g.sizes(), g.dtype(), 10.0 * rank + iteration);
+        std::memcpy(g.data(), fresh.data(), fresh.nbytes());
+      }
+      reducer.mark_ready(1);
+      reducer.mark_ready(0);
+      for (const Tensor& g : grads) {
+        for (int64_t i = 0; i < 4; ++i) ASSERT_EQ(g.data_as<float>()[i], 5 + iteration + i);
+      }
+    };
+    pass(0);
+    ASSERT_TRUE(reducer.rebuild_buckets());
+    reducer.update_process_group(second);
+    EXPECT_EQ(reducer.process_group(), second);
+    EXPECT_FALSE(reducer.has_rebuilt_buckets());
+    const Tensor view = reducer.bucket_view(0);
+    EXPECT_TRUE(second_shm->in_shared_heap(view.data(), view.nbytes()));
+    EXPECT_EQ(view.data_as<float>()[2], 7);  // pass 0's average, kept
+    pass(1);
+    EXPECT_TRUE(reducer.rebuild_buckets());
+    pass(2);
   });
 }
 

@@ -1545,6 +1545,15 @@ def ddp_torch_module(dist, backend):
     mean = sum(r + 2 for r in range(world)) / world
     assert torch.allclose(w.grad, torch.full((1, 2), mean)), w.grad
 
+    # _update_process_group: the model trains over another group from then on.
+    other = dist.new_group(list(range(world)))
+    strict._update_process_group(other)
+    assert strict.process_group is other
+    strict.zero_grad()
+    strict(torch.full((1, 2), float(rank + 1))).sum().backward()
+    mean = sum(r + 1 for r in range(world)) / world
+    assert torch.allclose(w.grad, torch.full((1, 2), mean)), w.grad
+
 
 def ddp_join(dist, backend):
     """model.join() with uneven inputs (rank r trains 2 + r steps): no hang; each step's
