@@ -60,6 +60,16 @@ Tensor filled(std::vector<int64_t> sizes, DType dtype, double value) {
   return t;
 }
 
+// Starts a pass with every gradient set to filled(..., 10 * rank + iteration): the mean over
+// ranks is 5 + iteration + i at element i (2 ranks).
+void start_pass(Reducer& reducer, const std::vector<Tensor>& grads, int rank, int iteration) {
+  reducer.prepare_for_backward();
+  for (const Tensor& g : grads) {
+    Tensor fresh = filled(g.sizes(), g.dtype(), 10.0 * rank + iteration);
+    std::memcpy(g.data(), fresh.data(), fresh.nbytes());
+  }
+}
+
 TEST(BucketAssignment, ClosesBucketsAtTheLimitsAndSortsByFirstIndex) {
   std::vector<Tensor> t;
   for (int i = 0; i < 6; ++i) t.push_back(Tensor::empty({25}, DType::kFloat32));  // 100 B each
@@ -133,11 +143,7 @@ TEST(Reducer, BucketsLiveInTheShmHeapUnlessItIsFull) {
             << "heap " << heap << ", parameter " << i;
       }
       for (int iteration = 0; iteration < 3; ++iteration) {
-        reducer.prepare_for_backward();
-        for (const Tensor& g : grads) {
-          Tensor fresh = filled(g.sizes(), g.dtype(), 10.0 * rank + iteration);
-          std::memcpy(g.data(), fresh.data(), fresh.nbytes());
-        }
+        start_pass(reducer, grads, rank, iteration);
         reducer.mark_ready(0);
         reducer.mark_ready(1);
         for (int64_t i = 0; i < grads[0].numel(); i += 4099) {
@@ -164,11 +170,7 @@ TEST(Reducer, RebuildsBucketsInRankZerosReadyOrderOnce) {
     const std::vector<size_t> order = rank == 0 ? std::vector<size_t>{3, 1, 2, 0}
                                                 : std::vector<size_t>{0, 1, 2, 3};
     auto pass = [&](int iteration) {
-      reducer.prepare_for_backward();
-      for (const Tensor& g : grads) {
-        Tensor fresh = filled(g.sizes(), g.dtype(), 10.0 * rank + iteration);
-        std::memcpy(g.data(), fresh.data(), fresh.nbytes());
-      }
+      start_pass(reducer, grads, rank, iteration);
       for (size_t i : order) reducer.mark_ready(i);
       for (const Tensor& g : grads) {
         for (int64_t i = 0; i < 4; ++i) ASSERT_EQ(g.data_as<float>()[i], 5 + iteration + i);
@@ -213,11 +215,7 @@ TEST(Reducer, UpdateProcessGroupMovesTheBucketsAndAllowsAnotherRebuild) {
     std::vector<Tensor> grads{filled({4}, DType::kFloat32, 0), filled({4}, DType::kFloat32, 0)};
     Reducer reducer(grads, {{0, 1}}, {}, group);
     auto pass = [&](int iteration) {
-      reducer.prepare_for_backward();
-      for (const Tensor& g : grads) {
-        Tensor fresh = filled(g.sizes(), g.dtype(), 10.0 * rank + iteration);
-        std::memcpy(g.data(), fresh.data(), fresh.nbytes());
-      }
+      start_pass(reducer, grads, rank, iteration);
       reducer.mark_ready(1);
       reducer.mark_ready(0);
       for (const Tensor& g : grads) {
