@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "c10d/core/blocking.h"
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 #include "c10d/core/reduce.h"
@@ -238,12 +239,18 @@ class Engine {
   }
 
   // Queues `op` behind every operation submitted before it; its Work completes on the engine.
-  WorkPtr submit(OpPtr op) {
+  // A synchronous one (`async` false) that finds the engine idle runs on the calling thread
+  // instead, and is complete on return: handing it to the engine thread and back cost two
+  // thread wake-ups a call. MPI_THREAD_SERIALIZED allows that as long as the two threads never
+  // call MPI at once: while it runs (inline_) the engine takes no work, and it starts only
+  // while the engine has nothing queued or in flight (busy_).
+  WorkPtr submit(OpPtr op, bool async = true) {
     WorkPtr work = op->work;
     std::string refusal;
+    bool here = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (stopped_) {
+      if (stopped_ || stopping_) {
         refusal = "MPI was finalized";
       } else if (op->group->shut_down) {
         refusal = "the process group was shut down";
@@ -251,7 +258,12 @@ class Engine {
         refusal = op->group->broken;
       } else {
         ++op->group->outstanding;
-        queue_.push_back(std::move(op));
+        here = !async && !busy_ && !inline_ && queue_.empty() && calls_.empty();
+        if (here) {
+          inline_ = true;
+        } else {
+          queue_.push_back(op);
+        }
       }
     }
     if (!refusal.empty()) {
@@ -259,7 +271,27 @@ class Engine {
           DistBackendError(str_cat("MPI ", work->description(), ": ", refusal))));
       return work;
     }
-    wake_.notify_one();
+    if (!here) {
+      wake_.notify_one();
+      return work;
+    }
+    if (post(*op)) {
+      core::before_blocking();  // the peers may be late: let go of the caller's GIL
+      for (int idle = 0; !progress(*op); ++idle) {
+        // As the engine polls: at once at first, then less and less often (up to ~1 ms).
+        if (idle > kSpins) {
+          std::this_thread::sleep_for(std::chrono::microseconds(8 << std::min(idle - kSpins, 7)));
+        }
+      }
+    }
+    bool held_back;  // work submitted meanwhile waits for the engine
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      inline_ = false;
+      held_back = stopping_ || !queue_.empty() || !calls_.empty();
+    }
+    if (held_back) wake_.notify_one();
+    settled_.notify_all();
     return work;
   }
 
@@ -270,7 +302,8 @@ class Engine {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (stopped_ || stopping_) return;
-      settled_.wait_for(lock, grace, [&] { return queue_.empty() && active_ == 0; });
+      settled_.wait_for(lock, grace,
+                        [&] { return queue_.empty() && active_ == 0 && !inline_; });
       stopping_ = true;
     }
     wake_.notify_one();
@@ -341,7 +374,10 @@ class Engine {
       std::deque<OpPtr> fresh;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        auto has_news = [&] { return stopping_ || !queue_.empty() || !calls_.empty(); };
+        // Nothing is taken while a caller runs an operation itself (submit).
+        auto has_news = [&] {
+          return !inline_ && (stopping_ || !queue_.empty() || !calls_.empty());
+        };
         if (active.empty()) {
           wake_.wait(lock, has_news);
         } else if (idle > kSpins) {
@@ -349,8 +385,10 @@ class Engine {
           const int shift = std::min(idle - kSpins, 7);
           wake_.wait_for(lock, std::chrono::microseconds(8 << shift), has_news);
         }
+        if (inline_) continue;  // woken by the time limit while a caller runs one
         calls.swap(calls_);
         fresh.swap(queue_);
+        busy_ = !active.empty() || !calls.empty() || !fresh.empty();
         stopping = stopping_;
         if (stopping && active.empty() && fresh.empty() && calls.empty()) break;
       }
@@ -394,6 +432,7 @@ class Engine {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       active_ = n;
+      if (n == 0) busy_ = false;
     }
     settled_.notify_all();
   }
@@ -520,6 +559,8 @@ class Engine {
   std::deque<OpPtr> queue_;                      // guarded by mutex_
   std::deque<std::function<void()>> calls_;      // guarded by mutex_
   size_t active_ = 0;                            // guarded by mutex_
+  bool busy_ = false;    // the engine took work it has not finished; guarded by mutex_
+  bool inline_ = false;  // a caller runs an operation itself (submit); guarded by mutex_
   bool stopping_ = false;                        // guarded by mutex_
   bool stopped_ = false;                         // guarded by mutex_
   bool exited_ = false;                          // guarded by mutex_: MPI finalised
@@ -694,7 +735,7 @@ WorkPtr MpiBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastO
     r.emplace_back();
     check(MPI_Ibcast(b.data, b.count, b.type, root, comm, &r.back()), "MPI_Ibcast");
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 WorkPtr MpiBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceOptions& opts) {
@@ -716,7 +757,7 @@ WorkPtr MpiBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
   op->done = [t, rop, n](const MPI_Status&) {
     core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), rop, n);
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 WorkPtr MpiBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
@@ -747,7 +788,7 @@ WorkPtr MpiBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
   op->done = [t, rop, n, is_root](const MPI_Status&) {
     if (is_root) core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), rop, n);
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 WorkPtr MpiBackend::allgather_base(Tensor& output, Tensor& input,
@@ -763,7 +804,7 @@ WorkPtr MpiBackend::allgather_base(Tensor& output, Tensor& input,
                          &r.back()),
           "MPI_Iallgather");
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 WorkPtr MpiBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
@@ -781,7 +822,7 @@ WorkPtr MpiBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs
             "MPI_Iallgather");
     }
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 WorkPtr MpiBackend::gather(std::vector<std::vector<Tensor>>& outputs,
@@ -811,7 +852,7 @@ WorkPtr MpiBackend::gather(std::vector<std::vector<Tensor>>& outputs,
       from += t.nbytes();
     }
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 WorkPtr MpiBackend::scatter(std::vector<Tensor>& outputs,
@@ -841,7 +882,7 @@ WorkPtr MpiBackend::scatter(std::vector<Tensor>& outputs,
                        b.count, MPI_BYTE, root, comm, &r.back()),
           "MPI_Iscatter");
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 namespace {
@@ -892,7 +933,7 @@ WorkPtr MpiBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs
       core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), rop, n);
     }
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 WorkPtr MpiBackend::reduce_scatter(std::vector<Tensor>& outputs,
@@ -944,7 +985,7 @@ WorkPtr MpiBackend::alltoall_base(Tensor& output, Tensor& input,
                          comm, &r.back()),
           "MPI_Ialltoallv");
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
@@ -988,7 +1029,7 @@ WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
       from += t.nbytes();
     }
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 WorkPtr MpiBackend::barrier(const pg::BarrierOptions& opts) {
@@ -998,7 +1039,7 @@ WorkPtr MpiBackend::barrier(const pg::BarrierOptions& opts) {
     r.emplace_back();
     check(MPI_Ibarrier(comm, &r.back()), "MPI_Ibarrier");
   };
-  return Engine::instance().submit(std::move(op));
+  return Engine::instance().submit(std::move(op), opts.async_op);
 }
 
 // ---------------------------------------------------------------------------------------------
