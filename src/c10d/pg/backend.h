@@ -137,7 +137,7 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual bool has_inline(core::OpType /*type*/) const { return false; }
   virtual void run_inline(const InlineOp& op);
 
-  // A zeroed C-contiguous tensor in memory this backend's collectives can work on in place,
+  // An uninitialised C-contiguous tensor in memory this backend's collectives work on in place,
   // without staging copies (the shm backend's shared heap), for buffers allocated once and
   // reduced often, such as DDP's buckets; nullopt when the backend has no such memory or it
   // is full.

@@ -79,12 +79,11 @@ Tensor ProcessGroup::empty_for_collectives(const std::vector<int64_t>& sizes,
     auto it = backends_.find(DeviceType::kCPU);
     if (it != backends_.end()) backend = it->second;
   }
-  if (backend) {
-    if (std::optional<Tensor> t = backend->empty_for_collectives(sizes, dtype)) return *t;
-  }
-  Tensor t = Tensor::empty(sizes, dtype);
-  std::memset(t.data(), 0, t.nbytes());
-  return t;
+  std::optional<Tensor> t;
+  if (backend) t = backend->empty_for_collectives(sizes, dtype);
+  if (!t) t = Tensor::empty(sizes, dtype);
+  std::memset(t->data(), 0, t->nbytes());
+  return *std::move(t);
 }
 
 std::vector<DeviceType> ProcessGroup::device_types() const {

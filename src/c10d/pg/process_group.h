@@ -58,7 +58,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Throws InvalidArgument naming the device when no backend serves it.
   std::shared_ptr<Backend> get_backend(core::DeviceType device) const;
   std::vector<core::DeviceType> device_types() const;
-  // The CPU backend's Backend::empty_for_collectives, or else a zeroed tensor of plain memory.
+  // A zeroed tensor from the CPU backend's Backend::empty_for_collectives, or else of plain
+  // memory.
   Tensor empty_for_collectives(const std::vector<int64_t>& sizes, core::DType dtype) const;
 
   // Number of collectives issued so far on this group.

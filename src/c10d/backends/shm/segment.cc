@@ -128,6 +128,12 @@ Heap::Heap(size_t bytes) : bytes_(bytes) {
 }
 
 size_t Heap::allocate(size_t bytes) {
+  if (const std::optional<size_t> offset = try_allocate(bytes)) return *offset;
+  throw DistBackendError(str_cat("shm_empty: cannot allocate ", bytes, " bytes: the shared heap of ",
+                                 bytes_, " bytes is full (raise C10D_SHM_HEAP_BYTES)"));
+}
+
+std::optional<size_t> Heap::try_allocate(size_t bytes) {
   const size_t align = bytes >= (size_t{64} << 10) ? 4096 : 64;
   const size_t want = round_up(std::max<size_t>(bytes, 1), 64);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -141,8 +147,7 @@ size_t Heap::allocate(size_t bytes) {
     if (start + want < end) free_[start + want] = end - (start + want);
     return start;
   }
-  throw DistBackendError(str_cat("shm_empty: cannot allocate ", bytes, " bytes: the shared heap of ",
-                                 bytes_, " bytes is full (raise C10D_SHM_HEAP_BYTES)"));
+  return std::nullopt;
 }
 
 void Heap::release(size_t offset, size_t bytes) {

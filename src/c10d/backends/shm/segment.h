@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,8 @@ class Heap {
   // Offset of a block of at least `bytes` (64-byte aligned, 4 KiB when large); throws
   // DistBackendError when the heap is full, naming its size and C10D_SHM_HEAP_BYTES.
   size_t allocate(size_t bytes);
+  // The same, but nullopt when the heap is full.
+  std::optional<size_t> try_allocate(size_t bytes);
   void release(size_t offset, size_t bytes);
 
  private:

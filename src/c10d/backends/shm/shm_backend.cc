@@ -1975,20 +1975,36 @@ std::optional<bool> ShmBackend::cpus_far_apart() const {
   return engine_->far_apart();
 }
 
-Tensor ShmBackend::empty(std::vector<int64_t> sizes, DType dtype) {
+namespace {
+
+// The bytes of a C-contiguous tensor of `sizes` and `dtype` (InvalidArgument for a negative
+// size).
+size_t tensor_bytes(const std::vector<int64_t>& sizes, DType dtype) {
   int64_t numel = 1;
   for (int64_t s : sizes) {
     C10D_CHECK_ARG(s >= 0, "shm_empty: negative size ", s);
     numel *= s;
   }
-  const size_t bytes = static_cast<size_t>(numel) * core::element_size(dtype);
-  const size_t offset = segment_->own_heap().allocate(bytes);
-  char* data = segment_->heap(rank()) + offset;
-  std::shared_ptr<Segment> segment = segment_;
+  return static_cast<size_t>(numel) * core::element_size(dtype);
+}
+
+// The tensor on rank `rank`'s heap block [offset, offset + bytes), which it gives back when
+// the last view of it goes.
+Tensor heap_tensor(const std::shared_ptr<Segment>& segment, int rank, size_t offset,
+                   size_t bytes, std::vector<int64_t> sizes, DType dtype) {
+  char* data = segment->heap(rank) + offset;
   std::shared_ptr<void> owner(data, [segment, offset, bytes](void*) {
     segment->own_heap().release(offset, bytes);
   });
   return Tensor(data, dtype, std::move(sizes), {}, std::move(owner));
+}
+
+}  // namespace
+
+Tensor ShmBackend::empty(std::vector<int64_t> sizes, DType dtype) {
+  const size_t bytes = tensor_bytes(sizes, dtype);
+  const size_t offset = segment_->own_heap().allocate(bytes);
+  return heap_tensor(segment_, rank(), offset, bytes, std::move(sizes), dtype);
 }
 
 bool ShmBackend::in_shared_heap(const void* data, size_t bytes) const {
@@ -1997,14 +2013,10 @@ bool ShmBackend::in_shared_heap(const void* data, size_t bytes) const {
 
 std::optional<Tensor> ShmBackend::empty_for_collectives(const std::vector<int64_t>& sizes,
                                                         DType dtype) {
-  std::optional<Tensor> t;
-  try {
-    t = empty(sizes, dtype);
-  } catch (const DistBackendError&) {
-    return std::nullopt;  // the heap is full: the caller takes plain memory
-  }
-  std::memset(t->data(), 0, t->nbytes());
-  return t;
+  const size_t bytes = tensor_bytes(sizes, dtype);
+  const std::optional<size_t> offset = segment_->own_heap().try_allocate(bytes);
+  if (!offset) return std::nullopt;  // the heap is full: the caller takes plain memory
+  return heap_tensor(segment_, rank(), *offset, bytes, sizes, dtype);
 }
 
 WorkPtr ShmBackend::submit(OpType type, const char* name, Millis timeout, bool async, Body body,

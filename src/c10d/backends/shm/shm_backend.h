@@ -64,7 +64,7 @@ class ShmBackend : public pg::Backend {
   core::Tensor empty(std::vector<int64_t> sizes, core::DType dtype);
   // Whether [data, data + bytes) lies in this rank's shared heap (memory from empty()).
   bool in_shared_heap(const void* data, size_t bytes) const;
-  // empty(), zeroed; nullopt when the heap is full.
+  // empty(), but nullopt when the heap is full.
   std::optional<core::Tensor> empty_for_collectives(const std::vector<int64_t>& sizes,
                                                     core::DType dtype) override;
 
