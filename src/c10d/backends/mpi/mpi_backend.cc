@@ -278,10 +278,7 @@ class Engine {
     if (post(*op)) {
       core::before_blocking();  // the peers may be late: let go of the caller's GIL
       for (int idle = 0; !progress(*op); ++idle) {
-        // As the engine polls: at once at first, then less and less often (up to ~1 ms).
-        if (idle > kSpins) {
-          std::this_thread::sleep_for(std::chrono::microseconds(8 << std::min(idle - kSpins, 7)));
-        }
+        if (idle > kSpins) std::this_thread::sleep_for(poll_pause(idle));  // as the engine polls
       }
     }
     bool held_back;  // work submitted meanwhile waits for the engine
@@ -382,8 +379,7 @@ class Engine {
           wake_.wait(lock, has_news);
         } else if (idle > kSpins) {
           // Nothing moved for a while: poll less often, but wake for new work at once.
-          const int shift = std::min(idle - kSpins, 7);
-          wake_.wait_for(lock, std::chrono::microseconds(8 << shift), has_news);
+          wake_.wait_for(lock, poll_pause(idle), has_news);
         }
         if (inline_) continue;  // woken by the time limit while a caller runs one
         calls.swap(calls_);
@@ -543,6 +539,10 @@ class Engine {
 
   // Test rounds without progress before the engine starts sleeping between them.
   static constexpr int kSpins = 2000;
+  // The pause after `idle` (> kSpins) rounds without progress: 16 us, doubling up to ~1 ms.
+  static std::chrono::microseconds poll_pause(int idle) {
+    return std::chrono::microseconds(8 << std::min(idle - kSpins, 7));
+  }
   // How long finalize() waits for MPI_Finalize.
   static constexpr Millis kFinalizeWait{30000};
 
