@@ -60,6 +60,13 @@ def test_monitored_barrier_names_missing_rank(backend):
     assert "MONITORED_OK" in results[0].stdout
 
 
+@pytest.mark.parametrize("backend", ["gloo", "shm"])  # under mpirun an exit ends the job
+def test_monitored_barrier_names_every_exited_rank(backend):
+    results = harness.run("monitored_barrier_exits", 4, backend, timeout=60)
+    for r in (results[0], results[2]):
+        assert r.code == 0 and "MONITORED_EXITS_OK" in r.stdout, (r.stdout, r.stderr)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_missing_rank_named_at_detail(backend):
     results = harness.run("detail_missing_rank", 3, backend,

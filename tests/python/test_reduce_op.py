@@ -22,8 +22,10 @@ ALL_DTYPES = FLOATS + INTS + ["bool"] + COMPLEX
 def is_valid(dtype, op):
     if op == "SUM":
         return True
-    if op in ("AVG", "PREMUL_SUM"):
+    if op == "AVG":
         return dtype != "bool"
+    if op == "PREMUL_SUM":  # floating types only, as torch's NCCL
+        return dtype in FLOATS or dtype in COMPLEX
     if op in ("PRODUCT", "MIN", "MAX"):
         return dtype not in COMPLEX
     if op in ("BAND", "BOR", "BXOR"):

@@ -30,8 +30,11 @@ bool is_valid_reduce_op(DType dtype, const ReduceOp& op) {
     case ReduceOp::SUM:
       return true;
     case ReduceOp::AVG:
-    case ReduceOp::PREMUL_SUM:
       return dtype != DType::kBool;
+    case ReduceOp::PREMUL_SUM:
+      // As in torch (NCCL), floating types only: a scaled integer would need rounding and
+      // clamping, and every order of those gives another answer.
+      return is_floating(dtype) || is_complex(dtype);
     case ReduceOp::PRODUCT:
     case ReduceOp::MIN:
     case ReduceOp::MAX:

@@ -756,7 +756,13 @@ WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
 }
 
 void ProcessGroup::monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks) {
-  get_backend(DeviceType::kCPU)->monitored_barrier(opts, wait_all_ranks);
+  // Through dispatch like every operation, so that it takes a sequence number (the backends
+  // count it too) and shows in the flight recorder.
+  dispatch({.op = OpType::kBarrier, .timeout = opts.timeout}, DeviceType::kCPU,
+           [&](Backend& b) {
+             b.monitored_barrier(opts, wait_all_ranks);
+             return WorkPtr();
+           });
 }
 
 void ProcessGroup::start_coalescing() {

@@ -273,7 +273,7 @@ TEST(ShmBackend, RootFarAheadOfALateRank) {
       bcast(kAhead, 8);  // the root sent 9 elements
       ADD_FAILURE() << "a broadcast of another shape passed";
     } catch (const core::DistBackendError& e) {
-      EXPECT_NE(std::string(e.what()).find("36 bytes"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("9 elements of int32"), std::string::npos) << e.what();
     }
   });
 }
@@ -490,6 +490,44 @@ TEST(ShmBackend, PlacementWatchReachesEveryRankAndKeepsResultsExact) {
 // Small alltoalls finish in the step that exchanges the sizes; one large part anywhere sends
 // everyone through the rounds. Sizes the receiver does not expect fail on that rank after the
 // exchange, in both cases, and the group stays usable.
+// PREMUL_SUM scales each input before the sum on every path, the zero-copy one too: float16
+// inputs of 40000 with factor 0.5 sum to 20000 per rank, while 40000 + 40000 overflows.
+TEST(ShmBackend, PremulSumScalesEachInputOnEveryPath) {
+  run_ranks(2, [](int, ShmBackend& b) {
+    const int64_t n = 1 << 17;  // past the one-shot size, so heap tensors go zero-copy
+    const uint16_t half_40000 = 0x78e2, half_40000_sum = half_40000;  // 2 * 0.5 * 40000
+    for (bool heap : {false, true}) {
+      Tensor t = heap ? b.empty({n}, DType::kFloat16) : Tensor::empty({n}, DType::kFloat16);
+      for (int64_t i = 0; i < n; ++i) t.data_as<uint16_t>()[i] = half_40000;
+      std::vector<Tensor> ts{t};
+      pg::AllreduceOptions opts;
+      opts.reduce_op = ReduceOp::premul_sum(0.5);
+      b.allreduce(ts, opts)->wait();
+      for (int64_t i = 0; i < n; i += 1021) {
+        ASSERT_EQ(t.data_as<uint16_t>()[i], half_40000_sum) << "heap " << heap << " at " << i;
+      }
+    }
+  });
+}
+
+// Collectives that only move bytes still check that the ranks agree on the dtype.
+TEST(ShmBackend, MovingCollectivesRefuseDifferentDtypes) {
+  for (int64_t n : {int64_t{4}, int64_t{100000}}) {  // a failure breaks the group: one each
+    run_ranks(2, [n](int rank, ShmBackend& b) {
+      const DType mine = rank == 0 ? DType::kFloat32 : DType::kInt32;
+      Tensor in = Tensor::empty({n}, mine);
+      Tensor out = Tensor::empty({2 * n}, mine);
+      try {
+        b.allgather_base(out, in, {})->wait();
+        ADD_FAILURE() << "an all_gather of float32 and int32 passed, n " << n;
+      } catch (const core::DistBackendError& e) {
+        const std::string theirs = rank == 0 ? "of int32" : "of float32";
+        EXPECT_NE(std::string(e.what()).find(theirs), std::string::npos) << e.what();
+      }
+    });
+  }
+}
+
 TEST(ShmBackend, AlltoallSmallLargeMixedAndMismatchedSizes) {
   run_ranks(2, [](int rank, ShmBackend& b) {
     for (const int64_t big : {int64_t{16}, int64_t{300000}}) {  // rank 1 -> rank 0 part

@@ -50,8 +50,9 @@ bool expected_valid(DType dtype, ReduceOp::Kind kind) {
     case ReduceOp::SUM:
       return true;
     case ReduceOp::AVG:
-    case ReduceOp::PREMUL_SUM:
       return integer || floating || complex;
+    case ReduceOp::PREMUL_SUM:
+      return floating || complex;
     case ReduceOp::PRODUCT:
     case ReduceOp::MIN:
     case ReduceOp::MAX:

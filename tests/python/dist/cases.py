@@ -964,6 +964,29 @@ def monitored_barrier_reports(dist, backend):
             raise AssertionError("monitored_barrier with a zero timeout passed")
 
 
+def monitored_barrier_exits(dist, backend):
+    """Ranks 1 and 3 of 4 exit instead of entering the barrier, rank 3 a little later; with
+    wait_all_ranks rank 0 names both, well before its timeout."""
+    rank = dist.get_rank()
+    dist.barrier()
+    if rank in (1, 3):
+        time.sleep(0.5 * (rank == 3))
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=20), wait_all_ranks=True)
+    except RuntimeError as e:
+        if rank == 0:
+            assert "Ranks 1, 3 failed to pass monitoredBarrier" in str(e), e
+        else:
+            assert f"Rank {rank} successfully reached monitoredBarrier" in str(e), e
+        assert time.monotonic() - start < 10, (time.monotonic() - start, e)
+        print(f"MONITORED_EXITS_OK: {e}")
+    else:
+        raise AssertionError("monitored_barrier passed with two ranks gone")
+    os._exit(0)  # the group cannot be torn down collectively any more
+
+
 def desync_detail(dist, backend):
     """Under TORCH_DISTRIBUTED_DEBUG=DETAIL, mismatched collectives raise on every rank and
     name both calls; matching ones (barrier included) work."""

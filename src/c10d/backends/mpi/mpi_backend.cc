@@ -1119,6 +1119,11 @@ WorkPtr MpiBackend::recv_anysource(std::vector<Tensor>& tensors, int tag) {
 
 void MpiBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
   const Millis limit = effective_timeout(opts.timeout);
+  {
+    // It counts as an operation, as it does for the process group and the other backends.
+    std::lock_guard<std::mutex> lock(Engine::instance().mutex());
+    ++group_->next_seq;
+  }
   if (size() == 1) return;
   MPI_Comm control = group_->control;
   auto message = [&](int peer, bool sending, std::shared_ptr<char> byte, Millis within) {

@@ -569,6 +569,9 @@ class Engine {
 
   void barrier() { sync(next_step()); }
 
+  // Fails naming the ranks that did not arrive: the first one, or with `wait_all_ranks`
+  // every one, which then means waiting on for the others after a peer exited (until they
+  // arrive, exit too, or the deadline passes).
   void monitored_barrier(bool wait_all_ranks) {
     const uint32_t s = next_step();
     publish(s);
@@ -576,21 +579,49 @@ class Engine {
       for (int r = 0; r < size_; ++r) {
         if (r != rank_) wait_peer(r, s);
       }
+      step_ = s;
+      all_reached_ = s;
+      return;
     } catch (const DistTimeoutError&) {
-      std::vector<int> missing = not_arrived(s);
-      if (!wait_all_ranks && missing.size() > 1) missing.resize(1);
-      broken = pg::monitored_barrier_missing(missing, timeout_);
-      // Every rank sees who is missing here, but torch's other ranks only hear from rank 0,
-      // and its users match that wording.
-      if (rank_ != 0) broken = str_cat(pg::monitored_barrier_failure_on(rank_), " (", broken, ")");
-      throw DistTimeoutError(broken);
+    } catch (const DistBackendError&) {
+      // A peer that exited is reported as not arriving; other failures (a mismatched
+      // operation, a shutdown) stand as they are.
+      const std::vector<int> missing = not_arrived(s);
+      if (aborted.load() || std::none_of(missing.begin(), missing.end(), [&](int r) {
+            return r != rank_ && !seg_.peer_gone(r).empty();
+          })) {
+        throw;
+      }
     }
-    step_ = s;
-    all_reached_ = s;
+    std::vector<std::string> gone(size_);
+    for (bool waiting = true; waiting;) {
+      waiting = false;
+      for (int r : not_arrived(s)) {
+        if (r == rank_ || !gone[r].empty()) continue;
+        gone[r] = seg_.peer_gone(r);
+        waiting = waiting || (wait_all_ranks && gone[r].empty());
+      }
+      if (waiting && (deadline_.expired() || aborted.load())) break;
+      if (waiting) ::usleep(1000);
+    }
+    std::vector<int> missing = not_arrived(s);
+    std::erase(missing, rank_);
+    if (!wait_all_ranks && missing.size() > 1) missing.resize(1);
+    std::string why;
+    for (int r : missing) {
+      if (!gone[r].empty()) why += str_cat(why.empty() ? " (" : "; ", "rank ", r, " ", gone[r]);
+    }
+    if (!why.empty()) why += ")";
+    std::string message = pg::monitored_barrier_missing(missing, timeout_) + why;
+    // Every rank sees who is missing here, but torch's other ranks only hear from rank 0,
+    // and its users match that wording.
+    if (rank_ != 0) message = str_cat(pg::monitored_barrier_failure_on(rank_), " (", message, ")");
+    if (why.empty()) fail<DistTimeoutError>(message);
+    fail<DistBackendError>(message);
   }
 
-  void broadcast(char* data, size_t bytes, int root) {
-    expect(bytes, std::nullopt, root);
+  void broadcast(char* data, size_t bytes, DType dtype, int root) {
+    expect_moved(bytes, dtype, root);
     if (bytes == 0 || size_ == 1) return;
     if (bytes > kOneShotBytes) {
       // A root tensor in the shared heap is read in place by every other rank; a large one
@@ -640,7 +671,7 @@ class Engine {
       return;
     }
     if (bytes <= kOneShotBytes) return one_shot(in, out, count, dtype, op, premul);
-    if (everyone && in == out && exact_premul(premul, dtype)) {
+    if (everyone && in == out) {
       // Owner computes on the tensors themselves when every rank's lies in its shared heap,
       // or, for large ones, through the kernel.
       const std::vector<Where>& where = locate(out, bytes);
@@ -653,8 +684,8 @@ class Engine {
 
   // Every rank publishes `bytes` from `in`; dst(r) (null to skip) receives rank r's bytes.
   template <typename Dst>
-  void allgather(const char* in, size_t bytes, Dst&& dst) {
-    expect(bytes);
+  void allgather(const char* in, size_t bytes, DType dtype, Dst&& dst) {
+    expect_moved(bytes, dtype);
     if (bytes == 0) return;
     if (bytes > kOneShotBytes && size_ > 1) {
       // Inputs are read in place when every rank's is in the shared heap, or through the
@@ -689,11 +720,12 @@ class Engine {
   // Rank `root` receives every rank's `bytes` from `in` at out_of(r) (called on the root
   // only). One-sided: only the root waits.
   template <typename Out>
-  void gather(const char* in, size_t bytes, int root, Out&& out_of) {
-    expect(bytes, std::nullopt, root);
+  void gather(const char* in, size_t bytes, DType dtype, int root, Out&& out_of) {
+    expect_moved(bytes, dtype, root);
     if (bytes == 0) return;
     if (direct_fanout(bytes) && size_ > 1) {
-      return allgather(in, bytes, [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
+      return allgather(in, bytes, dtype,
+                       [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
     }
     const bool small = fits_ring(bytes);
     const bool boxed = fits_mailbox(bytes);
@@ -719,8 +751,8 @@ class Engine {
 
   // The root sends src_of(j) (bytes each; called on the root only) to rank j's `out`.
   template <typename Src>
-  void scatter(Src&& src_of, char* out, size_t bytes, int root) {
-    expect(bytes, std::nullopt, root);
+  void scatter(Src&& src_of, char* out, size_t bytes, DType dtype, int root) {
+    expect_moved(bytes, dtype, root);
     if (bytes == 0) return;
     if ((direct(bytes) || direct_mid(bytes)) && size_ > 1 && size_ <= kMaxRanks) {
       // Every rank reads its part from the root's list through the kernel (mid-sized parts
@@ -1051,12 +1083,6 @@ class Engine {
     core::apply_postdiv(out, count, dtype, op, size_);
   }
 
-  // PREMUL_SUM may scale the sum instead of each input only where that is exact enough: for
-  // floating and complex types.
-  static bool exact_premul(bool premul, DType dtype) {
-    return !premul || core::is_floating(dtype) || core::is_complex(dtype);
-  }
-
   // Rank 0's word in the meta area of step s: what rank 0 writes there before it publishes s,
   // every rank reads once it waited for s (pipelined's chunk agreement, calibrate's decision).
   uint64_t& rank0_word(uint32_t s) const {
@@ -1152,21 +1178,26 @@ class Engine {
     piece_of(count, size_, es, rank_, b, len);
     const bool mapped = all_mapped(where);
     const size_t per = std::max<size_t>(1, (mapped ? kZeroCopyPiece : direct_piece_) / es);
-    if (!mapped) scratch_.resize(per * es);
+    if (!mapped || premul) scratch_.resize(per * es);
     for (size_t at = b; at < b + len; at += per) {
       const size_t m = std::min(per, b + len - at);
       char* acc = data + at * es;
+      // PREMUL_SUM scales every input before the sum, as the other paths do: scaling the sum
+      // instead overflows where the scaled inputs do not (float16, factor 1/n).
+      if (premul) core::apply_premul(acc, m, dtype, op);
       for (int j = 0; j < size_; ++j) {
         if (j == rank_) continue;
         const char* theirs = scratch_.data();
-        if (where[j].mapped != nullptr) {
-          theirs = where[j].mapped + at * es;
-        } else {
+        if (where[j].mapped == nullptr) {
           read_from(j, scratch_.data(), where[j].address + at * es, m * es);
+        } else if (premul) {
+          copy(scratch_.data(), where[j].mapped + at * es, m * es);
+        } else {
+          theirs = where[j].mapped + at * es;
         }
+        if (premul) core::apply_premul(scratch_.data(), m, dtype, op);
         core::reduce(acc, theirs, m, dtype, op);
       }
-      if (premul) core::apply_premul(acc, m, dtype, op);
       core::apply_postdiv(acc, m, dtype, op, size_);
       for (int j = 0; j < size_; ++j) {
         if (j == rank_) continue;
@@ -1222,6 +1253,13 @@ class Engine {
     described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : StepDescription::kNoReduce;
     op_ = signature(described_);
     copy_shared.select(dtype ? count * core::element_size(*dtype) : count, agreed_mode_);
+  }
+
+  // The same for a collective that moves `bytes` of `dtype` without computing on them: the
+  // dtype is checked too, although only the bytes matter here (a float32 tensor on one rank and
+  // an int32 one on another would be reinterpreted otherwise).
+  void expect_moved(size_t bytes, DType dtype, int root = -1) {
+    expect(bytes / core::element_size(dtype), dtype, root);
   }
 
   // 32 bits for the step word: the OpType and a 24-bit hash of everything else.
@@ -2203,7 +2241,7 @@ WorkPtr ShmBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastO
       OpType::kBroadcast, "broadcast", opts.timeout, wants_async(opts),
       [tensors, root, root_tensor](Engine& e) {
         const Tensor& source = tensors[root_tensor];
-        e.broadcast(source.data_as<char>(), source.nbytes(), root);
+        e.broadcast(source.data_as<char>(), source.nbytes(), source.dtype(), root);
         for (size_t i = 0; i < tensors.size(); ++i) {
           if (i != root_tensor) copy(tensors[i].data(), source.data(), source.nbytes());
         }
@@ -2275,23 +2313,25 @@ void run_inline_op(Engine& e, const pg::InlineOp& op) {
     case OpType::kAllreduce:
       return e.allreduce(in.bytes(), in.bytes(), in.numel, in.dtype, op.reduce_op, true);
     case OpType::kBroadcast:
-      return e.broadcast(in.bytes(), in.nbytes(), op.root);
+      return e.broadcast(in.bytes(), in.nbytes(), in.dtype, op.root);
     case OpType::kReduce:
       return e.allreduce(in.bytes(), root ? in.bytes() : nullptr, in.numel, in.dtype,
                          op.reduce_op, false);
     case OpType::kAllgatherBase: {
       const size_t per = in.nbytes();
-      return e.allgather(in.bytes(), per, [&](int r) { return out.bytes() + r * per; });
+      return e.allgather(in.bytes(), per, in.dtype,
+                         [&](int r) { return out.bytes() + r * per; });
     }
     case OpType::kReduceScatterBase:
       return e.reduce_scatter_flat(in.bytes(), out.bytes(), out.numel, out.dtype, op.reduce_op);
     case OpType::kAlltoallBase:
       return e.alltoall_equal(in.bytes(), out.bytes(), in.nbytes() / e.size());
     case OpType::kGather:
-      return e.gather(in.bytes(), in.nbytes(), op.root, [&](int r) { return op.list[r].bytes(); });
+      return e.gather(in.bytes(), in.nbytes(), in.dtype, op.root,
+                      [&](int r) { return op.list[r].bytes(); });
     case OpType::kScatter:
       return e.scatter([&](int j) { return op.list[j].bytes(); }, out.bytes(), out.nbytes(),
-                       op.root);
+                       out.dtype, op.root);
     case OpType::kBarrier:
       return e.barrier();
     default:
@@ -2358,7 +2398,7 @@ WorkPtr ShmBackend::allgather_base(Tensor& output, Tensor& input,
       OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
       [output, input](Engine& e) {
         const size_t per = input.nbytes();
-        e.allgather(input.data_as<char>(), per,
+        e.allgather(input.data_as<char>(), per, input.dtype(),
                     [&](int r) { return output.data_as<char>() + r * per; });
       },
       {output});
@@ -2374,7 +2414,8 @@ WorkPtr ShmBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs
         for (size_t i = 0; i < inputs.size(); ++i) {
           const size_t per = inputs[i].nbytes();
           char* out = outputs[i].data_as<char>();
-          e.allgather(inputs[i].data_as<char>(), per, [&](int r) { return out + r * per; });
+          e.allgather(inputs[i].data_as<char>(), per, inputs[i].dtype(),
+                      [&](int r) { return out + r * per; });
         }
       },
       outputs);
@@ -2388,7 +2429,7 @@ WorkPtr ShmBackend::gather(std::vector<std::vector<Tensor>>& outputs,
   return submit(
       OpType::kGather, "gather", opts.timeout, wants_async(opts),
       [gathered, input, root](Engine& e) {
-        e.gather(input.data_as<char>(), input.nbytes(), root,
+        e.gather(input.data_as<char>(), input.nbytes(), input.dtype(), root,
                  [&](int r) { return gathered[r].data_as<char>(); });
       },
       gathered);
@@ -2404,7 +2445,7 @@ WorkPtr ShmBackend::scatter(std::vector<Tensor>& outputs,
       OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
       [sources, output, root](Engine& e) {
         e.scatter([&](int j) { return sources[j].data_as<const char>(); },
-                  output.data_as<char>(), output.nbytes(), root);
+                  output.data_as<char>(), output.nbytes(), output.dtype(), root);
       },
       {output});
 }
