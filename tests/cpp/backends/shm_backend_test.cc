@@ -528,6 +528,24 @@ TEST(ShmBackend, MovingCollectivesRefuseDifferentDtypes) {
   }
 }
 
+// Every rank takes part in a reduce's steps, so ranks naming different roots fail on each.
+TEST(ShmBackend, ReduceRefusesDifferentRoots) {
+  for (int64_t n : {int64_t{4}, int64_t{100000}}) {
+    run_ranks(2, [n](int rank, ShmBackend& b) {
+      std::vector<Tensor> ts{filled(n, DType::kFloat32, rank)};
+      pg::ReduceOptions opts;
+      opts.root_rank = rank;  // each rank names itself
+      try {
+        b.reduce(ts, opts)->wait();
+        ADD_FAILURE() << "a reduce with two roots passed, n " << n;
+      } catch (const core::DistBackendError& e) {
+        const std::string theirs = "root " + std::to_string(1 - rank);
+        EXPECT_NE(std::string(e.what()).find(theirs), std::string::npos) << e.what();
+      }
+    });
+  }
+}
+
 TEST(ShmBackend, AlltoallSmallLargeMixedAndMismatchedSizes) {
   run_ranks(2, [](int rank, ShmBackend& b) {
     for (const int64_t big : {int64_t{16}, int64_t{300000}}) {  // rank 1 -> rank 0 part

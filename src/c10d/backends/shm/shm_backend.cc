@@ -653,12 +653,14 @@ class Engine {
   }
 
   // Reduces `count` elements of every rank's `in` (left unchanged unless it is `out`) into
-  // `out`; `out` is null on ranks that do not want the result (reduce). With premul_done the
-  // caller already scaled the input of a PREMUL_SUM. `everyone` (the same on every rank) says
-  // every rank wants the result, which allows the zero-copy path.
+  // `out`; `out` is null on ranks that do not want the result. `root` is -1 when every rank
+  // wants it (allreduce, which allows the zero-copy path), else the one rank that does
+  // (reduce); it is part of the step's signature, so ranks that disagree on it fail. With
+  // premul_done the caller already scaled the input of a PREMUL_SUM.
   void allreduce(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
-                 bool everyone, bool premul_done = false) {
-    expect(count, dtype, -1, op.kind);
+                 int root, bool premul_done = false) {
+    expect(count, dtype, root, op.kind);
+    const bool everyone = root < 0;
     if (count == 0) return;
     const size_t es = core::element_size(dtype);
     const size_t bytes = count * es;
@@ -2278,11 +2280,11 @@ WorkPtr ShmBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
         const Tensor& t = tensors[0];
         const size_t n = static_cast<size_t>(t.numel());
         if (tensors.size() == 1) {
-          e.allreduce(t.data_as<char>(), t.data_as<char>(), n, t.dtype(), op, true);
+          e.allreduce(t.data_as<char>(), t.data_as<char>(), n, t.dtype(), op, -1);
           return;
         }
         Tensor acc = combine_local(tensors, op);
-        e.allreduce(acc.data_as<char>(), acc.data_as<char>(), n, t.dtype(), op, true, true);
+        e.allreduce(acc.data_as<char>(), acc.data_as<char>(), n, t.dtype(), op, -1, true);
         for (const Tensor& out : tensors) copy(out.data(), acc.data(), acc.nbytes());
       },
       tensors);
@@ -2311,12 +2313,12 @@ void run_inline_op(Engine& e, const pg::InlineOp& op) {
   const bool root = e.rank() == op.root;
   switch (op.type) {
     case OpType::kAllreduce:
-      return e.allreduce(in.bytes(), in.bytes(), in.numel, in.dtype, op.reduce_op, true);
+      return e.allreduce(in.bytes(), in.bytes(), in.numel, in.dtype, op.reduce_op, -1);
     case OpType::kBroadcast:
       return e.broadcast(in.bytes(), in.nbytes(), in.dtype, op.root);
     case OpType::kReduce:
       return e.allreduce(in.bytes(), root ? in.bytes() : nullptr, in.numel, in.dtype,
-                         op.reduce_op, false);
+                         op.reduce_op, op.root);
     case OpType::kAllgatherBase: {
       const size_t per = in.nbytes();
       return e.allgather(in.bytes(), per, in.dtype,
@@ -2387,7 +2389,7 @@ WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
       [tensor, op, root](Engine& e) {
         char* out = e.rank() == root ? tensor.data_as<char>() : nullptr;
         e.allreduce(tensor.data_as<char>(), out, static_cast<size_t>(tensor.numel()),
-                    tensor.dtype(), op, false);
+                    tensor.dtype(), op, root);
       },
       tensors);
 }
