@@ -983,6 +983,8 @@ def _allreduce_opts(op, async_op: bool) -> AllreduceOptions:
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduces `tensor` across all ranks of `group`, in place on every rank."""
+    if getattr(tensor, "is_sparse", False) is True:  # a torch sparse COO tensor
+        return _all_reduce_sparse(tensor, op, group, async_op)
     if not async_op:
         fast = _inline_allreduce.get(group)
         if fast is not None and fast(tensor, op):
@@ -1000,8 +1002,53 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     return None
 
 
+def _all_reduce_sparse(tensor, op, group, async_op):
+    """all_reduce of a torch sparse COO tensor, as torch's Gloo does it: every rank gathers
+    every rank's indices and values, and the coalesced sum replaces `tensor`'s contents.
+    SUM only. Synchronous: with async_op the returned Work is already complete."""
+    if _rank_not_in_group(group):
+        _warn_not_in_group("all_reduce")
+        return None
+    if op != ReduceOp.SUM:
+        raise _DistValueError("all_reduce of sparse tensors supports only ReduceOp.SUM, "
+                              f"got {op}")
+    import torch
+
+    local = tensor.coalesce()
+    indices, values = local._indices().contiguous(), local._values().contiguous()
+    world = get_world_size(group)
+    nnz = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    all_gather(nnz, torch.tensor([indices.shape[1]], dtype=torch.int64), group=group)
+    gathered_indices = [torch.empty((indices.shape[0], int(n)), dtype=indices.dtype)
+                        for n in nnz]
+    gathered_values = [torch.empty((int(n),) + tuple(values.shape[1:]), dtype=values.dtype)
+                       for n in nnz]
+    all_gather(gathered_indices, indices, group=group)
+    all_gather(gathered_values, values, group=group)
+    total = torch.sparse_coo_tensor(torch.cat(gathered_indices, 1),
+                                    torch.cat(gathered_values, 0), local.size())
+    tensor.copy_(total.coalesce())
+    if not async_op:
+        return None
+    done = _C.Future()
+    done.set_result([tensor])
+    return _C._create_work_from_future(done)
+
+
+class _CoalescedDeprecation(FutureWarning, UserWarning):
+    """torch 1.13 warns with a UserWarning that the coalesced collectives will go away, torch
+    2.x with a FutureWarning: this is both."""
+
+
+def _warn_coalesced_deprecated(name):
+    warnings.warn(f"torch.distributed.{name} is deprecated: call the collective once per tensor "
+                  f"(or flatten the tensors into one); {name} may be removed as in torch",
+                  _CoalescedDeprecation, stacklevel=3)
+
+
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
     """all_reduce of several tensors (of any shapes, one dtype) as one operation."""
+    _warn_coalesced_deprecated("all_reduce_coalesced")
     if _rank_not_in_group(group):
         _warn_not_in_group("all_reduce_coalesced")
         return None
@@ -1085,6 +1132,7 @@ def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
 
 def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op=False):
     """all_gather of several tensors as one operation."""
+    _warn_coalesced_deprecated("all_gather_coalesced")
     output_tensor_lists = _check_list(output_tensor_lists, "output_tensor_lists")
     input_tensor_list = _check_list(input_tensor_list, "input_tensor_list")
     if _rank_not_in_group(group):

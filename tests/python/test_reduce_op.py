@@ -96,6 +96,18 @@ def test_copy_deepcopy_pickle_keep_factor():
         assert clone is not premul
         assert clone == ReduceOp.PREMUL_SUM
         assert clone.premul_factor == 0.125
+    # A bare PREMUL_SUM stays without a factor through pickling (collectives refuse it).
+    import c10d as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        bare = pickle.loads(pickle.dumps(ReduceOp(ReduceOp.PREMUL_SUM)))
+        with pytest.raises(ValueError, match="needs its factor"):
+            dist.all_reduce(np.ones(2), op=bare)
+        x = np.ones(2)
+        dist.all_reduce(x, op=pickle.loads(pickle.dumps(_C._make_premul_sum(3.0))))
+        assert (x == 3).all(), x
+    finally:
+        dist.destroy_process_group()
     for name in ALL_OPS:
         op = ReduceOp(getattr(ReduceOp, name))
         assert pickle.loads(pickle.dumps(op)) == op

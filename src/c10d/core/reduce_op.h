@@ -31,6 +31,9 @@ struct ReduceOp {
   Kind kind = SUM;
   // Scale applied to every input before summing; meaningful only when kind == PREMUL_SUM.
   double premul_factor = 1.0;
+  // Whether premul_sum() set the factor. A bare PREMUL_SUM kind has none, and collectives
+  // refuse it (pg::check_reduce) rather than sum unscaled.
+  bool has_factor = false;
 
   ReduceOp() = default;
   // Implicit on purpose, so a Kind can be passed wherever a ReduceOp is expected.
@@ -40,6 +43,7 @@ struct ReduceOp {
   static ReduceOp premul_sum(double factor) {
     ReduceOp op(PREMUL_SUM);
     op.premul_factor = factor;
+    op.has_factor = true;
     return op;
   }
 

@@ -222,16 +222,16 @@ bool well_formed(const InlineOp& op, int rank, int size) {
   const auto n = static_cast<size_t>(size);
   switch (op.type) {
     case OpType::kAllreduce:
-      return core::is_valid_reduce_op(op.input.dtype, op.reduce_op);
+      return usable_reduce(op.input.dtype, op.reduce_op);
     case OpType::kBroadcast:
       return root_ok;
     case OpType::kReduce:
-      return root_ok && core::is_valid_reduce_op(op.input.dtype, op.reduce_op);
+      return root_ok && usable_reduce(op.input.dtype, op.reduce_op);
     case OpType::kAllgatherBase:
       return op.output.dtype == op.input.dtype && op.output.numel == op.input.numel * n;
     case OpType::kReduceScatterBase:
       return op.output.dtype == op.input.dtype && op.input.numel == op.output.numel * n &&
-             core::is_valid_reduce_op(op.input.dtype, op.reduce_op);
+             usable_reduce(op.input.dtype, op.reduce_op);
     case OpType::kAlltoallBase:
       // Equal splits of dimension 0 on both sides.
       return same_dtype_and_numel(op.output, op.input) && op.input.ndim >= 1 &&

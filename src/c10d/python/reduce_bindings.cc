@@ -119,14 +119,21 @@ The values are ``ReduceOp.SUM``, ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``, ``BAND`
            py::arg("memo"))
       .def(py::pickle(
           [](const ReduceOp& self) {
-            return py::make_tuple(static_cast<int>(self.kind), self.premul_factor);
+            // None for a PREMUL_SUM without a factor.
+            return py::make_tuple(static_cast<int>(self.kind),
+                                  self.has_factor || self.kind != ReduceOp::PREMUL_SUM
+                                      ? py::object(py::float_(self.premul_factor))
+                                      : py::object(py::none()));
           },
           [](const py::tuple& state) {
             C10D_CHECK_ARG(state.size() == 2, "ReduceOp: bad pickle state of size ", state.size());
             const int kind = state[0].cast<int>();
             C10D_CHECK_ARG(kind >= 0 && kind < ReduceOp::kNumKinds, "ReduceOp: bad kind ", kind);
             ReduceOp op(static_cast<ReduceOp::Kind>(kind));
-            op.premul_factor = state[1].cast<double>();
+            if (!state[1].is_none()) {
+              op.premul_factor = state[1].cast<double>();
+              op.has_factor = op.kind == ReduceOp::PREMUL_SUM;
+            }
             return op;
           }))
       .def_property_readonly("op", [](const ReduceOp& self) { return self.kind; },

@@ -121,6 +121,14 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
   try {
     capsule = source.attr(dlpack)();
   } catch (py::error_already_set& e) {
+    // A torch tensor that is not dense cannot be exported at all: say so in our words.
+    const py::object layout = py::getattr(source, "layout", py::none());
+    const std::string kind = layout.is_none() ? "" : py::str(layout).cast<std::string>();
+    if (!kind.empty() && kind != "torch.strided") {
+      throw py::type_error(str_cat(what, ": tensors of layout ", kind, " are not supported, only "
+                                   "dense (strided) ones; all_reduce (SUM) also takes sparse "
+                                   "COO tensors"));
+    }
     // Some exporters cannot put every dtype in DLPack (torch 1.13 refuses bool); one that also
     // offers a numpy view of the same memory is used through it.
     static PyObject* const numpy = PyUnicode_InternFromString("numpy");
@@ -177,9 +185,12 @@ std::vector<core::Tensor> to_tensors(py::handle seq, bool writable, std::string_
   size_t i = 0;
   // Messages name the element ("all_gather output[2]: ..."), built only on failure.
   auto with_index = [&](const char* message) {
+    constexpr std::string_view kInvalid = "Invalid function argument. ";
     std::string_view text(message);
+    const bool invalid = text.starts_with(kInvalid);
+    if (invalid) text.remove_prefix(kInvalid.size());
     if (text.starts_with(what)) text.remove_prefix(what.size());
-    return str_cat(what, "[", i, "]", text);
+    return str_cat(invalid ? kInvalid : std::string_view(), what, "[", i, "]", text);
   };
   for (py::handle item : seq) {
     try {

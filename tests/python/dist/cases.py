@@ -216,6 +216,21 @@ def all_reduce_errors(dist, backend):
             "complex in a list", complex_max)
     _raises(ValueError, lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.BOR), "BOR",
             "Cannot use ReduceOp.BOR with non-integral dtype")
+    # PREMUL_SUM needs its factor, and a floating dtype (as torch's NCCL); a bare one used to
+    # sum unscaled.
+    _raises(ValueError, lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.PREMUL_SUM),
+            "PREMUL_SUM without a factor", "needs its factor")
+    _raises(ValueError, lambda: dist.all_reduce(np.ones(4, np.int32),
+                                                op=dist._make_nccl_premul_sum(2.0)),
+            "PREMUL_SUM on int32", "PREMUL_SUM is not supported for int32")
+    # A bad element of a list is named by its index, in one sentence.
+    _raises(TypeError, lambda: dist.all_reduce([1.0, 2.0]), "a list as the tensor",
+            "Invalid function argument. allreduce[0]: expected a tensor")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        dist.all_reduce_coalesced([np.ones(2)])
+    assert any(issubclass(w.category, FutureWarning) and issubclass(w.category, UserWarning)
+               and "all_reduce_coalesced is deprecated" in str(w.message) for w in seen), seen
     # A list mixing real and complex tensors reduces in one call (complex as pairs of reals).
     mixed = [np.ones(3, np.float32), np.full(2, (1 + 2j) * rank, np.complex64)]
     dist.all_reduce_coalesced(mixed)
@@ -843,6 +858,26 @@ def torch_interop(dist, backend):
     w = dist.broadcast(flags, src=world - 1, async_op=True)
     w.wait()
     assert w.result()[0] is flags
+    # Sparse COO tensors: all_reduce sums them as torch's Gloo does (coalesced, in place, SUM
+    # only, hybrid ones too); other collectives refuse them in words.
+    sp = torch.sparse_coo_tensor(torch.tensor([[0, rank % 3, 2], [1, 0, rank % 3]]),
+                                 torch.tensor([1.0, 2.0 + rank, 3.0]), (3, 3))
+    want = sum(torch.sparse_coo_tensor(torch.tensor([[0, r % 3, 2], [1, 0, r % 3]]),
+                                       torch.tensor([1.0, 2.0 + r, 3.0]), (3, 3)).to_dense()
+               for r in range(world))
+    w = dist.all_reduce(sp, async_op=True)
+    w.wait()
+    assert sp.is_sparse and sp.is_coalesced() and torch.equal(sp.to_dense(), want), sp
+    assert w.result()[0] is sp
+    hybrid = torch.sparse_coo_tensor(torch.tensor([[rank % 2]]), torch.ones(1, 3) * (rank + 1),
+                                     (2, 3))
+    dist.all_reduce(hybrid)
+    dense = hybrid.to_dense()
+    assert dense.sum() == 3 * world * (world + 1) / 2 and hybrid.dense_dim() == 1, dense
+    _raises(ValueError, lambda: dist.all_reduce(sp, op=dist.ReduceOp.MAX), "sparse MAX",
+            "only ReduceOp.SUM")
+    _raises(TypeError, lambda: dist.broadcast(sp, src=0), "sparse broadcast",
+            "layout torch.sparse_coo are not supported")
 
 
 def recv_timeout(dist, backend):
