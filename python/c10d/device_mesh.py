@@ -8,6 +8,7 @@ default group's backend (gloo or shm).
     funcol.all_reduce(x, "sum", (mesh, 0))          # functional collectives take meshes too
 """
 
+import sys
 from typing import List, Optional, Tuple, Union
 
 import numpy as np
@@ -53,7 +54,7 @@ class DeviceMesh:
             if len(set(mesh_dim_names)) != len(mesh_dim_names):
                 raise _c10d._DistValueError(
                     f"DeviceMesh: mesh_dim_names {mesh_dim_names} repeat a name")
-        self.mesh = array
+        self._mesh = array
         self.mesh_dim_names = mesh_dim_names
         rank = _c10d.get_rank()
         where = np.argwhere(array == rank)
@@ -65,10 +66,17 @@ class DeviceMesh:
         else:
             self._dim_groups = [None] * array.ndim
 
+    @property
+    def mesh(self):
+        """The ranks, as a torch tensor when torch is loaded (torch's DeviceMesh.mesh is one,
+        and code written for it calls tensor methods), else as a numpy array."""
+        torch = sys.modules.get("torch")
+        return self._mesh.copy() if torch is None else torch.as_tensor(self._mesh)
+
     def _make_dim_groups(self, dim: int):
         """Creates the group of every line along `dim` (every rank creates all of them, in one
         order) and returns this rank's."""
-        moved = np.moveaxis(self.mesh, dim, -1).reshape(-1, self.mesh.shape[dim])
+        moved = np.moveaxis(self._mesh, dim, -1).reshape(-1, self._mesh.shape[dim])
         mine = None
         for line in moved.tolist():
             group = _c10d.new_group(line)
@@ -80,32 +88,32 @@ class DeviceMesh:
 
     def _dim(self, mesh_dim: Union[int, str, None]) -> int:
         if mesh_dim is None:
-            if self.mesh.ndim != 1:
+            if self._mesh.ndim != 1:
                 raise _c10d._DistValueError(
-                    f"DeviceMesh: this mesh has {self.mesh.ndim} dimensions; name one")
+                    f"DeviceMesh: this mesh has {self._mesh.ndim} dimensions; name one")
             return 0
         if isinstance(mesh_dim, str):
             if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
                 raise KeyError(f"DeviceMesh: no dimension named {mesh_dim!r} "
                                f"(mesh_dim_names: {self.mesh_dim_names})")
             return self.mesh_dim_names.index(mesh_dim)
-        if not -self.mesh.ndim <= mesh_dim < self.mesh.ndim:
+        if not -self._mesh.ndim <= mesh_dim < self._mesh.ndim:
             raise _c10d._DistValueError(
-                f"DeviceMesh: dimension {mesh_dim} of a mesh of {self.mesh.ndim} dimensions")
-        return mesh_dim % self.mesh.ndim
+                f"DeviceMesh: dimension {mesh_dim} of a mesh of {self._mesh.ndim} dimensions")
+        return mesh_dim % self._mesh.ndim
 
     @property
     def ndim(self) -> int:
-        return int(self.mesh.ndim)
+        return int(self._mesh.ndim)
 
     @property
     def shape(self) -> Tuple[int, ...]:
-        return tuple(int(s) for s in self.mesh.shape)
+        return tuple(int(s) for s in self._mesh.shape)
 
     def size(self, mesh_dim: Union[int, str, None] = None) -> int:
         if mesh_dim is None:
-            return int(self.mesh.size)
-        return int(self.mesh.shape[self._dim(mesh_dim)])
+            return int(self._mesh.size)
+        return int(self._mesh.shape[self._dim(mesh_dim)])
 
     # --- this rank ---
 
@@ -149,7 +157,7 @@ class DeviceMesh:
             raise _c10d._DistValueError(f"DeviceMesh: rank {self.get_rank()} is not in the mesh")
         index = tuple(slice(None) if d in dims else self._coordinate[d] for d in range(self.ndim))
         kept = [d for d in range(self.ndim) if d in dims]  # the slice's axes, in the mesh's order
-        sub = np.transpose(self.mesh[index], [kept.index(d) for d in dims])  # in the named order
+        sub = np.transpose(self._mesh[index], [kept.index(d) for d in dims])  # in the named order
         return DeviceMesh(self.device_type, sub, mesh_dim_names=tuple(names),
                           _dim_groups=[self._dim_groups[d] for d in dims])
 
@@ -157,17 +165,17 @@ class DeviceMesh:
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, DeviceMesh) and self.device_type == other.device_type
-                and self.mesh.shape == other.mesh.shape
-                and bool((self.mesh == other.mesh).all())
+                and self._mesh.shape == other._mesh.shape
+                and bool((self._mesh == other._mesh).all())
                 and self.mesh_dim_names == other.mesh_dim_names)
 
     def __hash__(self) -> int:
-        return hash((self.device_type, self.mesh.shape, tuple(self.mesh.reshape(-1).tolist()),
+        return hash((self.device_type, self._mesh.shape, tuple(self._mesh.reshape(-1).tolist()),
                      self.mesh_dim_names))
 
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
-        return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}{names})"
+        return f"DeviceMesh('{self.device_type}', {self._mesh.tolist()}{names})"
 
 
 def init_device_mesh(device_type: str, mesh_shape: Tuple[int, ...], *,

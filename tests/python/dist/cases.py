@@ -4,6 +4,7 @@ Every rank builds every rank's input from (rank, seed), so each can compute the 
 result with numpy and check its own output."""
 
 import os
+import sys
 import time
 import warnings
 from datetime import timedelta
@@ -1230,6 +1231,13 @@ def device_mesh(dist, backend):
     _raises(ValueError, lambda: mesh.get_group(), "a 2-D mesh's group without a dimension")
     _raises(KeyError, lambda: mesh["pp"], "an unknown dimension name")
     assert repr(mesh) == f"DeviceMesh('cpu', {mesh.mesh.tolist()}, mesh_dim_names=('dp', 'tp'))"
+    assert isinstance(mesh.mesh, np.ndarray) or "torch" in sys.modules, type(mesh.mesh)
+    try:
+        import torch
+    except ImportError:
+        return
+    # With torch loaded, .mesh is a tensor, as torch's DeviceMesh has it.
+    assert isinstance(mesh.mesh, torch.Tensor) and mesh.mesh.size(0) == 2, mesh.mesh
 
 
 def _ddp_grads(rank, iteration):
