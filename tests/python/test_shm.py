@@ -135,7 +135,8 @@ def test_rooted_operations_back_to_back_agree_with_numpy(world):
 
 
 @pytest.mark.parametrize("variant", ["allreduce_count", "allreduce_dtype", "allreduce_large",
-                                     "allreduce_op", "broadcast_bytes", "allgather_bytes"])
+                                     "allreduce_op", "broadcast_count", "allgather_count",
+                                     "allgather_dtype"])
 def test_ranks_disagreeing_on_shape_fail_instead_of_mixing_data(variant):
     # Every step carries a hash of the collective's shape (size, dtype, root, reduction), so
     # ranks that pass different ones fail naming both sides instead of returning wrong data.
@@ -414,7 +415,9 @@ def case_shape_mismatch(dist):
     dist.all_reduce(np.ones(4))  # agreed: passes
     expect = {"allreduce_count": "elements of float64", "allreduce_dtype": "elements of float",
               "allreduce_large": "elements of float32", "allreduce_op": "MAX",
-              "broadcast_bytes": "bytes, root 0", "allgather_bytes": "bytes"}[variant]
+              "broadcast_count": "elements of float64, root 0",
+              "allgather_count": "elements of float64", "allgather_dtype": "elements of int32"}[
+                  variant]
     try:
         if variant == "allreduce_count":
             dist.all_reduce(np.ones(2 + rank))
@@ -424,8 +427,11 @@ def case_shape_mismatch(dist):
             dist.all_reduce(np.ones((1 << 20) + rank, np.float32))
         elif variant == "allreduce_op":
             dist.all_reduce(np.ones(3), op=(dist.ReduceOp.SUM, dist.ReduceOp.MAX)[rank])
-        elif variant == "broadcast_bytes":
+        elif variant == "broadcast_count":
             dist.broadcast(np.ones(5 + rank), src=0)
+        elif variant == "allgather_dtype":  # the same bytes, reinterpreted without the check
+            dtype = (np.float32, np.int32)[rank]
+            dist.all_gather_into_tensor(np.zeros(2 * world, dtype), np.ones(2, dtype))
         else:
             out = np.zeros((2 + rank) * world)
             dist.all_gather_into_tensor(out, np.ones(2 + rank))
@@ -434,7 +440,7 @@ def case_shape_mismatch(dist):
         print(f"SHAPE_MISMATCH_OK rank {rank}: {e}")
         dist.destroy_process_group()
         return
-    if variant == "broadcast_bytes" and rank == 0:
+    if variant == "broadcast_count" and rank == 0:
         dist.destroy_process_group()  # the root only publishes: its peers find the mismatch
         return
     raise AssertionError(f"{variant}: mismatched shapes passed")
