@@ -546,6 +546,32 @@ TEST(ShmBackend, ReduceRefusesDifferentRoots) {
   }
 }
 
+// Two ranks that each gather to themselves wait for each other's data: they fail naming the
+// other's operation once they have waited a while, not at the timeout (60 s here).
+TEST(ShmBackend, RanksWaitingForEachOtherInDifferentOperationsFail) {
+  for (int64_t n : {int64_t{4}, int64_t{100000}}) {
+    const auto start = std::chrono::steady_clock::now();
+    run_ranks(2, [n](int rank, ShmBackend& b) {
+      std::vector<std::vector<Tensor>> outs{{Tensor::empty({n}, DType::kInt32),
+                                             Tensor::empty({n}, DType::kInt32)}};
+      std::vector<Tensor> ins{filled(n, DType::kInt32, rank)};
+      pg::GatherOptions opts;
+      opts.root_rank = rank;
+      opts.timeout = std::chrono::milliseconds(60000);
+      try {
+        b.gather(outs, ins, opts)->wait();
+        ADD_FAILURE() << "gathers to two roots passed, n " << n;
+      } catch (const core::DistBackendError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(1 - rank) +
+                                              " waits in GATHER"),
+                  std::string::npos)
+            << e.what();
+      }
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << n;
+  }
+}
+
 TEST(ShmBackend, AlltoallSmallLargeMixedAndMismatchedSizes) {
   run_ranks(2, [](int rank, ShmBackend& b) {
     for (const int64_t big : {int64_t{16}, int64_t{300000}}) {  // rank 1 -> rank 0 part

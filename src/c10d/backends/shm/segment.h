@@ -105,6 +105,10 @@ struct SegmentHeader {
   FutexWord doorbell;
   // Set by shutdown(): peers waiting for this rank fail at once.
   alignas(kLine) std::atomic<uint32_t> closed;
+  // Written only by a rank that has waited a while: the step it is in (high 32 bits) and its
+  // operation's signature (low 32). Two ranks blocked in one step with different operations
+  // wait for each other (Engine::check_waiting), e.g. gathers to different roots.
+  std::atomic<uint64_t> blocked;
   // Set once this rank has mapped every peer's segment.
   std::atomic<uint32_t> mapped;
   // Where this segment is mapped in its owner's address space, and whether the owner could

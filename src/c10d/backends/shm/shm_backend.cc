@@ -1324,6 +1324,7 @@ class Engine {
   // few operations, not once per operation (each read is a cache miss, as peers write them).
   uint32_t next_step(bool small = false, bool one_sided = false) {
     const uint32_t s = step_ + 1;
+    in_step_ = s;
     uint32_t need = s - 1;
     if (small) {
       need = s - (kRingDepth - 1);
@@ -1515,10 +1516,37 @@ class Engine {
     }
   }
 
+  // A rank still waiting here says so (the step it is in and its operation's signature), and
+  // fails if one of the ranks it waits for is blocked in the same step in another operation:
+  // then neither can go on (e.g. both are the root of a gather, each waiting for the other's
+  // data), and only the timeout would end it. Ranks that did issue the same operation never
+  // differ here: a step belongs to one operation on every rank.
+  void check_not_waiting_for_each_other(const std::vector<int>& missing) {
+    const uint64_t mine = uint64_t{in_step_} << 32 | op_;
+    std::atomic<uint64_t>& blocked = seg_.header(rank_)->blocked;
+    if (blocked.load(std::memory_order_relaxed) != mine) {
+      blocked.store(mine, std::memory_order_release);
+    }
+    for (int r : missing) {
+      if (r == rank_) continue;
+      const uint64_t theirs = seg_.header(r)->blocked.load(std::memory_order_acquire);
+      if (theirs >> 32 != in_step_ || theirs == mine) continue;
+      const auto type = static_cast<OpType>(static_cast<uint8_t>(theirs));
+      fail<DistBackendError>(str_cat(
+          describe(), ": rank ", r, " waits in ", core::op_type_name(type), " at this step "
+          "(another collective, or one with other sizes, dtypes, roots or reductions) while this "
+          "rank waits for it in ", description_text(described_), "; every rank must issue the "
+          "same collectives in the same order, with the same sizes, dtypes, roots and "
+          "reductions"));
+    }
+  }
+
   // Throws (and marks the engine broken) when the wait for step s cannot succeed.
   void check_waiting(uint32_t s) {
     if (aborted.load()) fail<DistBackendError>(str_cat(describe(), ": the backend was shut down"));
     const std::vector<int> missing = not_arrived(s);
+    // First: a peer that failed on the mismatch has shut down by now.
+    check_not_waiting_for_each_other(missing);
     for (int r : missing) {
       if (r == rank_) continue;
       const std::string gone = seg_.peer_gone(r);
@@ -1559,6 +1587,7 @@ class Engine {
   SharedWriter copy_shared;
   int cpu_ = -1;              // the CPU in this rank's header (note_cpu)
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
+  uint32_t in_step_ = 0;      // the step this rank works in (opened by next_step)
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
   // The mode of the next pipelined allreduce (kModeStreaming, kModeLargeChunks), agreed in
   // the previous one (see pipelined).
