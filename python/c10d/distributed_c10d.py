@@ -983,12 +983,12 @@ def _allreduce_opts(op, async_op: bool) -> AllreduceOptions:
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduces `tensor` across all ranks of `group`, in place on every rank."""
-    if getattr(tensor, "is_sparse", False) is True:  # a torch sparse COO tensor
-        return _all_reduce_sparse(tensor, op, group, async_op)
     if not async_op:
         fast = _inline_allreduce.get(group)
         if fast is not None and fast(tensor, op):
             return None
+    if getattr(tensor, "is_sparse", False) is True:  # a torch sparse COO tensor (never inline)
+        return _all_reduce_sparse(tensor, op, group, async_op)
     if group is None:
         group = _world.default_pg or _get_default_group()
     elif _rank_not_in_group(group):

@@ -31,13 +31,21 @@ void check_single_tensor(std::string_view op, const std::vector<Tensor>& tensors
   check_tensor(op, tensors[0]);
 }
 
+namespace {
+
+// A bare PREMUL_SUM kind, without the factor _make_nccl_premul_sum gives it.
+bool lacks_factor(const core::ReduceOp& reduce_op) {
+  return reduce_op.kind == core::ReduceOp::PREMUL_SUM && !reduce_op.has_factor;
+}
+
+}  // namespace
+
 bool usable_reduce(core::DType dtype, const core::ReduceOp& reduce_op) {
-  return core::is_valid_reduce_op(dtype, reduce_op) &&
-         (reduce_op.kind != core::ReduceOp::PREMUL_SUM || reduce_op.has_factor);
+  return !lacks_factor(reduce_op) && core::is_valid_reduce_op(dtype, reduce_op);
 }
 
 void check_reduce(std::string_view op, core::DType dtype, const core::ReduceOp& reduce_op) {
-  C10D_CHECK_ARG(reduce_op.kind != core::ReduceOp::PREMUL_SUM || reduce_op.has_factor, op,
+  C10D_CHECK_ARG(!lacks_factor(reduce_op), op,
                  ": ReduceOp.PREMUL_SUM needs its factor: pass _make_nccl_premul_sum(factor)");
   try {
     core::check_reduce_op(dtype, reduce_op);

@@ -22,9 +22,10 @@ void check_tensor_list(std::string_view op, const std::vector<Tensor>& tensors,
                        bool same_shape = true);
 // A list of exactly one dense CPU tensor (sends and receives).
 void check_single_tensor(std::string_view op, const std::vector<Tensor>& tensors);
-// The op is valid for the dtype (and complex tensors are allowed for it).
 // Whether a collective accepts `reduce_op` on `dtype` (check_reduce's verdict, without the throw).
 bool usable_reduce(core::DType dtype, const core::ReduceOp& reduce_op);
+// The op is valid for the dtype (and complex tensors are allowed for it), and a PREMUL_SUM
+// has its factor.
 void check_reduce(std::string_view op, core::DType dtype, const core::ReduceOp& reduce_op);
 inline void check_reduce(std::string_view op, const Tensor& tensor,
                          const core::ReduceOp& reduce_op) {

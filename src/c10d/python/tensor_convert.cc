@@ -156,10 +156,12 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
   }
 }
 
+// Torch's words for a parameter that is not a tensor.
+constexpr std::string_view kInvalidArgument = "Invalid function argument. ";
+
 core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
-  // "Invalid function argument": torch's words for a parameter that is not a tensor.
   if (obj.is_none()) {
-    throw py::type_error(str_cat("Invalid function argument. ", what,
+    throw py::type_error(str_cat(kInvalidArgument, what,
                                  ": expected a tensor, got None"));
   }
   // numpy arrays answer both protocols; the buffer protocol also covers read-only arrays and
@@ -169,7 +171,7 @@ core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
   }
   // The tensor keeps `obj` too, so that results hand the caller's object back (to_python).
   if (py::hasattr(obj, "__dlpack__")) return with_source(from_dlpack_object(obj, what), obj);
-  throw py::type_error(str_cat("Invalid function argument. ", what, ": expected a tensor (numpy "
+  throw py::type_error(str_cat(kInvalidArgument, what, ": expected a tensor (numpy "
                                "array, buffer or object with __dlpack__), got ", type_name(obj)));
 }
 
@@ -185,12 +187,11 @@ std::vector<core::Tensor> to_tensors(py::handle seq, bool writable, std::string_
   size_t i = 0;
   // Messages name the element ("all_gather output[2]: ..."), built only on failure.
   auto with_index = [&](const char* message) {
-    constexpr std::string_view kInvalid = "Invalid function argument. ";
     std::string_view text(message);
-    const bool invalid = text.starts_with(kInvalid);
-    if (invalid) text.remove_prefix(kInvalid.size());
+    const bool invalid = text.starts_with(kInvalidArgument);
+    if (invalid) text.remove_prefix(kInvalidArgument.size());
     if (text.starts_with(what)) text.remove_prefix(what.size());
-    return str_cat(invalid ? kInvalid : std::string_view(), what, "[", i, "]", text);
+    return str_cat(invalid ? kInvalidArgument : std::string_view(), what, "[", i, "]", text);
   };
   for (py::handle item : seq) {
     try {
