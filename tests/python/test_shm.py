@@ -136,10 +136,12 @@ def test_rooted_operations_back_to_back_agree_with_numpy(world):
 
 @pytest.mark.parametrize("variant", ["allreduce_count", "allreduce_dtype", "allreduce_large",
                                      "allreduce_op", "broadcast_count", "allgather_count",
-                                     "allgather_dtype"])
+                                     "allgather_dtype", "broadcast_roots", "scatter_roots"])
 def test_ranks_disagreeing_on_shape_fail_instead_of_mixing_data(variant):
     # Every step carries a hash of the collective's shape (size, dtype, root, reduction), so
     # ranks that pass different ones fail naming both sides instead of returning wrong data.
+    # The root of a small broadcast or scatter waits for nobody: with every rank its own root
+    # they fail at the next collective.
     _all_ok(_run("shape_mismatch", 2, timeout=40, pg_timeout=10,
                  env_for_rank=lambda r: {"C10D_TEST_VARIANT": variant}))
 
@@ -416,7 +418,9 @@ def case_shape_mismatch(dist):
     expect = {"allreduce_count": "elements of float64", "allreduce_dtype": "elements of float",
               "allreduce_large": "elements of float32", "allreduce_op": "MAX",
               "broadcast_count": "elements of float64, root 0",
-              "allgather_count": "elements of float64", "allgather_dtype": "elements of int32"}[
+              "allgather_count": "elements of float64", "allgather_dtype": "elements of int32",
+              "broadcast_roots": f"root {1 - rank} at the step where this rank, as its root",
+              "scatter_roots": f"SCATTER (sequence 2) on 3 elements of float64, root {1 - rank}"}[
                   variant]
     try:
         if variant == "allreduce_count":
@@ -429,6 +433,12 @@ def case_shape_mismatch(dist):
             dist.all_reduce(np.ones(3), op=(dist.ReduceOp.SUM, dist.ReduceOp.MAX)[rank])
         elif variant == "broadcast_count":
             dist.broadcast(np.ones(5 + rank), src=0)
+        elif variant == "broadcast_roots":
+            dist.broadcast(np.ones(3), src=rank)
+            dist.barrier()
+        elif variant == "scatter_roots":
+            dist.scatter(np.ones(3), [np.ones(3)] * world, src=rank)
+            dist.all_reduce(np.ones(3))
         elif variant == "allgather_dtype":  # the same bytes, reinterpreted without the check
             dtype = (np.float32, np.int32)[rank]
             dist.all_gather_into_tensor(np.zeros(2 * world, dtype), np.ones(2, dtype))

@@ -572,6 +572,60 @@ TEST(ShmBackend, RanksWaitingForEachOtherInDifferentOperationsFail) {
   }
 }
 
+
+// The root of a one-sided broadcast or scatter waits for nobody, so ranks that each name
+// themselves as root pass the operation itself; they fail at the next wait that sees the peer
+// past that step (the barrier after one, or within a loop of them), naming the peer's root.
+TEST(ShmBackend, OneSidedRootsThatDisagreeFailAtTheNextWait) {
+  // Large ones go through the kernel and wait for every rank: they fail in the operation.
+  // A rank may also see its peer shut down after it failed first.
+  auto expect_peer_root = [](int rank, const core::DistBackendError& e) {
+    const std::string what = e.what();
+    const std::string peer = std::to_string(1 - rank);
+    EXPECT_TRUE(what.find("root " + peer + " at th") != std::string::npos ||
+                what.find("rank " + peer + " shut down") != std::string::npos)
+        << what;
+  };
+  for (int64_t n : {int64_t{4}, int64_t{5000}, int64_t{300000}}) {
+    run_ranks(2, [&](int rank, ShmBackend& b) {
+      std::vector<Tensor> ts{filled(n, DType::kFloat32, rank)};
+      pg::BroadcastOptions opts;
+      opts.root_rank = rank;
+      try {
+        b.broadcast(ts, opts)->wait();
+        b.barrier({})->wait();
+        ADD_FAILURE() << "broadcasts from two roots and a barrier passed, n " << n;
+      } catch (const core::DistBackendError& e) {
+        expect_peer_root(rank, e);
+      }
+    });
+    run_ranks(2, [&](int rank, ShmBackend& b) {
+      std::vector<Tensor> out{Tensor::empty({n}, DType::kFloat32)};
+      std::vector<std::vector<Tensor>> parts{
+          {filled(n, DType::kFloat32, 7), filled(n, DType::kFloat32, 8)}};
+      pg::ScatterOptions opts;
+      opts.root_rank = rank;
+      try {
+        b.scatter(out, parts, opts)->wait();
+        b.barrier({})->wait();
+        ADD_FAILURE() << "scatters from two roots and a barrier passed, n " << n;
+      } catch (const core::DistBackendError& e) {
+        expect_peer_root(rank, e);
+      }
+    });
+  }
+  run_ranks(2, [&](int rank, ShmBackend& b) {
+    std::vector<Tensor> ts{filled(4, DType::kInt32, rank)};
+    pg::BroadcastOptions opts;
+    opts.root_rank = rank;
+    try {
+      for (int i = 0; i < 1000; ++i) b.broadcast(ts, opts)->wait();
+      ADD_FAILURE() << "1000 broadcasts from two roots passed";
+    } catch (const core::DistBackendError& e) {
+      expect_peer_root(rank, e);
+    }
+  });
+}
 TEST(ShmBackend, AlltoallSmallLargeMixedAndMismatchedSizes) {
   run_ranks(2, [](int rank, ShmBackend& b) {
     for (const int64_t big : {int64_t{16}, int64_t{300000}}) {  // rank 1 -> rank 0 part

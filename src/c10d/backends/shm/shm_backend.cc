@@ -644,6 +644,7 @@ class Engine {
       if (rank_ == root) {
         copy_shared(step_data(rank_, s, small, boxed), data + off, len);
         if (boxed) seal_mailbox(s);
+        sent_unchecked(s);
       } else {
         wait_step_data(root, s, boxed);
         copy(data + off, step_data(root, s, small, boxed), len);
@@ -791,6 +792,7 @@ class Engine {
           if (j != root) copy_shared(parts + j * quota, src_of(j) + off, len);
         }
         if (boxed) seal_mailbox(s);
+        sent_unchecked(s);
         copy(out + off, src_of(rank_) + off, len);
       } else {
         wait_step_data(root, s, boxed);
@@ -954,6 +956,7 @@ class Engine {
     }
     step_ = s;
     all_reached_ = s;
+    check_unchecked();
     reduce_sources(out, count, dtype, op, [&](int r) { return mailbox_data(r, s); });
   }
 
@@ -1299,15 +1302,55 @@ class Engine {
   // roots or reductions: fail naming both sides. Valid while this rank has not published
   // s + 1: r cannot reuse the entry (s + kRingDepth) before that. The signature on the step
   // word's line decides at once unless r ran kSignatureDepth steps further and replaced it.
-  void check_same_op(int r, uint32_t s) {
+  void check_same_op(int r, uint32_t s) { check_peer_ran(r, s, described_, op_, false); }
+
+  // Fails unless peer r ran `ours` (signature `sig`) at step s, as check_same_op; `as_root`
+  // when this rank sent step s earlier as the root of a one-sided operation.
+  void check_peer_ran(int r, uint32_t s, const StepDescription& ours, uint32_t sig,
+                      bool as_root) {
     const SegmentHeader* h = seg_.header(r);
-    if (h->step.op[s % kSignatureDepth].load(std::memory_order_relaxed) == op_) return;
+    if (h->step.op[s % kSignatureDepth].load(std::memory_order_relaxed) == sig) return;
     const StepDescription theirs = h->described[s % kRingDepth];
-    if (theirs == described_) return;
+    if (theirs == ours) return;
     fail<DistBackendError>(str_cat(
-        describe(), ": rank ", r, " runs ", description_text(theirs), " at this step while this "
-        "rank runs ", description_text(described_), "; every rank must issue the same collectives "
-        "in the same order, with the same sizes, dtypes, roots and reductions"));
+        describe(), ": rank ", r,
+        as_root ? " ran " : " runs ", description_text(theirs),
+        as_root ? " at the step where this rank, as its root, ran "
+                : " at this step while this rank runs ",
+        description_text(ours), "; every rank must issue the same collectives in the same "
+        "order, with the same sizes, dtypes, roots and reductions"));
+  }
+
+  // The root of a one-sided broadcast or scatter waits for nobody, so a mismatch there (every
+  // rank naming itself as the root, say) would pass unseen: such a step is checked against
+  // every peer's once they are seen past it (sync, one_shot_mailbox, next_step). One at a
+  // time, the earliest: in a loop of them a rank ahead of its peers still finds one they
+  // passed.
+  void sent_unchecked(uint32_t s) {
+    if (has_unchecked_) return;
+    unchecked_ = s;
+    unchecked_op_ = op_;
+    unchecked_described_ = described_;
+    has_unchecked_ = true;
+  }
+
+  // Checks the step of sent_unchecked against the peers seen past it; forgets it once every
+  // peer passed it, or when the peers' records of it may be gone.
+  void check_unchecked() {
+    if (!has_unchecked_) return;
+    bool all_checked = true;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const uint32_t seen = seg_.header(r)->step.value.load(std::memory_order_acquire);
+      if (!reached(seen, unchecked_)) {
+        all_checked = false;
+        continue;
+      }
+      // Rank r keeps step s's description until it publishes s + kRingDepth.
+      if (seen - unchecked_ >= kRingDepth - 1) continue;
+      check_peer_ran(r, unchecked_, unchecked_described_, unchecked_op_, true);
+    }
+    if (all_checked || step_ - unchecked_ >= kRingDepth - 1) has_unchecked_ = false;
   }
 
   // Opens the next step. A step that uses the parity slots (the default) waits until every
@@ -1340,6 +1383,7 @@ class Engine {
         if (!reached(seen, lowest)) lowest = seen;
       }
       all_reached_ = lowest;
+      check_unchecked();
     }
     return s;
   }
@@ -1364,6 +1408,7 @@ class Engine {
     }
     step_ = s;
     all_reached_ = s;
+    check_unchecked();
     if (watching_) watch_placement(s, time_trips);
   }
 
@@ -1589,6 +1634,11 @@ class Engine {
   uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
   uint32_t in_step_ = 0;      // the step this rank works in (opened by next_step)
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
+  // sent_unchecked: a step this rank sent as a one-sided root, not yet checked.
+  bool has_unchecked_ = false;
+  uint32_t unchecked_ = 0;
+  uint32_t unchecked_op_ = 0;
+  StepDescription unchecked_described_;
   // The mode of the next pipelined allreduce (kModeStreaming, kModeLargeChunks), agreed in
   // the previous one (see pipelined).
   int agreed_mode_ = 0;
