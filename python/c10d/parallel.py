@@ -6,6 +6,10 @@ takes rank 0's parameters and buffers; in a training step each parameter's gradi
 to a :class:`c10d.Reducer` as soon as autograd has accumulated it, buckets of gradients are
 averaged across the group while the backward pass goes on, and when ``backward()`` returns
 every ``.grad`` holds the average over the ranks.
+
+Parameters of modules built with ``sparse=True`` (``nn.Embedding``, ``nn.EmbeddingBag``) get
+sparse gradients: as in torch's DDP on Gloo, they stay out of the buckets and each is averaged
+with a sparse all_reduce once the backward pass is done (comm hooks do not see them).
 """
 
 import contextlib
@@ -85,19 +89,24 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._still_training = None  # the join notification's Work, in join mode
         self._unfinished_reduction = None  # why the last backward's reduction did not finish
         seen = set()
-        self._params = []
-        for p in module.parameters():
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                self._params.append(p)
-        if not self._params:
+        self._params = []  # dense gradients: in the reducer's buckets
+        self._sparse_params = []  # sparse gradients: _reduce_sparse_grads
+        for m in module.modules():
+            sparse = getattr(m, "sparse", False) is True
+            for p in m.parameters(recurse=False):
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    (self._sparse_params if sparse else self._params).append(p)
+        if not self._params and not self._sparse_params:
             raise RuntimeError("DistributedDataParallel: the module has no parameter that "
                                "requires a gradient")
+        _C._verify_params_across_processes(
+            self.process_group, [p.detach() for p in self._params + self._sparse_params])
         detached = [p.detach() for p in self._params]
-        _C._verify_params_across_processes(self.process_group, detached)
         self._sync_state(self._module_state())
         limits = [_C._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 1024 * 1024)]
-        buckets, sizes = _C._compute_bucket_assignment_by_size(detached, limits)
+        buckets, sizes = (_C._compute_bucket_assignment_by_size(detached, limits)
+                          if detached else ([], []))
         # Gradients are ready last parameter first: bucket 0 (reduced first) holds the last.
         self.reducer = _C.Reducer(self._params, list(reversed(buckets)), list(reversed(sizes)),
                                   self.process_group,
@@ -119,6 +128,10 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         for index, p in enumerate(self._params):
             accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
             accumulator.register_hook(self._make_grad_hook(index))
+            self._grad_accumulators.append(accumulator)
+        for p in self._sparse_params:
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(self._make_grad_hook(None))
             self._grad_accumulators.append(accumulator)
 
     def _update_process_group(self, new_process_group):
@@ -191,8 +204,38 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 # parameters (find_unused_parameters) and raises for missing ones otherwise.
                 self._finalize_queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
-            self.reducer._autograd_hook(index)
+            if index is not None:  # None: a sparse gradient (reduced in _finalize)
+                self.reducer._autograd_hook(index)
         return hook
+
+    def _reduce_sparse_grads(self, joined=False):
+        """Sums every sparse gradient over the group (a joined rank, or one that produced
+        none, gives an empty one) and divides by the world size: the same parameters in the
+        same order on every rank. Returns the gradients reduced."""
+        world = _dist.get_world_size(self.process_group)
+        reduced = []
+        for p in self._sparse_params:
+            grad = None if joined else p.grad
+            sparse_dim = 1 if p.dim() > 0 else 0
+            if grad is None:
+                wire = torch.sparse_coo_tensor(
+                    torch.empty((sparse_dim, 0), dtype=torch.int64),
+                    torch.empty((0,) + tuple(p.shape[sparse_dim:]), dtype=p.dtype), p.shape)
+            elif grad.is_sparse:
+                wire = grad
+            else:  # the weight was also used densely: autograd made the sum dense
+                wire = grad.to_sparse(sparse_dim)
+            _dist.all_reduce(wire, group=self.process_group)
+            wire.div_(world)
+            if joined:
+                continue
+            if grad is None:
+                if wire._nnz() > 0:
+                    p.grad = wire
+            elif wire is not grad:
+                grad.copy_(wire.to_dense())
+            reduced.append(p.grad)
+        return reduced
 
     def _finalize(self):
         self._finalize_queued = False
@@ -206,6 +249,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             # reduction never finished (the pass was abandoned, its buckets partly reduced).
             self._unfinished_reduction = str(e)
             return
+        sparse_grads = self._reduce_sparse_grads()
         if self._still_training is not None and not self._divide_by_initial_world_size:
             # The averages divided by the world size; joined ranks gave zeros.
             self._still_training.wait()
@@ -216,6 +260,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             for p, u in zip(self._params, used):
                 if u and p.grad is not None:
                     p.grad.mul_(scale)
+            for grad in sparse_grads:
+                if grad is not None:
+                    grad.mul_(scale)
 
     def forward(self, *inputs, **kwargs):
         if (self._unfinished_reduction is not None and torch.is_grad_enabled()
@@ -324,6 +371,7 @@ class _DDPJoinHook(JoinHook):
             future.wait()
         if ddp.find_unused_parameters:
             _dist.all_reduce(np.zeros(len(ddp._params), np.int32), group=ddp.process_group)
+        ddp._reduce_sparse_grads(joined=True)
 
     def post_hook(self, is_last_joiner):
         ddp = self._ddp

@@ -1621,6 +1621,100 @@ def ddp_torch_module(dist, backend):
     assert torch.allclose(w.grad, torch.full((1, 2), mean)), w.grad
 
 
+def ddp_sparse(dist, backend):
+    """Parameters of modules with sparse=True get sparse gradients averaged over the group
+    (torch's DDP on Gloo does that too): alone or beside dense ones, used on some ranks only,
+    accumulated under no_sync, made dense by another use, and in join mode."""
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: no torch")
+        return
+    import copy
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(8, 3, sparse=True)
+            self.bag = torch.nn.EmbeddingBag(6, 2, mode="sum", sparse=True)
+            self.lin = torch.nn.Linear(3, 1)
+
+        def forward(self, ids, use_bag, dense_use=False):
+            out = self.lin(self.emb(ids)).sum()
+            if use_bag:
+                out = out + self.bag(ids[:2].reshape(1, 2) % 6).sum()
+            if dense_use:  # the weight used densely too: its gradient becomes dense
+                out = out + self.emb.weight.sum()
+            return out
+
+    def ids(r):
+        return torch.tensor([r % 8, (r + 3) % 8, 5])
+
+    torch.manual_seed(rank)
+    net = Net()
+    model = dist.DistributedDataParallel(net, find_unused_parameters=True)
+    reference = copy.deepcopy(net)  # rank 0's weights, by now
+
+    def expected(use_bag_on, dense_use=False, calls=((0, True),)):
+        """The average over the ranks of each rank's local gradients (dense)."""
+        want = [torch.zeros_like(p) for p in reference.parameters()]
+        for r in range(world):
+            reference.zero_grad(set_to_none=True)
+            for shift, synced in calls:
+                reference(ids(r + shift), use_bag_on(r), dense_use).backward()
+            for w, p in zip(want, reference.parameters()):
+                if p.grad is not None:
+                    w += p.grad.to_dense() / world
+        return want
+
+    def check(what, want):
+        for (name, p), w in zip(net.named_parameters(), want):
+            got = torch.zeros_like(w) if p.grad is None else p.grad.to_dense()
+            assert torch.allclose(got, w, atol=1e-6), (what, name, got, w)
+
+    # The bag is used on rank 0 only: every rank gets the average of its gradient.
+    model(ids(rank), rank == 0).backward()
+    assert net.emb.weight.grad.is_sparse
+    check("first pass", expected(lambda r: r == 0))
+    model.zero_grad(set_to_none=True)
+    model(ids(rank), True, dense_use=True).backward()
+    assert not net.emb.weight.grad.is_sparse
+    check("dense use", expected(lambda r: True, dense_use=True))
+    # no_sync: the local gradients add up; the next synced pass averages the sum.
+    model.zero_grad(set_to_none=True)
+    with model.no_sync():
+        model(ids(rank), True).backward()
+    model(ids(rank + 1), True).backward()
+    check("no_sync", expected(lambda r: True, calls=((0, False), (1, True))))
+
+    # Only sparse parameters: the reducer has no bucket.
+    torch.manual_seed(0)
+    bag = dist.DistributedDataParallel(torch.nn.EmbeddingBag(5, 2, mode="sum", sparse=True))
+    bag(torch.tensor([[rank % 5, 4]])).sum().backward()
+    want = torch.zeros(5, 2)
+    for r in range(world):
+        want[r % 5] += 1 / world
+        want[4] += 1 / world
+    got = bag.module.weight.grad
+    assert got.is_sparse and torch.allclose(got.to_dense(), want), got
+
+    # Uneven inputs: rank r trains 1 + r steps; joined ranks give empty sparse gradients.
+    torch.manual_seed(0)
+    emb = dist.DistributedDataParallel(torch.nn.Embedding(4, 1, sparse=True))
+    with emb.join():
+        for step in range(1 + rank):
+            emb.zero_grad(set_to_none=True)
+            emb(torch.tensor([rank % 4])).sum().backward()
+            training = [r for r in range(world) if 1 + r > step]
+            want = torch.zeros(4, 1)
+            for r in training:
+                want[r % 4] += 1 / world
+            got = emb.module.weight.grad.to_dense()
+            assert torch.allclose(got, want), (step, got, want)
+    dist.barrier()
+
+
 def ddp_join(dist, backend):
     """model.join() with uneven inputs (rank r trains 2 + r steps): no hang; each step's
     gradient is the sum over the ranks still training divided by the world size (or by how
