@@ -13,6 +13,7 @@ with a sparse all_reduce once the backward pass is done (comm hooks do not see t
 """
 
 import contextlib
+import time
 
 import numpy as np
 import torch
@@ -24,6 +25,11 @@ from .algorithms.join import Join, JoinHook, Joinable
 
 # Start-up broadcast of the module's state: bytes per flat buffer (as torch's DDP uses).
 _BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+
+
+# torch's logging data names dtypes as C++ types.
+_TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+               torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int"}
 
 
 def _as_torch(view):
@@ -84,17 +90,24 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
         self._rank = _dist.get_rank(self.process_group)
         self._divide_by_initial_world_size = True
         self._still_training = None  # the join notification's Work, in join mode
         self._unfinished_reduction = None  # why the last backward's reduction did not finish
+        # Names from _set_params_and_buffers_to_ignore_for_model: neither synced nor reduced.
+        self._ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        self._static_graph = bool(static_graph)
+        self._forwards = 0  # forward passes that prepared a reduction
+        self._forward_ns = []
         seen = set()
         self._params = []  # dense gradients: in the reducer's buckets
         self._sparse_params = []  # sparse gradients: _reduce_sparse_grads
-        for m in module.modules():
+        for prefix, m in module.named_modules():
             sparse = getattr(m, "sparse", False) is True
-            for p in m.parameters(recurse=False):
-                if p.requires_grad and id(p) not in seen:
+            for name, p in m.named_parameters(recurse=False):
+                if (p.requires_grad and id(p) not in seen
+                        and f"{prefix}.{name}".lstrip(".") not in self._ignored):
                     seen.add(id(p))
                     (self._sparse_params if sparse else self._params).append(p)
         if not self._params and not self._sparse_params:
@@ -104,7 +117,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             self.process_group, [p.detach() for p in self._params + self._sparse_params])
         detached = [p.detach() for p in self._params]
         self._sync_state(self._module_state())
-        limits = [_C._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_cap_mb * 1024 * 1024)]
+        self._bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
+        limits = [_C._DEFAULT_FIRST_BUCKET_BYTES, self._bucket_cap_bytes]
         buckets, sizes = (_C._compute_bucket_assignment_by_size(detached, limits)
                           if detached else ([], []))
         # Gradients are ready last parameter first: bucket 0 (reduced first) holds the last.
@@ -119,7 +133,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             for index, p in enumerate(self._params):
                 p.grad = _as_torch(self.reducer._bucket_view(index))
         if static_graph:
-            self.reducer._set_static_graph()
+            self._set_static_graph()
         self._finalize_queued = False
         self._in_backward = False
         # Autograd calls these after accumulating a parameter's gradient into .grad. The
@@ -160,12 +174,71 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             self._point_grads_at_buckets()  # the reducer copied the buckets over
 
     def _buffers_to_sync(self):
-        return [b.detach() for b in self.module.buffers()]
+        return [b.detach() for name, b in self.module.named_buffers()
+                if name not in self._ignored]
 
     def _module_state(self):
         """Every parameter (frozen ones too, as torch syncs the whole module state) and
-        buffer."""
-        return [p.detach() for p in self.module.parameters()] + self._buffers_to_sync()
+        buffer, but those to ignore."""
+        return [p.detach() for name, p in self.module.named_parameters()
+                if name not in self._ignored] + self._buffers_to_sync()
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(module, params_and_buffers_to_ignore):
+        """Parameters and buffers (by fully qualified name) that a DistributedDataParallel
+        built on `module` afterwards neither syncs from rank 0 nor reduces, as torch's."""
+        module._ddp_params_and_buffers_to_ignore = params_and_buffers_to_ignore
+
+    def _set_static_graph(self):
+        """As static_graph=True at construction (call it before the first iteration)."""
+        self._static_graph = True
+        self.reducer._set_static_graph()
+
+    def will_sync_module_buffers(self):
+        return (self.require_forward_param_sync and self.broadcast_buffers
+                and len(self._buffers_to_sync()) > 0)
+
+    def _get_ddp_logging_data(self):
+        """The fields of torch's DDP logging data that apply here (construction settings,
+        buckets, parameters, the environment; the forward time in ns)."""
+        import os
+
+        def env(name):
+            return os.environ.get(name, "N/A")
+
+        params = self._params + self._sparse_params
+        buckets = [int(b.buffer().nbytes) for b in self.reducer._get_zeros_like_grad_buckets()]
+        data = {
+            "module_name": type(self.module).__name__, "device_ids": "", "output_device": -1,
+            "broadcast_buffers": int(self.broadcast_buffers),
+            "backend_name": str(_dist.get_backend(self.process_group)),
+            "world_size": _dist.get_world_size(self.process_group), "rank": self._rank,
+            "bucket_cap_bytes": self._bucket_cap_bytes,
+            "find_unused_parameters": int(self.find_unused_parameters),
+            "gradient_as_bucket_view": int(self.gradient_as_bucket_view),
+            "has_sync_bn": 0,
+            "is_multi_device_module": 0, "num_parameter_tensors": len(params),
+            "total_parameter_size_bytes": sum(p.numel() * p.element_size() for p in params),
+            "dtypes": ", ".join(sorted({_TYPE_NAMES.get(p.dtype, str(p.dtype))
+                                        for p in params})),
+            "bucket_sizes": ", ".join(map(str, buckets)),
+            "has_rebuilt_buckets": int(self.reducer._has_rebuilt_buckets()),
+            "iteration": max(self._forwards - 1, 0),
+            "master_addr": env("MASTER_ADDR"), "master_port": env("MASTER_PORT"),
+            "torch_distributed_debug": env("TORCH_DISTRIBUTED_DEBUG"),
+        }
+        if self._static_graph:  # as torch: only once set
+            data["static_graph"] = 1
+        if self.reducer._has_rebuilt_buckets():
+            data["rebuilt_bucket_sizes"] = data["bucket_sizes"]
+        if self.find_unused_parameters and self._forwards:
+            used = self.reducer._get_local_used_map()
+            data["unused_parameter_size"] = sum(
+                p.numel() * p.element_size() for p, u in zip(self._params, used) if not u)
+        if self._forward_ns:
+            data["forward_compute_time"] = self._forward_ns[-1]
+            data["avg_forward_compute_time"] = sum(self._forward_ns) // len(self._forward_ns)
+        return data
 
     def _sync_state(self, tensors, src=0):
         if tensors:
@@ -281,13 +354,17 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         if torch.is_grad_enabled():
             self._rebuild_buckets()
         self._sync_buffers()
+        start = time.perf_counter_ns()
         output = self.module(*inputs, **kwargs)
+        self._forward_ns.append(time.perf_counter_ns() - start)
+        del self._forward_ns[:-100]
         # A forward pass without backward (validation with grad enabled) leaves a pass with no
         # gradient marked, which the next prepare_for_backward drops.
         self._in_backward = torch.is_grad_enabled() and self.require_backward_grad_sync
         if join:
             self._sync_backward(self._in_backward)
         if self._in_backward:
+            self._forwards += 1
             self.reducer.prepare_for_backward()
         return output
 

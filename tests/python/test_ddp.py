@@ -8,7 +8,8 @@ from dist import harness
 
 CASES = ["ddp_reducer", "ddp_unused_parameters", "ddp_comm_hooks", "ddp_startup",
          "ddp_unused_without_detection",
-         "ddp_torch_params", "ddp_torch_module", "ddp_join", "ddp_sparse"]
+         "ddp_torch_params", "ddp_torch_module", "ddp_join", "ddp_sparse",
+         "ddp_logging_and_ignored"]
 
 
 @pytest.mark.parametrize("backend", ["gloo", "shm"])

@@ -1621,6 +1621,59 @@ def ddp_torch_module(dist, backend):
     assert torch.allclose(w.grad, torch.full((1, 2), mean)), w.grad
 
 
+def ddp_logging_and_ignored(dist, backend):
+    """_set_params_and_buffers_to_ignore_for_model: those stay local (weights, gradients and
+    buffers); _get_ddp_logging_data reports the construction and the buckets as torch's."""
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: no torch")
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(3, 3)
+            self.b = torch.nn.Linear(3, 1)
+            self.register_buffer("synced", torch.full((1,), float(rank)))
+            self.register_buffer("kept", torch.full((1,), float(rank)))
+
+        def forward(self, x):
+            return self.b(self.a(x)).sum()
+
+    torch.manual_seed(rank)
+    m = M()
+    own_weight = m.a.weight.detach().clone()
+    dist.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        m, ["a.weight", "kept"])
+    model = dist.DistributedDataParallel(m, bucket_cap_mb=1)
+    assert torch.equal(m.a.weight.detach(), own_weight)  # not rank 0's
+    assert model.will_sync_module_buffers()
+    for _ in range(3):
+        model.zero_grad()
+        model(torch.full((1, 3), float(rank + 1))).backward()
+    assert m.synced.item() == 0 and m.kept.item() == rank, (m.synced, m.kept)
+    # a.weight's gradient stays this rank's own (its input and b's weight, rank 0's).
+    want = (m.b.weight.detach().reshape(3, 1) * torch.full((1, 3), float(rank + 1)))
+    assert torch.allclose(m.a.weight.grad, want), (m.a.weight.grad, want)
+    grads = [torch.zeros(3) for _ in range(world)]
+    dist.all_gather(grads, m.a.bias.grad.clone())
+    assert all(torch.equal(g, grads[0]) for g in grads), grads  # reduced
+    data = model._get_ddp_logging_data()
+    assert data["module_name"] == "M" and data["world_size"] == world, data
+    assert data["rank"] == rank and data["backend_name"] == backend, data
+    assert data["bucket_cap_bytes"] == 1 << 20 and data["find_unused_parameters"] == 0, data
+    assert data["num_parameter_tensors"] == 3, data  # a.bias, b.weight, b.bias
+    assert data["total_parameter_size_bytes"] == 4 * 7, data
+    assert data["bucket_sizes"] == "28" and data["dtypes"] == "float", data
+    assert data["iteration"] == 2 and data["has_rebuilt_buckets"] == 1, data
+    assert "static_graph" not in data and data["avg_forward_compute_time"] > 0, data
+    static = dist.DistributedDataParallel(torch.nn.Linear(2, 1))
+    static._set_static_graph()
+    assert static._get_ddp_logging_data()["static_graph"] == 1
+
+
 def ddp_sparse(dist, backend):
     """Parameters of modules with sparse=True get sparse gradients averaged over the group
     (torch's DDP on Gloo does that too): alone or beside dense ones, used on some ranks only,
