@@ -1454,11 +1454,19 @@ def ddp_startup(dist, backend):
             "different parameter counts")
 
 
-def ddp_torch_params(dist, backend):
+def _torch_or_skip():
+    """torch, or None after printing the harness's SKIP line when it is not installed."""
     try:
         import torch
     except ImportError:
         print("SKIP: no torch")
+        return None
+    return torch
+
+
+def ddp_torch_params(dist, backend):
+    torch = _torch_or_skip()
+    if torch is None:
         return
     rank, world = dist.get_rank(), dist.get_world_size()
     params = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2, 3))]
@@ -1503,10 +1511,8 @@ def ddp_torch_module(dist, backend):
     """c10d.DistributedDataParallel on a torch model: rank 0's weights everywhere, gradients
     averaged (checked against every rank's gradient computed locally), unused parameters,
     no_sync."""
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: no torch")
+    torch = _torch_or_skip()
+    if torch is None:
         return
     import copy
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -1624,10 +1630,8 @@ def ddp_torch_module(dist, backend):
 def ddp_logging_and_ignored(dist, backend):
     """_set_params_and_buffers_to_ignore_for_model: those stay local (weights, gradients and
     buffers); _get_ddp_logging_data reports the construction and the buckets as torch's."""
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: no torch")
+    torch = _torch_or_skip()
+    if torch is None:
         return
     rank, world = dist.get_rank(), dist.get_world_size()
 
@@ -1678,10 +1682,8 @@ def ddp_sparse(dist, backend):
     """Parameters of modules with sparse=True get sparse gradients averaged over the group
     (torch's DDP on Gloo does that too): alone or beside dense ones, used on some ranks only,
     accumulated under no_sync, made dense by another use, and in join mode."""
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: no torch")
+    torch = _torch_or_skip()
+    if torch is None:
         return
     import copy
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -1773,10 +1775,8 @@ def ddp_join(dist, backend):
     gradient is the sum over the ranks still training divided by the world size (or by how
     many still train); afterwards every rank holds the last joiner's weights. With
     throw_on_early_termination every rank raises when the first runs out."""
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: no torch")
+    torch = _torch_or_skip()
+    if torch is None:
         return
     rank, world = dist.get_rank(), dist.get_world_size()
     steps = 2 + rank
