@@ -282,11 +282,13 @@ def launch(impl: str, args, out_path: str) -> bool:
 # puts them on one physical core (~35-40 ns), where two busy ranks share its execution units
 # (shm's 2-rank all_reduce of 4 MiB took 279 us in a run that saw it, 182 in one that did
 # not). Columns timed in different placements do not compare, so every launch is bracketed
-# by this probe, and a launch that saw an unusual placement is run again once the CPUs are
-# back on separate cores close together, within --placement-budget seconds of waiting and
-# reruns per benchmark.
+# by this probe and watched by it while it runs (for a move far apart: the host also moves the
+# vCPUs in the middle of launches), and a launch that saw an unusual placement is run again
+# once the CPUs are back on separate cores close together, within --placement-budget seconds
+# of waiting and reruns per benchmark.
 FAR_TRIP_NS = 250
 SHARED_CORE_TRIP_NS = 65
+WATCH_MS = 100
 
 
 def round_trip_ns(probe):
@@ -315,10 +317,46 @@ def elsewhere(trip):
     return None
 
 
+def start_watch(probe):
+    """The probe in --watch mode (a round trip every WATCH_MS while a launch runs), or None."""
+    if probe is None:
+        return None
+    try:
+        return subprocess.Popen([probe, "--watch", str(WATCH_MS)], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+
+
+def stop_watch(watcher):
+    """The largest round trip the watcher saw, or None. Its trips include two clock reads
+    (~20-40 ns), too much to tell one physical core from two close ones: only a move far apart
+    in the middle of a launch counts."""
+    if watcher is None:
+        return None
+    watcher.terminate()
+    out, _ = watcher.communicate(timeout=30)
+    trips = [int(t) for t in out.split() if t.isdigit()]
+    return max(trips) if trips else None
+
+
+def while_ran(during):
+    return "" if during is None else f", up to {during} ns while it ran"
+
+
+def where_launch_ran(before, after, during):
+    """The unusual placement seen around (or, for far apart, during) a launch, or None."""
+    where = elsewhere(before) or elsewhere(after)
+    if where is None and during is not None and during >= FAR_TRIP_NS:
+        where = f"far apart (>= {FAR_TRIP_NS} ns) during it"
+    return where
+
+
 def launch_close(impl, args, out_path, probe, budget, label):
     """launch(), run again while the probe found the CPUs in an unusual placement before or
-    after it, as long as budget[0] (seconds of waiting and reruns left) lasts. Returns whether
-    the last launch worked and the round trips around it."""
+    after it (or far apart while it ran), as long as budget[0] (seconds of waiting and reruns
+    left) lasts. Returns whether the last launch worked and the round trips around it
+    (before, after, the largest during)."""
     while True:
         before = round_trip_ns(probe)
         while elsewhere(before) and budget[0] > 0:
@@ -326,34 +364,38 @@ def launch_close(impl, args, out_path, probe, budget, label):
             budget[0] -= 2
             before = round_trip_ns(probe)
         start = time.monotonic()
+        watcher = start_watch(probe)
         ok = launch(impl, args, out_path)
+        during = stop_watch(watcher)
         after = round_trip_ns(probe)
-        where = elsewhere(before) or elsewhere(after)
+        where = where_launch_ran(before, after, during)
         if not ok or not where or budget[0] <= 0:
-            return ok, (before, after)
+            return ok, (before, after, during)
         budget[0] -= time.monotonic() - start
         print(f"# {label}: the CPUs were {where} around this launch (cache-line round trip "
-              f"{before} ns before, {after} ns after): running it again", file=sys.stderr,
-              flush=True)
+              f"{before} ns before, {after} ns after{while_ran(during)}): running it again",
+              file=sys.stderr, flush=True)
 
 
 def placement_summary(trips) -> str:
-    """One line on the placement every launch ran in (trips: label -> [(before, after)])."""
-    seen = [t for pairs in trips.values() for pair in pairs for t in pair if t is not None]
+    """One line on the placement every launch ran in (trips: label -> [(before, after,
+    largest during)])."""
+    seen = [t for runs in trips.values() for run in runs for t in run[:2] if t is not None]
     if not seen:
         return "# placement: not checked (no placement probe: see --placement-probe)"
     odd = {}  # unusual placement -> the launches it was seen around
-    for label, pairs in trips.items():
-        for k, (before, after) in enumerate(pairs):
-            where = elsewhere(before) or elsewhere(after)
+    for label, runs in trips.items():
+        for k, (before, after, during) in enumerate(runs):
+            where = where_launch_ran(before, after, during)
             if where:
-                odd.setdefault(where, []).append(f"{label} round {k + 1} ({before} -> {after} ns)")
+                odd.setdefault(where, []).append(
+                    f"{label} round {k + 1} ({before} -> {after} ns{while_ran(during)})")
     close = [t for t in seen if not elsewhere(t)]
     text = (f"# placement: cache-line round trip between the CPUs around the launches "
             f"{min(seen)}-{max(seen)} ns")
     if not odd:
         return text + (f"; none on one physical core (< {SHARED_CORE_TRIP_NS} ns); every "
-                       f"launch ran with the CPUs close (< {FAR_TRIP_NS} ns)")
+                       f"launch ran with the CPUs close (< {FAR_TRIP_NS} ns, also while it ran)")
     for where, launches in odd.items():
         text += f"; {where} around: {', '.join(launches)}"
     return text + (f"; close otherwise ({min(close)}-{max(close)} ns)" if close else "")

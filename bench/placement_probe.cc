@@ -2,17 +2,25 @@
 // the first two CPUs this process may run on, or nothing (exit 1) with fewer than two, or when
 // a trip has not come back within kGiveUpNs (the other thread did not get its CPU).
 //
+// With `--watch MS` it runs until killed and prints, every MS milliseconds, the median of a
+// few timed trips (the clock reads add ~20-40 ns): the placement while a launch runs. The
+// threads sleep in between, so the launch loses a few microseconds per period; a batch
+// whose echo did not get its CPU in time prints nothing.
+//
 // collective_bench.py runs it around every launch: on this project's KVM guests the host
 // moves the two vCPUs between a placement where a round trip takes ~100 ns and one where it
 // takes ~500 ns and stores into lines the other CPU reads cost several times more, for
 // minutes at a time, so launches compared side by side must run in the same placement.
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -50,9 +58,58 @@ bool await_value(const Line& line, int64_t want, const char* who) {
   return true;
 }
 
+// --watch: both threads wake at the same ticks; the echo returns whatever ping holds for a
+// while, the pinger times kWatchTrips trips and prints their median.
+[[noreturn]] void watch(int cpu0, int cpu1, int64_t period_ns) {
+  constexpr int kWatchTrips = 16;
+  constexpr int64_t kEchoSpinNs = 2'000'000;
+  constexpr int64_t kTripGiveUpNs = 500'000;
+  Line ping, pong;
+  const auto first = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+  const auto period = std::chrono::nanoseconds(period_ns);
+  std::thread echo([&] {
+    pin(cpu1);
+    for (auto tick = first;; tick += period) {
+      std::this_thread::sleep_until(tick);
+      const int64_t until = now_ns() + kEchoSpinNs;
+      int64_t last = pong.value.load(std::memory_order_relaxed);
+      for (uint32_t spin = 1;; ++spin) {
+        const int64_t v = ping.value.load(std::memory_order_acquire);
+        if (v != last) pong.value.store(last = v, std::memory_order_release);
+        if ((spin & 255) == 0 && now_ns() > until) break;
+      }
+    }
+  });
+  echo.detach();
+  pin(cpu0);
+  int64_t seq = 0;
+  std::vector<int64_t> trips;
+  for (auto tick = first + std::chrono::microseconds(50);; tick += period) {
+    std::this_thread::sleep_until(tick);
+    trips.clear();
+    for (int t = 0; t < kWatchTrips; ++t) {
+      const int64_t start = now_ns();
+      ping.value.store(++seq, std::memory_order_release);
+      bool back = true;
+      for (uint32_t spin = 1; pong.value.load(std::memory_order_acquire) != seq; ++spin) {
+        if ((spin & 255) == 0 && now_ns() - start > kTripGiveUpNs) {
+          back = false;
+          break;
+        }
+      }
+      if (!back) break;
+      trips.push_back(now_ns() - start);
+    }
+    if (trips.size() < kWatchTrips) continue;
+    std::nth_element(trips.begin(), trips.begin() + kWatchTrips / 2, trips.end());
+    std::printf("%lld\n", static_cast<long long>(trips[kWatchTrips / 2]));
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   cpu_set_t allowed;
   if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 1;
   std::vector<int> cpus;
@@ -60,6 +117,9 @@ int main() {
     if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
   }
   if (cpus.size() < 2) return 1;
+  if (argc == 3 && std::strcmp(argv[1], "--watch") == 0) {
+    watch(cpus[0], cpus[1], std::atoll(argv[2]) * 1'000'000);
+  }
   constexpr int kBatches = 21;
   constexpr int kTrips = 16;
   Line ping, pong;
