@@ -368,8 +368,10 @@ def launch_close(impl, args, out_path, probe, budget, label):
             before = round_trip_ns(probe)
         start = time.monotonic()
         watcher = start_watch(probe)
-        ok = launch(impl, args, out_path)
-        during = stop_watch(watcher)
+        try:
+            ok = launch(impl, args, out_path)
+        finally:  # a launch that timed out must not leave the watcher running
+            during = stop_watch(watcher)
         after = round_trip_ns(probe)
         where = where_launch_ran(before, after, during)
         if not ok or not where or budget[0] <= 0:

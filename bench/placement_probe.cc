@@ -5,14 +5,17 @@
 // With `--watch MS` it runs until killed and prints, every MS milliseconds, the median of a
 // few timed trips (the clock reads add ~20-40 ns): the placement while a launch runs. The
 // threads sleep in between, so the launch loses a few microseconds per period; a batch
-// whose echo did not get its CPU in time prints nothing.
+// whose echo did not get its CPU in time prints nothing. It exits when its parent does.
 //
 // collective_bench.py runs it around every launch: on this project's KVM guests the host
 // moves the two vCPUs between a placement where a round trip takes ~100 ns and one where it
 // takes ~500 ns and stores into lines the other CPU reads cost several times more, for
 // minutes at a time, so launches compared side by side must run in the same placement.
 #include <sched.h>
+#include <sys/prctl.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <atomic>
@@ -118,6 +121,10 @@ int main(int argc, char** argv) {
   }
   if (cpus.size() < 2) return 1;
   if (argc == 3 && std::strcmp(argv[1], "--watch") == 0) {
+    // Ends with the benchmark that started it, even one killed before it could stop us (the
+    // second test covers a parent gone before prctl).
+    const pid_t parent = ::getppid();
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != parent) return 1;
     watch(cpus[0], cpus[1], std::atoll(argv[2]) * 1'000'000);
   }
   constexpr int kBatches = 21;
