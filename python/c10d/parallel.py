@@ -12,7 +12,9 @@ sparse gradients: as in torch's DDP on Gloo, they stay out of the buckets and ea
 with a sparse all_reduce once the backward pass is done (comm hooks do not see them).
 """
 
+import collections
 import contextlib
+import os
 import time
 
 import numpy as np
@@ -99,7 +101,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
         self._static_graph = bool(static_graph)
         self._forwards = 0  # forward passes that prepared a reduction
-        self._forward_ns = []
+        self._forward_ns = collections.deque(maxlen=100)  # the last forward passes' times
         seen = set()
         self._params = []  # dense gradients: in the reducer's buckets
         self._sparse_params = []  # sparse gradients: _reduce_sparse_grads
@@ -201,8 +203,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     def _get_ddp_logging_data(self):
         """The fields of torch's DDP logging data that apply here (construction settings,
         buckets, parameters, the environment; the forward time in ns)."""
-        import os
-
         def env(name):
             return os.environ.get(name, "N/A")
 
@@ -357,7 +357,6 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         start = time.perf_counter_ns()
         output = self.module(*inputs, **kwargs)
         self._forward_ns.append(time.perf_counter_ns() - start)
-        del self._forward_ns[:-100]
         # A forward pass without backward (validation with grad enabled) leaves a pass with no
         # gradient marked, which the next prepare_for_backward drops.
         self._in_backward = torch.is_grad_enabled() and self.require_backward_grad_sync
