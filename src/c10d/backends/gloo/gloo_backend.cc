@@ -1046,11 +1046,18 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
   }
 
   // Rank 0: every other rank must check in before the deadline.
+  // A rank that has already exited closed its connection, so posting the receive itself
+  // throws: that rank failed the barrier like one that never arrives.
   std::vector<Parked> arrivals(c.size);
+  std::vector<std::string> post_errors(c.size);
   for (int r = 1; r < c.size; ++r) {
     arrivals[r].byte = std::make_unique<char>(0);
     arrivals[r].buffer = c.context->createUnboundBuffer(arrivals[r].byte.get(), 1);
-    arrivals[r].buffer->recv(r, arrive_slot);
+    try {
+      arrivals[r].buffer->recv(r, arrive_slot);
+    } catch (const std::exception& e) {
+      post_errors[r] = e.what();
+    }
   }
   std::vector<int> arrived, failed;
   std::string first_error;
@@ -1059,6 +1066,7 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
     const bool give_up = !wait_all_ranks && !failed.empty();
     const Millis limit = give_up ? Millis(1) : at_least_1ms(deadline.remaining());
     try {
+      if (!post_errors[r].empty()) throw std::runtime_error(post_errors[r]);
       if (wait_or_abort(*arrivals[r].buffer, false, limit) == WaitResult::kDone) {
         arrived.push_back(r);
         continue;
