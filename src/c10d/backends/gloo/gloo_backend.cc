@@ -1065,16 +1065,20 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
     // After the first failure without wait_all_ranks, only collect ranks already there.
     const bool give_up = !wait_all_ranks && !failed.empty();
     const Millis limit = give_up ? Millis(1) : at_least_1ms(deadline.remaining());
-    try {
-      if (!post_errors[r].empty()) throw std::runtime_error(post_errors[r]);
-      if (wait_or_abort(*arrivals[r].buffer, false, limit) == WaitResult::kDone) {
-        arrived.push_back(r);
-        continue;
+    std::string error = std::move(post_errors[r]);  // empty: not arrived in time (yet)
+    if (error.empty()) {
+      try {
+        if (wait_or_abort(*arrivals[r].buffer, false, limit) == WaitResult::kDone) {
+          arrived.push_back(r);
+          continue;
+        }
+      } catch (const std::exception& e) {
+        error = e.what();
       }
-      if (!give_up) failed.push_back(r);
-    } catch (const std::exception& e) {
-      if (!give_up) failed.push_back(r);
-      if (!give_up && first_error.empty()) first_error = e.what();
+    }
+    if (!give_up) {
+      failed.push_back(r);
+      if (first_error.empty()) first_error = std::move(error);
     }
     park(std::move(arrivals[r]));
   }
