@@ -40,3 +40,11 @@ def test_singleton_without_mpirun():
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and "SINGLETON_OK" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("world,env", [(2, {}), (3, {}),
+                                       (2, {"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "2"})],
+                         ids=["2-ranks", "3-ranks", "user-choice"])
+def test_reductions_with_every_algorithm(world, env):
+    harness.check_all_ok(harness.run("mpi_reductions_every_algorithm", world, "mpi", env=env,
+                                     timeout=120))
