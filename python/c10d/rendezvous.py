@@ -26,7 +26,10 @@ def register_rendezvous_handler(scheme, handler):
 
 
 def _error(init_method: str, message: str) -> ValueError:
-    return ValueError(f"Error initializing c10d using {init_method} rendezvous: {message}")
+    # A ValueError, as torch's rendezvous raises for a bad URL or environment, that is also a
+    # RuntimeError, as torch's backends raise for a rank outside the world.
+    return _C._ArgumentValueError(
+        f"Error initializing c10d using {init_method} rendezvous: {message}")
 
 
 def _query_int(query, name, url):
