@@ -185,6 +185,25 @@ def test_get_missing_times_out(store):
         store.get("never_set")
 
 
+def test_negative_timeout_has_run_out(store):
+    """`wait(keys, deadline - now)` computed too late times out at once (it waited forever once:
+    the stores read a negative timeout as none); present keys still pass."""
+    store.set("here", "1")
+    start = time.monotonic()
+    store.wait(["here"], timedelta(seconds=-1))
+    with pytest.raises(c10d.DistStoreTimeoutError, match="negative timeout.*absent"):
+        store.wait(["here", "absent"], timedelta(seconds=-1))
+    store.set_timeout(timedelta(seconds=-1))
+    assert store.get("here") == b"1"
+    with pytest.raises(c10d.DistStoreTimeoutError, match="absent"):
+        store.get("absent")
+    with pytest.raises(c10d.DistStoreTimeoutError, match="absent"):
+        store.wait(["absent"])
+    assert time.monotonic() - start < 5
+    store.set("after", "ok")
+    assert store.get("after") == b"ok"
+
+
 @pytest.mark.parametrize("write", ["set", "add", "append", "compare_set", "multi_set"])
 def test_wait_woken_by_write(store, write):
     done = threading.Event()

@@ -67,8 +67,11 @@ void throw_wait_timeout(const std::string& store, const std::vector<std::string>
   // torch's wording ("wait timeout after 100ms, keys: /a, /b"), which its users match on.
   std::string list;
   for (const auto& key : keys) list += (list.empty() ? "" : ", ") + key;
-  throw core::DistStoreTimeoutError(str_cat(store, ": wait timeout after ",
-                                            core::format_timeout(timeout), ", keys: ", list));
+  const std::string after = timeout < Millis::zero()
+                                ? str_cat("a negative timeout (", timeout.count(), "ms)")
+                                : core::format_timeout(timeout);
+  throw core::DistStoreTimeoutError(str_cat(store, ": wait timeout after ", after, ", keys: ",
+                                            list));
 }
 
 int64_t parse_counter(const std::string& key, const Bytes& value) {
