@@ -393,6 +393,33 @@ def test_python_store_fallbacks_and_missing_methods():
         c10d.PrefixStore("p", Empty()).multi_get(["foo"])
 
 
+def test_python_store_with_torchs_cpp_method_names():
+    """Stores written for torch define getNumKeys and deleteKey (the names torch's adapter
+    calls); c10d calls them when num_keys and delete_key are not defined."""
+
+    class TorchStyle(c10d.Store):
+        def __init__(self):
+            super().__init__()
+            self.d = {}
+
+        def set(self, key, value):
+            self.d[key] = value
+
+        def getNumKeys(self):
+            return len(self.d)
+
+        def deleteKey(self, key):
+            return self.d.pop(key, None) is not None
+
+    store = c10d.PrefixStore("p", TorchStyle())
+    store.set("x", "y")
+    store.set("z", "y")
+    assert store.num_keys() == 2
+    assert store.delete_key("x") is True
+    assert store.delete_key("x") is False
+    assert store.num_keys() == 1
+
+
 def test_rendezvous_yields_like_torch(tmp_path, monkeypatch):
     url = f"file://{tmp_path / 'f'}?world_size=2"
     store0, rank0, size0 = next(c10d.rendezvous(url + "&rank=0"))

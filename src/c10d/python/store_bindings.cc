@@ -44,7 +44,7 @@ class PyStore : public Store {
   }
   bool delete_key(const std::string& key) override {
     py::gil_scoped_acquire gil;
-    return override_of("delete_key")(key).cast<bool>();
+    return override_of("delete_key", "deleteKey")(key).cast<bool>();
   }
   bool check(const std::vector<std::string>& keys) override {
     py::gil_scoped_acquire gil;
@@ -52,7 +52,7 @@ class PyStore : public Store {
   }
   int64_t num_keys() override {
     py::gil_scoped_acquire gil;
-    return override_of("num_keys")().cast<int64_t>();
+    return override_of("num_keys", "getNumKeys")().cast<int64_t>();
   }
   void wait(const std::vector<std::string>& keys, Millis timeout) override {
     py::gil_scoped_acquire gil;
@@ -104,8 +104,11 @@ class PyStore : public Store {
   py::function optional_override(const char* name) const {
     return py::get_override(static_cast<const Store*>(this), name);
   }
-  py::function override_of(const char* name) const {
+  // `name`, or torch's C++ name of the method (`alias`), which torch's adapter for Python
+  // stores calls: stores written for torch define deleteKey and getNumKeys.
+  py::function override_of(const char* name, const char* alias = nullptr) const {
     py::function fn = optional_override(name);
+    if (!fn && alias != nullptr) fn = optional_override(alias);
     if (!fn) {
       // torch's wording first ("Not implemented."), which its users match on.
       throw core::NotSupported(
