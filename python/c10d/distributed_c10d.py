@@ -252,6 +252,21 @@ class _World:
 
 _world = _World()
 
+# The module-level names of the group registry that scripts written for torch read
+# (``distributed_c10d._pg_map`` ...): the current tables of _world, looked up at each access
+# since destroy_process_group() starts new ones.
+_WORLD_ATTRIBUTES = {"_pg_map": "pg_map", "_pg_names": "pg_names",
+                     "_pg_group_ranks": "pg_group_ranks",
+                     "_pg_backend_config": "pg_backend_config", "_group_count": "group_count",
+                     "_default_pg": "default_pg"}
+
+
+def __getattr__(name: str):
+    attribute = _WORLD_ATTRIBUTES.get(name)
+    if attribute is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(_world, attribute)
+
 
 def _get_default_group() -> ProcessGroup:
     if _world.default_pg is None:

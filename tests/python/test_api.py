@@ -74,6 +74,19 @@ def test_state_after_init(world1):
         dist._C._resolve_process_group(name)
 
 
+def test_registry_tables_at_module_level_follow_the_world(world1):
+    """Scripts written for torch read distributed_c10d._pg_map and its siblings."""
+    dc = dist.distributed_c10d
+    sub = dist.new_group([0])
+    assert set(dc._pg_map) == {dist.group.WORLD, sub}
+    assert dc._pg_group_ranks[sub] == {0: 0}
+    assert dc._default_pg is dist.group.WORLD and dc._group_count >= 1
+    dist.destroy_process_group()
+    assert dc._pg_map == {} and dc._default_pg is None
+    with pytest.raises(AttributeError):
+        dc._no_such_table
+
+
 def test_file_and_tcp_init_methods(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rdzv", rank=0,
                             world_size=1)
