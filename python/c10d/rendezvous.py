@@ -129,10 +129,11 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs) -> Iter
     and world size given here join the URL's query (which must not hold them already), and
     the scheme's handler gets the URL and `kwargs` (`timeout`)."""
     if not isinstance(url, str):
-        raise TypeError(f"init_method must be a str URL, got {type(url).__name__}")
+        # A TypeError that is also a RuntimeError, which torch raises here.
+        raise _C._ArgumentTypeError(f"init_method must be a str URL, got {type(url).__name__}")
     for name, value in (("rank", rank), ("world_size", world_size)):
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-            raise TypeError(f"`{name}` must be an integer, got {value!r}")
+            raise _C._ArgumentTypeError(f"`{name}` must be an integer, got {value!r}")
     parsed = urlparse(url)
     if rank != -1 or world_size != -1:
         query = parse_qs(parsed.query)
