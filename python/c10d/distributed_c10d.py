@@ -95,13 +95,14 @@ class Backend(str):
                          devices=None):
         """Registers a backend written outside c10d. ``func(store, rank, world_size, timeout)``
         (or ``func(backend_options, pg_options)`` with ``extended_api``) returns a
-        ProcessGroup (for example a Python subclass) or a backend object."""
-        if hasattr(Backend, name.upper()):
-            raise _DistValueError(f"{name.upper()} c10d backend already exists")
-        if name.upper() in Backend._plugins:
-            raise _DistValueError(f"{name} c10d backend creator function already exists")
-        setattr(Backend, name.upper(), name.lower())
-        Backend.backend_list.append(name.lower())
+        ProcessGroup (for example a Python subclass) or a backend object. Registering a name
+        again replaces its creator, as in torch (c10d's own backends are still built in)."""
+        if not isinstance(name, str):
+            raise _DistValueError(f"Backend name must be a string, got {type(name).__name__}")
+        if not hasattr(Backend, name.upper()):
+            setattr(Backend, name.upper(), name.lower())
+        if name.lower() not in Backend.backend_list:
+            Backend.backend_list.append(name.lower())
         if devices is None:
             devices = ["cpu"]
         elif isinstance(devices, str):
@@ -109,7 +110,7 @@ class Backend(str):
         Backend.backend_capability[name.lower()] = list(devices)
         for device in devices:
             Backend.default_device_backend_map.setdefault(device, name.lower())
-        Backend.backend_type_map[name.lower()] = len(Backend.backend_type_map) + 100
+        Backend.backend_type_map.setdefault(name.lower(), len(Backend.backend_type_map) + 100)
         Backend._plugins[name.upper()] = Backend._BackendPlugin(func, extended_api)
 
 

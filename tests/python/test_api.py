@@ -118,17 +118,18 @@ def test_backend_names_and_config():
 
 
 class _EchoGroup(dist.ProcessGroup):
-    """A backend written in Python: doubles tensors on all_reduce."""
+    """A backend written in Python: multiplies tensors by `factor` (2) on all_reduce."""
 
     calls = []
 
-    def __init__(self, rank, size):
+    def __init__(self, rank, size, factor=2):
         super().__init__(rank, size)
+        self.factor = factor
 
     def allreduce(self, tensors, opts):
         _EchoGroup.calls.append(("allreduce", opts.reduceOp))
         for t in tensors:
-            t *= 2
+            t *= self.factor
         f = dist.Future()
         f.set_result(tensors)
         return dist._C._create_work_from_future(f)
@@ -153,8 +154,16 @@ def test_register_python_backend():
             dist.all_gather([np.zeros(3)], np.ones(3))
     finally:
         dist.destroy_process_group()
-    with pytest.raises(ValueError, match="already exists"):
-        dist.Backend.register_backend("echo", lambda *a: None)
+    # Registering again replaces the creator, as in torch.
+    dist.Backend.register_backend("echo", lambda store, rank, size, timeout:
+                                  _EchoGroup(rank, size, factor=3))
+    dist.init_process_group("echo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = np.ones(3)
+        dist.all_reduce(t)
+        assert (t == 3).all()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_process_group_built_by_hand_as_in_torch():
