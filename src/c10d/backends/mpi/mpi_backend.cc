@@ -156,8 +156,8 @@ MPI_Op mpi_op(DType dtype, const ReduceOp& op) {
 // tests back to back at first, then yields the core after every empty round (a rank sharing
 // it runs; that is how Open MPI's blocking calls wait when oversubscribed), and only once
 // nothing finished for kYieldTime does it sleep between rounds, for 1% of the wait so far,
-// 10 us to 1 ms: a peer that is seconds late costs little CPU, while an operation that keeps
-// moving is slowed by at most about 1% after its first kYieldTime.
+// 10 us to 1 ms: a peer that is seconds late costs little CPU, and operations shorter than
+// kYieldTime (all but the largest) never sleep.
 class Poller {
  public:
   // After a round of tests that finished nothing: how long to sleep before the next (zero:
