@@ -20,6 +20,12 @@ class Deadline {
   Deadline(Millis timeout, Clock::time_point start)
       : infinite_(timeout <= Millis::zero()), at_(start + timeout) {}
 
+  // A deadline that has passed already.
+  static Deadline passed() {
+    const Clock::time_point now = Clock::now();
+    return Deadline(Millis(1), now - Millis(1));
+  }
+
   bool infinite() const { return infinite_; }
   bool expired() const { return !infinite_ && Clock::now() >= at_; }
   Clock::time_point time_point() const { return infinite_ ? Clock::time_point::max() : at_; }

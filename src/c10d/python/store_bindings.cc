@@ -143,14 +143,6 @@ void drive_store_from_cpp(const std::shared_ptr<Store>& s) {
   C10D_CHECK(to_string(s->get("_cpp/new")) == "potato", "append to a new key mismatch");
 }
 
-// Store.wait (and get) from Python. A negative timeout has run out already (`deadline - now` computed
-// too late): the keys are checked once and the wait times out at once if one is missing, as
-// in torch, instead of the stores reading it as "no timeout" and waiting forever.
-void wait_for_keys(Store& s, const std::vector<std::string>& keys, Millis timeout) {
-  if (timeout >= Millis::zero()) return s.wait(keys, timeout);
-  if (!s.check(keys)) store::throw_wait_timeout(s.describe(), keys, timeout);
-}
-
 }  // namespace
 
 void init_store(py::module_& m) {
@@ -187,7 +179,6 @@ void init_store(py::module_& m) {
             Bytes out;
             {
               py::gil_scoped_release release;
-              if (s.timeout() < Millis::zero()) wait_for_keys(s, {key}, s.timeout());
               out = s.get(key);
             }
             return to_pybytes(out);
@@ -207,16 +198,13 @@ void init_store(py::module_& m) {
            "Sets the default timeout of get and wait.")
       .def_property_readonly("timeout", &Store::timeout)
       .def(
-          "wait",
-          [](Store& s, const std::vector<std::string>& keys) {
-            wait_for_keys(s, keys, s.timeout());
-          },
+          "wait", [](Store& s, const std::vector<std::string>& keys) { s.wait(keys); },
           py::arg("keys"), py::call_guard<py::gil_scoped_release>(),
           "Waits up to the store timeout until every key exists.")
       .def(
           "wait",
           [](Store& s, const std::vector<std::string>& keys, Millis timeout) {
-            wait_for_keys(s, keys, timeout);
+            s.wait(keys, timeout);
           },
           py::arg("keys"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
           "Waits up to timeout until every key exists.")

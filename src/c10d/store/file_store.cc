@@ -410,7 +410,7 @@ Bytes FileStore::get(const std::string& key) {
   check_owner();
   const Millis timeout = this->timeout();
   Bytes value;
-  const bool found = poll_until(core::Deadline(timeout), [&](bool first) {
+  const bool found = poll_until(key_deadline(timeout), [&](bool first) {
     std::lock_guard<std::mutex> guard(mutex_);
     refresh(first);
     auto it = kv_.find(key);
@@ -463,7 +463,7 @@ int64_t FileStore::num_keys() {
 
 void FileStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   check_owner();
-  const bool found = poll_until(core::Deadline(timeout), [&](bool first) {
+  const bool found = poll_until(key_deadline(timeout), [&](bool first) {
     std::lock_guard<std::mutex> guard(mutex_);
     refresh(first);
     return all_present(keys);
@@ -483,7 +483,7 @@ std::vector<Bytes> FileStore::multi_get(const std::vector<std::string>& keys) {
   check_owner();
   const Millis timeout = this->timeout();
   std::vector<Bytes> values;
-  const bool found = poll_until(core::Deadline(timeout), [&](bool first) {
+  const bool found = poll_until(key_deadline(timeout), [&](bool first) {
     std::lock_guard<std::mutex> guard(mutex_);
     refresh(first);
     if (!all_present(keys)) return false;
@@ -544,7 +544,7 @@ Bytes FileStore::queue_pop(const std::string& key, bool block) {
     }
     return value;
   }
-  if (!poll_until(core::Deadline(timeout), try_pop)) {
+  if (!poll_until(key_deadline(timeout), try_pop)) {
     throw_wait_timeout(describe(), {key}, timeout);
   }
   return value;

@@ -18,7 +18,7 @@ void HashStore::wait_locked(std::unique_lock<std::mutex>& lock,
     }
     return true;
   };
-  core::Deadline deadline(timeout);
+  const core::Deadline deadline = key_deadline(timeout);
   if (deadline.infinite()) {
     changed_.wait(lock, ready);
   } else if (!changed_.wait_until(lock, deadline.time_point(), ready)) {

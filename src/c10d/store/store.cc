@@ -62,6 +62,10 @@ void Store::throw_not_supported(const char* op) const {
   throw core::NotSupported(str_cat(describe(), " does not support ", op));
 }
 
+core::Deadline key_deadline(Millis timeout) {
+  return timeout < Millis::zero() ? core::Deadline::passed() : core::Deadline(timeout);
+}
+
 void throw_wait_timeout(const std::string& store, const std::vector<std::string>& keys,
                         Millis timeout) {
   // torch's wording ("wait timeout after 100ms, keys: /a, /b"), which its users match on.

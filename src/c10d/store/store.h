@@ -85,6 +85,11 @@ class Store {
 };
 
 // Throws the one timeout error every store uses for wait/get, naming keys, store and timeout.
+// The deadline of a wait for keys (get, wait, multi_get, queue_pop): zero waits without one,
+// as everywhere, but a negative timeout (`deadline - now` computed too late) has run out
+// already, as in torch: the keys are looked for once instead of waited for forever.
+core::Deadline key_deadline(Millis timeout);
+
 [[noreturn]] void throw_wait_timeout(const std::string& store, const std::vector<std::string>& keys,
                                      Millis timeout);
 

@@ -455,7 +455,7 @@ Bytes TCPStore::get(const std::string& key) {
     Bytes value = call.bytes();
     if (ready) return value;
   }
-  if (!block_until_present("get", {k}, Deadline(timeout))) {
+  if (!block_until_present("get", {k}, key_deadline(timeout))) {
     throw_wait_timeout(describe(), {k}, timeout);
   }
   Call call(*this, "get");
@@ -499,7 +499,7 @@ int64_t TCPStore::num_keys() {
 void TCPStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   // Our server only answers once every key exists; the deadline is ours to enforce.
   const std::vector<std::string> ks = wire_keys(describe() + ": wait: ", keys);
-  if (!block_until_present("wait", ks, Deadline(timeout))) {
+  if (!block_until_present("wait", ks, key_deadline(timeout))) {
     throw_wait_timeout(describe(), ks, timeout);
   }
 }
@@ -514,7 +514,7 @@ void TCPStore::append(const std::string& key, const Bytes& value) {
 std::vector<Bytes> TCPStore::multi_get(const std::vector<std::string>& keys) {
   const Millis timeout = this->timeout();
   std::vector<std::string> ks = wire_keys(describe() + ": multi_get: ", keys);
-  if (!block_until_present("multi_get", ks, Deadline(timeout))) {
+  if (!block_until_present("multi_get", ks, key_deadline(timeout))) {
     throw_wait_timeout(describe(), ks, timeout);
   }
   Call call(*this, "multi_get");
@@ -549,7 +549,7 @@ void TCPStore::queue_push(const std::string& key, const Bytes& value) {
 
 Bytes TCPStore::queue_pop(const std::string& key, bool block) {
   const Millis timeout = this->timeout();
-  const Deadline deadline(timeout);
+  const Deadline deadline = key_deadline(timeout);
   std::string k = wire_key(describe() + ": queue_pop: ", key);
   while (true) {
     {
