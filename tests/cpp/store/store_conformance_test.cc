@@ -185,6 +185,22 @@ TYPED_TEST(StoreConformance, GetOnMissingKeyTimesOut) {
 }
 
 // A waiter in another thread is woken by each kind of write.
+TYPED_TEST(StoreConformance, NegativeTimeoutHasRunOut) {
+  auto& s = *this->store_;
+  s.set("here", b("1"));
+  const auto start = core::Clock::now();
+  s.wait({"here"}, -1000ms);  // present keys still pass
+  EXPECT_THROW(s.wait({"here", "absent"}, -1000ms), core::DistStoreTimeoutError);
+  s.set_timeout(-1000ms);
+  EXPECT_EQ(s.get("here"), b("1"));
+  EXPECT_THROW(s.get("absent"), core::DistStoreTimeoutError);
+  EXPECT_THROW(s.multi_get({"here", "absent"}), core::DistStoreTimeoutError);
+  EXPECT_LT(core::Clock::now() - start, 5s);
+  s.set_timeout(5s);
+  s.set("after", b("ok"));
+  EXPECT_EQ(s.get("after"), b("ok"));
+}
+
 TYPED_TEST(StoreConformance, WaitWokenByEveryWrite) {
   auto& s = *this->store_;
   const std::vector<std::function<void(const std::string&)>> writers = {
