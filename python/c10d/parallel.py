@@ -196,9 +196,15 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         self._static_graph = True
         self.reducer._set_static_graph()
 
+    def _forward_buffers(self):
+        """The buffers the forward pass broadcasts: none unless broadcast_buffers and
+        require_forward_param_sync."""
+        if not (self.require_forward_param_sync and self.broadcast_buffers):
+            return []
+        return self._buffers_to_sync()
+
     def will_sync_module_buffers(self):
-        return (self.require_forward_param_sync and self.broadcast_buffers
-                and len(self._buffers_to_sync()) > 0)
+        return len(self._forward_buffers()) > 0
 
     def _get_ddp_logging_data(self):
         """The fields of torch's DDP logging data that apply here (construction settings,
@@ -247,7 +253,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     def _sync_buffers(self, joined=False):
         """The forward pass's buffer broadcast: from rank 0, or in join mode from the highest
         rank still training (a joined rank's buffers are stale)."""
-        buffers = self._buffers_to_sync() if self.broadcast_buffers else []
+        buffers = self._forward_buffers()
         if not buffers:
             return
         src = self._find_common_rank(not joined) if self._join_config.enable else 0

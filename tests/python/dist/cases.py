@@ -1676,6 +1676,12 @@ def ddp_logging_and_ignored(dist, backend):
     static = dist.DistributedDataParallel(torch.nn.Linear(2, 1))
     static._set_static_graph()
     assert static._get_ddp_logging_data()["static_graph"] == 1
+    # Without require_forward_param_sync the forward pass leaves the buffers alone.
+    model.require_forward_param_sync = False
+    assert not model.will_sync_module_buffers()
+    m.synced.fill_(float(rank))
+    model(torch.ones(1, 3)).backward()
+    assert m.synced.item() == rank, m.synced
 
 
 def ddp_sparse(dist, backend):
