@@ -1,14 +1,16 @@
-// copy_bytes: memcpy for the hot paths of the backends, without one CPU pathology.
+// copy_bytes: memcpy for the hot paths of the backends, without one CPU pathology and with
+// the faster of two copies on the CPU it runs on.
 //
 // glibc copies mid-sized blocks (a few KiB to about a MiB) with `rep movsb`, which on some
-// CPUs (AMD Zen among them) runs about 20x slower when the destination lies 1-63 bytes past
+// CPUs (AMD Zen 4 among them) runs about 20x slower when the destination lies 1-63 bytes past
 // the source modulo 4 KiB. That is the common case of copying a page-aligned shared buffer into
 // a large numpy array, whose data starts 16 bytes into its first page. Those copies take a
-// plain vector loop, and so does every copy from 16 KiB on CPUs with AVX2: where glibc picks
-// `rep movsb` (up to about the L2 size on AMD) a 32-byte load/store loop is faster even
-// without the pathology. EPYC Zen 4 guest, one thread, 256 KiB: 57 GB/s against 54 for
-// memcpy; 2-rank all_reduce of 4 MiB (medians of 3 interleaved launches): 181-187 us against
-// 189-196, of 1 MiB 47-48 against 50-51. Every other copy is memcpy.
+// plain vector loop. From 16 KiB, on CPUs with AVX2, copies take either a 32-byte load/store
+// loop or `rep movsb`, whichever a timing of both at the first such copy found faster (for
+// aliased destinations and for the others; C10D_COPY forces one). On an EPYC Zen 4 guest the
+// loop won: one thread, 256 KiB, 57 GB/s against 54 for memcpy; 2-rank all_reduce of 4 MiB
+// (medians of 3 interleaved launches) 181-187 us against 189-196. On an EPYC Zen 5 guest
+// `rep movsb` copies 1.4-1.8x faster, with or without the aliasing.
 #pragma once
 
 #include <cstddef>
@@ -26,5 +28,19 @@ void copy_bytes(void* dst, const void* src, size_t n);
 // that costs 5-7x the copy itself; streaming stores skip the line fill and the reader gets the
 // data from memory.
 void stream_bytes(void* dst, const void* src, size_t n);
+
+namespace detail {
+
+// Which copy copy_bytes runs from 16 KiB on AVX2 CPUs: `rep movsb` (true) or the vector loop,
+// for destinations 1-63 bytes past the source modulo 4 KiB and for the others. Tests switch it
+// to run both; switching is atomic but meant for tests only.
+struct CopyKernels {
+  bool string_plain = false;
+  bool string_aliased = false;
+};
+CopyKernels copy_kernels();
+void set_copy_kernels(CopyKernels kernels);
+
+}  // namespace detail
 
 }  // namespace c10d::core

@@ -47,6 +47,9 @@ struct EnvVar {
   X(kEnvGlooSocketIfname, "GLOO_SOCKET_IFNAME", "",                                           \
     "Comma-separated network interfaces the Gloo backend binds to (one device each); unset "  \
     "means the address the hostname resolves to, else loopback.")                          \
+  X(kEnvCopy, "C10D_COPY", "auto",                                                            \
+    "How copies from 16 KiB run on AVX2 CPUs: vector = a 32-byte load/store loop, string = "   \
+    "rep movsb, auto = whichever a timing of both finds faster here (once per process).")     \
   X(kEnvShmHostId, "C10D_SHM_HOST_ID", "",                                                    \
     "Overrides this machine's identity (hostname/boot id) in the shm backend's same-host "    \
     "check; for tests.")                                                                       \
