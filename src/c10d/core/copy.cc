@@ -128,13 +128,17 @@ detail::CopyKernels initial_kernels() {
   return time_copies();
 }
 
-// The kernels as two bits (string_plain | string_aliased << 1), so that tests can switch them
-// atomically.
+// The kernels as two bits in one atomic byte, so that tests can switch them atomically.
+constexpr uint8_t kStringPlain = 1;
+constexpr uint8_t kStringAliased = 2;
+
+uint8_t to_bits(detail::CopyKernels k) {
+  return static_cast<uint8_t>((k.string_plain ? kStringPlain : 0) |
+                              (k.string_aliased ? kStringAliased : 0));
+}
+
 std::atomic<uint8_t>& kernel_bits() {
-  static std::atomic<uint8_t> bits = [] {
-    const detail::CopyKernels k = initial_kernels();
-    return static_cast<uint8_t>(k.string_plain | k.string_aliased << 1);
-  }();
+  static std::atomic<uint8_t> bits{to_bits(initial_kernels())};
   return bits;
 }
 
@@ -155,7 +159,7 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   const auto* s = static_cast<const char*>(src);
   if (n >= kVectorMin && has_avx2()) {
     const uint8_t bits = kernel_bits().load(std::memory_order_relaxed);
-    const bool string = (bits & (aliased(d, s) ? 2 : 1)) != 0;
+    const bool string = (bits & (aliased(d, s) ? kStringAliased : kStringPlain)) != 0;
     return string ? string_copy(d, s, n) : vector_copy_avx2(d, s, n);
   }
   if (n >= 2048 && aliased(d, s)) return vector_copy(d, s, n);
@@ -184,7 +188,7 @@ namespace detail {
 CopyKernels copy_kernels() {
 #if defined(__x86_64__)
   const uint8_t bits = kernel_bits().load(std::memory_order_relaxed);
-  return {(bits & 1) != 0, (bits & 2) != 0};
+  return {(bits & kStringPlain) != 0, (bits & kStringAliased) != 0};
 #else
   return {};
 #endif
@@ -192,8 +196,7 @@ CopyKernels copy_kernels() {
 
 void set_copy_kernels(CopyKernels k) {
 #if defined(__x86_64__)
-  kernel_bits().store(static_cast<uint8_t>(k.string_plain | k.string_aliased << 1),
-                      std::memory_order_relaxed);
+  kernel_bits().store(to_bits(k), std::memory_order_relaxed);
 #else
   (void)k;
 #endif
