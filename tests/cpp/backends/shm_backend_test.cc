@@ -452,8 +452,9 @@ TEST(ShmBackend, ProbedModesKeepResultsExact) {
 }
 
 // Rank 0 times a cache line's round trip with rank 1 a few times a second, and every rank
-// follows its verdict (far apart: streaming stores) while results stay exact. The threshold
-// decides the verdict here: 0 ns (every trip counts as far) or a minute (none does).
+// follows its verdict (far apart: streaming stores; large allreduces through the kernel from
+// a smaller size) while results stay exact. The threshold decides the verdict here: 0 ns
+// (every trip counts as far) or a minute (none does).
 TEST(ShmBackend, PlacementWatchReachesEveryRankAndKeepsResultsExact) {
   if (::sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
   ::setenv("C10D_SHM_STREAM", "auto", 1);
@@ -482,6 +483,13 @@ TEST(ShmBackend, PlacementWatchReachesEveryRankAndKeepsResultsExact) {
       EXPECT_EQ(heard, 2) << (far ? "far apart" : "close") << ", rank " << rank << " heard "
                           << (b.cpus_far_apart() ? (*b.cpus_far_apart() ? "far" : "close")
                                                  : "nothing");
+      // Past the size where far apart ranks go direct (an odd count: the pieces are uneven).
+      const int64_t large = (int64_t{16} << 20) / 4 + 5;
+      const Tensor large_want = expected_reduce(large, DType::kFloat32, 2, ReduceOp::SUM);
+      Tensor t = filled(large, DType::kFloat32, rank);
+      std::vector<Tensor> ts{t};
+      b.allreduce(ts, {})->wait();
+      expect_same(t, large_want, far ? "16 MiB allreduce, far apart" : "16 MiB allreduce, close");
     });
   }
   ::unsetenv("C10D_SHM_FAR_TRIP_NS");

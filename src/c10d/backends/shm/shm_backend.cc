@@ -65,6 +65,13 @@ constexpr size_t kDirectBytes = size_t{4} << 20;
 // 9.0-9.1 against 9.8-9.9, 64 MiB 17.5-17.7 against 18.7-20.2; 128 MiB 46-48 against 35-38.
 // (Unpinned, the direct path had won from 8 MiB: 32 MiB 6.3-8.4 ms against 5.7-7.0.)
 constexpr size_t kDirectAllreduceBytes = size_t{64} << 20;
+// While the host keeps the vCPUs far apart (Engine::watch_placement) every line a peer wrote
+// into the slots crosses between core complexes, and the direct path, which moves each byte
+// once, wins from a smaller size. Zen 5 guest, far apart (500-680 ns round trips), 2 ranks,
+// medians of 8 timings, slots against direct, 4 launches alternating: 16 MiB 1073-1111 us
+// against 881-1026; 8 MiB 506-532 against 484-572 and 32 MiB 2.81-3.07 ms against 2.88-2.90
+// (even); 4 MiB 273-279 against 364-369.
+constexpr size_t kDirectAllreduceFarBytes = size_t{16} << 20;
 constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{96} << 20;
 // The pipelined allreduce's chunk: step k copies chunk k in and the reduced pieces of chunk
 // k - 1 out, so with smaller chunks the copies of one step stay in L2 and overlap the peers'.
@@ -678,7 +685,7 @@ class Engine {
       // Owner computes on the tensors themselves when every rank's lies in its shared heap,
       // or, for large ones, through the kernel.
       const std::vector<Where>& where = locate(out, bytes);
-      if (all_mapped(where) || (seg_.cma() && bytes >= direct_allreduce_)) {
+      if (all_mapped(where) || (seg_.cma() && bytes >= direct_allreduce_bytes())) {
         return owner_computes(where, out, count, dtype, op, premul);
       }
     }
@@ -1126,11 +1133,13 @@ class Engine {
 
   // One two-sided step in which every rank publishes where [data, data + bytes) is.
   // The result lives in the engine (valid until the next locate).
+  // The same step also hands every rank rank 0's view of the placement (located_far_).
   const std::vector<Where>& locate(const void* data, size_t bytes) {
     const uint32_t s = next_step();
     auto* meta = reinterpret_cast<int64_t*>(seg_.meta(rank_, s));
     meta[0] = seg_.heap_offset(data, bytes);
     meta[1] = static_cast<int64_t>(reinterpret_cast<uint64_t>(data));
+    if (rank_ == 0) meta[2] = far_ ? 1 : 0;
     sync(s);
     std::vector<Where>& where = where_;
     where.assign(size_, Where{});
@@ -1139,7 +1148,15 @@ class Engine {
       if (m[0] >= 0) where[r].mapped = seg_.heap(r) + m[0];
       where[r].address = static_cast<uint64_t>(m[1]);
     }
+    located_far_ = reinterpret_cast<const int64_t*>(seg_.meta(0, s))[2] != 0;
     return where;
+  }
+
+  // From this size an allreduce of ordinary tensors goes through the kernel (right after
+  // locate: every rank then holds the same located_far_, so every rank takes the same path).
+  size_t direct_allreduce_bytes() const {
+    return own_core_ && located_far_ ? std::min(direct_allreduce_, kDirectAllreduceFarBytes)
+                                     : direct_allreduce_;
   }
 
   // Copies rank r's buffer (`where`) into `dst`: from the mapping if there is one, else
@@ -1654,6 +1671,7 @@ class Engine {
   static constexpr uint64_t kTimedBit = uint64_t{1} << 33;
   bool watching_ = false;
   bool far_ = false;
+  bool located_far_ = false;  // rank 0's far_ as the last locate() handed it out
   bool timed_ = false;
   int64_t next_placement_ns_ = 0;
   uint32_t syncs_ = 0;
