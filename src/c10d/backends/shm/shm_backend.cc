@@ -70,7 +70,9 @@ constexpr size_t kDirectAllreduceBytes = size_t{64} << 20;
 // once, wins from a smaller size. Zen 5 guest, far apart (500-680 ns round trips), 2 ranks,
 // medians of 8 timings, slots against direct, 4 launches alternating: 16 MiB 1073-1111 us
 // against 881-1026; 8 MiB 506-532 against 484-572 and 32 MiB 2.81-3.07 ms against 2.88-2.90
-// (even); 4 MiB 273-279 against 364-369.
+// (even); 4 MiB 273-279 against 364-369. 4 ranks on 2 cores, far apart, 2 launches each:
+// 16 MiB 4.69-5.25 ms against 4.10-4.70, 32 MiB 9.78-10.16 against 8.52-9.19, 4 MiB 1.05 against
+// 1.08-1.30.
 constexpr size_t kDirectAllreduceFarBytes = size_t{16} << 20;
 constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{96} << 20;
 // The pipelined allreduce's chunk: step k copies chunk k in and the reduced pieces of chunk
@@ -1155,8 +1157,8 @@ class Engine {
   // From this size an allreduce of ordinary tensors goes through the kernel (right after
   // locate: every rank then holds the same located_far_, so every rank takes the same path).
   size_t direct_allreduce_bytes() const {
-    return own_core_ && located_far_ ? std::min(direct_allreduce_, kDirectAllreduceFarBytes)
-                                     : direct_allreduce_;
+    return located_far_ ? std::min(direct_allreduce_, kDirectAllreduceFarBytes)
+                        : direct_allreduce_;
   }
 
   // Copies rank r's buffer (`where`) into `dst`: from the mapping if there is one, else
