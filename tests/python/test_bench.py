@@ -57,6 +57,16 @@ def test_a_launch_the_cpus_moved_far_apart_during_runs_again(bench, monkeypatch)
     assert "c10d-shm" not in text, text
 
 
+def test_pytorch_launches_wait_for_a_close_start_but_are_not_run_again(bench, monkeypatch):
+    # Far before (a wait), then close before and far after the launch: it stands.
+    launches = fake(bench, monkeypatch, [480, 100, 520], during=[(15, 20)])
+    budget = [60.0]
+    ok, around = bench.launch_close("torch", None, "out", "probe", budget, "torch")
+    assert ok and around == (100, 520, (15, 20)) and launches == ["torch"]
+    assert budget[0] == 58  # the one wait of 2 s
+    assert "torch round 1 (100 -> 520 ns" in bench.placement_summary({"torch": [around]})
+
+
 def test_it_waits_for_the_cpus_to_be_close_before_launching(bench, monkeypatch):
     launches = fake(bench, monkeypatch, [480, 470, 100, 100])
     budget = [60.0]
