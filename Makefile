@@ -37,7 +37,7 @@ test-python:
 run: build
 	@C10D_WITH_PEERS=1 bash scripts/install-deps.sh
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
-	  --backend $(BACKEND) --compare --time-scale 0.3 --rounds 3 \
+	  --backend $(BACKEND) --compare --time-scale 0.3 --rounds 7 --slow-rounds 3 \
 	  --placement-probe $(BUILD)/bench/placement_probe
 
 demo: build

@@ -362,6 +362,20 @@ def where_launch_ran(before, after, during):
 NOT_RERUN = ("torch",)
 
 
+# The launches that take minutes (c10d's gloo backend, PyTorch): --slow-rounds of them. The
+# others take seconds, so more rounds of them cost little and steady the medians their
+# ratios are judged on (one slow round of 3 decided a row in sessions 18-25).
+SLOW = ("c10d-gloo", "torch")
+
+
+def rounds_text(rounds_of) -> str:
+    """'3 interleaved rounds', or '7 interleaved rounds (c10d-gloo: 3, torch: 3)'."""
+    most = max(rounds_of.values())
+    text = f"{most} interleaved round{'s' if most != 1 else ''}"
+    fewer = [f"{label}: {n}" for label, n in rounds_of.items() if n != most]
+    return text + (f" ({', '.join(fewer)})" if fewer else "")
+
+
 def launch_close(impl, args, out_path, probe, budget, label):
     """launch(), run again while the probe found the CPUs in an unusual placement before or
     after it (or far apart while it ran), as long as budget[0] (seconds of waiting and reruns
@@ -545,6 +559,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="run every implementation this many times, interleaved, sharing the "
                         "iterations of one run, and report the median per size")
+    p.add_argument("--slow-rounds", type=int, default=None,
+                   help="rounds for the launches that take minutes (c10d's gloo backend and "
+                        "PyTorch), whose columns are compared only coarsely (default: --rounds)")
     p.add_argument("--compare", action="store_true",
                    help="also run torch.distributed (gloo) and mpi4py when installed")
     p.add_argument("--plot", default=None, help="write a busbw-vs-size PNG here")
@@ -565,6 +582,10 @@ def main(argv=None) -> int:
 
     runs = [("c10d", b) for b in args.backend.split(",")]
     runs += [(peer, "gloo") for peer in (peers_available() if args.compare else [])]
+    runs = [(impl, backend, f"c10d-{backend}" if impl == "c10d" else impl)
+            for impl, backend in runs]
+    rounds_of = {label: args.slow_rounds if label in SLOW and args.slow_rounds is not None
+                 else args.rounds for _, _, label in runs}
     # Every implementation runs once per round, the rounds one after another, so that a slow
     # spell of this shared machine (they last seconds to minutes) hits all of them alike
     # instead of the one that happened to run then; each row is the median over the rounds.
@@ -575,15 +596,16 @@ def main(argv=None) -> int:
         probe = None
     budget = [args.placement_budget]
     with tempfile.TemporaryDirectory() as tmp:
-        for k in range(args.rounds):
-            for impl, backend in runs:
-                label = f"c10d-{backend}" if impl == "c10d" else impl
+        for k in range(max(rounds_of.values())):
+            for impl, backend, label in runs:
+                if k >= rounds_of[label]:
+                    continue
                 out = os.path.join(tmp, f"{label}.{k}.json")
-                print(f"# round {k + 1}/{args.rounds}: running {label} on {args.nproc} ranks ...",
-                      file=sys.stderr, flush=True)
-                ok, around = launch_close(
-                    impl, argparse.Namespace(**dict(vars(args), backend=backend)), out, probe,
-                    budget, label)
+                print(f"# round {k + 1}/{rounds_of[label]}: running {label} on {args.nproc} "
+                      f"ranks ...", file=sys.stderr, flush=True)
+                launch_args = dict(vars(args), backend=backend, rounds=rounds_of[label])
+                ok, around = launch_close(impl, argparse.Namespace(**launch_args), out, probe,
+                                          budget, label)
                 trips.setdefault(label, []).append(around)
                 if ok:
                     with open(out) as f:
@@ -594,8 +616,8 @@ def main(argv=None) -> int:
     if not all_results:
         return 1
     print(f"# {args.nproc} ranks, dtype {args.dtype}, time per call (max over ranks; median of "
-          f"{args.rounds} interleaved round{'s' if args.rounds > 1 else ''}), busbw as "
-          f"nccl-tests; 'vs X' = X's time / first column's (> 1: first is faster)")
+          f"{rounds_text(rounds_of)}), busbw as nccl-tests; 'vs X' = X's time / first column's "
+          f"(> 1: first is faster)")
     print(report(all_results, args, args.nproc))
     print(placement_summary(trips))
     print(f"# Python overhead of a sync c10d all_reduce of 4 B on 1 rank: "

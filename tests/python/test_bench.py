@@ -3,6 +3,7 @@ CPUs were far apart around runs again while the budget lasts, and the report say
 launches ran in which placement."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import time
@@ -112,3 +113,33 @@ def test_the_probe_program_prints_a_round_trip(bench):
     time.sleep(10 * bench.WATCH_MS / 1000)
     far, checks = bench.stop_watch(watcher)
     assert 0 < checks <= 11 and 0 <= far <= checks
+
+
+def test_slow_launches_run_fewer_rounds_and_the_report_says_so(bench, monkeypatch, capsys,
+                                                               tmp_path):
+    # c10d's gloo backend runs --slow-rounds rounds, shm --rounds; each row is the median of
+    # the rounds an implementation ran, and the header names both counts.
+    launched = []
+
+    def launch(impl, args, out):
+        launched.append((args.backend, args.rounds))
+        us = 10.0 * (len(launched) if args.backend == "shm" else 1)
+        with open(out, "w") as f:
+            json.dump({"results": [{"op": "all_reduce", "bytes": 4, "us": us}]}, f)
+        return True
+
+    monkeypatch.setattr(bench, "launch", launch)
+    monkeypatch.setattr(bench, "python_overhead_us", lambda backend: 0.3)
+    assert bench.main(["--backend", "shm,gloo", "--rounds", "5", "--slow-rounds", "2",
+                       "--ops", "all_reduce", "--max-bytes", "4",
+                       "--placement-budget", "0", "--json", str(tmp_path / "r.json")]) == 0
+    assert launched.count(("shm", 5)) == 5 and launched.count(("gloo", 2)) == 2
+    assert len(launched) == 7
+    out = capsys.readouterr().out
+    assert "median of 5 interleaved rounds (c10d-gloo: 2)" in out, out
+    # shm's launches were the 1st, 3rd, 5th, 6th and 7th: 10, 30, 50, 60 and 70 us.
+    with open(tmp_path / "r.json") as f:
+        results = json.load(f)
+    assert results["c10d-shm"][0]["rounds_us"] == [10, 30, 50, 60, 70]
+    assert results["c10d-shm"][0]["us"] == 50
+    assert results["c10d-gloo"][0]["rounds_us"] == [10, 10]
