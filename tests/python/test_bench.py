@@ -1,6 +1,6 @@
-"""The collective benchmark's placement checks (bench/collective_bench.py): a launch that the
-CPUs were far apart around runs again while the budget lasts, and the report says which
-launches ran in which placement."""
+"""The collective benchmark's placement checks and rounds (bench/collective_bench.py): a launch
+that the CPUs were far apart around runs again while the budget lasts, the report says which
+launches ran in which placement, and the minutes-long launches run fewer rounds."""
 
 import importlib.util
 import json
