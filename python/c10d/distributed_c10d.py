@@ -855,9 +855,10 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
     if global_rank not in ranks:
         return GroupMember.NON_GROUP_MEMBER
     store = _world.pg_map[default][1]
+    # Without a timeout a group gets the default one (default_pg_timeout), as in torch, not
+    # the default group's.
     pg = _new_process_group_helper(len(ranks), ranks.index(global_rank), ranks, backend, store,
-                                   name, pg_options,
-                                   timeout if timeout is not None else default._timeout)
+                                   name, pg_options, _timeout_or_default(timeout))
     pg._set_group_desc("undefined" if group_desc is None else group_desc)  # torch's default
     return pg
 
@@ -1512,9 +1513,16 @@ def _coalescing_manager(group=None, device=None, async_ops: bool = False):
 # Object collectives (pickle)
 
 
+# The classes the object collectives pickle and unpickle with. Module attributes, as in
+# torch, so a program can set its own (a Pickler with a dispatch_table for a type pickle cannot
+# handle, say).
+_pickler = pickle.Pickler
+_unpickler = pickle.Unpickler
+
+
 def _to_bytes_tensor(obj) -> np.ndarray:
     buffer = io.BytesIO()
-    pickle.Pickler(buffer).dump(obj)
+    _pickler(buffer).dump(obj)
     return np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy()
 
 
@@ -1526,7 +1534,7 @@ def _check_list_holds(objects, world, name):
 
 
 def _from_bytes_tensor(array: np.ndarray, size: int):
-    return pickle.loads(array[:size].tobytes())
+    return _unpickler(io.BytesIO(array[:size].tobytes())).load()
 
 
 def all_gather_object(object_list, obj, group=None):

@@ -3,8 +3,11 @@
 Every rank builds every rank's input from (rank, seed), so each can compute the expected
 result with numpy and check its own output."""
 
+import copyreg
 import os
+import pickle
 import sys
+import threading
 import time
 import warnings
 from datetime import timedelta
@@ -606,6 +609,18 @@ def barriers_and_async(dist, backend):
     assert waited >= 0.25, waited  # every rank waited for the stopped one
 
 
+class _Locked:
+    """An object pickle refuses (it holds a lock) unless a Pickler's dispatch_table knows it."""
+
+    def __init__(self, value):
+        self.value = value
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def reduce(obj):
+        return _Locked, (obj.value,)
+
+
 def objects(dist, backend):
     rank, world = dist.get_rank(), dist.get_world_size()
     objs = [None] * world
@@ -627,6 +642,20 @@ def objects(dist, backend):
     dist.scatter_object_list(recv_obj, [{"to": r} for r in range(world)] if rank == 0 else None,
                              src=0)
     assert recv_obj == [{"to": rank}]
+    # The pickler the object collectives use is a module attribute, as in torch: one with a
+    # dispatch_table sends objects plain pickle refuses (a lock inside).
+    dc = dist.distributed_c10d
+
+    class Pickler(pickle.Pickler):
+        dispatch_table = {**copyreg.dispatch_table, _Locked: _Locked.reduce}
+
+    default_pickler, dc._pickler = dc._pickler, Pickler
+    try:
+        objs = [None] * world
+        dist.all_gather_object(objs, _Locked(rank))
+        assert [o.value for o in objs] == list(range(world)), objs
+    finally:
+        dc._pickler = default_pickler
     if world > 1:
         if rank == 0:
             dist.send_object_list(["hello", 42], dst=1)
@@ -640,7 +669,12 @@ def subgroups(dist, backend):
     rank, world = dist.get_rank(), dist.get_world_size()
     members = [r for r in range(world) if r % 2 == 0]
     g = dist.new_group(members[::-1])  # order does not matter: ranks are sorted
+    # The worker's default group has a short timeout; a new group without one gets torch's
+    # default (default_pg_timeout), with one that timeout.
+    timed = dist.new_group(members, timeout=timedelta(seconds=7))
     if rank in members:
+        assert g._timeout == dist.default_pg_timeout != dist.group.WORLD._timeout, g._timeout
+        assert timed._timeout == timedelta(seconds=7), timed._timeout
         assert g is not dist.GroupMember.NON_GROUP_MEMBER
         assert dist.get_process_group_ranks(g) == members
         assert dist.get_rank(g) == members.index(rank)
