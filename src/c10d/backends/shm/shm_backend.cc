@@ -290,7 +290,7 @@ class SharedWriter {
   // the others (probes compare cost per byte written).
   void same_cpu(void* dst, const void* src, size_t n) {
     written_ += n;
-    core::copy_bytes(dst, src, n);
+    core::copy_bytes(dst, src, n);  // as operator() without streaming
   }
 
   void begin_op(OpType type) {
@@ -1041,9 +1041,9 @@ class Engine {
       if (e != 0) {
         char* slot = seg_.in(rank_, s);
         const char* src = in + off * es;
-        if (own_direct && copy_shared.streaming() && cpu_group_ >= 0) {
+        if (own_direct && cpu_group_ >= 0) {
           // Each peer's piece goes to that peer alone: a rank on this CPU reads it from the
-          // caches, so it skips the streaming stores (see shares_cpu).
+          // caches, so it never takes streaming stores (see shares_cpu).
           for (int j = 0; j < size_; ++j) {
             if (j == rank_) continue;
             size_t pb, plen;
