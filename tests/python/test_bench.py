@@ -115,6 +115,27 @@ def test_the_probe_program_prints_a_round_trip(bench):
     assert 0 < checks <= 11 and 0 <= far <= checks
 
 
+def test_the_watching_probe_leaves_the_cpus_to_the_launch():
+    # Every period the echo thread spins only until the pinger's batch is over: 50 periods
+    # of 20 ms take a few ms of CPU (spinning out its 2 ms cap each time took over 100 ms).
+    probe = os.path.join(REPO, "build", "bench", "placement_probe")
+    if not os.access(probe, os.X_OK):
+        pytest.skip("bench/placement_probe is not built")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    watcher = subprocess.Popen([probe, "--watch", "20"], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        with open(f"/proc/{watcher.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    finally:
+        watcher.kill()
+        out, _ = watcher.communicate(timeout=30)
+    assert len(out.split()) > 10  # it did time trips meanwhile
+    assert cpu_s < 0.05, f"the watching probe used {cpu_s:.3f} s of CPU in 1 s"
+
+
 def test_slow_launches_run_fewer_rounds_and_the_report_says_so(bench, monkeypatch, capsys,
                                                                tmp_path):
     # c10d's gloo backend runs --slow-rounds rounds, shm --rounds; each row is the median of
