@@ -281,17 +281,10 @@ class SharedWriter {
     }
   }
 
-  void operator()(void* dst, const void* src, size_t n) {
-    written_ += n;
-    if (streaming_) return core::stream_bytes(dst, src, n);
-    core::copy_bytes(dst, src, n);
-  }
+  void operator()(void* dst, const void* src, size_t n) { write(dst, src, n, streaming_); }
   // A copy that only ranks on this rank's CPU read: plain stores in either mode, counted like
   // the others (probes compare cost per byte written).
-  void same_cpu(void* dst, const void* src, size_t n) {
-    written_ += n;
-    core::copy_bytes(dst, src, n);  // as operator() without streaming
-  }
+  void same_cpu(void* dst, const void* src, size_t n) { write(dst, src, n, false); }
 
   void begin_op(OpType type) {
     written_ = 0;
@@ -411,6 +404,12 @@ class SharedWriter {
   }
 
  private:
+  void write(void* dst, const void* src, size_t n, bool stream) {
+    written_ += n;
+    if (stream) return core::stream_bytes(dst, src, n);
+    core::copy_bytes(dst, src, n);
+  }
+
   static constexpr size_t kProbedBytes = size_t{4} << 10;
   // A kind of operation is first probed once it took 200 ms in all. Before, a benchmark's row
   // often ran inside a probe (the first came after 8 operations) and timed its slower modes:
