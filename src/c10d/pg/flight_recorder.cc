@@ -110,10 +110,12 @@ struct FlightRecorder::Entry {
   uint64_t pg_seq = 0;
   bool p2p = false;
   int peer = -1;
-  // Tensor i has dims[i] sizes, stored one after another in sizes.
+  // Tensor i has dims[i] sizes, stored one after another in sizes. An operation in place
+  // (outputs_are_inputs) leaves the output fields as they were: its outputs are its inputs.
   std::vector<uint8_t> input_dims, output_dims;
   std::vector<int64_t> input_sizes, output_sizes;
   std::vector<core::DType> input_dtypes, output_dtypes;
+  bool outputs_are_inputs = false;
   State state = State::kScheduled;
   std::string error;
   // TraceClock ticks; 0: not yet.
@@ -248,7 +250,7 @@ std::shared_ptr<TraceGroup> FlightRecorder::register_group(std::shared_ptr<store
   group->store = store;
   bool first = false;
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(lock_);
     group->uid = next_group_uid_++;
     std::erase_if(groups_, [](const auto& g) { return g.expired(); });
     groups_.push_back(group);
@@ -262,22 +264,22 @@ std::shared_ptr<TraceGroup> FlightRecorder::register_group(std::shared_ptr<store
 }
 
 void FlightRecorder::set_group_name(TraceGroup& group, const std::string& name) {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(lock_);
   group.name = name;
 }
 
 void FlightRecorder::set_group_desc(TraceGroup& group, const std::string& desc) {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(lock_);
   group.desc = desc;
 }
 
 void FlightRecorder::set_global_ranks(TraceGroup& group, std::vector<int> ranks) {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(lock_);
   group.global_ranks = std::move(ranks);
 }
 
 void FlightRecorder::close_group(TraceGroup& group) {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(lock_);
   group.closing = true;
 }
 
@@ -294,8 +296,8 @@ TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, con
   const int64_t now = clock_.now();
   TraceHandle handle;
   handle.p2p = is_p2p(op.op);
-  handle.group = group;
-  std::lock_guard lock(mutex_);
+  handle.group = group.get();
+  std::lock_guard lock(lock_);
   handle.id = next_id_++;
   TraceGroup& g = *group;
   handle.seq = handle.p2p ? ++g.p2p_seq : ++g.collective_seq;
@@ -308,20 +310,15 @@ TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, con
   if (slot == ring_.size()) ring_.emplace_back();  // warm-up: the ring fills in id order
   Entry& e = ring_[slot];
   e.id = handle.id;
-  e.group = group;
+  if (e.group != group) e.group = group;  // the same group, usually: no reference counting
   e.op = op.op;
   e.seq = handle.seq;
   e.pg_seq = op.pg_seq;
   e.p2p = handle.p2p;
   e.peer = op.peer;
   describe(op.inputs, e.input_dims, e.input_sizes, e.input_dtypes);
-  if (op.outputs == op.inputs) {  // in place: the same shapes (assignment keeps capacity)
-    e.output_dims = e.input_dims;
-    e.output_sizes = e.input_sizes;
-    e.output_dtypes = e.input_dtypes;
-  } else {
-    describe(op.outputs, e.output_dims, e.output_sizes, e.output_dtypes);
-  }
+  e.outputs_are_inputs = op.outputs == op.inputs;
+  if (!e.outputs_are_inputs) describe(op.outputs, e.output_dims, e.output_sizes, e.output_dtypes);
   e.state = started ? State::kStarted : State::kScheduled;
   e.error.clear();
   e.enqueued_at = now;
@@ -334,7 +331,7 @@ TraceHandle FlightRecorder::record(const std::shared_ptr<TraceGroup>& group, con
 void FlightRecorder::record_started(const TraceHandle& handle) {
   if (!handle) return;
   const int64_t now = clock_.now();
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(lock_);
   TraceGroup& g = *handle.group;
   uint64_t& last = handle.p2p ? g.last_started_p2p : g.last_started;
   last = std::max(last, handle.seq);
@@ -352,7 +349,7 @@ void FlightRecorder::record_finished(const TraceHandle& handle, std::exception_p
   if (error) std::tie(message, worth_a_dump) = classify(error);
   std::string reason;
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(lock_);
     TraceGroup& g = *handle.group;
     uint64_t& last = handle.p2p ? g.last_completed_p2p : g.last_completed;
     last = std::max(last, handle.seq);
@@ -390,7 +387,7 @@ bool FlightRecorder::auto_dump(const std::string& reason, bool publish) {
     // the reason.
     std::vector<std::shared_ptr<store::Store>> stores;
     {
-      std::lock_guard lock(mutex_);
+      std::lock_guard lock(lock_);
       for (const auto& weak : groups_) {
         auto g = weak.lock();
         if (!g) continue;
@@ -411,7 +408,7 @@ bool FlightRecorder::auto_dump(const std::string& reason, bool publish) {
 void FlightRecorder::publish_dump_request() {
   std::vector<std::pair<std::shared_ptr<TraceGroup>, std::shared_ptr<store::Store>>> targets;
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(lock_);
     for (const auto& weak : groups_) {
       auto g = weak.lock();
       if (!g) continue;
@@ -421,7 +418,7 @@ void FlightRecorder::publish_dump_request() {
   for (auto& [group, s] : targets) {
     try {
       const int64_t count = s->add(kDumpRequestKey, 1);
-      std::lock_guard lock(mutex_);
+      std::lock_guard lock(lock_);
       group->dump_requests_seen = std::max(group->dump_requests_seen, count);
     } catch (...) {
       // A dead store is likely part of the failure being reported; the local dump stands.
@@ -434,7 +431,7 @@ void FlightRecorder::poll_dump_requests() {
   std::vector<std::pair<std::shared_ptr<TraceGroup>, std::shared_ptr<store::Store>>> targets;
   const int64_t now = steady_ns();
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(lock_);
     if (in_flight_ <= 0) return;
     for (const auto& weak : groups_) {
       auto g = weak.lock();
@@ -448,7 +445,7 @@ void FlightRecorder::poll_dump_requests() {
       if (!s->check({kDumpRequestKey})) continue;
       const int64_t count = s->add(kDumpRequestKey, 0);
       {
-        std::lock_guard lock(mutex_);
+        std::lock_guard lock(lock_);
         if (count <= group->dump_requests_seen) continue;
         group->dump_requests_seen = count;
         reason = "requested through the store of group '" + group->name + "'";
@@ -457,7 +454,7 @@ void FlightRecorder::poll_dump_requests() {
         reason += " after " + store::to_string(s->get(kDumpReasonKey));
       }
     } catch (...) {
-      std::lock_guard lock(mutex_);
+      std::lock_guard lock(lock_);
       group->poll_paused_until_ns = steady_ns() + kStorePollPauseNs;
       if (reason.empty()) continue;
     }
@@ -512,7 +509,7 @@ int FlightRecorder::dump_rank_locked() const {
 }
 
 int FlightRecorder::dump_rank() const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(lock_);
   return dump_rank_locked();
 }
 
@@ -592,8 +589,9 @@ std::string FlightRecorder::dump_json_locked(bool include_completed, bool only_a
     }
     j["input_sizes"] = sizes_json(e.input_dims, e.input_sizes);
     j["input_dtypes"] = dtypes_json(e.input_dtypes);
-    j["output_sizes"] = sizes_json(e.output_dims, e.output_sizes);
-    j["output_dtypes"] = dtypes_json(e.output_dtypes);
+    j["output_sizes"] = e.outputs_are_inputs ? j["input_sizes"]
+                                             : sizes_json(e.output_dims, e.output_sizes);
+    j["output_dtypes"] = e.outputs_are_inputs ? j["input_dtypes"] : dtypes_json(e.output_dtypes);
     j["state"] = trace_state_name(e.state);
     j["error"] = e.state == State::kFailed ? json(e.error) : json(nullptr);
     const int64_t started = to_ns(e.started_at);
@@ -611,7 +609,7 @@ std::string FlightRecorder::dump_json_locked(bool include_completed, bool only_a
 }
 
 std::string FlightRecorder::dump_trace_json(bool include_completed, bool only_active) const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(lock_);
   return dump_json_locked(include_completed, only_active, "on demand", -1);
 }
 
@@ -619,7 +617,7 @@ std::string FlightRecorder::dump_to_file(const std::string& reason) const {
   std::string text;
   int rank;
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(lock_);
     rank = dump_rank_locked();
     text = dump_json_locked(/*include_completed=*/true, /*only_active=*/false, reason, 1);
   }

@@ -58,7 +58,12 @@ void ProcessGroup::set_global_ranks(std::vector<int> ranks) {
 void ProcessGroup::register_backend(DeviceType device, std::shared_ptr<Backend> backend) {
   C10D_CHECK_ARG(backend != nullptr, "register_backend: backend is None");
   std::lock_guard lock(mutex_);
-  backends_[device] = std::move(backend);
+  std::shared_ptr<Backend>& slot = backends_[device];
+  if (device == DeviceType::kCPU) {
+    if (slot) replaced_.push_back(slot);
+    cpu_backend_.store(backend.get(), std::memory_order_release);
+  }
+  slot = std::move(backend);
 }
 
 std::shared_ptr<Backend> ProcessGroup::get_backend(DeviceType device) const {
@@ -155,9 +160,11 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
       FlightRecorder::instance().record_finished(traced, work ? work->exception() : nullptr);
     } else {
       // Before wait() returns: whoever waited may read the recorder at once.
-      work->get_future()->add_observer([traced = std::move(traced)](std::exception_ptr error) {
-        FlightRecorder::instance().record_finished(traced, error);
-      });
+      // The handle does not own its group: the observer keeps it alive.
+      work->get_future()->add_observer(
+          [traced = std::move(traced), group = trace_](std::exception_ptr error) {
+            FlightRecorder::instance().record_finished(traced, error);
+          });
     }
   }
   if (!hooks.empty() && work) {
@@ -262,13 +269,8 @@ bool ProcessGroup::run_inline(const InlineOp& op) {
       any_coalescing_.load(std::memory_order_acquire) || !well_formed(op, rank_, size_)) {
     return false;
   }
-  std::shared_ptr<Backend> backend;
-  {
-    std::lock_guard lock(mutex_);
-    auto it = backends_.find(DeviceType::kCPU);
-    if (it == backends_.end() || !it->second->has_inline(op.type)) return false;
-    backend = it->second;
-  }
+  Backend* const backend = cpu_backend_.load(std::memory_order_acquire);
+  if (backend == nullptr || !backend->has_inline(op.type)) return false;
   const uint64_t seq = ++seq_;
   TraceHandle traced;
   if (trace_) {

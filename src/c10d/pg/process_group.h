@@ -140,6 +140,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   mutable std::mutex mutex_;
   std::map<core::DeviceType, std::shared_ptr<Backend>> backends_;  // guarded by mutex_
+  // The CPU backend, read without the lock by run_inline. A CPU backend that another one
+  // replaces stays alive in replaced_ as long as the group, so the pointer never dangles.
+  std::atomic<Backend*> cpu_backend_{nullptr};
+  std::vector<std::shared_ptr<Backend>> replaced_;                 // guarded by mutex_
   std::vector<Hook> hooks_;                                        // guarded by mutex_
   // Mirrors of "hooks_ non-empty" and coalescing_, read without the lock on every operation
   // so the common case (no hooks, not coalescing) takes no lock.
