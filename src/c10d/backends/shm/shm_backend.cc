@@ -459,7 +459,8 @@ void piece_of(size_t count, int size, size_t element, int j, size_t& begin, size
 
 // ---------------------------------------------------------------------------------------------
 // Engine: the collective algorithms over the step protocol. One operation at a time runs in an
-// Engine (callers hold exec_mutex); `aborted` may be set from any thread.
+// Engine: the one whose caller set the backend's Queue::running (see ShmBackend); `aborted`
+// may be set from any thread.
 
 class Engine {
  public:
@@ -478,16 +479,15 @@ class Engine {
         copy_shared(/*may_adapt=*/true, /*leader=*/rank_ == 0, /*choose_chunks=*/own_core_),
         cpu_group_(pinned && !own_core_ ? rank_ % seg_.cpus() : -1) {}
 
-  std::mutex exec_mutex;
   std::atomic<bool> aborted{false};
-  std::string broken;  // guarded by exec_mutex: why the step flags can no longer be trusted
+  std::string broken;  // why the step flags can no longer be trusted (set while running)
 
   const std::shared_ptr<Segment>& segment() const { return segment_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   const WaitPolicy& policy() const { return policy_; }
 
-  // The operation about to run (exec_mutex held); throws when the engine cannot run it.
+  // The operation about to run; throws when the engine cannot run it.
   void begin(const char* name, OpType type, uint64_t seq, Millis timeout) {
     name_ = name;
     seq_ = seq;
@@ -508,10 +508,12 @@ class Engine {
   // The operation begun last completed.
   void end() { copy_shared.end_op(); }
 
-  // What watch_placement last found (whether ranks 0 and 1 run far apart), once rank 0 timed
-  // round trips.
+  // What rank 0's latest timing of round trips found (whether ranks 0 and 1 run far apart),
+  // once it timed any (watch_placement); read from its placement word, so from any thread.
   std::optional<bool> far_apart() const {
-    return timed_ ? std::optional<bool>(far_) : std::nullopt;
+    const uint64_t word = seg_.header(0)->placement.load(std::memory_order_acquire);
+    if ((word & kTimedBit) == 0) return std::nullopt;
+    return (word & kFarBit) != 0;
   }
 
   std::string describe() const {
@@ -1483,7 +1485,6 @@ class Engine {
     const uint64_t seen = word.load(std::memory_order_acquire);
     if (rank_ != 0) {
       if (rank_ == 1 && (seen & kStepBits) == s) round_trip(s, 0, false);
-      timed_ = (seen & kTimedBit) != 0;
       return set_placement((seen & kFarBit) != 0);
     }
     if (!time_trips) return;
@@ -1491,7 +1492,6 @@ class Engine {
     if (trip < 0) return;  // rank 1 did not answer in time: next period
     const bool far = trip >= far_trip_ns_;
     word.store((seen & kStepBits) | kTimedBit | (far ? kFarBit : 0), std::memory_order_release);
-    timed_ = true;
     set_placement(far);
   }
 
@@ -1683,7 +1683,7 @@ class Engine {
   // its caches). -1 when the ranks have a core each or were not pinned by us.
   const int cpu_group_;
   int cpu_ = -1;              // the CPU in this rank's header (note_cpu)
-  uint32_t step_ = 0;         // last step this rank completed; guarded by exec_mutex
+  uint32_t step_ = 0;         // last step this rank completed
   uint32_t in_step_ = 0;      // the step this rank works in (opened by next_step)
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
   // sent_unchecked: a step this rank sent as a one-sided root, not yet checked.
@@ -1707,7 +1707,6 @@ class Engine {
   bool watching_ = false;
   bool far_ = false;
   bool located_far_ = false;  // rank 0's far_ as the last locate() handed it out
-  bool timed_ = false;
   int64_t next_placement_ns_ = 0;
   uint32_t syncs_ = 0;
   // Per-operation buffers kept between operations, so that collectives do not allocate.
@@ -2066,7 +2065,8 @@ class P2PWork : public core::Work {
 
 // Operations run one at a time and in submission order: by the caller (synchronous ones with
 // nothing queued before them), by the worker thread, or by a caller that waits for an
-// asynchronous one still queued (QueuedWork). `running` says one of them is executing.
+// asynchronous one still queued (QueuedWork). `running` says one of them is executing: whoever
+// sets it has the Engine to itself until finished_one.
 //
 // Waking the sleeping worker for every asynchronous operation costs more than the operation
 // (a futex wake-up of an idle vCPU, 5-10 us here, which also takes a core from the other
@@ -2129,10 +2129,7 @@ ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, 
                                               " CPUs, pinned to cpu ", cpu, " (C10D_SHM_BIND)"));
   }
   engine_ = std::make_shared<Engine>(segment_, cpu >= 0);
-  {
-    std::lock_guard<std::mutex> lock(engine_->exec_mutex);
-    engine_->calibrate(rendezvous_timeout);
-  }
+  engine_->calibrate(rendezvous_timeout);  // before any operation can be submitted
   p2p_ = std::make_shared<P2PEngine>(segment_, engine_);
 }
 
@@ -2143,10 +2140,7 @@ uint64_t ShmBackend::next_sequence() const {
   return queue_->next_seq;
 }
 
-std::optional<bool> ShmBackend::cpus_far_apart() const {
-  std::lock_guard<std::mutex> lock(engine_->exec_mutex);
-  return engine_->far_apart();
-}
+std::optional<bool> ShmBackend::cpus_far_apart() const { return engine_->far_apart(); }
 
 namespace {
 
@@ -2268,15 +2262,12 @@ void ShmBackend::run_queued_until(Queue& q, Engine& engine, uint64_t seq) {
 
 void ShmBackend::run_task(Engine& engine, Task& task) noexcept {
   std::exception_ptr error;
-  {
-    std::lock_guard<std::mutex> lock(engine.exec_mutex);
-    try {
-      engine.begin(task.name, task.type, task.seq, task.timeout);
-      task.body(engine);
-      engine.end();
-    } catch (...) {
-      error = std::current_exception();
-    }
+  try {
+    engine.begin(task.name, task.type, task.seq, task.timeout);
+    task.body(engine);
+    engine.end();
+  } catch (...) {
+    error = std::current_exception();
   }
   try {
     if (error) {
@@ -2495,19 +2486,12 @@ void ShmBackend::run_inline(const pg::InlineOp& op) {
     }
     seq = q.next_seq++;
     ++q.pending;
+    q.running = true;  // the engine is this thread's until finished_one
   }
   struct Finish {
     Queue& q;
-    ~Finish() {
-      std::lock_guard<std::mutex> lock(q.mutex);
-      --q.pending;
-    }
+    ~Finish() { finished_one(q); }
   } finish{q};
-  std::unique_lock<std::mutex> exec(engine_->exec_mutex, std::try_to_lock);
-  if (!exec.owns_lock()) {
-    core::before_blocking();
-    exec.lock();
-  }
   engine_->begin(name, op.type, seq, effective_timeout(op.timeout));
   run_inline_op(*engine_, op);
   engine_->end();
