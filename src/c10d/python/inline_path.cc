@@ -17,6 +17,7 @@
 #include <array>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "c10d/core/blocking.h"
@@ -43,12 +44,13 @@ struct InlineState {
 
 // A Py_buffer, a numpy array read directly (a reference to it), or a tensor imported through
 // __dlpack__ (torch tensors), released on every exit path (the GIL is held then, which some
-// DLPack deleters need).
+// DLPack deleters need). Only what an argument uses gets initialised: zeroing the whole of it
+// on every call cost ~5 ns of a ~175 ns call.
 struct Buffer {
-  Py_buffer view{};
+  Py_buffer view;  // filled by PyObject_GetBuffer, read only when `held`
   bool held = false;
   PyObject* array = nullptr;
-  core::Tensor imported;
+  std::optional<core::Tensor> imported;
   Buffer() = default;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -136,12 +138,12 @@ bool dense_dlpack(PyObject* obj, Buffer& buffer, DenseView& out) {
   static PyObject* const name = PyUnicode_InternFromString("__dlpack__");
   if (!PyObject_HasAttr(obj, name)) return false;
   try {
-    buffer.imported = from_dlpack_object(obj, "inline");
+    buffer.imported.emplace(from_dlpack_object(obj, "inline"));
   } catch (...) {  // pybind11 has already taken the Python error, if any
     PyErr_Clear();
     return false;
   }
-  const core::Tensor& t = buffer.imported;
+  const core::Tensor& t = *buffer.imported;
   if (!t.is_contiguous()) return false;
   out = {.data = t.data(),
          .numel = static_cast<size_t>(t.numel()),
