@@ -167,6 +167,16 @@ inline void cpu_relax() {
 #endif
 }
 
+// Asks for the cache line at `p` in a writable state ahead of a store (PREFETCHW; a no-op on
+// x86 CPUs without it, whose decoders take that opcode as a NOP).
+inline void prefetch_for_write(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 1, 3);
+#endif
+}
+
 // Shared futexes (no FUTEX_PRIVATE_FLAG): the words live in memory mapped by several processes.
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t ns) {
   timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
@@ -660,7 +670,7 @@ class Engine {
       const uint32_t s = next_step(small, true);
       if (rank_ == root) {
         copy_shared(step_data(rank_, s, small, boxed), data + off, len);
-        if (boxed) seal_mailbox(s);
+        if (boxed) seal_mailbox(s, len);
         sent_unchecked(s);
       } else {
         wait_step_data(root, s, boxed);
@@ -754,7 +764,7 @@ class Engine {
       const uint32_t s = next_step(small, true);
       if (rank_ != root) {
         copy_shared(step_data(rank_, s, small, boxed), in + off, len);
-        if (boxed) seal_mailbox(s);
+        if (boxed) seal_mailbox(s, len);
       } else {
         for (int r = 0; r < size_; ++r) {
           if (r == root) {
@@ -808,7 +818,7 @@ class Engine {
         for (int j = 0; j < size_; ++j) {
           if (j != root) copy_shared(parts + j * quota, src_of(j) + off, len);
         }
-        if (boxed) seal_mailbox(s);
+        if (boxed) seal_mailbox(s, quota * static_cast<size_t>(size_));
         sent_unchecked(s);
         copy(out + off, src_of(rank_) + off, len);
       } else {
@@ -965,7 +975,7 @@ class Engine {
     char* mine = mailbox_data(rank_, s);
     std::memcpy(mine, in, bytes);
     if (premul) core::apply_premul(mine, count, dtype, op);
-    seal_mailbox(s);
+    seal_mailbox(s, bytes);
     if (out == nullptr) return finish_step(s);
     publish(s);
     for (int r = 0; r < size_; ++r) {
@@ -975,6 +985,7 @@ class Engine {
     all_reached_ = s;
     check_unchecked();
     reduce_sources(out, count, dtype, op, [&](int r) { return mailbox_data(r, s); });
+    claim_next_mailbox();
   }
 
   // Small steps whose data fits a Mailbox carry it there (see Mailbox and one_shot_mailbox):
@@ -984,11 +995,31 @@ class Engine {
   char* mailbox_data(int r, uint32_t s) const {
     return reinterpret_cast<char*>(seg_.header(r)->mailbox[s % kRingDepth].data);
   }
-  // This rank's mailbox for step s holds its data: the signature and the step go with it.
-  void seal_mailbox(uint32_t s) {
+  // This rank's mailbox for step s holds its `bytes` of data: the signature and the step go
+  // with it. The step's end then claims the next mailbox (claim_next_mailbox).
+  void seal_mailbox(uint32_t s, size_t bytes) {
     Mailbox& box = seg_.header(rank_)->mailbox[s % kRingDepth];
     box.op.store(op_, std::memory_order_relaxed);
     box.step.store(s, std::memory_order_release);
+    sealed_step_ = s;
+    sealed_bytes_ = bytes;
+  }
+
+  // After a step in which this rank wrote its mailbox: asks for the lines the next step would
+  // write with as many bytes in a writable state (PREFETCHW). The peers hold them from reading
+  // step s + 1 - kRingDepth, and without the claim the next write would wait for every peer's
+  // copy to be invalidated, a round trip between the CPUs, in publish()'s fence; claimed here,
+  // that happens while this rank runs its caller's code. After the step, not at the seal: the
+  // claims would slow the peers' reads of this step. 2 ranks far apart, all_reduce medians of
+  // 5000 calls, 3-4 alternating launches: 1 KiB 1.01-1.19 us against 1.35-1.54 unclaimed
+  // (1.21-1.30 claimed at the seal), 256 B 0.84-0.90 against 0.93-1.00.
+  void claim_next_mailbox() {
+    if (sealed_bytes_ == 0) return;
+    const auto* next = reinterpret_cast<const char*>(
+        &seg_.header(rank_)->mailbox[(sealed_step_ + 1) % kRingDepth]);
+    const size_t used = offsetof(Mailbox, data) + sealed_bytes_;
+    for (size_t at = 0; at < used; at += kLine) prefetch_for_write(next + at);
+    sealed_bytes_ = 0;
   }
   // Rank r's data of small step s (ring entry or parity slot, or mailbox when `boxed`), and
   // the wait for it.
@@ -1537,6 +1568,7 @@ class Engine {
   void finish_step(uint32_t s) {
     publish(s);
     step_ = s;
+    claim_next_mailbox();
   }
 
   std::vector<int> not_arrived(uint32_t s) const {
@@ -1684,6 +1716,8 @@ class Engine {
   const int cpu_group_;
   int cpu_ = -1;              // the CPU in this rank's header (note_cpu)
   uint32_t step_ = 0;         // last step this rank completed
+  uint32_t sealed_step_ = 0;  // the step whose mailbox this rank last sealed ...
+  size_t sealed_bytes_ = 0;   // ... with this many bytes; 0 once claim_next_mailbox ran
   uint32_t in_step_ = 0;      // the step this rank works in (opened by next_step)
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
   // sent_unchecked: a step this rank sent as a one-sided root, not yet checked.
