@@ -69,6 +69,24 @@ TEST(FlightRecorder, DisabledAtSizeZeroRecordsNothing) {
   EXPECT_TRUE(dump["entries"].empty());
 }
 
+// A slot reused by an in-place operation keeps the output shapes of whatever used it before
+// (they are not copied): the dump must still give the in-place operation its own shapes.
+TEST(FlightRecorder, InPlaceEntryInAReusedSlotReportsItsOwnShapes) {
+  FlightRecorder recorder(1);
+  auto group = recorder.register_group(nullptr, 0, 2, "fake", Millis(1000));
+  std::vector<Tensor> in{Tensor::empty({2, 3}, DType::kFloat16)};
+  std::vector<std::vector<Tensor>> out{{Tensor::empty({2, 3}, DType::kFloat16),
+                                        Tensor::empty({2, 3}, DType::kFloat16)}};
+  recorder.record(group, TraceOp{.op = OpType::kAllgather, .inputs = in, .outputs = out});
+  std::vector<Tensor> ts{Tensor::empty({5}, DType::kInt64)};
+  recorder.record(group, allreduce_op(ts));  // the same slot
+  const json e = json::parse(recorder.dump_trace_json())["entries"][0];
+  EXPECT_EQ(e["op"], "allreduce");
+  EXPECT_EQ(e["input_sizes"], json::parse("[[5]]"));
+  EXPECT_EQ(e["output_sizes"], json::parse("[[5]]"));
+  EXPECT_EQ(e["output_dtypes"], json({"int64"}));
+}
+
 TEST(FlightRecorder, RingKeepsTheNewestEntriesInOrder) {
   FlightRecorder recorder(3);
   auto group = recorder.register_group(nullptr, 0, 2, "fake", Millis(1000));
