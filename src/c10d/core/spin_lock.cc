@@ -9,8 +9,8 @@
 namespace c10d::core {
 
 void SpinLock::lock_contended() noexcept {
-  // About a microsecond of spinning covers a holder running on another CPU; past that it is
-  // likely preempted or busy for long, and yielding lets it (or anything else) run.
+  // A few microseconds of spinning (256 pauses) cover a holder running on another CPU; past
+  // that it is likely preempted or busy for long, and yielding lets it (or anything else) run.
   constexpr int kSpins = 256;
   for (;;) {
     for (int i = 0; i < kSpins; ++i) {
