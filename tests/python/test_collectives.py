@@ -61,6 +61,13 @@ def test_monitored_barrier_names_missing_rank(backend):
 
 
 @pytest.mark.parametrize("backend", ["gloo", "shm"])  # under mpirun an exit ends the job
+def test_monitored_barrier_waits_for_rank_0_and_fails_late_ranks(backend):
+    results = harness.run("monitored_barrier_late_ranks", 2, backend, timeout=60)
+    for r in results:
+        assert r.code == 0 and "MONITORED_LATE_OK" in r.stdout, (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "shm"])  # under mpirun an exit ends the job
 def test_monitored_barrier_names_every_exited_rank(backend):
     results = harness.run("monitored_barrier_exits", 4, backend, timeout=60)
     for r in (results[0], results[2]):

@@ -1,5 +1,6 @@
 #include "c10d/pg/backend.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "c10d/core/exception.h"
@@ -152,6 +153,10 @@ std::string monitored_barrier_others_failed(int rank, Millis timeout) {
   return core::detail::str_cat(monitored_barrier_failure_on(rank),
                                " (other ranks failed to pass it in ", timeout.count(),
                                " ms; rank 0 names them)");
+}
+
+Millis monitored_barrier_release_wait(Millis group, Millis monitored) {
+  return std::max(group, Millis(1)) + std::max(monitored, Millis(1));
 }
 
 std::string monitored_barrier_missing(const std::vector<int>& ranks, Millis timeout) {

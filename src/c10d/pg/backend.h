@@ -64,6 +64,11 @@ std::string monitored_barrier_missing(const std::vector<int>& ranks, Millis time
 // rank 0 released it with the news that other ranks failed.
 std::string monitored_barrier_unreleased(int rank, Millis timeout);
 std::string monitored_barrier_others_failed(int rank, Millis timeout);
+// How long a rank other than 0 waits for rank 0 to release it from a monitored barrier: as
+// in torch, the `monitored` timeout bounds only rank 0's wait for the others, and the other
+// ranks wait as for any operation of the group (`group`), so a rank 0 that arrives late but
+// within that time lets everyone pass. `monitored` more allows for rank 0's own wait.
+Millis monitored_barrier_release_wait(Millis group, Millis monitored);
 // "1, 2, 5".
 std::string join_ranks(const std::vector<int>& ranks);
 

@@ -1034,6 +1034,36 @@ def monitored_barrier_reports(dist, backend):
             raise AssertionError("monitored_barrier with a zero timeout passed")
 
 
+def monitored_barrier_late_ranks(dist, backend):
+    """As in torch, the timeout bounds rank 0's wait for the others only: a late rank 0 (within
+    the group's timeout) lets everyone pass, while a rank that arrives after rank 0 gave up on
+    it does not pass, and hears so at once."""
+    rank = dist.get_rank()
+    if rank == 0:
+        time.sleep(2)
+    start = time.monotonic()
+    dist.monitored_barrier(timeout=timedelta(seconds=1))
+    assert rank == 0 or time.monotonic() - start > 1.5, time.monotonic() - start
+    if rank == 1:
+        time.sleep(2.5)
+    start = time.monotonic()
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=1))
+    except RuntimeError as e:
+        took = time.monotonic() - start
+        if rank == 0:
+            assert "Rank 1 failed to pass monitoredBarrier in 1000 ms" in str(e), e
+            assert 0.9 < took < 2, took
+            time.sleep(3)  # stays until rank 1 has heard the verdict
+        else:
+            assert "Rank 1 successfully reached monitoredBarrier" in str(e), e
+            assert took < 1, took
+        print(f"MONITORED_LATE_OK: {e}")
+    else:
+        raise AssertionError(f"rank {rank}: monitored_barrier passed with rank 1 late")
+    os._exit(0)  # the group cannot be torn down collectively any more
+
+
 def monitored_barrier_exits(dist, backend):
     """Ranks 1 and 3 of 4 exit instead of entering the barrier, rank 3 a little later; with
     wait_all_ranks rank 0 names both, well before its timeout."""

@@ -1019,17 +1019,17 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
     parked_.push_back(std::move(parked));
   };
   if (c.rank != 0) {
+    const Millis wait = pg::monitored_barrier_release_wait(timeout(), c.timeout);
+    const core::Deadline released_by(wait);
     Parked slot{std::make_unique<char>(1), nullptr};
     slot.buffer = c.context->createUnboundBuffer(slot.byte.get(), 1);
     WaitResult result = WaitResult::kTimedOut;
     try {
       slot.buffer->send(0, arrive_slot);
-      result = wait_or_abort(*slot.buffer, true, at_least_1ms(deadline.remaining()));
+      result = wait_or_abort(*slot.buffer, true, at_least_1ms(released_by.remaining()));
       if (result == WaitResult::kDone) {
-        // Rank 0 answers at its own deadline at the latest, which may come a little after
-        // ours: allow it the same time again before concluding it is gone.
         slot.buffer->recv(0, release_slot);
-        result = wait_or_abort(*slot.buffer, false, at_least_1ms(deadline.remaining() + c.timeout));
+        result = wait_or_abort(*slot.buffer, false, at_least_1ms(released_by.remaining()));
       }
     } catch (const std::exception& e) {
       throw DistBackendError(str_cat("Rank ", c.rank, " failed in monitored_barrier while "
@@ -1037,7 +1037,7 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
     }
     if (result != WaitResult::kDone) {
       park(std::move(slot));
-      throw DistTimeoutError(pg::monitored_barrier_unreleased(c.rank, c.timeout));
+      throw DistTimeoutError(pg::monitored_barrier_unreleased(c.rank, wait));
     }
     if (*slot.byte != 1) {
       throw DistBackendError(pg::monitored_barrier_others_failed(c.rank, c.timeout));
@@ -1101,6 +1101,18 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
     }
   }
   if (failed.empty()) return;
+  // A rank that arrives after rank 0 gave up on it finds this verdict waiting instead of
+  // waiting out its own timeout (the send stays parked until it does).
+  for (int r : failed) {
+    Parked verdict{std::make_unique<char>(0), nullptr};
+    try {
+      verdict.buffer = c.context->createUnboundBuffer(verdict.byte.get(), 1);
+      verdict.buffer->send(r, release_slot);
+    } catch (const std::exception&) {
+      continue;  // gone: nobody to tell
+    }
+    park(std::move(verdict));
+  }
   const std::string message = pg::monitored_barrier_missing(failed, c.timeout);
   if (!first_error.empty()) throw DistBackendError(str_cat(message, ": ", first_error));
   throw DistTimeoutError(message);

@@ -252,6 +252,11 @@ void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n);
 constexpr int kModeStreaming = 1;    // streaming stores into the slots
 constexpr int kModeLargeChunks = 2;  // chunks of kSlotBytes instead of Engine::small_chunk_
 
+// Rank 0's verdict in a monitored barrier's step: passed, or the first rank that did not
+// arrive (kMonitoredFirstMissing + its rank).
+constexpr uint64_t kMonitoredPassed = 1;
+constexpr uint64_t kMonitoredFirstMissing = 2;
+
 // Copies into memory that peers read after every write: the slots and the p2p channels.
 //
 // Plain stores first take each line back from the reader's cache. On this project's KVM
@@ -596,17 +601,40 @@ class Engine {
 
   void barrier() { sync(next_step()); }
 
-  // Fails naming the ranks that did not arrive: the first one, or with `wait_all_ranks`
-  // every one, which then means waiting on for the others after a peer exited (until they
-  // arrive, exit too, or the deadline passes).
-  void monitored_barrier(bool wait_all_ranks) {
+  // Rank 0 waits (the operation's timeout) for every other rank to publish its arrival, then
+  // publishes its verdict with the same step: the other ranks wait for that step only, so one
+  // that arrives after rank 0 gave up on it hears of the failure at once, and none passes
+  // unless rank 0 saw everyone. Rank 0 fails naming the ranks that did not arrive: the first
+  // one, or with `wait_all_ranks` every one, which then means waiting on for the others after
+  // a peer exited (until they arrive, exit too, or the deadline passes). The verdict names
+  // the first missing rank, so the others can too. `monitored` is the caller's timeout (rank
+  // 0's; the others wait theirs, pg::monitored_barrier_release_wait).
+  void monitored_barrier(bool wait_all_ranks, Millis monitored) {
     const uint32_t s = next_step();
-    publish(s);
-    try {
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_) wait_peer(r, s);
+    if (rank_ != 0) {
+      publish(s);
+      try {
+        wait_peer(0, s);
+      } catch (const DistTimeoutError&) {
+        fail<DistTimeoutError>(pg::monitored_barrier_unreleased(rank_, timeout_));
+      } catch (const DistBackendError& e) {
+        if (aborted.load()) throw;
+        fail<DistBackendError>(
+            str_cat(pg::monitored_barrier_failure_on(rank_), " (", e.what(), ")"));
       }
       step_ = s;
+      const uint64_t verdict = rank0_word(s);
+      if (verdict == kMonitoredPassed) return;
+      fail<DistBackendError>(str_cat(
+          pg::monitored_barrier_failure_on(rank_), " (rank 0: ",
+          pg::monitored_barrier_missing({static_cast<int>(verdict - kMonitoredFirstMissing)},
+                                        monitored),
+          ")"));
+    }
+    try {
+      for (int r = 1; r < size_; ++r) wait_peer(r, s);
+      rank0_word(s) = kMonitoredPassed;
+      finish_step(s);
       all_reached_ = s;
       return;
     } catch (const DistTimeoutError&) {
@@ -633,16 +661,19 @@ class Engine {
     }
     std::vector<int> missing = not_arrived(s);
     std::erase(missing, rank_);
+    // The verdict for the ranks that arrived, and for those that still will (the last ones
+    // may have come in just after the deadline).
+    rank0_word(s) = missing.empty() ? kMonitoredPassed
+                                    : kMonitoredFirstMissing + static_cast<uint64_t>(missing[0]);
+    finish_step(s);
+    if (missing.empty()) return;
     if (!wait_all_ranks && missing.size() > 1) missing.resize(1);
     std::string why;
     for (int r : missing) {
       if (!gone[r].empty()) why += str_cat(why.empty() ? " (" : "; ", "rank ", r, " ", gone[r]);
     }
     if (!why.empty()) why += ")";
-    std::string message = pg::monitored_barrier_missing(missing, timeout_) + why;
-    // Every rank sees who is missing here, but torch's other ranks only hear from rank 0,
-    // and its users match that wording.
-    if (rank_ != 0) message = str_cat(pg::monitored_barrier_failure_on(rank_), " (", message, ")");
+    const std::string message = pg::monitored_barrier_missing(missing, timeout_) + why;
     if (why.empty()) fail<DistTimeoutError>(message);
     fail<DistBackendError>(message);
   }
@@ -2715,8 +2746,15 @@ WorkPtr ShmBackend::barrier(const pg::BarrierOptions& opts) {
 void ShmBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
   pg::BarrierOptions sync_opts = opts;
   sync_opts.async_op = false;
-  WorkPtr work = submit(OpType::kBarrier, "monitored_barrier", opts.timeout, false,
-                        [wait_all_ranks](Engine& e) { e.monitored_barrier(wait_all_ranks); },
+  // Rank 0 waits for the others as long as the caller asked; they wait for rank 0 as long as
+  // for any operation (pg::monitored_barrier_release_wait).
+  const Millis monitored = opts.timeout > Millis::zero() ? opts.timeout : timeout();
+  const Millis wait =
+      rank() == 0 ? monitored : pg::monitored_barrier_release_wait(timeout(), monitored);
+  WorkPtr work = submit(OpType::kBarrier, "monitored_barrier", wait, false,
+                        [wait_all_ranks, monitored](Engine& e) {
+                          e.monitored_barrier(wait_all_ranks, monitored);
+                        },
                         {});
   work->wait();
 }
