@@ -268,6 +268,21 @@ def test_nan_propagates_through_min_max():
         np.testing.assert_array_equal(dst, ref(a, b))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("n", [3, 64, 1001])  # scalar tails and vector bodies
+def test_min_max_order_signed_zeros_whatever_the_operand_order(dtype, n):
+    """-0 < +0 for MIN and MAX, so every rank order (and backend) gives the same bits."""
+    zeros = np.resize(np.array([-0.0, 0.0, -0.0], dtype=dtype), n)
+    other = np.resize(np.array([0.0, -0.0, -0.0], dtype=dtype), n)
+    for op, want_negative in (("MIN", np.signbit(zeros) | np.signbit(other)),
+                              ("MAX", np.signbit(zeros) & np.signbit(other))):
+        for a, b in ((zeros, other), (other, zeros)):
+            dst = a.copy()
+            _C._reduce_buffers(dst, b, getattr(ReduceOp, op), dtype)
+            assert (dst == 0).all()
+            np.testing.assert_array_equal(np.signbit(dst), want_negative, err_msg=f"{op} {n}")
+
+
 # --- pre- and post-steps -------------------------------------------------------------------
 
 

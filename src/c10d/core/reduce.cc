@@ -172,18 +172,22 @@ struct Mul {
 };
 
 // MIN and MAX return NaN when either input is NaN (a NaN `a` is kept; a NaN `b` wins because
-// the comparison is false). Written as selects, which vectorise.
+// the comparison is false), and order -0 below +0, so that the result does not depend on the
+// order the ranks' values meet in (which differs between algorithms and backends). Written
+// as selects, which vectorise; blendv looks at the mask's sign bit only, so "equal and `a`
+// is -0" is the equality mask anded with `a`.
 struct Min {
   template <typename T>
   C10D_INLINE static T apply(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
-      return (a < b || a != a) ? a : b;
+      return (a < b || a != a || (a == b && std::signbit(a))) ? a : b;
     } else {
       return a < b ? a : b;
     }
   }
   C10D_TARGET_AVX2 C10D_INLINE static __m256 vec(__m256 a, __m256 b) {
     __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_LT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    take_a = _mm256_or_ps(take_a, _mm256_and_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ), a));
     return _mm256_blendv_ps(b, a, take_a);
   }
 };
@@ -192,13 +196,14 @@ struct Max {
   template <typename T>
   C10D_INLINE static T apply(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
-      return (a > b || a != a) ? a : b;
+      return (a > b || a != a || (a == b && !std::signbit(a))) ? a : b;
     } else {
       return a > b ? a : b;
     }
   }
   C10D_TARGET_AVX2 C10D_INLINE static __m256 vec(__m256 a, __m256 b) {
     __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    take_a = _mm256_or_ps(take_a, _mm256_andnot_ps(a, _mm256_cmp_ps(a, b, _CMP_EQ_OQ)));
     return _mm256_blendv_ps(b, a, take_a);
   }
 };

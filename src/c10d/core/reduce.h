@@ -7,7 +7,7 @@
 //     InvalidArgument before any element is touched.
 //   - Integer arithmetic wraps modulo 2^bits (no undefined behaviour on overflow).
 //   - float16 and bfloat16 are widened to float32, combined, and rounded back to nearest-even.
-//   - MIN and MAX propagate NaN, like torch.minimum / numpy.minimum.
+//   - MIN and MAX propagate NaN, like torch.minimum / numpy.minimum, and order -0 below +0.
 //   - bool is treated as truth values: SUM and MAX are logical or, PRODUCT and MIN logical and;
 //     any nonzero byte reads as true and results are always 0 or 1.
 // The functions keep no state and are safe to call from any number of threads at once.
