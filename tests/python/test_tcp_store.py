@@ -4,6 +4,7 @@ store_server command-line entry point. Servers bind port 0 (or a socket bound to
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -122,6 +123,33 @@ def test_client_timeout_names_the_address():
                              rf"{port}\)"):
         c10d.TCPStore("127.0.0.1", port, timeout=timedelta(milliseconds=300))
     sock.close()
+
+
+def test_client_waits_out_a_server_that_drops_it_while_another_takes_the_port():
+    """A server shutting down may accept a connection and drop it in the handshake while the
+    next one is about to listen on its port (rank 0 re-creating the process group): the client
+    tries again instead of failing as if the server had refused it."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    servers = []
+
+    def drop_then_serve():
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # a reset in the middle of the handshake
+        listener.close()
+        servers.append(c10d.TCPStore("127.0.0.1", port, is_master=True,
+                                     wait_for_workers=False, timeout=TIMEOUT))
+
+    thread = threading.Thread(target=drop_then_serve)
+    thread.start()
+    client = c10d.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=20))
+    thread.join(20)
+    client.set("k", "v")
+    assert servers[0].get("k") == b"v"
 
 
 def test_store_server_command_line():

@@ -25,6 +25,9 @@ constexpr const char* kKeyPrefix = "/";
 
 constexpr Millis kFirstBackoff{20};
 constexpr Millis kMaxBackoff{1000};
+// Connections a server may drop during the handshake, in a row, before the client gives up
+// (TCPStore::open_connection).
+constexpr int kHandshakeDrops = 3;
 
 std::string endpoint(const std::string& host, uint16_t port) {
   if (host.find(':') != std::string::npos) return str_cat("[", host, "]:", port);
@@ -316,6 +319,7 @@ net::Socket TCPStore::open_connection(bool retry) {
   std::uniform_real_distribution<double> jitter(0.5, 1.5);
   Millis backoff = kFirstBackoff;
   std::string last_error;
+  int handshake_drops = 0;  // in a row
   while (true) {
     net::Socket socket;
     net::Status status = net::Socket::connect(host_, port_, deadline, socket);
@@ -336,21 +340,27 @@ net::Socket TCPStore::open_connection(bool retry) {
         if (echo == nonce) return socket;
         last_error = str_cat("the server answered PING with ", echo, " instead of ", nonce);
       } catch (const core::DistNetworkError& e) {
-        // Accepted, then dropped during the handshake: the server refused us. Retrying
-        // cannot help.
-        std::string why =
-            secret_ ? "it rejected this client's shared secret, or speaks another protocol"
-                    : "it may require a shared secret (set C10D_STORE_SECRET or pass secret=), "
-                      "or speak another protocol (PyTorch before 2.4)";
-        throw core::DistNetworkError(str_cat(describe(), ": the store server at ",
-                                             endpoint(host_, port_),
-                                             " closed the connection during the handshake; ",
-                                             why, " (", e.what(), ")"));
+        // Accepted, then dropped during the handshake: a server that refuses this client, or
+        // one that was shutting down while another takes its port (a rank 0 that destroyed
+        // its process group and hosts the next one's store). A refusing server drops every
+        // attempt, so a few drops in a row end the retries.
+        if (!retry || ++handshake_drops >= kHandshakeDrops) {
+          std::string why =
+              secret_ ? "it rejected this client's shared secret, or speaks another protocol"
+                      : "it may require a shared secret (set C10D_STORE_SECRET or pass "
+                        "secret=), or speak another protocol (PyTorch before 2.4)";
+          throw core::DistNetworkError(str_cat(describe(), ": the store server at ",
+                                               endpoint(host_, port_),
+                                               " closed the connection during the handshake; ",
+                                               why, " (", e.what(), ")"));
+        }
+        last_error = e.what();  // tried again after the usual pause
       } catch (const core::DistError& e) {
         last_error = e.what();
       }
     } else {
       last_error = status.message;
+      handshake_drops = 0;
     }
     if (!retry) {
       std::string why = str_cat("the store server at ", endpoint(host_, port_),
