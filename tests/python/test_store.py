@@ -452,3 +452,18 @@ def test_append_fallback_keeps_every_append():
     assert p.get("k") == b"xxx"
     p.append("new", b"")
     assert p.get("new") == b""
+
+
+def test_prefix_store_timeout_is_the_underlying_stores():
+    """As torch's PrefixStore: the timeout is read from and set on the wrapped store, so one
+    set on the base after wrapping bounds the prefix store's waits too."""
+    base = c10d.HashStore()
+    prefixed = c10d.PrefixStore("p", base)
+    base.set_timeout(timedelta(milliseconds=200))
+    assert prefixed.timeout == timedelta(milliseconds=200)
+    start = time.monotonic()
+    with pytest.raises(c10d.DistStoreTimeoutError, match="nope"):
+        prefixed.wait(["nope"])
+    assert time.monotonic() - start < 5
+    prefixed.set_timeout(timedelta(seconds=7))
+    assert base.timeout == timedelta(seconds=7)

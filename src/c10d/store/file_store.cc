@@ -137,7 +137,9 @@ FileStore::~FileStore() {
       sync(/*exclusive=*/true);
       write_records({Record{kLeave, {}, Bytes{static_cast<uint8_t>(role_)}}});
       const bool nobody_left = live_workers_ + live_clones_ <= 0;
-      const bool all_finished = num_workers_ <= 0 || left_workers_ >= num_workers_;
+      // Without a fixed number of workers the file stays, as with torch: processes that use
+      // it one after another find what the earlier ones wrote.
+      const bool all_finished = num_workers_ > 0 && left_workers_ >= num_workers_;
       if (nobody_left && all_finished) {
         // Remove the name only if it still points at our file. Holding the lock while
         // unlinking makes a concurrent opener notice (link count 0) and start a new file.

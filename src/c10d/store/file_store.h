@@ -24,9 +24,10 @@ namespace c10d::store {
 //
 // Users. Every handle records a join when it opens and a leave when it is destroyed. A handle
 // made by clone() is one more user, but only handles built by the constructor ("workers") count
-// towards `num_workers`. The file is removed when the last user leaves, and, when
-// num_workers > 0, only once num_workers workers have left, so a worker that finishes before
-// the others join does not wipe the data. Opening a path that num_workers workers have already
+// towards `num_workers`. With num_workers > 0 the file is removed when the last user leaves
+// once num_workers workers have left, so a worker that finishes before the others join does not
+// wipe the data; without (num_workers <= 0, the default) it is never removed, as with torch.
+// Opening a path that num_workers workers have already
 // joined throws. A process that dies without destroying its handle leaves its join behind;
 // such a file is not removed automatically (use a fresh path per run, as with torch).
 //
@@ -39,7 +40,8 @@ class FileStore : public Store {
   // or when num_workers > 0 workers have already joined it.
   explicit FileStore(std::string path, int num_workers = -1,
                      Millis timeout = kDefaultStoreTimeout);
-  // Records this user's leave and removes the file when it was the last one (see above).
+  // Records this user's leave and removes the file when it was the last one and num_workers
+  // workers have left (see above).
   // Never throws; a failure is reported on stderr.
   ~FileStore() override;
 

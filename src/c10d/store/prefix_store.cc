@@ -71,11 +71,6 @@ std::string PrefixStore::describe() const {
   return "PrefixStore('" + prefix_ + "', " + store_->describe() + ")";
 }
 
-void PrefixStore::set_timeout(Millis timeout) {
-  Store::set_timeout(timeout);
-  store_->set_timeout(timeout);
-}
-
 std::shared_ptr<Store> PrefixStore::underlying_non_prefix_store() const {
   std::shared_ptr<Store> store = store_;
   while (auto* prefix = dynamic_cast<PrefixStore*>(store.get())) store = prefix->store_;

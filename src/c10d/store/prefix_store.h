@@ -29,7 +29,10 @@ class PrefixStore : public Store {
   std::vector<std::string> list_keys() override;
   std::shared_ptr<Store> clone() override;
   std::string describe() const override;
-  void set_timeout(Millis timeout) override;
+  // The timeout is the underlying store's, read and set through this one, as in torch: a
+  // timeout set on either applies to both.
+  Millis timeout() const override { return store_->timeout(); }
+  void set_timeout(Millis timeout) override { store_->set_timeout(timeout); }
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& underlying_store() const { return store_; }

@@ -72,7 +72,7 @@ class Store {
   // Name used in messages ("TCPStore(127.0.0.1:29500)", "HashStore").
   virtual std::string describe() const = 0;
 
-  Millis timeout() const { return Millis(timeout_ms_.load(std::memory_order_relaxed)); }
+  virtual Millis timeout() const { return Millis(timeout_ms_.load(std::memory_order_relaxed)); }
   virtual void set_timeout(Millis timeout) {
     timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
   }
