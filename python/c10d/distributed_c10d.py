@@ -1464,7 +1464,8 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         if _rank_not_in_group(p.group):  # warns and returns None, as a plain isend/irecv does
             peer = {"dst" if p.op is isend else "src": p.peer}
         works[i] = p.op(p.tensor, group=p.group, tag=p.tag, **peer)
-    return works
+    # A rank outside the group gets no Works (an empty list), as from torch.
+    return [w for w in works if w is not None]
 
 
 class _CoalescingManager:

@@ -710,6 +710,8 @@ def subgroups(dist, backend):
         t = np.ones(2)
         assert dist.all_reduce(t, group=g) is None  # a no-op on non-members
         assert (t == 1).all()
+        # batch_isend_irecv gives them no Works, as torch does (not [None]).
+        assert dist.batch_isend_irecv([dist.P2POp(dist.isend, t, 0, group=g)]) == []
     # new_subgroups: pairs of consecutive ranks.
     if world % 2 == 0:
         cur, subs = dist.new_subgroups(group_size=2)
