@@ -133,6 +133,7 @@ def test_client_waits_out_a_server_that_drops_it_while_another_takes_the_port():
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     listener.listen()
+    listener.settimeout(20)  # accept() fails instead of blocking if the client never comes
     port = listener.getsockname()[1]
     servers = []
 
@@ -144,10 +145,11 @@ def test_client_waits_out_a_server_that_drops_it_while_another_takes_the_port():
         servers.append(c10d.TCPStore("127.0.0.1", port, is_master=True,
                                      wait_for_workers=False, timeout=TIMEOUT))
 
-    thread = threading.Thread(target=drop_then_serve)
+    thread = threading.Thread(target=drop_then_serve, daemon=True)
     thread.start()
     client = c10d.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=20))
     thread.join(20)
+    assert servers, "the replacement server did not start"
     client.set("k", "v")
     assert servers[0].get("k") == b"v"
 
