@@ -27,9 +27,9 @@ namespace c10d::store {
 // towards `num_workers`. With num_workers > 0 the file is removed when the last user leaves
 // once num_workers workers have left, so a worker that finishes before the others join does not
 // wipe the data; without (num_workers <= 0, the default) it is never removed, as with torch.
-// Opening a path that num_workers workers have already
-// joined throws. A process that dies without destroying its handle leaves its join behind;
-// such a file is not removed automatically (use a fresh path per run, as with torch).
+// Opening a path that num_workers workers have already joined throws. A process that dies
+// without destroying its handle leaves its join behind; such a file is not removed
+// automatically (use a fresh path per run, as with torch).
 //
 // Blocking calls (get, wait, multi_get, queue_pop with block) poll the file with a backoff
 // from 1 ms to 16 ms and throw DistStoreTimeoutError naming the keys at the deadline.

@@ -5,9 +5,7 @@
 namespace c10d::store {
 
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> store)
-    : Store(store ? store->timeout() : kDefaultStoreTimeout),
-      prefix_(std::move(prefix)),
-      store_(std::move(store)) {
+    : prefix_(std::move(prefix)), store_(std::move(store)) {
   C10D_CHECK_ARG(store_ != nullptr, "PrefixStore: the underlying store is None");
 }
 
