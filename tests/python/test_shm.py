@@ -126,6 +126,17 @@ def test_fuzzed_sizes_agree_with_numpy(world):
     _all_ok(_run("fuzz", world, timeout=50))
 
 
+@pytest.mark.parametrize("world,who", [(2, "all"), (3, "all"), (2, "rank1")])
+def test_reused_arrays_move_into_the_shared_heap_and_back(world, who):
+    # "rank1": only rank 1 adopts (C10D_SHM_ADOPT_BYTES=0 elsewhere), so the others reach its
+    # array partly mapped and partly through the kernel while it reaches theirs through the
+    # kernel only.
+    def env(rank):
+        return {"C10D_SHM_ADOPT_BYTES": "0"} if who == "rank1" and rank != 1 else {}
+
+    _all_ok(_run("adopt", world, timeout=60, env_for_rank=env))
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_rooted_operations_back_to_back_agree_with_numpy(world):
     # Rooted operations are one-sided (the root does not wait for the others), so the root can
@@ -389,6 +400,76 @@ def case_fuzz(dist):
         exp = np.concatenate([np.arange(start, start + splits[rank]) + 1000 * j
                               for j in range(world)]).astype(np.int32)
         np.testing.assert_array_equal(recv, exp, err_msg=f"all_to_all n={n}")
+    dist.destroy_process_group()
+
+
+def case_adopt(dist):
+    import gc
+
+    rank, world = _init(dist)
+    backend = dist.distributed_c10d._resolve_group(None)._get_backend("cpu")
+    adopts = os.environ.get("C10D_SHM_ADOPT_BYTES") != "0"
+    n = 150001  # float64: ~1.2 MiB, several pieces per rank, not a multiple of anything
+
+    def expect(call, op):
+        vals = [(np.arange(n) % 97) * (r + 1) + call for r in range(world)]
+        return vals[rank], {"sum": np.sum(vals, 0), "max": np.max(vals, 0)}[op]
+
+    # Every rank's array starts at a different offset into its owner, so the bytes before the
+    # first page boundary differ between ranks (and the aliased parts do not line up).
+    owner = np.zeros(n + 64)
+    t = owner[rank * 3 + 1:rank * 3 + 1 + n]
+    for call in range(5):
+        op = "max" if call == 3 else "sum"
+        mine, want = expect(call, op)
+        t[:] = mine
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        np.testing.assert_array_equal(t, want, err_msg=f"call {call}")
+        # Adopted at the second all_reduce: the owner's pages now live in the shared heap.
+        assert backend._aliased(t) == (adopts and call >= 1), (call, adopts)
+    assert owner[0] == 0 and owner[-1] == 0  # bytes outside the view untouched
+
+    # AVG of int-valued float32 on a fresh array, and an int64 one: other dtypes and reductions.
+    f = np.zeros(n * 2, np.float32)
+    for call in range(3):
+        f[:] = rank + call
+        dist.all_reduce(f, op=dist.ReduceOp.AVG)
+        np.testing.assert_allclose(f, np.mean([r + call for r in range(world)]), rtol=1e-6)
+    i64 = np.zeros(n, np.int64)
+    for call in range(3):
+        i64[:] = np.arange(n) * (rank + 1)
+        dist.all_reduce(i64)
+        np.testing.assert_array_equal(i64, np.arange(n) * sum(range(1, world + 1)))
+    assert backend._aliased(f) == adopts and backend._aliased(i64) == adopts
+
+    # A child forked now gets its own copy: its writes do not reach the parent's array.
+    before = t.copy()
+    pid = os.fork()
+    if pid == 0:
+        t[:] = -1.0
+        os._exit(0 if t[5] == -1.0 else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    np.testing.assert_array_equal(t, before, err_msg="the child's writes reached the parent")
+
+    # Collected owners give their pages back; new arrays (perhaps at the same addresses) work.
+    aliases = dist._C._shm_alias_count()
+    assert aliases == (3 if adopts else 0), aliases
+    del t, owner, f, i64, before
+    gc.collect()
+    assert dist._C._shm_alias_count() == 0
+    for call in range(3):
+        again = np.full(n + 64, rank + 1.0)
+        dist.all_reduce(again)
+        np.testing.assert_array_equal(again, world * (world + 1) / 2)
+        del again
+    # Memory numpy does not own is never moved.
+    foreign = np.frombuffer(bytearray(8 * n), np.float64)
+    for call in range(3):
+        foreign[:] = rank
+        dist.all_reduce(foreign)
+        np.testing.assert_array_equal(foreign, world * (world - 1) / 2)
+    assert not backend._aliased(foreign)
     dist.destroy_process_group()
 
 

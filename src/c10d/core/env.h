@@ -64,6 +64,10 @@ struct EnvVar {
     "Whether each shm rank pins itself to one CPU when its process group starts: auto = when " \
     "the ranks outnumber the CPUs they may run on and none is pinned already, 1 = also with "  \
     "a CPU per rank, 0 = never. Rank r takes the (r mod CPUs)-th CPU of the ranks' masks.")   \
+  X(kEnvShmAdoptBytes, "C10D_SHM_ADOPT_BYTES", "262144",                                     \
+    "From this size, a numpy array that the shm backend all_reduces a second time moves its "  \
+    "whole pages into the rank's shared heap (same addresses and contents), so later "        \
+    "all_reduces on it read and write the peers' arrays in place; 0 = never.")               \
   X(kEnvShmStream, "C10D_SHM_STREAM", "auto",                                                 \
     "How the shm backend writes large blocks into the shared slots: 1 = non-temporal stores, " \
     "0 = plain stores, auto = whichever makes whole operations faster (timed as it runs).") \

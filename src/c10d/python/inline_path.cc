@@ -18,10 +18,17 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
+#if defined(C10D_HAVE_SHM) && defined(C10D_HAVE_NUMPY_HEADERS)
+#define C10D_ADOPT_ARRAYS 1  // numpy arrays reused by shm allreduces move into the shared heap
+#include "c10d/backends/shm/alias.h"
+#include "c10d/backends/shm/shm_backend.h"
+#endif
 #include "c10d/core/blocking.h"
 #include "c10d/core/dtype.h"
+#include "c10d/core/env.h"
 #include "c10d/core/reduce_op.h"
 #include "c10d/pg/process_group.h"
 #include "c10d/python/bindings.h"
@@ -38,6 +45,11 @@ using pg::InlineOp;
 
 struct InlineState {
   std::shared_ptr<pg::ProcessGroup> group;
+#ifdef C10D_ADOPT_ARRAYS
+  // The group's CPU backend when it is the shm backend (for adopt_reused), else null.
+  std::shared_ptr<backends::shm::ShmBackend> shm;
+  size_t adopt_bytes = 0;  // C10D_SHM_ADOPT_BYTES; 0: never
+#endif
   // The ReduceOp.RedOpType members accepted, compared by identity.
   std::vector<std::pair<py::object, core::ReduceOp::Kind>> kinds;
 };
@@ -128,7 +140,91 @@ bool dense_ndarray(PyObject* obj, bool writable, Buffer& buffer, DenseView& out)
          .sizes = reinterpret_cast<const int64_t*>(dims)};
   return true;
 }
-#else
+#endif
+
+#ifdef C10D_ADOPT_ARRAYS
+// Numpy arrays that a shm group all_reduces again get the zero-copy path of shm_empty's
+// (backends/shm/alias.h): at the second all_reduce of C10D_SHM_ADOPT_BYTES or more on an array,
+// or on views of one, the array that owns the memory has its pages moved into the rank's
+// shared heap. A weak reference to that owner gives them back before numpy frees the memory
+// (numpy calls weak-reference callbacks first in its dealloc). Owners are counted, not views,
+// so the buckets of a flat gradient buffer share one alias. The GIL guards this state.
+struct Reused {
+  PyObject* weakref = nullptr;  // strong reference to the owner's weak reference
+  void* data = nullptr;         // the owner's memory when last seen
+  size_t bytes = 0;
+  int uses = 0;
+  bool tried = false;  // adopt() was called (whatever it answered): never again
+};
+std::unordered_map<PyObject*, Reused> g_reused;  // by owner
+std::unordered_map<PyObject*, PyObject*> g_owner_of;  // weak reference -> owner
+
+PyObject* owner_collected(PyObject* /*self*/, PyObject* weakref) {
+  auto found = g_owner_of.find(weakref);
+  if (found != g_owner_of.end()) {
+    auto it = g_reused.find(found->second);
+    g_owner_of.erase(found);
+    if (it != g_reused.end()) {
+      const Reused r = it->second;
+      g_reused.erase(it);
+      if (r.tried) backends::shm::release_alias(r.data, r.bytes);
+      Py_XDECREF(r.weakref);
+    }
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_owner_collected_def = {"_owner_collected", owner_collected, METH_O, nullptr};
+
+// The array that owns `array`'s memory (itself or the root of its chain of numpy bases), or
+// null when the memory is someone else's (np.frombuffer, memmap, DLPack imports).
+PyObject* memory_owner(PyObject* array) {
+  PyObject* at = array;
+  while ((PyArray_FLAGS(reinterpret_cast<PyArrayObject*>(at)) & NPY_ARRAY_OWNDATA) == 0) {
+    PyObject* base = PyArray_BASE(reinterpret_cast<PyArrayObject*>(at));
+    if (base == nullptr || Py_TYPE(base) != g_numpy.ndarray) return nullptr;
+    at = base;
+  }
+  return at;
+}
+
+size_t array_bytes(PyObject* array) {
+  auto* a = reinterpret_cast<PyArrayObject*>(array);
+  size_t n = static_cast<size_t>(PyArray_DESCR(a)->elsize);
+  for (int i = 0; i < PyArray_NDIM(a); ++i) n *= static_cast<size_t>(PyArray_DIMS(a)[i]);
+  return n;
+}
+
+// Counts an all_reduce of the numpy array `array` and adopts its owner's pages at the second.
+void adopt_reused(const InlineState& state, PyObject* array) {
+  PyObject* owner = memory_owner(array);
+  if (owner == nullptr) return;
+  void* data = PyArray_DATA(reinterpret_cast<PyArrayObject*>(owner));
+  const size_t bytes = array_bytes(owner);
+  auto it = g_reused.find(owner);
+  if (it == g_reused.end()) {
+    static PyObject* const callback = PyCFunction_New(&g_owner_collected_def, nullptr);
+    PyObject* ref = callback == nullptr ? nullptr : PyWeakref_NewRef(owner, callback);
+    if (ref == nullptr) {  // an owner without weak references: never adopted
+      PyErr_Clear();
+      return;
+    }
+    g_owner_of[ref] = owner;
+    g_reused[owner] = Reused{.weakref = ref, .data = data, .bytes = bytes, .uses = 1};
+    return;
+  }
+  Reused& r = it->second;
+  if (r.data != data || r.bytes != bytes) {  // ndarray.resize() moved the memory
+    if (r.tried) backends::shm::release_alias(r.data, r.bytes);
+    r = Reused{.weakref = r.weakref, .data = data, .bytes = bytes, .uses = 0};
+  }
+  if (r.tried || ++r.uses < 2) return;
+  r.tried = true;
+  state.shm->adopt(data, bytes);
+}
+#endif
+
+#ifndef C10D_HAVE_NUMPY_HEADERS
 void load_numpy_types() {}  // without numpy's headers every array takes the buffer protocol
 #endif
 
@@ -301,7 +397,20 @@ PyObject* in_place(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpTy
 }
 
 PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return in_place(self, args, nargs, OpType::kAllreduce, "allreduce", false, true);
+  InlineState* state = state_of(self);
+  if (state == nullptr || !check_nargs(nargs, 2, "allreduce")) return nullptr;
+  Buffer buffer;
+  InlineOp op{.type = OpType::kAllreduce};
+  if (!reduce_kind(*state, args[1], op.reduce_op) || !dense(args[0], true, buffer, op.input)) {
+    Py_RETURN_FALSE;
+  }
+#ifdef C10D_ADOPT_ARRAYS
+  if (state->adopt_bytes != 0 && buffer.array != nullptr &&
+      op.input.numel * core::element_size(op.input.dtype) >= state->adopt_bytes && state->shm) {
+    adopt_reused(*state, buffer.array);
+  }
+#endif
+  return run(*state, op);
 }
 
 PyObject* broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -398,6 +507,15 @@ py::dict make_inline_ops(std::shared_ptr<pg::ProcessGroup> group) {
   load_numpy_types();
   auto state = std::make_unique<InlineState>();
   state->group = std::move(group);
+#ifdef C10D_ADOPT_ARRAYS
+  try {
+    state->shm = std::dynamic_pointer_cast<backends::shm::ShmBackend>(
+        state->group->get_backend(core::DeviceType::kCPU));
+  } catch (const std::exception&) {
+    // No CPU backend: nothing to adopt for.
+  }
+  state->adopt_bytes = static_cast<size_t>(std::max<int64_t>(0, core::env_int(core::kEnvShmAdoptBytes)));
+#endif
   py::dict members =
       py::module_::import("c10d._C").attr("ReduceOp").attr("RedOpType").attr("__members__");
   for (auto [name, member] : members) {

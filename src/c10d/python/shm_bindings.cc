@@ -2,6 +2,7 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
+#include "c10d/backends/shm/alias.h"
 #include "c10d/backends/shm/shm_backend.h"
 #include "c10d/core/exception.h"
 #include "c10d/python/bindings.h"
@@ -36,7 +37,18 @@ void init_shm(py::module_& m) {
           py::arg("shape"), py::arg("dtype"),
           "An uninitialised C-contiguous array in this rank's shared heap (numpy when the "
           "dtype exists there, else a DLPack capsule).")
+      .def(
+          "_aliased",
+          [](const ShmBackend& self, const py::buffer& array) {
+            const py::buffer_info info = array.request();
+            return self.aliased(info.ptr, static_cast<size_t>(info.size * info.itemsize));
+          },
+          py::arg("array"),
+          "Whether part of the array's memory was moved into this rank's shared heap (after "
+          "repeated all_reduces; C10D_SHM_ADOPT_BYTES).")
       .def("_next_sequence", &ShmBackend::next_sequence);
+  m.def("_shm_alias_count", &backends::shm::alias_count,
+        "Number of arrays whose pages live in a shared heap of this process (for tests).");
 }
 
 }  // namespace c10d::python

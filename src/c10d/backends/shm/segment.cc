@@ -278,7 +278,7 @@ Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, cor
       ::usleep(50);
     }
   }
-  ::close(fd);
+  fd_ = fd;  // kept for aliases (alias.h); peers found theirs already
   cma_ = true;
   for (int r = 0; r < size; ++r) cma_ = cma_ && header(r)->cma == 1;
   int cpus = 0;
@@ -380,6 +380,7 @@ void Segment::write_peer(int r, uint64_t remote, const void* local, size_t bytes
 }
 
 Segment::~Segment() {
+  if (fd_ >= 0) ::close(fd_);
   for (int r = 0; r < size_; ++r) {
     if (bases_[r] != nullptr) ::munmap(bases_[r], layout_.total);
     if (pidfds_[r] >= 0) ::close(pidfds_[r]);

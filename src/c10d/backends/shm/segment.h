@@ -208,6 +208,8 @@ class Segment {
   }
   char* heap(int r) const { return bases_[r] + layout_.heap; }
   Heap& own_heap() { return heap_; }
+  // This rank's segment file (a memfd; the heap starts at layout().heap in it).
+  int own_fd() const { return fd_; }
   // Offset of [ptr, ptr + bytes) inside this rank's heap, or -1 when it is elsewhere.
   int64_t heap_offset(const void* ptr, size_t bytes) const;
 
@@ -235,6 +237,7 @@ class Segment {
 
   int rank_;
   int size_;
+  int fd_ = -1;
   Layout layout_;
   std::vector<char*> bases_;
   std::vector<int> pids_;

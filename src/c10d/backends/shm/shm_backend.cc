@@ -15,6 +15,7 @@
 #include <optional>
 #include <utility>
 
+#include "c10d/backends/shm/alias.h"
 #include "c10d/backends/shm/mode_probe.h"
 #include "c10d/backends/shm/segment.h"
 #include "c10d/core/blocking.h"
@@ -734,9 +735,10 @@ class Engine {
     if (bytes <= kOneShotBytes) return one_shot(in, out, count, dtype, op, premul);
     if (everyone && in == out) {
       // Owner computes on the tensors themselves when every rank's lies in its shared heap,
-      // or, for large ones, through the kernel.
+      // or mostly does (aliases), or, for large ones, through the kernel.
       const std::vector<Where>& where = locate(out, bytes);
-      if (all_mapped(where) || (seg_.cma() && bytes >= direct_allreduce_bytes())) {
+      if (all_mapped(where) ||
+          (seg_.cma() && (bytes >= direct_allreduce_bytes() || mostly_mapped(where, bytes)))) {
         return owner_computes(where, out, count, dtype, op, premul);
       }
     }
@@ -1206,14 +1208,26 @@ class Engine {
 
   // Where rank r's buffer of an operation is: mapped here (it lies in r's shared heap) or
   // only at an address in r's own address space.
+  // Bytes [lo, hi) of it may also be mapped here (`part` + lo on): all of it when `mapped`,
+  // else the pages of an ordinary buffer that r moved into its heap (alias.h).
   struct Where {
     char* mapped = nullptr;
     uint64_t address = 0;
+    char* part = nullptr;
+    size_t lo = 0;
+    size_t hi = 0;
   };
 
   static bool all_mapped(const std::vector<Where>& where) {
     return std::all_of(where.begin(), where.end(),
                        [](const Where& w) { return w.mapped != nullptr; });
+  }
+
+  // Whether every rank's buffer is mapped here for at least half its bytes (the heap or an
+  // alias), so that owner_computes reads most of it in place.
+  static bool mostly_mapped(const std::vector<Where>& where, size_t bytes) {
+    return std::all_of(where.begin(), where.end(),
+                       [&](const Where& w) { return w.part != nullptr && 2 * (w.hi - w.lo) >= bytes; });
   }
 
   // One two-sided step in which every rank publishes where [data, data + bytes) is.
@@ -1225,13 +1239,25 @@ class Engine {
     meta[0] = seg_.heap_offset(data, bytes);
     meta[1] = static_cast<int64_t>(reinterpret_cast<uint64_t>(data));
     if (rank_ == 0) meta[2] = far_ ? 1 : 0;
+    const AliasedPart part = meta[0] >= 0 ? AliasedPart{} : find_alias(seg_, data, bytes);
+    meta[3] = part.hi > part.lo ? static_cast<int64_t>(part.heap_offset) : -1;
+    meta[4] = static_cast<int64_t>(part.lo);
+    meta[5] = static_cast<int64_t>(part.hi);
     sync(s);
     std::vector<Where>& where = where_;
     where.assign(size_, Where{});
     for (int r = 0; r < size_; ++r) {
       const auto* m = reinterpret_cast<const int64_t*>(seg_.meta(r, s));
-      if (m[0] >= 0) where[r].mapped = seg_.heap(r) + m[0];
-      where[r].address = static_cast<uint64_t>(m[1]);
+      Where& w = where[r];
+      w.address = static_cast<uint64_t>(m[1]);
+      if (m[0] >= 0) {
+        w.mapped = w.part = seg_.heap(r) + m[0];
+        w.hi = bytes;
+      } else if (m[3] >= 0) {
+        w.lo = static_cast<size_t>(m[4]);
+        w.hi = static_cast<size_t>(m[5]);
+        w.part = seg_.heap(r) + m[3] - m[4];
+      }
     }
     located_far_ = reinterpret_cast<const int64_t*>(seg_.meta(0, s))[2] != 0;
     return where;
@@ -1274,45 +1300,67 @@ class Engine {
     fail<DistBackendError>(str_cat(describe(), ": ", e.what()));
   }
 
+  // Copies bytes [off, off + n) of rank r's buffer (`w`) into `dst`: what is mapped here from
+  // the mapping, the rest through the kernel.
+  void read_range(const Where& w, int r, char* dst, size_t off, size_t n) {
+    size_t lo, hi;
+    mapped_span(w, off, n, lo, hi);
+    if (lo > off) read_from(r, dst, w.address + off, lo - off);
+    if (hi > lo) copy(dst + (lo - off), w.part + lo, hi - lo);
+    if (off + n > hi) read_from(r, dst + (hi - off), w.address + hi, off + n - hi);
+  }
+
+  // The same the other way: `src` into bytes [off, off + n) of rank r's buffer.
+  void write_range(const Where& w, int r, size_t off, const char* src, size_t n) {
+    size_t lo, hi;
+    mapped_span(w, off, n, lo, hi);
+    if (lo > off) write_to(r, w.address + off, src, lo - off);
+    if (hi > lo) copy(w.part + lo, src + (lo - off), hi - lo);
+    if (off + n > hi) write_to(r, w.address + hi, src + (hi - off), off + n - hi);
+  }
+
+  // The mapped bytes [lo, hi) of [off, off + n) in `w` (lo == hi == off + n when none).
+  static void mapped_span(const Where& w, size_t off, size_t n, size_t& lo, size_t& hi) {
+    lo = hi = off + n;
+    if (w.part == nullptr) return;
+    lo = std::clamp(w.lo, off, off + n);
+    hi = std::clamp(w.hi, lo, off + n);
+  }
+
   // Owner computes on the ranks' own tensors (`where`, from locate): rank r reduces piece r of
-  // every peer's tensor into its own and writes the result into every peer's, in place for
-  // tensors in the shared heaps and through the kernel for the others. One copy in and one
-  // copy out per byte of the piece, and no slot in between.
+  // every peer's tensor into its own and writes the result into every peer's, in place where
+  // they are mapped here (shared heap, aliases) and through the kernel elsewhere. One copy in
+  // and one copy out per byte of the piece, and no slot in between.
   void owner_computes(const std::vector<Where>& where, char* data, size_t count, DType dtype,
                       const ReduceOp& op, bool premul) {
     const size_t es = core::element_size(dtype);
     size_t b, len;
     piece_of(count, size_, es, rank_, b, len);
-    const bool mapped = all_mapped(where);
+    const bool mapped = mostly_mapped(where, count * es);
     const size_t per = std::max<size_t>(1, (mapped ? kZeroCopyPiece : direct_piece_) / es);
-    if (!mapped || premul) scratch_.resize(per * es);
+    if (scratch_.size() < per * es) scratch_.resize(per * es);
     for (size_t at = b; at < b + len; at += per) {
       const size_t m = std::min(per, b + len - at);
-      char* acc = data + at * es;
+      const size_t off = at * es, n = m * es;
+      char* acc = data + off;
       // PREMUL_SUM scales every input before the sum, as the other paths do: scaling the sum
       // instead overflows where the scaled inputs do not (float16, factor 1/n).
       if (premul) core::apply_premul(acc, m, dtype, op);
       for (int j = 0; j < size_; ++j) {
         if (j == rank_) continue;
+        const Where& w = where[j];
         const char* theirs = scratch_.data();
-        if (where[j].mapped == nullptr) {
-          read_from(j, scratch_.data(), where[j].address + at * es, m * es);
-        } else if (premul) {
-          copy(scratch_.data(), where[j].mapped + at * es, m * es);
+        if (!premul && w.part != nullptr && off >= w.lo && off + n <= w.hi) {
+          theirs = w.part + off;
         } else {
-          theirs = where[j].mapped + at * es;
+          read_range(w, j, scratch_.data(), off, n);
+          if (premul) core::apply_premul(scratch_.data(), m, dtype, op);
         }
-        if (premul) core::apply_premul(scratch_.data(), m, dtype, op);
         core::reduce(acc, theirs, m, dtype, op);
       }
       core::apply_postdiv(acc, m, dtype, op, size_);
       for (int j = 0; j < size_; ++j) {
-        if (j == rank_) continue;
-        if (where[j].mapped != nullptr) {
-          copy(where[j].mapped + at * es, acc, m * es);
-        } else {
-          write_to(j, where[j].address + at * es, acc, m * es);
-        }
+        if (j != rank_) write_range(where[j], j, off, acc, n);
       }
     }
     sync(next_step());  // nobody returns while a peer may still write its tensor
@@ -2241,6 +2289,15 @@ Tensor ShmBackend::empty(std::vector<int64_t> sizes, DType dtype) {
 
 bool ShmBackend::in_shared_heap(const void* data, size_t bytes) const {
   return segment_->heap_offset(data, bytes) >= 0;
+}
+
+bool ShmBackend::adopt(void* data, size_t bytes) {
+  return adopt_into_heap(segment_, data, bytes);
+}
+
+bool ShmBackend::aliased(const void* data, size_t bytes) const {
+  const AliasedPart part = find_alias(*segment_, data, bytes);
+  return part.hi > part.lo;
 }
 
 std::optional<Tensor> ShmBackend::empty_for_collectives(const std::vector<int64_t>& sizes,

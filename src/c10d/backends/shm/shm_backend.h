@@ -64,6 +64,13 @@ class ShmBackend : public pg::Backend {
   core::Tensor empty(std::vector<int64_t> sizes, core::DType dtype);
   // Whether [data, data + bytes) lies in this rank's shared heap (memory from empty()).
   bool in_shared_heap(const void* data, size_t bytes) const;
+  // Moves the whole pages of an ordinary buffer into this rank's shared heap, at the same
+  // addresses (see alias.h), so that allreduces on it read and write in place like on empty()'s
+  // tensors. False, with nothing changed, when it cannot (see adopt_into_heap). The caller
+  // must call release_alias() before the buffer's memory is freed.
+  bool adopt(void* data, size_t bytes);
+  // Whether part of [data, data + bytes) is such an alias of this backend's heap.
+  bool aliased(const void* data, size_t bytes) const;
   // empty(), but nullopt when the heap is full.
   std::optional<core::Tensor> empty_for_collectives(const std::vector<int64_t>& sizes,
                                                     core::DType dtype) override;

@@ -1,0 +1,245 @@
+#include "c10d/backends/shm/alias.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "c10d/backends/shm/segment.h"
+
+namespace c10d::backends::shm {
+namespace {
+
+constexpr size_t kMinAliasBytes = size_t{64} << 10;
+
+struct Alias {
+  size_t len = 0;
+  std::shared_ptr<Segment> segment;
+  size_t heap_offset = 0;  // of the block in the segment's heap
+  off_t file_offset = 0;   // of the block in the segment's memfd
+  ino_t inode = 0;         // of the memfd
+  bool forked = false;     // this process is a child that inherited the alias (see atfork_child)
+};
+
+struct Registry {
+  std::mutex mutex;
+  std::map<uintptr_t, Alias> by_begin;  // guarded by mutex
+};
+
+void atfork_prepare();
+void atfork_parent();
+void atfork_child();
+
+// Never destroyed: weak-reference callbacks may release aliases while the process exits.
+Registry& registry() {
+  static Registry* const reg = [] {
+    auto* r = new Registry;
+    ::pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    return r;
+  }();
+  return *reg;
+}
+
+void atfork_prepare() { registry().mutex.lock(); }
+void atfork_parent() { registry().mutex.unlock(); }
+
+// Only system calls here: the child of a threaded process may not allocate.
+void atfork_child() {
+  Registry& reg = registry();
+  for (auto& [begin, alias] : reg.by_begin) {
+    if (alias.forked) continue;
+    // Copy-on-write from the heap's pages: the same contents, private from here on. On failure
+    // the pages stay shared, which is what they were.
+    ::mmap(reinterpret_cast<void*>(begin), alias.len, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_FIXED, alias.segment->own_fd(), alias.file_offset);
+    alias.forked = true;
+  }
+  reg.mutex.unlock();
+}
+
+size_t page_size() {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// The whole pages of [data, data + bytes) as [begin, end); empty when there are none.
+void whole_pages(const void* data, size_t bytes, uintptr_t& begin, uintptr_t& end) {
+  const size_t page = page_size();
+  const auto p = reinterpret_cast<uintptr_t>(data);
+  begin = (p + page - 1) / page * page;
+  end = (p + bytes) / page * page;
+  if (end < begin) end = begin;
+}
+
+struct Mapping {
+  uintptr_t start = 0;
+  uintptr_t end = 0;
+  char perms[5] = {};
+  uint64_t offset = 0;
+  uint64_t inode = 0;
+  std::string path;
+};
+
+// The lines of /proc/self/maps that overlap [begin, end), in address order.
+std::vector<Mapping> mappings_over(uintptr_t begin, uintptr_t end) {
+  std::vector<Mapping> out;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    Mapping m;
+    int path_at = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " %4s %" SCNx64 " %*s %" SCNu64 " %n",
+                    &m.start, &m.end, m.perms, &m.offset, &m.inode, &path_at) < 5) {
+      continue;
+    }
+    if (m.end <= begin) continue;
+    if (m.start >= end) break;
+    if (path_at > 0) m.path = line.substr(static_cast<size_t>(path_at));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+// Whether [begin, end) is wholly private anonymous read-write memory (malloc's: mmap'd chunks
+// or the brk heap).
+bool private_anonymous(uintptr_t begin, uintptr_t end) {
+  uintptr_t covered = begin;
+  for (const Mapping& m : mappings_over(begin, end)) {
+    if (m.start > covered) return false;  // a hole
+    if (std::strcmp(m.perms, "rw-p") != 0 || m.inode != 0) return false;
+    if (!m.path.empty() && m.path != "[heap]") return false;
+    covered = m.end;
+  }
+  return covered >= end;
+}
+
+// Maps `len` bytes at `at` over whatever is there, atomically (mremap), as a fresh private
+// anonymous mapping holding a copy of `from`. False, with `at` untouched, on failure.
+bool replace_with_private_copy(uintptr_t at, const char* from, size_t len) {
+  void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (tmp == MAP_FAILED) return false;
+  std::memcpy(tmp, from, len);
+  void* got = ::mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(at));
+  if (got == MAP_FAILED) {
+    ::munmap(tmp, len);
+    return false;
+  }
+  return true;
+}
+
+// Gives the block's pages back to the system and the block to the heap.
+void free_block(const Alias& alias) {
+  ::fallocate(alias.segment->own_fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+              alias.file_offset, static_cast<off_t>(alias.len));
+  alias.segment->own_heap().release(alias.heap_offset, alias.len);
+}
+
+}  // namespace
+
+bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t bytes) {
+  uintptr_t begin, end;
+  whole_pages(data, bytes, begin, end);
+  // The heap aligns blocks of kMinAliasBytes or more to pages, as mmap needs.
+  if (end - begin < kMinAliasBytes) return false;
+  const size_t len = end - begin;
+  struct stat st {};
+  if (::fstat(segment->own_fd(), &st) != 0) return false;
+
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto next = reg.by_begin.lower_bound(begin);
+  if (next != reg.by_begin.end() && next->first < end) return false;
+  if (next != reg.by_begin.begin() && std::prev(next)->first + std::prev(next)->second.len > begin) {
+    return false;
+  }
+  if (!private_anonymous(begin, end)) return false;
+  const std::optional<size_t> offset = segment->own_heap().try_allocate(len);
+  if (!offset) return false;
+  Alias alias{.len = len,
+              .segment = segment,
+              .heap_offset = *offset,
+              .file_offset = static_cast<off_t>(segment->layout().heap + *offset),
+              .inode = st.st_ino};
+  char* block = segment->heap(segment->rank()) + *offset;
+  std::memcpy(block, reinterpret_cast<const void*>(begin), len);
+  // Map the block somewhere, then move that mapping over the buffer's pages in one step, so
+  // a failure leaves the buffer as it was.
+  void* shared = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                        segment->own_fd(), alias.file_offset);
+  if (shared == MAP_FAILED) {
+    free_block(alias);
+    return false;
+  }
+  if (::mremap(shared, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(begin)) ==
+      MAP_FAILED) {
+    ::munmap(shared, len);
+    free_block(alias);
+    return false;
+  }
+  reg.by_begin.emplace(begin, std::move(alias));
+  return true;
+}
+
+void release_alias(void* data, size_t bytes) {
+  uintptr_t begin, end;
+  whole_pages(data, bytes, begin, end);
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto it = reg.by_begin.find(begin);
+  if (it == reg.by_begin.end() || it->second.len != end - begin) return;
+  Alias& alias = it->second;
+  if (!alias.forked) {
+    // Only the pages still mapped from the block get private memory back: a range that was
+    // unmapped (and perhaps reused) since must not be touched.
+    const char* block = alias.segment->heap(alias.segment->rank()) + alias.heap_offset;
+    for (const Mapping& m : mappings_over(begin, end)) {
+      if (m.inode != alias.inode) continue;
+      const uintptr_t lo = std::max(m.start, begin);
+      const uintptr_t hi = std::min(m.end, end);
+      // The same pages of the block as when adopted?
+      if (m.offset + (lo - m.start) != static_cast<uint64_t>(alias.file_offset) + (lo - begin)) {
+        continue;
+      }
+      replace_with_private_copy(lo, block + (lo - begin), hi - lo);
+    }
+    free_block(alias);
+  }
+  reg.by_begin.erase(it);
+}
+
+AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes) {
+  const auto p = reinterpret_cast<uintptr_t>(data);
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  if (bytes == 0) return {};
+  auto it = reg.by_begin.upper_bound(p + bytes - 1);
+  if (it == reg.by_begin.begin()) return {};
+  --it;
+  const Alias& alias = it->second;
+  if (alias.forked || alias.segment.get() != &segment) return {};
+  const uintptr_t lo = std::max(it->first, p);
+  const uintptr_t hi = std::min(it->first + alias.len, p + bytes);
+  if (hi <= lo) return {};
+  return {.lo = lo - p, .hi = hi - p, .heap_offset = alias.heap_offset + (lo - it->first)};
+}
+
+size_t alias_count() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  size_t n = 0;
+  for (const auto& [begin, alias] : reg.by_begin) n += alias.forked ? 0 : 1;
+  return n;
+}
+
+}  // namespace c10d::backends::shm

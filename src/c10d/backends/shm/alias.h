@@ -1,0 +1,55 @@
+// Aliases: ordinary memory moved into a rank's shared heap, so that collectives on it take
+// the zero-copy path of tensors from ShmBackend::empty().
+//
+// adopt() copies the whole pages inside a buffer into a block of the heap and maps that block
+// over the same addresses (MAP_FIXED | MAP_SHARED): the buffer keeps its address and contents,
+// and its pages are now ones the peers have mapped already. The bytes before the first page
+// boundary and after the last stay where they were; the backend moves them through the kernel.
+//
+// release() undoes it: the pages get private memory again with the same contents, the block's
+// pages are given back to the system and the block to the heap. It must run before the memory
+// is freed (the Python layer calls it from a weak reference's callback of the numpy array that
+// owns the memory, which numpy runs before it frees the data). It leaves alone any page that
+// /proc/self/maps no longer shows as the heap's, so memory that was unmapped and reused meanwhile
+// is never touched.
+//
+// fork(): a child would share an aliased buffer's pages with its parent. A fork handler maps
+// them copy-on-write from the heap in the child instead, so the child's writes stay its own (it
+// sees the parent's later writes to pages it has not written itself), and the child forgets
+// them.
+//
+// Thread-safety: every function may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace c10d::backends::shm {
+
+class Segment;
+
+// The part of [data, data + bytes) that lies in an alias of `segment`'s heap: bytes [lo, hi)
+// of the buffer are the heap's bytes from `heap_offset` on. Empty (lo == hi) when none does.
+struct AliasedPart {
+  size_t lo = 0;
+  size_t hi = 0;
+  size_t heap_offset = 0;
+};
+
+// Moves the whole pages of [data, data + bytes) into `segment`'s heap (this rank's). False,
+// with nothing changed, when they overlap an alias already, are not
+// private anonymous read-write memory, or the heap has no room. False too when they are
+// fewer than 64 KiB: below that the heap does not align blocks to pages.
+bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t bytes);
+
+// Undoes adopt_into_heap() for the buffer [data, data + bytes); a no-op when it has no alias.
+void release_alias(void* data, size_t bytes);
+
+// Where [data, data + bytes) meets an alias of `segment`'s heap.
+AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes);
+
+// Number of live aliases in this process (for tests).
+size_t alias_count();
+
+}  // namespace c10d::backends::shm
