@@ -34,7 +34,8 @@ struct Alias {
 
 struct Registry {
   std::mutex mutex;
-  std::map<uintptr_t, Alias> by_begin;  // guarded by mutex
+  std::map<uintptr_t, Alias> by_begin;            // guarded by mutex
+  std::map<const Segment*, size_t> bytes_in_heap;  // of the aliases, per heap; guarded by mutex
 };
 
 void atfork_prepare();
@@ -163,6 +164,9 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
   if (next != reg.by_begin.begin() && std::prev(next)->first + std::prev(next)->second.len > begin) {
     return false;
   }
+  // Aliases take at most half of a heap, so shm_empty() keeps room.
+  size_t& in_heap = reg.bytes_in_heap[segment.get()];
+  if (in_heap + len > segment->layout().heap_bytes / 2) return false;
   if (!private_anonymous(begin, end)) return false;
   const std::optional<size_t> offset = segment->own_heap().try_allocate(len);
   if (!offset) return false;
@@ -188,6 +192,7 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
     return false;
   }
   reg.by_begin.emplace(begin, std::move(alias));
+  in_heap += len;
   return true;
 }
 
@@ -214,6 +219,7 @@ void release_alias(void* data, size_t bytes) {
       replace_with_private_copy(lo, block + (lo - begin), hi - lo);
     }
     free_block(alias);
+    reg.bytes_in_heap[alias.segment.get()] -= alias.len;
   }
   reg.by_begin.erase(it);
 }

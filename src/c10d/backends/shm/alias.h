@@ -38,9 +38,11 @@ struct AliasedPart {
 };
 
 // Moves the whole pages of [data, data + bytes) into `segment`'s heap (this rank's). False,
-// with nothing changed, when they overlap an alias already, are not
-// private anonymous read-write memory, or the heap has no room. False too when they are
-// fewer than 64 KiB: below that the heap does not align blocks to pages.
+// with nothing changed, when they:
+// - are fewer than 64 KiB (below that the heap does not align blocks to pages);
+// - overlap an alias already;
+// - are not private anonymous read-write memory (malloc's);
+// - would take the aliases past half of the heap (the rest stays for empty()).
 bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t bytes);
 
 // Undoes adopt_into_heap() for the buffer [data, data + bytes); a no-op when it has no alias.
