@@ -144,32 +144,39 @@ bool dense_ndarray(PyObject* obj, bool writable, Buffer& buffer, DenseView& out)
 
 #ifdef C10D_ADOPT_ARRAYS
 // Numpy arrays that a shm group all_reduces again get the zero-copy path of shm_empty's
-// (backends/shm/alias.h): at the second all_reduce of C10D_SHM_ADOPT_BYTES or more on an array,
-// or on views of one, the array that owns the memory has its pages moved into the rank's
-// shared heap. A weak reference to that owner gives them back before numpy frees the memory
-// (numpy calls weak-reference callbacks first in its dealloc). Owners are counted, not views,
-// so the buckets of a flat gradient buffer share one alias. The GIL guards this state.
-struct Reused {
+// (backends/shm/alias.h): at the second all_reduce of C10D_SHM_ADOPT_BYTES or more on the
+// memory of one array (the array that owns it: views count for their owner, so the buckets of
+// a flat gradient buffer share one alias), that array's pages move into the rank's shared
+// heap. A weak reference to the owner, taken only then, gives them back before numpy frees
+// the memory (numpy calls weak-reference callbacks first in its dealloc). numpy refuses to
+// resize an array with weak references in place, so only adopted arrays lose that.
+// The GIL guards this state; never destroyed (callbacks may run while the process exits).
+struct Adopted {
   PyObject* weakref = nullptr;  // strong reference to the owner's weak reference
-  void* data = nullptr;         // the owner's memory when last seen
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+// Owners' memory seen in large all_reduces: (data -> bytes, times). Bounded; an entry left by
+// an array that is gone only makes the next array there adopt sooner, or, when adopting it
+// failed, later: a failed adoption is tried again after kRetryUses more all_reduces there.
+struct Seen {
   size_t bytes = 0;
   int uses = 0;
-  bool tried = false;  // adopt() was called (whatever it answered): never again
 };
-std::unordered_map<PyObject*, Reused> g_reused;  // by owner
-std::unordered_map<PyObject*, PyObject*> g_owner_of;  // weak reference -> owner
+constexpr size_t kMaxSeen = 256;
+constexpr int kRetryUses = 64;
+auto& g_seen = *new std::unordered_map<void*, Seen>;
+auto& g_adopted = *new std::unordered_map<PyObject*, Adopted>;  // by weak reference
 
 PyObject* owner_collected(PyObject* /*self*/, PyObject* weakref) {
-  auto found = g_owner_of.find(weakref);
-  if (found != g_owner_of.end()) {
-    auto it = g_reused.find(found->second);
-    g_owner_of.erase(found);
-    if (it != g_reused.end()) {
-      const Reused r = it->second;
-      g_reused.erase(it);
-      if (r.tried) backends::shm::release_alias(r.data, r.bytes);
-      Py_XDECREF(r.weakref);
-    }
+  auto it = g_adopted.find(weakref);
+  if (it != g_adopted.end()) {
+    const Adopted a = it->second;
+    g_adopted.erase(it);
+    g_seen.erase(a.data);
+    // The owner is going and numpy frees the memory next: its contents do not matter.
+    backends::shm::release_alias(a.data, a.bytes, /*keep_contents=*/false);
+    Py_DECREF(a.weakref);  // the caller holds its own reference during the callback
   }
   Py_RETURN_NONE;
 }
@@ -201,26 +208,28 @@ void adopt_reused(const InlineState& state, PyObject* array) {
   if (owner == nullptr) return;
   void* data = PyArray_DATA(reinterpret_cast<PyArrayObject*>(owner));
   const size_t bytes = array_bytes(owner);
-  auto it = g_reused.find(owner);
-  if (it == g_reused.end()) {
-    static PyObject* const callback = PyCFunction_New(&g_owner_collected_def, nullptr);
-    PyObject* ref = callback == nullptr ? nullptr : PyWeakref_NewRef(owner, callback);
-    if (ref == nullptr) {  // an owner without weak references: never adopted
-      PyErr_Clear();
-      return;
-    }
-    g_owner_of[ref] = owner;
-    g_reused[owner] = Reused{.weakref = ref, .data = data, .bytes = bytes, .uses = 1};
+  auto [it, fresh] = g_seen.try_emplace(data, Seen{bytes, 0});
+  if (fresh && g_seen.size() > kMaxSeen) {
+    g_seen.clear();
+    g_seen.emplace(data, Seen{bytes, 1});
     return;
   }
-  Reused& r = it->second;
-  if (r.data != data || r.bytes != bytes) {  // ndarray.resize() moved the memory
-    if (r.tried) backends::shm::release_alias(r.data, r.bytes);
-    r = Reused{.weakref = r.weakref, .data = data, .bytes = bytes, .uses = 0};
+  Seen& seen = it->second;
+  if (seen.bytes != bytes) seen = Seen{bytes, 0};  // another array at the same address
+  if (seen.uses >= 2 || ++seen.uses < 2) return;  // adopted already, or not yet
+  static PyObject* const callback = PyCFunction_New(&g_owner_collected_def, nullptr);
+  PyObject* ref = callback == nullptr ? nullptr : PyWeakref_NewRef(owner, callback);
+  if (ref == nullptr) {
+    PyErr_Clear();
+    seen.uses = -kRetryUses;
+    return;
   }
-  if (r.tried || ++r.uses < 2) return;
-  r.tried = true;
-  state.shm->adopt(data, bytes);
+  if (!state.shm->adopt(data, bytes)) {
+    Py_DECREF(ref);  // not adopted: the array stays resizable
+    seen.uses = -kRetryUses;
+    return;
+  }
+  g_adopted[ref] = Adopted{.weakref = ref, .data = data, .bytes = bytes};
 }
 #endif
 

@@ -36,6 +36,9 @@ struct Registry {
   std::mutex mutex;
   std::map<uintptr_t, Alias> by_begin;            // guarded by mutex
   std::map<const Segment*, size_t> bytes_in_heap;  // of the aliases, per heap; guarded by mutex
+  // Private copies of the aliases made for a fork in progress, in by_begin's order (skipping
+  // forked ones); null where the copy failed. Guarded by mutex.
+  std::vector<void*> snapshots;
 };
 
 void atfork_prepare();
@@ -52,18 +55,54 @@ Registry& registry() {
   return *reg;
 }
 
-void atfork_prepare() { registry().mutex.lock(); }
-void atfork_parent() { registry().mutex.unlock(); }
+// fork() with aliases: the parent copies each into fresh private memory before the fork (the
+// snapshot), the child moves those copies over the aliases' addresses, and the parent drops
+// its references to them, so the child ends up the only owner. (A copy in the child would race
+// with the parent, which writes into the shared pages as soon as fork returns.)
+void atfork_prepare() {
+  Registry& reg = registry();
+  reg.mutex.lock();
+  reg.snapshots.clear();
+  for (const auto& [begin, alias] : reg.by_begin) {
+    if (alias.forked) continue;
+    void* copy = ::mmap(nullptr, alias.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
+    if (copy == MAP_FAILED) {
+      copy = nullptr;
+    } else {
+      std::memcpy(copy, reinterpret_cast<const void*>(begin), alias.len);
+    }
+    reg.snapshots.push_back(copy);
+  }
+}
 
-// Only system calls here: the child of a threaded process may not allocate.
+void atfork_parent() {
+  Registry& reg = registry();
+  size_t i = 0;
+  for (const auto& [begin, alias] : reg.by_begin) {
+    if (alias.forked) continue;
+    if (reg.snapshots[i] != nullptr) ::munmap(reg.snapshots[i], alias.len);
+    ++i;
+  }
+  reg.snapshots.clear();
+  reg.mutex.unlock();
+}
+
+// Only system calls here: the child of a threaded process may not allocate. Where a snapshot
+// is missing, the child maps the heap's pages copy-on-write instead, which at least keeps its
+// writes to itself.
 void atfork_child() {
   Registry& reg = registry();
+  size_t i = 0;
   for (auto& [begin, alias] : reg.by_begin) {
     if (alias.forked) continue;
-    // Copy-on-write from the heap's pages: the same contents, private from here on. On failure
-    // the pages stay shared, which is what they were.
-    ::mmap(reinterpret_cast<void*>(begin), alias.len, PROT_READ | PROT_WRITE,
-           MAP_PRIVATE | MAP_FIXED, alias.segment->own_fd(), alias.file_offset);
+    void* at = reinterpret_cast<void*>(begin);
+    void* copy = reg.snapshots[i++];
+    if (copy == nullptr ||
+        ::mremap(copy, alias.len, alias.len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
+      ::mmap(at, alias.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED,
+             alias.segment->own_fd(), alias.file_offset);
+    }
     alias.forked = true;
   }
   reg.mutex.unlock();
@@ -125,9 +164,13 @@ bool private_anonymous(uintptr_t begin, uintptr_t end) {
   return covered >= end;
 }
 
-// Maps `len` bytes at `at` over whatever is there, atomically (mremap), as a fresh private
-// anonymous mapping holding a copy of `from`. False, with `at` untouched, on failure.
-bool replace_with_private_copy(uintptr_t at, const char* from, size_t len) {
+// Maps fresh private anonymous memory over [at, at + len), holding a copy of `from` when it is
+// not null. False when that failed: the old mapping may then still be there.
+bool make_private(uintptr_t at, const char* from, size_t len) {
+  if (from == nullptr) {
+    return ::mmap(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED;
+  }
   void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (tmp == MAP_FAILED) return false;
   std::memcpy(tmp, from, len);
@@ -144,6 +187,32 @@ void free_block(const Alias& alias) {
   ::fallocate(alias.segment->own_fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
               alias.file_offset, static_cast<off_t>(alias.len));
   alias.segment->own_heap().release(alias.heap_offset, alias.len);
+}
+
+// Undoes one alias (registry locked): the pages of [begin, begin + len) that are still mapped
+// from its block get private memory, with the block's contents when `keep_contents`. Only
+// when all of them did is the block freed (`free`); otherwise it stays allocated (leaked), as
+// the buffer may still map it. Returns whether the block was freed.
+bool undo(Registry& reg, uintptr_t begin, const Alias& alias, bool keep_contents, bool free) {
+  const uintptr_t end = begin + alias.len;
+  const char* block = alias.segment->heap(alias.segment->rank()) + alias.heap_offset;
+  bool restored = true;
+  // A range that was unmapped (and perhaps reused) since adopt() must not be touched.
+  for (const Mapping& m : mappings_over(begin, end)) {
+    if (m.inode != alias.inode) continue;
+    const uintptr_t lo = std::max(m.start, begin);
+    const uintptr_t hi = std::min(m.end, end);
+    // The same pages of the block as when adopted?
+    if (m.offset + (lo - m.start) != static_cast<uint64_t>(alias.file_offset) + (lo - begin)) {
+      continue;
+    }
+    restored = make_private(lo, keep_contents ? block + (lo - begin) : nullptr, hi - lo) &&
+               restored;
+  }
+  if (!restored || !free) return false;
+  free_block(alias);
+  reg.bytes_in_heap[alias.segment.get()] -= alias.len;
+  return true;
 }
 
 }  // namespace
@@ -177,8 +246,8 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
               .inode = st.st_ino};
   char* block = segment->heap(segment->rank()) + *offset;
   std::memcpy(block, reinterpret_cast<const void*>(begin), len);
-  // Map the block somewhere, then move that mapping over the buffer's pages in one step, so
-  // a failure leaves the buffer as it was.
+  // Map the block somewhere, then move that mapping over the buffer's pages in one step
+  // (mremap), so the buffer never lacks its pages.
   void* shared = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
                         segment->own_fd(), alias.file_offset);
   if (shared == MAP_FAILED) {
@@ -196,32 +265,30 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
   return true;
 }
 
-void release_alias(void* data, size_t bytes) {
+void release_alias(void* data, size_t bytes, bool keep_contents) {
   uintptr_t begin, end;
   whole_pages(data, bytes, begin, end);
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
   auto it = reg.by_begin.find(begin);
   if (it == reg.by_begin.end() || it->second.len != end - begin) return;
-  Alias& alias = it->second;
-  if (!alias.forked) {
-    // Only the pages still mapped from the block get private memory back: a range that was
-    // unmapped (and perhaps reused) since must not be touched.
-    const char* block = alias.segment->heap(alias.segment->rank()) + alias.heap_offset;
-    for (const Mapping& m : mappings_over(begin, end)) {
-      if (m.inode != alias.inode) continue;
-      const uintptr_t lo = std::max(m.start, begin);
-      const uintptr_t hi = std::min(m.end, end);
-      // The same pages of the block as when adopted?
-      if (m.offset + (lo - m.start) != static_cast<uint64_t>(alias.file_offset) + (lo - begin)) {
-        continue;
-      }
-      replace_with_private_copy(lo, block + (lo - begin), hi - lo);
-    }
-    free_block(alias);
-    reg.bytes_in_heap[alias.segment.get()] -= alias.len;
-  }
+  if (!it->second.forked) undo(reg, begin, it->second, keep_contents, /*free=*/true);
   reg.by_begin.erase(it);
+}
+
+void release_aliases_of(const Segment& segment) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  for (auto it = reg.by_begin.begin(); it != reg.by_begin.end();) {
+    if (it->second.segment.get() != &segment || it->second.forked) {
+      ++it;
+      continue;
+    }
+    // The heap goes with the segment: nothing to give back to it.
+    undo(reg, it->first, it->second, /*keep_contents=*/true, /*free=*/false);
+    it = reg.by_begin.erase(it);
+  }
+  reg.bytes_in_heap.erase(&segment);
 }
 
 AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes) {

@@ -6,17 +6,22 @@
 // and its pages are now ones the peers have mapped already. The bytes before the first page
 // boundary and after the last stay where they were; the backend moves them through the kernel.
 //
-// release() undoes it: the pages get private memory again with the same contents, the block's
-// pages are given back to the system and the block to the heap. It must run before the memory
-// is freed (the Python layer calls it from a weak reference's callback of the numpy array that
-// owns the memory, which numpy runs before it frees the data). It leaves alone any page that
-// /proc/self/maps no longer shows as the heap's, so memory that was unmapped and reused meanwhile
-// is never touched.
+// release_alias() undoes it: the pages get private memory again (with the same contents, or
+// fresh when the buffer is being freed anyway), the block's pages go back to the system and
+// the block to the heap. It must run before the memory is freed (the Python layer calls it
+// from a weak reference's callback of the numpy array that owns the memory, which numpy runs
+// before it frees the data). It leaves alone any page that /proc/self/maps no longer shows as
+// the block's, so memory unmapped and reused meanwhile is never touched; a block whose pages
+// could not all be made private again stays allocated. When the backend shuts down, its
+// aliases are undone the same way (release_aliases_of).
 //
-// fork(): a child would share an aliased buffer's pages with its parent. A fork handler maps
-// them copy-on-write from the heap in the child instead, so the child's writes stay its own (it
-// sees the parent's later writes to pages it has not written itself), and the child forgets
-// them.
+// Nothing may write into the buffer while it is adopted (the shm backend adopts only when no
+// operation of it is queued or running).
+//
+// fork(): a child would share an aliased buffer's pages with its parent. Fork handlers give
+// the child a private copy of each instead, taken by the parent just before the fork (the
+// snapshot fork gives private memory; it costs a copy of every adopted buffer per fork), and
+// the child forgets them.
 //
 // Thread-safety: every function may be called from any thread.
 #pragma once
@@ -46,7 +51,11 @@ struct AliasedPart {
 bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t bytes);
 
 // Undoes adopt_into_heap() for the buffer [data, data + bytes); a no-op when it has no alias.
-void release_alias(void* data, size_t bytes);
+// Without `keep_contents` the pages come back zeroed (for memory about to be freed).
+void release_alias(void* data, size_t bytes, bool keep_contents = true);
+
+// Undoes every alias in `segment`'s heap, keeping the buffers' contents (at shutdown).
+void release_aliases_of(const Segment& segment);
 
 // Where [data, data + bytes) meets an alias of `segment`'s heap.
 AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes);

@@ -1208,7 +1208,7 @@ class Engine {
 
   // Where rank r's buffer of an operation is: mapped here (it lies in r's shared heap) or
   // only at an address in r's own address space.
-  // Bytes [lo, hi) of it may also be mapped here (`part` + lo on): all of it when `mapped`,
+  // Bytes [lo, hi) of it may also be mapped here, from `part` on: all of it when `mapped`,
   // else the pages of an ordinary buffer that r moved into its heap (alias.h).
   struct Where {
     char* mapped = nullptr;
@@ -1226,8 +1226,9 @@ class Engine {
   // Whether every rank's buffer is mapped here for at least half its bytes (the heap or an
   // alias), so that owner_computes reads most of it in place.
   static bool mostly_mapped(const std::vector<Where>& where, size_t bytes) {
-    return std::all_of(where.begin(), where.end(),
-                       [&](const Where& w) { return w.part != nullptr && 2 * (w.hi - w.lo) >= bytes; });
+    return std::all_of(where.begin(), where.end(), [&](const Where& w) {
+      return w.part != nullptr && 2 * (w.hi - w.lo) >= bytes;
+    });
   }
 
   // One two-sided step in which every rank publishes where [data, data + bytes) is.
@@ -1256,7 +1257,7 @@ class Engine {
       } else if (m[3] >= 0) {
         w.lo = static_cast<size_t>(m[4]);
         w.hi = static_cast<size_t>(m[5]);
-        w.part = seg_.heap(r) + m[3] - m[4];
+        w.part = seg_.heap(r) + m[3];
       }
     }
     located_far_ = reinterpret_cast<const int64_t*>(seg_.meta(0, s))[2] != 0;
@@ -1306,7 +1307,7 @@ class Engine {
     size_t lo, hi;
     mapped_span(w, off, n, lo, hi);
     if (lo > off) read_from(r, dst, w.address + off, lo - off);
-    if (hi > lo) copy(dst + (lo - off), w.part + lo, hi - lo);
+    if (hi > lo) copy(dst + (lo - off), w.part + (lo - w.lo), hi - lo);
     if (off + n > hi) read_from(r, dst + (hi - off), w.address + hi, off + n - hi);
   }
 
@@ -1315,7 +1316,7 @@ class Engine {
     size_t lo, hi;
     mapped_span(w, off, n, lo, hi);
     if (lo > off) write_to(r, w.address + off, src, lo - off);
-    if (hi > lo) copy(w.part + lo, src + (lo - off), hi - lo);
+    if (hi > lo) copy(w.part + (lo - w.lo), src + (lo - off), hi - lo);
     if (off + n > hi) write_to(r, w.address + hi, src + (hi - off), off + n - hi);
   }
 
@@ -1351,7 +1352,7 @@ class Engine {
         const Where& w = where[j];
         const char* theirs = scratch_.data();
         if (!premul && w.part != nullptr && off >= w.lo && off + n <= w.hi) {
-          theirs = w.part + off;
+          theirs = w.part + (off - w.lo);
         } else {
           read_range(w, j, scratch_.data(), off, n);
           if (premul) core::apply_premul(scratch_.data(), m, dtype, op);
@@ -2292,6 +2293,13 @@ bool ShmBackend::in_shared_heap(const void* data, size_t bytes) const {
 }
 
 bool ShmBackend::adopt(void* data, size_t bytes) {
+  // Without cross-memory attach the bytes outside the whole pages could not be reached, so
+  // the backend would never use the alias.
+  if (!segment_->cma()) return false;
+  // The worker thread or a peer may write into the buffer for an operation in flight, and a
+  // write between the copy and the remapping would be lost: adopt only while none is.
+  std::lock_guard<std::mutex> lock(queue_->mutex);
+  if (queue_->pending != 0 || queue_->stopping) return false;
   return adopt_into_heap(segment_, data, bytes);
 }
 
@@ -2477,6 +2485,7 @@ void ShmBackend::shutdown() {
   }
   // A running operation notices `aborted` within a few milliseconds.
   if (worker.joinable()) worker.join();
+  release_aliases_of(*segment_);
 }
 
 // ---------------------------------------------------------------------------------------------
