@@ -646,6 +646,10 @@ TEST_F(TCPStoreRobustness, AppendsCannotGrowAValuePastTheLimit) {
   // Two appends of 5 MiB each: the second would pass the 8 MiB value limit.
   const Bytes chunk(5 << 20, 'x');
   good_->append("grow", chunk);
+  // good_'s APPEND has no reply either, so the server may still be reading it when greedy's
+  // arrives on the other connection; greedy's would then be applied and good_'s refused. The
+  // server answers a connection's requests in order: a reply to good_ means its append is in.
+  ASSERT_EQ(good_->get("grow").size(), chunk.size());
   TCPStoreOptions opts;
   opts.port = server_->port();
   opts.timeout = std::chrono::seconds(10);

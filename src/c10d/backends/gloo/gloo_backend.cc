@@ -21,6 +21,7 @@
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/scatter.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -231,16 +232,44 @@ void ignore_sigpipe_once() {
   (void)done;
 }
 
-std::vector<std::string> split_commas(const std::string& text) {
+// The non-empty pieces of `text` between separators.
+std::vector<std::string> split(const std::string& text, char separator) {
   std::vector<std::string> parts;
   size_t start = 0;
   while (start <= text.size()) {
-    size_t end = text.find(',', start);
+    size_t end = text.find(separator, start);
     if (end == std::string::npos) end = text.size();
     if (end > start) parts.push_back(text.substr(start, end - start));
     start = end + 1;
   }
   return parts;
+}
+
+// `text` if it is an address as Gloo's TCP transport prints it ("[127.0.0.1]:41235"), without
+// the "$<sequence>" some Gloo versions append; otherwise "".
+std::string tcp_address_text(std::string text) {
+  if (size_t cut = text.find('$'); cut != std::string::npos) text.resize(cut);
+  return text.find("]:") != std::string::npos ? text : std::string();
+}
+
+// The addresses `rank` advertised at Gloo's rendezvous, by peer, decoded from its record:
+// connectFullMesh stores under the rank's number the address of its pair with every other
+// rank, in rank order, all of one size. "" where the record does not hold TCP addresses.
+std::vector<std::string> advertised_addresses(const store::Bytes& record, int rank, int size) {
+  std::vector<std::string> by_peer(size);
+  if (size < 2 || record.empty() || record.size() % (size - 1) != 0) return by_peer;
+  const size_t width = record.size() / (size - 1);
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    const auto first = record.begin() + (p < rank ? p : p - 1) * width;
+    try {
+      by_peer[p] = tcp_address_text(
+          ::gloo::transport::tcp::Address(std::vector<char>(first, first + width)).str());
+    } catch (const std::exception&) {
+      // Another transport's record: peers are named by the pairs' current addresses alone.
+    }
+  }
+  return by_peer;
 }
 
 // A send or receive posted on an unbound buffer. It completes when waited on: wait() blocks on
@@ -366,7 +395,7 @@ DevicePtr GlooBackend::create_default_device() { return create_default_devices()
 std::vector<DevicePtr> GlooBackend::create_default_devices() {
   std::vector<DevicePtr> devices;
   if (core::env_is_set(core::kEnvGlooSocketIfname)) {
-    for (const auto& ifname : split_commas(core::env_string(core::kEnvGlooSocketIfname))) {
+    for (const auto& ifname : split(core::env_string(core::kEnvGlooSocketIfname), ',')) {
       devices.push_back(create_device_for_interface(ifname));
     }
     if (!devices.empty()) return devices;
@@ -391,17 +420,18 @@ struct GlooBackend::Shared {
     return str_cat(op, " (sequence ", tag, ", rank ", rank, " of ", size, ")");
   }
 
-  // The rank whose listening address appears in a Gloo error message, or -1.
+  // The rank one of whose addresses appears in a Gloo error message, or -1.
   int peer_in_message(const std::string& message) const {
     for (size_t r = 0; r < peer_addresses.size(); ++r) {
-      const std::string& address = peer_addresses[r];
-      if (address.empty()) continue;
-      // "[127.0.0.1]:4632" must not match inside "[127.0.0.1]:46321".
-      for (size_t at = message.find(address); at != std::string::npos;
-           at = message.find(address, at + 1)) {
-        const size_t end = at + address.size();
-        if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
-          return static_cast<int>(r);
+      for (const std::string& address : peer_addresses[r]) {
+        if (address.empty()) continue;
+        // "[127.0.0.1]:4632" must not match inside "[127.0.0.1]:46321".
+        for (size_t at = message.find(address); at != std::string::npos;
+             at = message.find(address, at + 1)) {
+          const size_t end = at + address.size();
+          if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
+            return static_cast<int>(r);
+          }
         }
       }
     }
@@ -436,9 +466,13 @@ struct GlooBackend::Shared {
 
   const int rank;
   const int size;
-  // "[127.0.0.1]:41235" style listening address of every peer (empty for this rank), to name
-  // the rank in Gloo's error messages, which print addresses. Written before the workers start.
-  std::vector<std::string> peer_addresses;
+  // For every peer (none for this rank), the "[127.0.0.1]:41235" style addresses Gloo's error
+  // messages may print for it, to name the rank. Gloo's TCP pairs each have their own socket,
+  // so a peer's address differs per pair, and which one our pair prints depends on timing: the
+  // far end of the connection, or, when our pair accepted the connection before Gloo's
+  // rendezvous handed it the peer's advertised address, that address (Pair::connect overwrites
+  // the far end with it). Both count. Written before the workers start.
+  std::vector<std::vector<std::string>> peer_addresses;
 
   // One mutex orders both the sequence numbers and the queue, so the workers take operations
   // in sequence order on every rank.
@@ -485,16 +519,36 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
 GlooBackend::~GlooBackend() { shutdown(); }
 
 void GlooBackend::exchange_addresses() {
-  shared_->peer_addresses.assign(size(), std::string());
+  shared_->peer_addresses.assign(size(), {});
   if (size() == 1) return;
   try {
-    // Every pair of a device shares the device's listening socket, so any pair tells ours.
-    std::string mine = contexts_[0]->getPair(rank() == 0 ? 1 : 0)->address().str();
-    if (size_t cut = mine.find('$'); cut != std::string::npos) mine.resize(cut);
+    // One line per device and peer: the peer's rank, then the addresses that may name us in its
+    // messages (see Shared::peer_addresses): our pair's address now, and the one it advertised,
+    // read back from our rendezvous record (checked first: a get would wait for a missing key).
+    std::string mine;
+    for (size_t d = 0; d < contexts_.size(); ++d) {
+      const std::string record = str_cat("gloo/", d, "/", rank());
+      std::vector<std::string> advertised(size());
+      if (store_->check({record})) {
+        advertised = advertised_addresses(store_->get(record), rank(), size());
+      }
+      for (int p = 0; p < size(); ++p) {
+        if (p == rank()) continue;
+        mine += str_cat(p, ' ', tcp_address_text(contexts_[d]->getPair(p)->address().str()), ' ',
+                        advertised[p], '\n');
+      }
+    }
     store_->set(str_cat("gloo/address/", rank()), store::to_bytes(mine));
+    const std::string me = std::to_string(rank());
     for (int r = 0; r < size(); ++r) {
       if (r == rank()) continue;
-      shared_->peer_addresses[r] = store::to_string(store_->get(str_cat("gloo/address/", r)));
+      const std::string theirs = store::to_string(store_->get(str_cat("gloo/address/", r)));
+      for (const std::string& line : split(theirs, '\n')) {
+        const std::vector<std::string> fields = split(line, ' ');
+        if (fields.empty() || fields[0] != me) continue;
+        auto& names = shared_->peer_addresses[r];
+        names.insert(names.end(), fields.begin() + 1, fields.end());
+      }
     }
   } catch (const std::exception& e) {
     throw DistBackendError(str_cat("Gloo rendezvous failed for rank ", rank(), " of ", size(),
