@@ -147,36 +147,33 @@ bool dense_ndarray(PyObject* obj, bool writable, Buffer& buffer, DenseView& out)
 // (backends/shm/alias.h): at the second all_reduce of C10D_SHM_ADOPT_BYTES or more on the
 // memory of one array (the array that owns it: views count for their owner, so the buckets of
 // a flat gradient buffer share one alias), that array's pages move into the rank's shared
-// heap. A weak reference to the owner, taken only then, gives them back before numpy frees
-// the memory (numpy calls weak-reference callbacks first in its dealloc). numpy refuses to
-// resize an array with weak references in place, so only adopted arrays lose that.
+// heap. A weak reference to the owner, taken at the first, forgets it when it goes, and gives
+// the pages back before numpy frees the memory (numpy calls weak-reference callbacks first in
+// its dealloc). Counting by address alone would take a fresh array where a dead one was for
+// the same, and adopt (and soon release) arrays that are all_reduced once per step. numpy
+// refuses to resize an array with weak references in place: that is the visible cost.
 // The GIL guards this state; never destroyed (callbacks may run while the process exits).
-struct Adopted {
-  PyObject* weakref = nullptr;  // strong reference to the owner's weak reference
-  void* data = nullptr;
+struct Tracked {
+  PyObject* owner = nullptr;  // borrowed: only a key of g_ref_of, dropped when it goes
+  void* data = nullptr;       // the owner's memory when first seen
   size_t bytes = 0;
+  int uses = 0;  // all_reduces counted so far; negative after a refusal (tried again at 2)
+  bool adopted = false;
 };
-// Owners' memory seen in large all_reduces: (data -> bytes, times). Bounded; an entry left by
-// an array that is gone only makes the next array there adopt sooner, or, when adopting it
-// failed, later: a failed adoption is tried again after kRetryUses more all_reduces there.
-struct Seen {
-  size_t bytes = 0;
-  int uses = 0;
-};
-constexpr size_t kMaxSeen = 256;
+// A refused adoption is tried again after this many more all_reduces of the array.
 constexpr int kRetryUses = 64;
-auto& g_seen = *new std::unordered_map<void*, Seen>;
-auto& g_adopted = *new std::unordered_map<PyObject*, Adopted>;  // by weak reference
+auto& g_tracked = *new std::unordered_map<PyObject*, Tracked>;  // by weak reference
+auto& g_ref_of = *new std::unordered_map<PyObject*, PyObject*>;  // owner -> weak reference
 
 PyObject* owner_collected(PyObject* /*self*/, PyObject* weakref) {
-  auto it = g_adopted.find(weakref);
-  if (it != g_adopted.end()) {
-    const Adopted a = it->second;
-    g_adopted.erase(it);
-    g_seen.erase(a.data);
+  auto it = g_tracked.find(weakref);
+  if (it != g_tracked.end()) {
+    const Tracked t = it->second;
+    g_tracked.erase(it);
+    g_ref_of.erase(t.owner);
     // The owner is going and numpy frees the memory next: its contents do not matter.
-    backends::shm::release_alias(a.data, a.bytes, /*keep_contents=*/false);
-    Py_DECREF(a.weakref);  // the caller holds its own reference during the callback
+    if (t.adopted) backends::shm::release_alias(t.data, t.bytes, /*keep_contents=*/false);
+    Py_DECREF(weakref);  // ours; the caller holds another for the callback
   }
   Py_RETURN_NONE;
 }
@@ -208,28 +205,35 @@ void adopt_reused(const InlineState& state, PyObject* array) {
   if (owner == nullptr) return;
   void* data = PyArray_DATA(reinterpret_cast<PyArrayObject*>(owner));
   const size_t bytes = array_bytes(owner);
-  auto [it, fresh] = g_seen.try_emplace(data, Seen{bytes, 0});
-  if (fresh && g_seen.size() > kMaxSeen) {
-    g_seen.clear();
-    g_seen.emplace(data, Seen{bytes, 1});
+  auto found = g_ref_of.find(owner);
+  if (found == g_ref_of.end()) {
+    static PyObject* const callback = PyCFunction_New(&g_owner_collected_def, nullptr);
+    PyObject* ref = callback == nullptr ? nullptr : PyWeakref_NewRef(owner, callback);
+    if (ref == nullptr) {  // not to be tracked: never adopted
+      PyErr_Clear();
+      return;
+    }
+    g_ref_of.emplace(owner, ref);
+    g_tracked.emplace(ref, Tracked{.owner = owner, .data = data, .bytes = bytes, .uses = 1});
     return;
   }
-  Seen& seen = it->second;
-  if (seen.bytes != bytes) seen = Seen{bytes, 0};  // another array at the same address
-  if (seen.uses >= 2 || ++seen.uses < 2) return;  // adopted already, or not yet
-  static PyObject* const callback = PyCFunction_New(&g_owner_collected_def, nullptr);
-  PyObject* ref = callback == nullptr ? nullptr : PyWeakref_NewRef(owner, callback);
-  if (ref == nullptr) {
-    PyErr_Clear();
-    seen.uses = -kRetryUses;
+  Tracked& t = g_tracked[found->second];
+  if (t.adopted || ++t.uses < 2) return;
+  if (t.data != data || t.bytes != bytes) {  // its memory moved (ndarray.data assigned)
+    t = Tracked{.owner = owner, .data = data, .bytes = bytes, .uses = 1};
     return;
   }
-  if (!state.shm->adopt(data, bytes)) {
-    Py_DECREF(ref);  // not adopted: the array stays resizable
-    seen.uses = -kRetryUses;
-    return;
+  switch (state.shm->adopt(data, bytes)) {
+    case backends::shm::ShmBackend::Adoption::kDone:
+      t.adopted = true;
+      break;
+    case backends::shm::ShmBackend::Adoption::kBusy:
+      t.uses = 1;  // at the next all_reduce again
+      break;
+    case backends::shm::ShmBackend::Adoption::kRefused:
+      t.uses = 2 - kRetryUses;
+      break;
   }
-  g_adopted[ref] = Adopted{.weakref = ref, .data = data, .bytes = bytes};
 }
 #endif
 

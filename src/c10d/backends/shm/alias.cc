@@ -72,7 +72,7 @@ void atfork_prepare() {
     } else {
       std::memcpy(copy, reinterpret_cast<const void*>(begin), alias.len);
     }
-    reg.snapshots.push_back(copy);
+    reg.snapshots.push_back(copy);  // reserved by adopt_into_heap: no allocation
   }
 }
 
@@ -167,13 +167,11 @@ bool private_anonymous(uintptr_t begin, uintptr_t end) {
 // Maps fresh private anonymous memory over [at, at + len), holding a copy of `from` when it is
 // not null. False when that failed: the old mapping may then still be there.
 bool make_private(uintptr_t at, const char* from, size_t len) {
-  if (from == nullptr) {
-    return ::mmap(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE,
-                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED;
-  }
+  // Built aside and moved in with mremap, which replaces the old mapping in one step: a
+  // failing mmap(MAP_FIXED) may already have unmapped it, leaving a hole.
   void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (tmp == MAP_FAILED) return false;
-  std::memcpy(tmp, from, len);
+  if (from != nullptr) std::memcpy(tmp, from, len);
   void* got = ::mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(at));
   if (got == MAP_FAILED) {
     ::munmap(tmp, len);
@@ -262,6 +260,8 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
   }
   reg.by_begin.emplace(begin, std::move(alias));
   in_heap += len;
+  // The fork handlers must not allocate (atfork_prepare): room for a snapshot of every alias.
+  reg.snapshots.reserve(reg.by_begin.size());
   return true;
 }
 

@@ -1890,6 +1890,12 @@ class P2PEngine {
     complete(done);
   }
 
+  // Whether a receive is posted and not complete (another thread may be writing its buffer).
+  bool receiving() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !recvs_.empty();
+  }
+
   // Drives progress until `op` finishes, its deadline passes (the op fails) or the caller's
   // timeout passes (throws, the op stays pending).
   void wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
@@ -2292,15 +2298,17 @@ bool ShmBackend::in_shared_heap(const void* data, size_t bytes) const {
   return segment_->heap_offset(data, bytes) >= 0;
 }
 
-bool ShmBackend::adopt(void* data, size_t bytes) {
+ShmBackend::Adoption ShmBackend::adopt(void* data, size_t bytes) {
   // Without cross-memory attach the bytes outside the whole pages could not be reached, so
   // the backend would never use the alias.
-  if (!segment_->cma()) return false;
-  // The worker thread or a peer may write into the buffer for an operation in flight, and a
-  // write between the copy and the remapping would be lost: adopt only while none is.
+  if (!segment_->cma()) return Adoption::kRefused;
+  // The worker thread, a thread waiting on a receive, or a peer may write into the buffer for
+  // an operation in flight, and a write between the copy and the remapping would be lost:
+  // adopt only while none is.
   std::lock_guard<std::mutex> lock(queue_->mutex);
-  if (queue_->pending != 0 || queue_->stopping) return false;
-  return adopt_into_heap(segment_, data, bytes);
+  if (queue_->stopping) return Adoption::kRefused;
+  if (queue_->pending != 0 || p2p_->receiving()) return Adoption::kBusy;
+  return adopt_into_heap(segment_, data, bytes) ? Adoption::kDone : Adoption::kRefused;
 }
 
 bool ShmBackend::aliased(const void* data, size_t bytes) const {
@@ -2485,6 +2493,18 @@ void ShmBackend::shutdown() {
   }
   // A running operation notices `aborted` within a few milliseconds.
   if (worker.joinable()) worker.join();
+  // A synchronous operation on another thread may still be writing into an adopted array, or
+  // a peer into it for that operation: give it those milliseconds before the arrays get
+  // private memory back (its writes after that would be lost).
+  const core::Deadline settle(std::chrono::seconds(2));
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(q.mutex);
+      if (!q.running) break;
+    }
+    if (settle.expired()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   release_aliases_of(*segment_);
 }
 
