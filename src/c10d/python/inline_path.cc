@@ -527,7 +527,8 @@ py::dict make_inline_ops(std::shared_ptr<pg::ProcessGroup> group) {
   } catch (const std::exception&) {
     // No CPU backend: nothing to adopt for.
   }
-  state->adopt_bytes = static_cast<size_t>(std::max<int64_t>(0, core::env_int(core::kEnvShmAdoptBytes)));
+  state->adopt_bytes =
+      static_cast<size_t>(std::max<int64_t>(0, core::env_int(core::kEnvShmAdoptBytes)));
 #endif
   py::dict members =
       py::module_::import("c10d._C").attr("ReduceOp").attr("RedOpType").attr("__members__");

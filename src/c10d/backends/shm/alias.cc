@@ -228,8 +228,9 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
   std::lock_guard<std::mutex> lock(reg.mutex);
   auto next = reg.by_begin.lower_bound(begin);
   if (next != reg.by_begin.end() && next->first < end) return false;
-  if (next != reg.by_begin.begin() && std::prev(next)->first + std::prev(next)->second.len > begin) {
-    return false;
+  if (next != reg.by_begin.begin()) {
+    const auto before = std::prev(next);
+    if (before->first + before->second.len > begin) return false;
   }
   // Aliases take at most half of a heap, so shm_empty() keeps room.
   size_t& in_heap = reg.bytes_in_heap[segment.get()];
