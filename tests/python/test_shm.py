@@ -445,6 +445,20 @@ def case_adopt(dist):
         np.testing.assert_array_equal(i64, np.arange(n) * sum(range(1, world + 1)))
     small_heap = os.environ.get("C10D_SHM_HEAP_BYTES") == str(4 << 20)
     assert backend._aliased(f) == backend._aliased(i64) == (adopts and not small_heap)
+    # The general path on an adopted array: asynchronous, PREMUL_SUM (scaled into scratch), and
+    # a subgroup of all ranks, whose heap does not hold the alias (the kernel path).
+    i64[:] = rank + 1
+    dist.all_reduce(i64, async_op=True).wait()
+    np.testing.assert_array_equal(i64, world * (world + 1) // 2)
+    f[:] = rank + 1
+    dist.all_reduce(f, op=dist._make_nccl_premul_sum(2.0))
+    np.testing.assert_allclose(f, world * (world + 1), rtol=1e-6)
+    sub = dist.new_group(list(range(world)), backend="shm")
+    i64[:] = rank
+    dist.all_reduce(i64, group=sub)
+    np.testing.assert_array_equal(i64, world * (world - 1) // 2)
+    dist.destroy_process_group(sub)
+    assert backend._aliased(i64) == (adopts and not small_heap)
     if small_heap:
         room = dist.shm_empty(3 << 16, np.float64)  # 1.5 MiB: in the half left free
         room[:] = 1
