@@ -172,7 +172,7 @@ PyObject* owner_collected(PyObject* /*self*/, PyObject* weakref) {
     g_tracked.erase(it);
     g_ref_of.erase(t.owner);
     // The owner is going and numpy frees the memory next: its contents do not matter.
-    if (t.adopted) backends::shm::release_alias(t.data, t.bytes, /*keep_contents=*/false);
+    if (t.adopted) backends::shm::release_alias(t.data, t.bytes);
     Py_DECREF(weakref);  // ours; the caller holds another for the callback
   }
   Py_RETURN_NONE;
@@ -406,24 +406,17 @@ PyObject* in_place(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpTy
       !dense(args[0], true, buffer, op.input)) {
     Py_RETURN_FALSE;
   }
-  return run(*state, op);
-}
-
-PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  InlineState* state = state_of(self);
-  if (state == nullptr || !check_nargs(nargs, 2, "allreduce")) return nullptr;
-  Buffer buffer;
-  InlineOp op{.type = OpType::kAllreduce};
-  if (!reduce_kind(*state, args[1], op.reduce_op) || !dense(args[0], true, buffer, op.input)) {
-    Py_RETURN_FALSE;
-  }
 #ifdef C10D_ADOPT_ARRAYS
-  if (state->adopt_bytes != 0 && buffer.array != nullptr &&
+  if (type == OpType::kAllreduce && state->adopt_bytes != 0 && buffer.array != nullptr &&
       op.input.numel * core::element_size(op.input.dtype) >= state->adopt_bytes && state->shm) {
     adopt_reused(*state, buffer.array);
   }
 #endif
   return run(*state, op);
+}
+
+PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return in_place(self, args, nargs, OpType::kAllreduce, "allreduce", false, true);
 }
 
 PyObject* broadcast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -21,8 +22,6 @@
 namespace c10d::backends::shm {
 namespace {
 
-constexpr size_t kMinAliasBytes = size_t{64} << 10;
-
 struct Alias {
   size_t len = 0;
   std::shared_ptr<Segment> segment;
@@ -35,6 +34,9 @@ struct Alias {
 struct Registry {
   std::mutex mutex;
   std::map<uintptr_t, Alias> by_begin;            // guarded by mutex
+  // by_begin.size(), readable without the mutex: find_alias, on every large collective, takes
+  // the mutex only while some alias exists.
+  std::atomic<size_t> entries{0};
   std::map<const Segment*, size_t> bytes_in_heap;  // of the aliases, per heap; guarded by mutex
   // Private copies of the aliases made for a fork in progress, in by_begin's order (skipping
   // forked ones); null where the copy failed. Guarded by mutex.
@@ -218,8 +220,8 @@ bool undo(Registry& reg, uintptr_t begin, const Alias& alias, bool keep_contents
 bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t bytes) {
   uintptr_t begin, end;
   whole_pages(data, bytes, begin, end);
-  // The heap aligns blocks of kMinAliasBytes or more to pages, as mmap needs.
-  if (end - begin < kMinAliasBytes) return false;
+  // Only such blocks start on a page, as mmap needs.
+  if (end - begin < kPageAlignedBlockBytes) return false;
   const size_t len = end - begin;
   struct stat st {};
   if (::fstat(segment->own_fd(), &st) != 0) return false;
@@ -260,21 +262,23 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
     return false;
   }
   reg.by_begin.emplace(begin, std::move(alias));
+  reg.entries.store(reg.by_begin.size(), std::memory_order_release);
   in_heap += len;
   // The fork handlers must not allocate (atfork_prepare): room for a snapshot of every alias.
   reg.snapshots.reserve(reg.by_begin.size());
   return true;
 }
 
-void release_alias(void* data, size_t bytes, bool keep_contents) {
+void release_alias(void* data, size_t bytes) {
   uintptr_t begin, end;
   whole_pages(data, bytes, begin, end);
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
   auto it = reg.by_begin.find(begin);
   if (it == reg.by_begin.end() || it->second.len != end - begin) return;
-  if (!it->second.forked) undo(reg, begin, it->second, keep_contents, /*free=*/true);
+  if (!it->second.forked) undo(reg, begin, it->second, /*keep_contents=*/false, /*free=*/true);
   reg.by_begin.erase(it);
+  reg.entries.store(reg.by_begin.size(), std::memory_order_release);
 }
 
 void release_aliases_of(const Segment& segment) {
@@ -289,14 +293,15 @@ void release_aliases_of(const Segment& segment) {
     undo(reg, it->first, it->second, /*keep_contents=*/true, /*free=*/false);
     it = reg.by_begin.erase(it);
   }
+  reg.entries.store(reg.by_begin.size(), std::memory_order_release);
   reg.bytes_in_heap.erase(&segment);
 }
 
 AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes) {
   const auto p = reinterpret_cast<uintptr_t>(data);
   Registry& reg = registry();
+  if (bytes == 0 || reg.entries.load(std::memory_order_acquire) == 0) return {};
   std::lock_guard<std::mutex> lock(reg.mutex);
-  if (bytes == 0) return {};
   auto it = reg.by_begin.upper_bound(p + bytes - 1);
   if (it == reg.by_begin.begin()) return {};
   --it;

@@ -6,8 +6,8 @@
 // and its pages are now ones the peers have mapped already. The bytes before the first page
 // boundary and after the last stay where they were; the backend moves them through the kernel.
 //
-// release_alias() undoes it: the pages get private memory again (with the same contents, or
-// fresh when the buffer is being freed anyway), the block's pages go back to the system and
+// release_alias() undoes it for a buffer about to be freed: the pages get fresh private memory
+// again, the block's pages go back to the system and
 // the block to the heap. It must run before the memory is freed (the Python layer calls it
 // from a weak reference's callback of the numpy array that owns the memory, which numpy runs
 // before it frees the data). It leaves alone any page that /proc/self/maps no longer shows as
@@ -44,15 +44,15 @@ struct AliasedPart {
 
 // Moves the whole pages of [data, data + bytes) into `segment`'s heap (this rank's). False,
 // with nothing changed, when they:
-// - are fewer than 64 KiB (below that the heap does not align blocks to pages);
+// - are fewer than kPageAlignedBlockBytes (the heap aligns only such blocks to pages);
 // - overlap an alias already;
 // - are not private anonymous read-write memory (malloc's);
 // - would take the aliases past half of the heap (the rest stays for empty()).
 bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t bytes);
 
-// Undoes adopt_into_heap() for the buffer [data, data + bytes); a no-op when it has no alias.
-// Without `keep_contents` the pages come back zeroed (for memory about to be freed).
-void release_alias(void* data, size_t bytes, bool keep_contents = true);
+// Undoes adopt_into_heap() for the buffer [data, data + bytes), whose memory is about to be
+// freed: its pages come back zeroed. A no-op when it has no alias.
+void release_alias(void* data, size_t bytes);
 
 // Undoes every alias in `segment`'s heap, keeping the buffers' contents (at shutdown).
 void release_aliases_of(const Segment& segment);

@@ -134,7 +134,7 @@ size_t Heap::allocate(size_t bytes) {
 }
 
 std::optional<size_t> Heap::try_allocate(size_t bytes) {
-  const size_t align = bytes >= (size_t{64} << 10) ? 4096 : 64;
+  const size_t align = bytes >= kPageAlignedBlockBytes ? 4096 : 64;
   const size_t want = round_up(std::max<size_t>(bytes, 1), 64);
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = free_.begin(); it != free_.end(); ++it) {

@@ -158,6 +158,10 @@ struct Layout {
   size_t total;
 };
 
+// Heap blocks of at least this many bytes start on a page (mmap can map them elsewhere: see
+// alias.h); smaller ones on a cache line.
+inline constexpr size_t kPageAlignedBlockBytes = size_t{64} << 10;
+
 // First-fit allocator over [0, bytes) of this rank's heap. Thread-safe.
 class Heap {
  public:
