@@ -2502,7 +2502,13 @@ void ShmBackend::shutdown() {
       std::lock_guard<std::mutex> lock(q.mutex);
       if (!q.running) break;
     }
-    if (settle.expired()) break;
+    if (settle.expired()) {
+      core::log(core::LogLevel::kWarning,
+                str_cat("shm rank ", rank(), " of ", size(),
+                        ": an operation still ran 2 s after the backend shut down; arrays it "
+                        "may write into get private memory back now and miss those writes"));
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   release_aliases_of(*segment_);
