@@ -144,35 +144,49 @@ bool dense_ndarray(PyObject* obj, bool writable, Buffer& buffer, DenseView& out)
 
 #ifdef C10D_ADOPT_ARRAYS
 // Numpy arrays that a shm group all_reduces again get the zero-copy path of shm_empty's
-// (backends/shm/alias.h): at the second all_reduce of C10D_SHM_ADOPT_BYTES or more on the
+// (backends/shm/alias.h): from the second all_reduce of C10D_SHM_ADOPT_BYTES or more on the
 // memory of one array (the array that owns it: views count for their owner, so the buckets of
-// a flat gradient buffer share one alias), that array's pages move into the rank's shared
-// heap. A weak reference to the owner, taken at the first, forgets it when it goes, and gives
-// the pages back before numpy frees the memory (numpy calls weak-reference callbacks first in
-// its dealloc). Counting by address alone would take a fresh array where a dead one was for
-// the same, and adopt (and soon release) arrays that are all_reduced once per step. numpy
-// refuses to resize an array with weak references in place: that is the visible cost.
+// a flat gradient buffer count together), the whole pages of the buffer being reduced, and
+// only those, move into the rank's shared heap. A weak reference to the owner, taken at the
+// first, forgets it when it goes, and gives the pages back before numpy frees the memory (numpy
+// calls weak-reference callbacks first in its dealloc). Counting by address alone would take a
+// fresh array where a dead one was for the same, and adopt (and soon release) arrays that are
+// all_reduced once per step. numpy refuses to resize an array with weak references in place:
+// that is the visible cost.
 // The GIL guards this state; never destroyed (callbacks may run while the process exits).
 struct Tracked {
   PyObject* owner = nullptr;  // borrowed: only a key of g_ref_of, dropped when it goes
   void* data = nullptr;       // the owner's memory when first seen
   size_t bytes = 0;
   int uses = 0;  // all_reduces counted so far; negative after a refusal (tried again at 2)
-  bool adopted = false;
+  bool adopted = false;  // some buffer inside [data, data + bytes) was
 };
 // A refused adoption is tried again after this many more all_reduces of the array.
 constexpr int kRetryUses = 64;
 auto& g_tracked = *new std::unordered_map<PyObject*, Tracked>;  // by weak reference
 auto& g_ref_of = *new std::unordered_map<PyObject*, PyObject*>;  // owner -> weak reference
 
+// The memory `t` recorded is no longer its owner's (ndarray.data assigned, __setstate__):
+// numpy freed it, and what lies there now is not ours to touch.
+void owner_memory_replaced(Tracked& t) {
+  if (t.adopted) backends::shm::forget_aliases_in(t.data, t.bytes);
+  t.adopted = false;
+}
+
 PyObject* owner_collected(PyObject* /*self*/, PyObject* weakref) {
   auto it = g_tracked.find(weakref);
   if (it != g_tracked.end()) {
-    const Tracked t = it->second;
+    Tracked t = it->second;
     g_tracked.erase(it);
     g_ref_of.erase(t.owner);
-    // The owner is going and numpy frees the memory next: its contents do not matter.
-    if (t.adopted) backends::shm::release_alias(t.data, t.bytes);
+    // numpy frees the owner's memory next (its data pointer is still valid here): the contents
+    // do not matter. Memory it replaced earlier is someone else's now.
+    auto* owner = reinterpret_cast<PyArrayObject*>(t.owner);
+    if (PyArray_DATA(owner) != t.data || (PyArray_FLAGS(owner) & NPY_ARRAY_OWNDATA) == 0) {
+      owner_memory_replaced(t);
+    } else if (t.adopted) {
+      backends::shm::release_aliases_in(t.data, t.bytes);
+    }
     Py_DECREF(weakref);  // ours; the caller holds another for the callback
   }
   Py_RETURN_NONE;
@@ -199,8 +213,9 @@ size_t array_bytes(PyObject* array) {
   return n;
 }
 
-// Counts an all_reduce of the numpy array `array` and adopts its owner's pages at the second.
-void adopt_reused(const InlineState& state, PyObject* array) {
+// Counts an all_reduce of the numpy array `array`, whose buffer is `view`, and from the second
+// on its owner's memory adopts the whole pages of `view` (see above).
+void adopt_reused(const InlineState& state, PyObject* array, const DenseView& view) {
   PyObject* owner = memory_owner(array);
   if (owner == nullptr) return;
   void* data = PyArray_DATA(reinterpret_cast<PyArrayObject*>(owner));
@@ -218,12 +233,18 @@ void adopt_reused(const InlineState& state, PyObject* array) {
     return;
   }
   Tracked& t = g_tracked[found->second];
-  if (t.adopted || ++t.uses < 2) return;
-  if (t.data != data || t.bytes != bytes) {  // its memory moved (ndarray.data assigned)
+  if (t.data != data || t.bytes != bytes) {
+    owner_memory_replaced(t);
     t = Tracked{.owner = owner, .data = data, .bytes = bytes, .uses = 1};
     return;
   }
-  switch (state.shm->adopt(data, bytes)) {
+  if (state.shm->aliased(view.data, view.nbytes())) {
+    t.adopted = true;  // perhaps by an array that had this memory before: released with this one
+    return;
+  }
+  if (t.uses < 2) ++t.uses;
+  if (t.uses < 2) return;
+  switch (state.shm->adopt(view.data, view.nbytes())) {
     case backends::shm::ShmBackend::Adoption::kDone:
       t.adopted = true;
       break;
@@ -409,7 +430,7 @@ PyObject* in_place(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpTy
 #ifdef C10D_ADOPT_ARRAYS
   if (type == OpType::kAllreduce && state->adopt_bytes != 0 && buffer.array != nullptr &&
       op.input.numel * core::element_size(op.input.dtype) >= state->adopt_bytes && state->shm) {
-    adopt_reused(*state, buffer.array);
+    adopt_reused(*state, buffer.array, op.input);
   }
 #endif
   return run(*state, op);

@@ -29,6 +29,9 @@ struct Alias {
   off_t file_offset = 0;   // of the block in the segment's memfd
   ino_t inode = 0;         // of the memfd
   bool forked = false;     // this process is a child that inherited the alias (see atfork_child)
+  // Its owner no longer holds the memory, but some page may still map the block: kept for the
+  // fork handlers, never used (forget_aliases_in).
+  bool orphaned = false;
 };
 
 struct Registry {
@@ -166,14 +169,13 @@ bool private_anonymous(uintptr_t begin, uintptr_t end) {
   return covered >= end;
 }
 
-// Maps fresh private anonymous memory over [at, at + len), holding a copy of `from` when it is
-// not null. False when that failed: the old mapping may then still be there.
-bool make_private(uintptr_t at, const char* from, size_t len) {
+// Maps fresh private anonymous memory over [at, at + len). False when that failed: the old
+// mapping may then still be there.
+bool make_private(uintptr_t at, size_t len) {
   // Built aside and moved in with mremap, which replaces the old mapping in one step: a
   // failing mmap(MAP_FIXED) may already have unmapped it, leaving a hole.
   void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (tmp == MAP_FAILED) return false;
-  if (from != nullptr) std::memcpy(tmp, from, len);
   void* got = ::mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(at));
   if (got == MAP_FAILED) {
     ::munmap(tmp, len);
@@ -189,30 +191,86 @@ void free_block(const Alias& alias) {
   alias.segment->own_heap().release(alias.heap_offset, alias.len);
 }
 
-// Undoes one alias (registry locked): the pages of [begin, begin + len) that are still mapped
-// from its block get private memory, with the block's contents when `keep_contents`. Only
-// when all of them did is the block freed (`free`); otherwise it stays allocated (leaked), as
-// the buffer may still map it. Returns whether the block was freed.
-bool undo(Registry& reg, uintptr_t begin, const Alias& alias, bool keep_contents, bool free) {
+// The parts of [begin, begin + alias.len) that /proc/self/maps shows as still mapped from the
+// alias's block, at the offsets adoption gave them; pages unmapped (and perhaps reused) since
+// must never be touched.
+std::vector<std::pair<uintptr_t, uintptr_t>> block_pages(uintptr_t begin, const Alias& alias) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
   const uintptr_t end = begin + alias.len;
-  const char* block = alias.segment->heap(alias.segment->rank()) + alias.heap_offset;
-  bool restored = true;
-  // A range that was unmapped (and perhaps reused) since adopt() must not be touched.
   for (const Mapping& m : mappings_over(begin, end)) {
     if (m.inode != alias.inode) continue;
     const uintptr_t lo = std::max(m.start, begin);
     const uintptr_t hi = std::min(m.end, end);
-    // The same pages of the block as when adopted?
-    if (m.offset + (lo - m.start) != static_cast<uint64_t>(alias.file_offset) + (lo - begin)) {
-      continue;
+    if (m.offset + (lo - m.start) == static_cast<uint64_t>(alias.file_offset) + (lo - begin)) {
+      out.emplace_back(lo, hi);
     }
-    restored = make_private(lo, keep_contents ? block + (lo - begin) : nullptr, hi - lo) &&
-               restored;
   }
-  if (!restored || !free) return false;
+  return out;
+}
+
+// Drops a record (registry locked). Its block goes back to the heap once no page maps it; the
+// pages that still do get fresh private memory when `unmap`, else the record stays, orphaned.
+void drop(Registry& reg, std::map<uintptr_t, Alias>::iterator it, bool unmap) {
+  Alias& alias = it->second;
+  if (alias.forked) {
+    reg.by_begin.erase(it);
+    return;
+  }
+  bool mapped = false;
+  for (const auto& [lo, hi] : block_pages(it->first, alias)) {
+    mapped = !unmap || !make_private(lo, hi - lo) || mapped;
+  }
+  if (mapped) {
+    alias.orphaned = true;
+    return;
+  }
   free_block(alias);
   reg.bytes_in_heap[alias.segment.get()] -= alias.len;
-  return true;
+  reg.by_begin.erase(it);
+}
+
+// Drops the records of aliases that begin inside [data, data + bytes) (registry locked).
+void drop_in(const void* data, size_t bytes, bool unmap) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  const auto p = reinterpret_cast<uintptr_t>(data);
+  for (auto it = reg.by_begin.lower_bound(p); it != reg.by_begin.end() && it->first < p + bytes;) {
+    auto next = std::next(it);
+    if (it->first + it->second.len <= p + bytes) drop(reg, it, unmap);
+    it = next;
+  }
+  reg.entries.store(reg.by_begin.size(), std::memory_order_release);
+}
+
+// /proc/self/pagemap of this process (reopened in a fork child, where the inherited descriptor
+// still shows the parent); -1 when it cannot be read.
+int pagemap_fd() {
+  static std::mutex mutex;
+  static int fd = -1;
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  const pid_t pid = ::getpid();
+  if (owner != pid) {
+    if (fd >= 0) ::close(fd);
+    fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    owner = pid;
+  }
+  return fd;
+}
+
+// Whether the page of `at`, a byte of a live buffer of the caller's, is a shared or file page: an
+// alias's pages are; memory numpy freed and allocated again is private.
+bool shared_page(int fd, uintptr_t at) {
+  constexpr uint64_t kPresent = uint64_t{1} << 63;
+  constexpr uint64_t kFileOrShared = uint64_t{1} << 61;
+  // Reading a byte faults the page in, so that pagemap describes it.
+  (void)*reinterpret_cast<const volatile char*>(at);
+  uint64_t entry = 0;
+  const off_t where = static_cast<off_t>(at / page_size() * sizeof(entry));
+  if (::pread(fd, &entry, sizeof(entry), where) != static_cast<ssize_t>(sizeof(entry))) {
+    return false;
+  }
+  return (entry & kPresent) != 0 && (entry & kFileOrShared) != 0;
 }
 
 }  // namespace
@@ -224,16 +282,22 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
   if (end - begin < kPageAlignedBlockBytes) return false;
   const size_t len = end - begin;
   struct stat st {};
-  if (::fstat(segment->own_fd(), &st) != 0) return false;
+  if (::fstat(segment->own_fd(), &st) != 0 || pagemap_fd() < 0) return false;
 
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
-  auto next = reg.by_begin.lower_bound(begin);
-  if (next != reg.by_begin.end() && next->first < end) return false;
-  if (next != reg.by_begin.begin()) {
-    const auto before = std::prev(next);
-    if (before->first + before->second.len > begin) return false;
+  // Records over these pages whose block no page maps any more are stale: dropped here.
+  auto first = reg.by_begin.lower_bound(begin);
+  if (first != reg.by_begin.begin() && std::prev(first)->first + std::prev(first)->second.len > begin) {
+    --first;
   }
+  for (auto it = first; it != reg.by_begin.end() && it->first < end;) {
+    auto next = std::next(it);
+    if (it->second.forked || !block_pages(it->first, it->second).empty()) return false;
+    drop(reg, it, /*unmap=*/false);
+    it = next;
+  }
+  reg.entries.store(reg.by_begin.size(), std::memory_order_release);
   // Aliases take at most half of a heap, so shm_empty() keeps room.
   size_t& in_heap = reg.bytes_in_heap[segment.get()];
   if (in_heap + len > segment->layout().heap_bytes / 2) return false;
@@ -269,33 +333,9 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
   return true;
 }
 
-void release_alias(void* data, size_t bytes) {
-  uintptr_t begin, end;
-  whole_pages(data, bytes, begin, end);
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
-  auto it = reg.by_begin.find(begin);
-  if (it == reg.by_begin.end() || it->second.len != end - begin) return;
-  if (!it->second.forked) undo(reg, begin, it->second, /*keep_contents=*/false, /*free=*/true);
-  reg.by_begin.erase(it);
-  reg.entries.store(reg.by_begin.size(), std::memory_order_release);
-}
+void release_aliases_in(const void* data, size_t bytes) { drop_in(data, bytes, /*unmap=*/true); }
 
-void release_aliases_of(const Segment& segment) {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
-  for (auto it = reg.by_begin.begin(); it != reg.by_begin.end();) {
-    if (it->second.segment.get() != &segment || it->second.forked) {
-      ++it;
-      continue;
-    }
-    // The heap goes with the segment: nothing to give back to it.
-    undo(reg, it->first, it->second, /*keep_contents=*/true, /*free=*/false);
-    it = reg.by_begin.erase(it);
-  }
-  reg.entries.store(reg.by_begin.size(), std::memory_order_release);
-  reg.bytes_in_heap.erase(&segment);
-}
+void forget_aliases_in(const void* data, size_t bytes) { drop_in(data, bytes, /*unmap=*/false); }
 
 AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes) {
   const auto p = reinterpret_cast<uintptr_t>(data);
@@ -306,10 +346,17 @@ AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes) {
   if (it == reg.by_begin.begin()) return {};
   --it;
   const Alias& alias = it->second;
-  if (alias.forked || alias.segment.get() != &segment) return {};
+  if (alias.forked || alias.orphaned || alias.segment.get() != &segment) return {};
   const uintptr_t lo = std::max(it->first, p);
   const uintptr_t hi = std::min(it->first + alias.len, p + bytes);
   if (hi <= lo) return {};
+  // Memory freed and mapped again at these addresses is private: the record is stale.
+  const int fd = pagemap_fd();
+  if (fd < 0 || !shared_page(fd, lo) || !shared_page(fd, hi - 1)) {
+    drop(reg, it, /*unmap=*/false);
+    reg.entries.store(reg.by_begin.size(), std::memory_order_release);
+    return {};
+  }
   return {.lo = lo - p, .hi = hi - p, .heap_offset = alias.heap_offset + (lo - it->first)};
 }
 

@@ -1,22 +1,25 @@
 // Aliases: ordinary memory moved into a rank's shared heap, so that collectives on it take
 // the zero-copy path of tensors from ShmBackend::empty().
 //
-// adopt() copies the whole pages inside a buffer into a block of the heap and maps that block
+// adopt_into_heap() copies the whole pages inside the buffer of a running all_reduce (its
+// output, which nothing else may write meanwhile) into a block of the heap and maps that block
 // over the same addresses (MAP_FIXED | MAP_SHARED): the buffer keeps its address and contents,
-// and its pages are now ones the peers have mapped already. The bytes before the first page
-// boundary and after the last stay where they were; the backend moves them through the kernel.
+// and its pages are now ones the peers have mapped already. No byte outside that buffer is
+// copied or remapped, so writes to the rest of the array that owns it are never lost. The
+// bytes before the first page boundary and after the last stay where they were.
 //
-// release_alias() undoes it for a buffer about to be freed: the pages get fresh private memory
-// again, the block's pages go back to the system and
-// the block to the heap. It must run before the memory is freed (the Python layer calls it
-// from a weak reference's callback of the numpy array that owns the memory, which numpy runs
-// before it frees the data). It leaves alone any page that /proc/self/maps no longer shows as
-// the block's, so memory unmapped and reused meanwhile is never touched; a block whose pages
-// could not all be made private again stays allocated. When the backend shuts down, its
-// aliases are undone the same way (release_aliases_of).
+// An alias is a fact about the address space, checked before every use: find_alias() trusts
+// a record only while its first and last pages are still shared pages (/proc/self/pagemap);
+// memory that numpy freed and mapped again is private, and the record is dropped.
 //
-// Nothing may write into the buffer while it is adopted (the shm backend adopts only when no
-// operation of it is queued or running).
+// release_aliases_in() undoes the aliases inside an array about to be freed (the Python layer
+// calls it from a weak reference's callback of the numpy array that owns the memory, which
+// numpy runs before it frees the data): the pages get fresh private memory, the block goes
+// back to the heap. forget_aliases_in() drops the records of memory the owner no longer holds,
+// touching no page. Both leave alone any page that /proc/self/maps no longer shows as the
+// block's; a block some page still maps stays allocated. Shutting the backend down undoes
+// nothing (another thread may be writing into the arrays): aliases keep the segment alive, as
+// empty()'s tensors do, until their arrays are freed.
 //
 // fork(): a child would share an aliased buffer's pages with its parent. Fork handlers give
 // the child a private copy of each instead, taken by the parent just before the fork (the
@@ -42,22 +45,25 @@ struct AliasedPart {
   size_t heap_offset = 0;
 };
 
-// Moves the whole pages of [data, data + bytes) into `segment`'s heap (this rank's). False,
-// with nothing changed, when they:
+// Moves the whole pages of [data, data + bytes), the buffer of an all_reduce running on this
+// thread, into `segment`'s heap (this rank's). False, with nothing changed, when they:
 // - are fewer than kPageAlignedBlockBytes (the heap aligns only such blocks to pages);
-// - overlap an alias already;
+// - overlap a live alias (records of pages no longer mapped from their block are dropped);
 // - are not private anonymous read-write memory (malloc's);
-// - would take the aliases past half of the heap (the rest stays for empty()).
+// - would take the aliases past half of the heap (the rest stays for empty());
+// - cannot be checked later (no readable /proc/self/pagemap).
 bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t bytes);
 
-// Undoes adopt_into_heap() for the buffer [data, data + bytes), whose memory is about to be
-// freed: its pages come back zeroed. A no-op when it has no alias.
-void release_alias(void* data, size_t bytes);
+// Undoes every alias inside [data, data + bytes), memory about to be freed: its pages come
+// back zeroed.
+void release_aliases_in(const void* data, size_t bytes);
 
-// Undoes every alias in `segment`'s heap, keeping the buffers' contents (at shutdown).
-void release_aliases_of(const Segment& segment);
+// Drops the records of the aliases inside [data, data + bytes), memory its owner no longer
+// holds (numpy freed or replaced it), without touching any page.
+void forget_aliases_in(const void* data, size_t bytes);
 
-// Where [data, data + bytes) meets an alias of `segment`'s heap.
+// Where [data, data + bytes), a live buffer of the caller's, meets an alias of `segment`'s
+// heap whose pages are still mapped from its block.
 AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes);
 
 // Number of live aliases in this process (for tests).

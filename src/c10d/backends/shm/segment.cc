@@ -345,38 +345,22 @@ bool Segment::probe_cma() const {
   return true;
 }
 
-namespace {
-
-// One process_vm_readv/writev transfer, resumed after partial copies.
-template <typename Call>
-void transfer(const Segment& seg, int r, const char* what, char* local, uint64_t remote,
-              size_t bytes, Call&& call) {
-  while (bytes != 0) {
-    iovec l{local, bytes};
+void Segment::read_peer(int r, void* local, uint64_t remote, size_t bytes) const {
+  char* at = static_cast<char*>(local);
+  while (bytes != 0) {  // resumed after partial copies
+    iovec l{at, bytes};
     iovec rm{reinterpret_cast<void*>(remote), bytes};
-    const ssize_t n = call(seg.pid(r), &l, 1, &rm, 1, 0);
+    const ssize_t n = ::process_vm_readv(pid(r), &l, 1, &rm, 1, 0);
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
-      throw DistBackendError(str_cat("shm: ", what, " rank ", r, " (pid ", seg.pid(r),
+      throw DistBackendError(str_cat("shm: reading the memory of rank ", r, " (pid ", pid(r),
                                      ") failed: ", n < 0 ? std::strerror(errno) : "no progress",
                                      "; set C10D_SHM_CMA=0 to copy through shared memory"));
     }
-    local += n;
+    at += n;
     remote += static_cast<uint64_t>(n);
     bytes -= static_cast<size_t>(n);
   }
-}
-
-}  // namespace
-
-void Segment::read_peer(int r, void* local, uint64_t remote, size_t bytes) const {
-  transfer(*this, r, "reading the memory of", static_cast<char*>(local), remote, bytes,
-           ::process_vm_readv);
-}
-
-void Segment::write_peer(int r, uint64_t remote, const void* local, size_t bytes) const {
-  transfer(*this, r, "writing the memory of", static_cast<char*>(const_cast<void*>(local)),
-           remote, bytes, ::process_vm_writev);
 }
 
 Segment::~Segment() {

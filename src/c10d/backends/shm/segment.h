@@ -230,10 +230,11 @@ class Segment {
   // Pins the calling thread (and the threads it starts later) to one CPU of the ranks' masks
   // when C10D_SHM_BIND asks for it (see env.h); returns that CPU, or -1 when it does not pin.
   int bind_cpu() const;
-  // Copies `bytes` between this process's `local` and `remote`, an address in rank r's
-  // address space. Throw DistBackendError naming the rank when the kernel refuses.
+  // Copies `bytes` from `remote`, an address in rank r's address space, to this process's
+  // `local`. Throws DistBackendError naming the rank when the kernel refuses. There is no
+  // write counterpart: a rank never writes into a peer's memory (a peer that gave up on an
+  // operation may have reused it).
   void read_peer(int r, void* local, uint64_t remote, size_t bytes) const;
-  void write_peer(int r, uint64_t remote, const void* local, size_t bytes) const;
 
  private:
   // Whether process_vm_readv can read every peer's header (and C10D_SHM_CMA allows it).

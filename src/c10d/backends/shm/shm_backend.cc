@@ -1287,14 +1287,6 @@ class Engine {
     }
   }
 
-  void write_to(int r, uint64_t remote, const void* local, size_t bytes) {
-    try {
-      seg_.write_peer(r, remote, local, bytes);
-    } catch (const DistBackendError& e) {
-      peer_copy_failed(r, e);
-    }
-  }
-
   [[noreturn]] void peer_copy_failed(int r, const DistBackendError& e) {
     const std::string gone = seg_.peer_gone(r);
     if (!gone.empty()) fail<DistBackendError>(str_cat(describe(), ": rank ", r, " ", gone));
@@ -1311,15 +1303,6 @@ class Engine {
     if (off + n > hi) read_from(r, dst + (hi - off), w.address + hi, off + n - hi);
   }
 
-  // The same the other way: `src` into bytes [off, off + n) of rank r's buffer.
-  void write_range(const Where& w, int r, size_t off, const char* src, size_t n) {
-    size_t lo, hi;
-    mapped_span(w, off, n, lo, hi);
-    if (lo > off) write_to(r, w.address + off, src, lo - off);
-    if (hi > lo) copy(w.part + (lo - w.lo), src + (lo - off), hi - lo);
-    if (off + n > hi) write_to(r, w.address + hi, src + (hi - off), off + n - hi);
-  }
-
   // The mapped bytes [lo, hi) of [off, off + n) in `w` (lo == hi == off + n when none).
   static void mapped_span(const Where& w, size_t off, size_t n, size_t& lo, size_t& hi) {
     lo = hi = off + n;
@@ -1328,18 +1311,20 @@ class Engine {
     hi = std::clamp(w.hi, lo, off + n);
   }
 
-  // Owner computes on the ranks' own tensors (`where`, from locate): rank r reduces piece r of
-  // every peer's tensor into its own and writes the result into every peer's, in place where
-  // they are mapped here (shared heap, aliases) and through the kernel elsewhere. One copy in
-  // and one copy out per byte of the piece, and no slot in between.
+  // Owner computes on the ranks' own tensors (`where`, from locate), pulling only: rank r
+  // reduces piece r of every peer's tensor into its own, then, after a step, copies every other
+  // piece from its owner's tensor into its own. No rank ever writes into a peer's memory, so a
+  // peer that resumes after this rank gave up on the operation cannot touch it. Reads come in
+  // place where the peer's tensor is mapped here (shared heap, aliases), through the kernel
+  // elsewhere: one copy in and one copy out per byte of the piece, and no slot in between.
   void owner_computes(const std::vector<Where>& where, char* data, size_t count, DType dtype,
                       const ReduceOp& op, bool premul) {
     const size_t es = core::element_size(dtype);
-    size_t b, len;
-    piece_of(count, size_, es, rank_, b, len);
     const bool mapped = mostly_mapped(where, count * es);
     const size_t per = std::max<size_t>(1, (mapped ? kZeroCopyPiece : direct_piece_) / es);
     if (scratch_.size() < per * es) scratch_.resize(per * es);
+    size_t b, len;
+    piece_of(count, size_, es, rank_, b, len);
     for (size_t at = b; at < b + len; at += per) {
       const size_t m = std::min(per, b + len - at);
       const size_t off = at * es, n = m * es;
@@ -1360,11 +1345,15 @@ class Engine {
         core::reduce(acc, theirs, m, dtype, op);
       }
       core::apply_postdiv(acc, m, dtype, op, size_);
-      for (int j = 0; j < size_; ++j) {
-        if (j != rank_) write_range(where[j], j, off, acc, n);
-      }
     }
-    sync(next_step());  // nobody returns while a peer may still write its tensor
+    sync(next_step());  // every piece is reduced in its owner's tensor
+    // Starting with the next rank's piece spreads the readers over the owners.
+    for (int k = 1; k < size_; ++k) {
+      const int j = (rank_ + k) % size_;
+      piece_of(count, size_, es, j, b, len);
+      if (len != 0) read_range(where[j], j, data + b * es, b * es, len * es);
+    }
+    sync(next_step());  // nobody changes its tensor while a peer may still read it
   }
 
   // Step protocol. A rank publishes step s once it wrote its slots for s and finished reading
@@ -2493,25 +2482,8 @@ void ShmBackend::shutdown() {
   }
   // A running operation notices `aborted` within a few milliseconds.
   if (worker.joinable()) worker.join();
-  // A synchronous operation on another thread may still be writing into an adopted array, or
-  // a peer into it for that operation: give it those milliseconds before the arrays get
-  // private memory back (its writes after that would be lost).
-  const core::Deadline settle(std::chrono::seconds(2));
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(q.mutex);
-      if (!q.running) break;
-    }
-    if (settle.expired()) {
-      core::log(core::LogLevel::kWarning,
-                str_cat("shm rank ", rank(), " of ", size(),
-                        ": an operation still ran 2 s after the backend shut down; arrays it "
-                        "may write into get private memory back now and miss those writes"));
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  release_aliases_of(*segment_);
+  // Adopted arrays keep their shared pages (and so the segment) until they are freed: moving
+  // them back now would lose what other threads write into them meanwhile (alias.h).
 }
 
 // ---------------------------------------------------------------------------------------------

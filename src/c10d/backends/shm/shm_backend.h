@@ -64,12 +64,13 @@ class ShmBackend : public pg::Backend {
   core::Tensor empty(std::vector<int64_t> sizes, core::DType dtype);
   // Whether [data, data + bytes) lies in this rank's shared heap (memory from empty()).
   bool in_shared_heap(const void* data, size_t bytes) const;
-  // Moves the whole pages of an ordinary buffer into this rank's shared heap, at the same
-  // addresses (see alias.h), so that allreduces on it read and write in place like on empty()'s
-  // tensors. kBusy while an operation of this backend is queued or running, or a receive is
-  // posted (one could write into the buffer while it moves); kRefused when it cannot (see
-  // adopt_into_heap; also without cross-memory attach). Nothing changes unless kDone. The
-  // caller must call release_alias() before the buffer's memory is freed.
+  // Moves the whole pages of an ordinary buffer, the output of an allreduce the caller is about
+  // to run, into this rank's shared heap at the same addresses (see alias.h), so that
+  // allreduces on it read in place like on empty()'s tensors. kBusy while an operation of this
+  // backend is queued or running, or a receive is posted (one could write into the buffer while
+  // it moves); kRefused when it cannot (see adopt_into_heap; also without cross-memory attach).
+  // Nothing changes unless kDone. The caller must call release_aliases_in() before the
+  // buffer's memory is freed.
   enum class Adoption { kDone, kBusy, kRefused };
   Adoption adopt(void* data, size_t bytes);
   // Whether part of [data, data + bytes) is such an alias of this backend's heap.
