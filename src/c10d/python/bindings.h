@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <memory>
+#include <optional>
 
 namespace c10d::pg {
 class ProcessGroup;
@@ -29,14 +30,32 @@ void init_ddp(pybind11::module_& m);        // ddp_bindings.cc: Reducer, GradBuc
 // threads doing that at once (ranks that are threads of one process) corrupted the table, so
 // a later deallocation aborted the process ("Tried to deallocate unregistered instance").
 
-// Whether Python code may still run. Once the interpreter is finalizing, a C++ thread that
-// takes the GIL is ended in the middle of its C++ frames (and the process with
-// std::terminate), so callbacks from backend, server and future threads check this first.
-bool interpreter_running();
+// The GIL for a C++ thread (backend workers, servers, future callbacks), while Python code may
+// still run. A thread that takes the GIL once the interpreter finalizes is ended by Python in
+// the middle of its C++ frames, and the process with std::terminate; so an atexit hook (run
+// before finalization) closes a gate that every such thread passes first, and waits for those
+// already inside. Where the gate is closed the guard is empty: the caller skips its Python
+// work (and leaks what it would have released).
+class GilGuard {
+ public:
+  GilGuard();
+  ~GilGuard();
+  GilGuard(const GilGuard&) = delete;
+  GilGuard& operator=(const GilGuard&) = delete;
+  explicit operator bool() const { return entered_; }
+
+ private:
+  bool entered_ = false;
+  std::optional<pybind11::gil_scoped_acquire> gil_;
+};
+
+// Closes the gate (atexit, GIL held): later GilGuards are empty, and this returns once the
+// threads inside left, or after a few seconds.
+void close_python_gate();
 
 // A Python object owned by C++ code that other threads run or drop: released under the GIL
-// by whichever thread drops the last reference, and leaked once the interpreter is
-// finalizing.
+// (GilGuard) by whichever thread drops the last reference, and leaked once the interpreter is
+// closing.
 std::shared_ptr<pybind11::object> hold_python(pybind11::object obj);
 
 // A Python exception stored in a core::Future (set_exception, a raising then() callback, a

@@ -65,10 +65,8 @@ class PyResponse : public Response {
 // C++ one (which the server answers with 500 and the message).
 control::HandlerFunc wrap_python_handler(py::function handler) {
   return [fn = hold_python(std::move(handler))](const Request& request, Response& response) {
-    if (!interpreter_running()) {
-      throw std::runtime_error("the Python interpreter is shutting down");
-    }
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    if (!gil) throw std::runtime_error("the Python interpreter is shutting down");
     try {
       // The objects are borrowed for the call: a handler must not keep them.
       (*fn)(py::cast(&request, py::return_value_policy::reference),

@@ -4,6 +4,10 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 #include "c10d/core/work.h"
@@ -145,13 +149,57 @@ std::exception_ptr python_exception_ptr(const py::error_already_set& error) {
   return std::make_exception_ptr(PythonException(error.value()));
 }
 
-bool interpreter_running() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
+namespace {
+
+// GilGuard's gate. Never destroyed: C++ threads may pass it while the process exits.
+struct PythonGate {
+  std::mutex mutex;
+  std::condition_variable left;
+  bool closed = false;  // guarded by mutex
+  int inside = 0;       // guarded by mutex
+};
+
+PythonGate& python_gate() {
+  static PythonGate* const gate = new PythonGate;
+  return *gate;
+}
+
+}  // namespace
+
+GilGuard::GilGuard() {
+  PythonGate& gate = python_gate();
+  {
+    std::lock_guard<std::mutex> lock(gate.mutex);
+    if (gate.closed || !Py_IsInitialized()) return;
+    ++gate.inside;
+  }
+  entered_ = true;
+  gil_.emplace();
+}
+
+GilGuard::~GilGuard() {
+  if (!entered_) return;
+  gil_.reset();
+  PythonGate& gate = python_gate();
+  std::lock_guard<std::mutex> lock(gate.mutex);
+  if (--gate.inside == 0) gate.left.notify_all();
+}
+
+void close_python_gate() {
+  PythonGate& gate = python_gate();
+  py::gil_scoped_release release;  // the threads inside may be waiting for the GIL
+  std::unique_lock<std::mutex> lock(gate.mutex);
+  gate.closed = true;
+  if (!gate.left.wait_for(lock, std::chrono::seconds(5), [&] { return gate.inside == 0; })) {
+    core::log(core::LogLevel::kWarning,
+              "c10d: a thread still ran Python code 5 s after the interpreter began to exit");
+  }
+}
 
 std::shared_ptr<py::object> hold_python(py::object obj) {
   return std::shared_ptr<py::object>(new py::object(std::move(obj)), [](py::object* o) {
-    if (!interpreter_running()) return;
-    py::gil_scoped_acquire gil;
-    delete o;
+    GilGuard gil;
+    if (gil) delete o;  // else leaked with the interpreter
   });
 }
 
@@ -172,6 +220,7 @@ void set_python_error(std::exception_ptr error) {
 void init_core(py::module_& m) {
   register_exceptions(m);
   init_tensor(m);
+  py::module_::import("atexit").attr("register")(py::cpp_function(&close_python_gate));
 
   py::enum_<core::DebugLevel>(m, "DebugLevel", "How much c10d logs and checks.")
       .value("OFF", core::DebugLevel::kOff)
@@ -235,14 +284,14 @@ void init_core(py::module_& m) {
             // error through wait() or value()), as torch's does.
             auto child = std::make_shared<Future>();
             f->add_callback([self = f, child, fn = hold_python(std::move(callback))](Future&) {
-              if (!interpreter_running()) {
-                child->set_error(std::make_exception_ptr(std::runtime_error(
-                    "Future.then: the Python interpreter is shutting down")));
-                return;
-              }
               FutureValue value;
               {
-                py::gil_scoped_acquire gil;
+                GilGuard gil;
+                if (!gil) {
+                  child->set_error(std::make_exception_ptr(std::runtime_error(
+                      "Future.then: the Python interpreter is shutting down")));
+                  return;
+                }
                 try {
                   value = value_from_python((*fn)(self));
                 } catch (py::error_already_set& e) {
@@ -262,8 +311,8 @@ void init_core(py::module_& m) {
           "add_done_callback",
           [](const std::shared_ptr<Future>& f, py::function callback) {
             f->add_callback([self = f, fn = hold_python(std::move(callback))](Future&) {
-              if (!interpreter_running()) return;
-              py::gil_scoped_acquire gil;
+              GilGuard gil;
+              if (!gil) return;
               try {
                 (*fn)(self);
               } catch (py::error_already_set& e) {

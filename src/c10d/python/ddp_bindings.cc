@@ -93,10 +93,8 @@ std::shared_ptr<Future> tensor_future(std::shared_ptr<Future> future) {
   return future->then([](Future& done) -> FutureValue {
     const FutureValue& value = done.value_now();
     if (!value.object) return value;
-    if (!interpreter_running()) {
-      throw std::runtime_error("comm hook: the Python interpreter is shutting down");
-    }
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    if (!gil) throw std::runtime_error("comm hook: the Python interpreter is shutting down");
     py::object obj = *static_cast<py::object*>(value.object.get());
     if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
       if (py::len(obj) == 0) return FutureValue{};
@@ -269,7 +267,8 @@ void init_ddp(py::module_& m) {
         auto fn = hold_python(std::move(hook));
         auto st = hold_python(std::move(state));
         self.reducer->register_comm_hook([fn, st](GradBucket& bucket) {
-          py::gil_scoped_acquire gil;
+          GilGuard gil;
+          if (!gil) throw std::runtime_error("comm hook: the Python interpreter is shutting down");
           auto handle = std::make_shared<GradBucket>(bucket);
           py::object result;
           try {

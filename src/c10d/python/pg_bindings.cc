@@ -35,11 +35,11 @@ using pg::WorkPtr;
 using TensorLists = std::vector<std::vector<Tensor>>;
 
 // A completion hook calling `fn` on a backend thread; skipped once the interpreter is
-// finalizing (see interpreter_running).
+// closing (see GilGuard).
 ProcessGroup::Hook python_hook(py::function fn) {
   return [held = hold_python(std::move(fn))](std::shared_ptr<pg::WorkInfo> info) {
-    if (!interpreter_running()) return;
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    if (!gil) return;
     try {
       (*held)(std::move(info));
     } catch (py::error_already_set& e) {

@@ -24,10 +24,8 @@ std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("_
 struct ReleaseBuffer {
   void operator()(void* p) const {
     auto* buffer = static_cast<Py_buffer*>(p);
-    if (interpreter_running()) {  // else the export is leaked with the interpreter
-      py::gil_scoped_acquire gil;
-      PyBuffer_Release(buffer);
-    }
+    GilGuard gil;
+    if (gil) PyBuffer_Release(buffer);  // else the export is leaked with the interpreter
     delete buffer;
   }
 };
