@@ -19,6 +19,13 @@ def test_case(case, world_size, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_collectives_change_only_their_outputs(backend, world_size):
+    # Another thread writes the rest of the arrays whose slices are the outputs.
+    harness.check_all_ok(harness.run("writes_beside_outputs", world_size, backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_groups_rebuilt_on_one_store(backend, tmp_path):
     harness.check_all_ok(harness.run("reinit_on_one_store", 3, backend, init=False,
                                      env={"C10D_TEST_STORE_FILE": str(tmp_path / "store")}))

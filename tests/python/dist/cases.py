@@ -2111,3 +2111,82 @@ def mpi_reductions_every_algorithm(dist, backend):
         dist.all_reduce(t)
     took = time.monotonic() - start
     assert took < 5, f"10 reduce + all_reduce of 4 MiB took {took:.2f} s"
+
+
+def writes_beside_outputs(dist, backend):
+    """Every collective, synchronous and asynchronous, changes only its outputs while another
+    thread of this process writes the rest of the arrays those outputs are slices of."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n, head = 1 << 17, 3  # float32 slices of 512 KiB starting off a page boundary
+
+    def sliced(total):
+        owner = np.zeros(total + 2 * head + n, np.float32)
+        return owner, owner[head:head + total], [owner[:head], owner[head + total:]]
+
+    def run(what, total, start, check, async_op):
+        owner, out, rest = sliced(total)
+        start_fill = start(out)
+        go = threading.Event()
+        done = threading.Event()
+        written = []
+
+        def writer():
+            go.set()
+            value = 1000
+            while not done.is_set():  # the last value written must be the one found
+                value += 1
+                for part in rest:
+                    part[:] = value
+                written.append(value)
+            value += 1
+            for part in rest:
+                part[:] = value
+            written.append(value)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        go.wait()
+        work = start_fill(async_op)
+        if work is not None:
+            work.wait()
+        done.set()
+        t.join()
+        check(out, f"{what} (async_op={async_op})")
+        for part in rest:
+            wrong = int(np.count_nonzero(part != written[-1]))
+            assert wrong == 0, f"{what} (async_op={async_op}): {wrong} bytes beside it changed"
+
+    def equal(want):
+        def check(out, what):
+            assert np.array_equal(out, want), what
+        return check
+
+    total_world = sum(range(1, world + 1))
+    for async_op in (False, True):
+        def reduce_all(out):
+            out[:] = rank + 1
+            return lambda a: dist.all_reduce(out, async_op=a)
+        run("all_reduce", n, reduce_all, equal(np.full(n, total_world, np.float32)), async_op)
+
+        def bcast(out):
+            out[:] = np.arange(n) if rank == 0 else -1
+            return lambda a: dist.broadcast(out, 0, async_op=a)
+        run("broadcast", n, bcast, equal(np.arange(n, dtype=np.float32)), async_op)
+
+        src = np.full(n, rank + 1, np.float32)
+        run("all_gather_into_tensor", n * world,
+            lambda out: lambda a: dist.all_gather_into_tensor(out, src, async_op=a),
+            equal(np.repeat(np.arange(1, world + 1, dtype=np.float32), n)), async_op)
+
+        big = np.arange(n * world, dtype=np.float32) + rank
+        want = (np.arange(n * world, dtype=np.float32) * world + sum(range(world)))
+        want = want[rank * n:(rank + 1) * n]
+        run("reduce_scatter_tensor", n,
+            lambda out: lambda a: dist.reduce_scatter_tensor(out, big, async_op=a),
+            equal(want), async_op)
+
+        parts = np.repeat(np.arange(world, dtype=np.float32) + 10 * rank, n // world)
+        want = np.repeat(np.arange(world, dtype=np.float32) * 10 + rank, n // world)
+        run("all_to_all_single", n // world * world,
+            lambda out: lambda a: dist.all_to_all_single(out, parts, async_op=a),
+            equal(want), async_op)
