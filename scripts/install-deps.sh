@@ -9,7 +9,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libgloo-dev libuv1-dev pybind11-dev libdlpack-dev libcpp-httplib-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
-  python3 python3-dev python3-numpy python3-pytest
+  python3 python3-dev python3-numpy python3-pytest python3-hypothesis
   googletest libgtest-dev libgmock-dev libbenchmark-dev
 )
 if [[ "${C10D_WITH_FUZZ:-0}" == "1" ]]; then

@@ -1,8 +1,9 @@
 """Arrays in the shared memory of an ``"shm"`` process group.
 
-Collectives on such arrays let the shm backend read and write the peers' copies directly
-instead of staging the data through its own buffers (the CPU counterpart of CUDA symmetric
-memory). Allocation is local: every rank allocates its own array, no rank waits for another.
+Collectives on such arrays let the shm backend read the peers' copies directly (each rank
+writes only its own) instead of staging the data through its own buffers (the CPU counterpart
+of CUDA symmetric memory). Allocation is local: every rank allocates its own array, no rank
+waits for another.
 """
 
 from typing import Optional, Sequence, Union
