@@ -1,0 +1,564 @@
+// Engine: the step protocol, waits, signature and mismatch checks, failure diagnosis,
+// placement watching and calibration (see engine.h).
+#include "c10d/backends/shm/engine.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "c10d/core/blocking.h"
+#include "c10d/core/env.h"
+#include "c10d/pg/backend.h"
+
+namespace c10d::backends::shm {
+
+using core::DistBackendError;
+using core::DistTimeoutError;
+using core::DType;
+using core::OpType;
+using core::ReduceOp;
+using core::detail::str_cat;
+using detail::cpu_relax;
+using detail::futex_wait;
+using detail::kCalibrationBytes;
+using detail::kCalibrationRounds;
+using detail::kCalibrationRuns;
+using detail::kCheckNs;
+using detail::kMailboxSpins;
+using detail::kModeLargeChunks;
+using detail::kModeStreaming;
+using detail::kPlacementGiveUpNs;
+using detail::kPlacementPeriodNs;
+using detail::kPlacementTrips;
+using detail::kSleepNs;
+using detail::now_ns;
+using detail::post;
+using detail::prefetch_for_write;
+using detail::reached;
+using pg::Millis;
+
+namespace {
+
+// How many ranks share a core: the ranks spread over the CPUs they may run on together. With
+// more ranks than CPUs the algorithms change (see Engine), so the count must be the same on
+// every rank: Segment::cpus is.
+size_t ranks_per_core(const Segment& seg) {
+  return detail::ceil_div(static_cast<size_t>(seg.size()), static_cast<size_t>(seg.cpus()));
+}
+
+}  // namespace
+
+Engine::Engine(std::shared_ptr<Segment> segment, bool pinned)
+    : segment_(std::move(segment)),
+      seg_(*segment_),
+      rank_(seg_.rank()),
+      size_(seg_.size()),
+      per_core_(ranks_per_core(seg_)),
+      policy_(detail::wait_policy(per_core_)),
+      own_core_(per_core_ <= 1),
+      direct_piece_(detail::direct_piece(per_core_)),
+      direct_allreduce_(own_core_ ? detail::kDirectAllreduceBytes
+                                  : detail::kDirectAllreduceSharedCoreBytes),
+      small_chunk_(own_core_ ? detail::kPipelineChunk : detail::shared_core_chunk(per_core_)),
+      far_trip_ns_(core::env_int(core::kEnvShmFarTripNs)),
+      copy_shared(/*may_adapt=*/true, /*leader=*/rank_ == 0, /*choose_chunks=*/own_core_),
+      cpu_group_(pinned && !own_core_ ? rank_ % seg_.cpus() : -1) {}
+
+void Engine::begin(const char* name, OpType type, uint64_t seq, Millis timeout) {
+  name_ = name;
+  seq_ = seq;
+  described_ = StepDescription{};
+  described_.seq = seq;
+  described_.type = static_cast<uint8_t>(type);
+  op_ = signature(described_);
+  timeout_ = timeout;
+  deadline_started_ = false;  // see await_step
+  if (!broken.empty()) {
+    throw DistBackendError(
+        str_cat(describe(), ": the backend is unusable after an earlier failure: ", broken));
+  }
+  if (aborted.load()) throw DistBackendError(str_cat(describe(), ": the backend was shut down"));
+  copy_shared.begin_op(type);
+}
+
+std::string Engine::describe() const {
+  return str_cat("shm ", name_, " (sequence ", seq_, ", rank ", rank_, " of ", size_, ")");
+}
+
+void Engine::calibrate(Millis timeout) {
+  std::vector<int> modes;  // kModeStreaming, kModeLargeChunks
+  for (int mode = 0; mode < 4; ++mode) {
+    if ((mode & kModeStreaming) != 0 && !copy_shared.adaptive()) continue;
+    if ((mode & kModeLargeChunks) != 0 && !own_core_) continue;
+    modes.push_back(mode);
+  }
+  if (size_ < 2 || modes.size() < 2) return;
+  begin("chunk calibration", OpType::kAllreduce, 0, timeout);
+  const size_t count = kCalibrationBytes / sizeof(float);
+  std::vector<float> data(count, 1.0f);
+  char* bytes = reinterpret_cast<char*>(data.data());
+  const bool stores = copy_shared.streaming();  // as C10D_SHM_STREAM fixed them, if it did
+  std::vector<int64_t> best(modes.size(), INT64_MAX);
+  // Ranks sharing cores time 16 allreduces in all: more would slow initialisation (see
+  // docs/design/shm.md#calibration).
+  const size_t rounds = own_core_ ? kCalibrationRounds : 16 / modes.size() / 2;
+  const int runs = own_core_ ? kCalibrationRuns : 2;
+  for (size_t i = 0; i < modes.size() * rounds; ++i) {
+    const int mode = modes[i % modes.size()];
+    if (copy_shared.adaptive()) copy_shared.use_streaming((mode & kModeStreaming) != 0);
+    for (int run = 0; run < runs; ++run) {
+      const int64_t start = now_ns();
+      pipelined(bytes, bytes, count, DType::kFloat32, ReduceOp(ReduceOp::MAX), false,
+                (mode & kModeLargeChunks) != 0);
+      int64_t& b = best[i % modes.size()];
+      if (run > 0) b = std::min(b, now_ns() - start);
+    }
+  }
+  copy_shared.use_streaming(stores);
+  // Rank 0's timings decide for every rank.
+  const uint32_t s = next_step();
+  if (rank_ == 0) {
+    const int mode = modes[std::min_element(best.begin(), best.end()) - best.begin()];
+    rank0_word(s) = static_cast<uint64_t>(mode);
+    seg_.header(0)->placement.store((mode & kModeStreaming) != 0 ? kFarBit : 0,
+                                    std::memory_order_relaxed);
+  }
+  sync(s);
+  agreed_mode_ = static_cast<int>(rank0_word(s));
+  copy_shared.seed((agreed_mode_ & kModeStreaming) != 0);
+  // Streaming stores won calibration if the vCPUs were far apart (plain ones win otherwise);
+  // from here the round trips tell.
+  far_ = (agreed_mode_ & kModeStreaming) != 0;
+  watching_ = seg_.cpus() >= 2 && copy_shared.adaptive();
+  next_placement_ns_ = now_ns() + kPlacementPeriodNs;
+  if (core::log_enabled(core::LogLevel::kDebug)) {
+    std::string times;
+    for (size_t m = 0; m < modes.size(); ++m) {
+      times += str_cat(" mode ", modes[m], " ", best[m] / 1000, " us;");
+    }
+    core::log(core::LogLevel::kDebug,
+              str_cat(describe(), ": calibration on cpu ", ::sched_getcpu(), ", allreduce of ",
+                      kCalibrationBytes, " bytes (mode bit 0 streaming, bit 1 large chunks):",
+                      times, " rank 0 chose ", agreed_mode_));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Steps
+
+void Engine::publish(uint32_t s) {
+  SegmentHeader* h = seg_.header(rank_);
+  if (own_core_) note_cpu(h);
+  h->described[s % kRingDepth] = described_;
+  h->step.op[s % kSignatureDepth].store(op_, std::memory_order_relaxed);
+  post(h->step, s);  // releases the description and the signature with the step
+}
+
+// Records the CPU this rank runs on in its header when it changed (for peer_on_my_cpu).
+void Engine::note_cpu(SegmentHeader* h) {
+  const int cpu = ::sched_getcpu();
+  if (cpu == cpu_) return;
+  cpu_ = cpu;
+  h->cpu.store(cpu, std::memory_order_relaxed);
+}
+
+// Whether rank r last published a step from the CPU this thread runs on (tracked only while
+// every rank has a core; otherwise waits barely spin anyway). Spinning for it then only
+// keeps it from running: with two ranks on one CPU (taskset, or the scheduler packing them
+// while another program runs) every wait spun its full 200 us before it yielded (see
+// docs/design/shm.md#wait-policy).
+bool Engine::peer_on_my_cpu(int r) const {
+  return own_core_ &&
+         seg_.header(r)->cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
+}
+
+// Opens the next step. A step that uses the parity slots (the default) waits until every
+// peer published the previous step, so nobody still reads those slots from two steps ago.
+// A `one_sided` one, whose readers finish reading before they publish it (broadcast,
+// gather, scatter), needs only the step two back published when that step was one-sided
+// too: then a writer fills chunk k + 1 while its readers still copy out chunk k.
+// A `small` one uses only its ring entry (slot(r, s, true)), last used kRingDepth steps
+// ago, so it waits only for peers that far behind: one-sided collectives run ahead. Every
+// rank opens a given step with the same `small`.
+//
+// all_reached_ remembers the lowest step the peers were seen at, which can be well past
+// `need`: a root running ahead through the ring then reads the peers' step words once per
+// few operations, not once per operation (each read is a cache miss, as peers write them).
+uint32_t Engine::next_step(bool small, bool one_sided) {
+  const uint32_t s = step_ + 1;
+  in_step_ = s;
+  uint32_t need = s - 1;
+  if (small) {
+    need = s - (kRingDepth - 1);
+  } else if (one_sided && (two_sided_ & 2) == 0) {
+    need = s - 2;
+  }
+  two_sided_ = ((two_sided_ << 1) | (small || one_sided ? 0 : 1)) & 3;
+  if (!reached(all_reached_, need)) {
+    uint32_t lowest = s;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const uint32_t seen = await_step(r, need);  // step `need` may be another operation's
+      if (!reached(seen, lowest)) lowest = seen;
+    }
+    all_reached_ = lowest;
+    check_unchecked();
+  }
+  return s;
+}
+
+void Engine::sync(uint32_t s) {
+  const bool time_trips = placement_due();
+  if (time_trips) {  // published with the step
+    std::atomic<uint64_t>& word = seg_.header(0)->placement;
+    word.store((word.load(std::memory_order_relaxed) & ~kStepBits) | s,
+               std::memory_order_relaxed);
+  }
+  publish(s);
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) wait_peer(r, s);
+  }
+  step_ = s;
+  all_reached_ = s;
+  check_unchecked();
+  if (watching_) watch_placement(s, time_trips);
+}
+
+std::vector<int> Engine::not_arrived(uint32_t s) const {
+  std::vector<int> missing;
+  for (int r = 0; r < size_; ++r) {
+    if (!reached(seg_.header(r)->step.value.load(std::memory_order_acquire), s)) {
+      missing.push_back(r);
+    }
+  }
+  return missing;
+}
+
+// Waits until peer r published step s of this operation.
+void Engine::wait_peer(int r, uint32_t s) {
+  await_step(r, s);
+  check_same_op(r, s);
+}
+
+// Waits until peer r published step s (of whatever operation); returns the step seen.
+uint32_t Engine::await_step(int r, uint32_t s) {
+  FutexWord& w = seg_.header(r)->step;
+  uint32_t seen = w.value.load(std::memory_order_acquire);
+  if (reached(seen, s)) return seen;
+  // A clock read costs as much as a few dozen spins, and most waits of small operations end
+  // sooner: look at the clock only after those (none when ranks outnumber cores: spinning
+  // then only delays the rank being waited for). See docs/design/shm.md#wait-policy.
+  for (int i = 0; i < policy_.blind_spins; ++i) {
+    cpu_relax();
+    if (reached(seen = w.value.load(std::memory_order_acquire), s)) return seen;
+  }
+  core::before_blocking();
+  const int64_t start = now_ns();
+  const bool spin = policy_.spin_ns > 0 && !peer_on_my_cpu(r);
+  // The operation's deadline counts from its first wait that got this far, not from its
+  // start: an operation that never waits needs no clock read for it. The difference is the
+  // time the operation spent copying before it first waited.
+  if (!deadline_started_) {
+    const core::Clock::time_point started{std::chrono::nanoseconds(start)};  // CLOCK_MONOTONIC
+    deadline_ = core::Deadline(timeout_, started);
+    deadline_started_ = true;
+  }
+  for (uint32_t i = 1; spin; ++i) {
+    cpu_relax();
+    if (reached(seen = w.value.load(std::memory_order_acquire), s)) return seen;
+    if ((i & 63) != 0) continue;
+    if (now_ns() - start > policy_.spin_ns || peer_on_my_cpu(r)) break;
+  }
+  int64_t last_check = now_ns();
+  for (;;) {
+    ::sched_yield();
+    if (reached(seen = w.value.load(std::memory_order_acquire), s)) return seen;
+    const int64_t now = now_ns();
+    if (now - start > policy_.yield_ns) break;
+    if (now - last_check >= kCheckNs) {
+      last_check = now;
+      check_waiting(s);
+    }
+  }
+  for (;;) {
+    w.waiters.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t v = w.value.load(std::memory_order_seq_cst);
+    if (!reached(v, s)) futex_wait(&w.value, v, kSleepNs);
+    w.waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (reached(seen = w.value.load(std::memory_order_acquire), s)) return seen;
+    const int64_t now = now_ns();
+    if (now - last_check >= kCheckNs) {
+      last_check = now;
+      check_waiting(s);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mailboxes
+
+// After a step in which this rank wrote its mailbox: asks for the lines the next step would
+// write with as many bytes in a writable state (PREFETCHW). The peers hold them from reading
+// step s + 1 - kRingDepth, and without the claim the next write would wait for every peer's
+// copy to be invalidated, a round trip between the CPUs, in publish()'s fence; claimed here,
+// that happens while this rank runs its caller's code. After the step, not at the seal: the
+// claims would slow the peers' reads of this step (see
+// docs/design/shm.md#one-sided-steps-and-mailboxes).
+void Engine::claim_next_mailbox() {
+  if (sealed_bytes_ == 0) return;
+  const auto* next = reinterpret_cast<const char*>(
+      &seg_.header(rank_)->mailbox[(sealed_step_ + 1) % kRingDepth]);
+  const size_t used = offsetof(Mailbox, data) + sealed_bytes_;
+  for (size_t at = 0; at < used; at += kLine) prefetch_for_write(next + at);
+  sealed_bytes_ = 0;
+}
+
+// Until peer r's mailbox holds step s of this operation.
+void Engine::await_mailbox(int r, uint32_t s) {
+  const Mailbox& box = seg_.header(r)->mailbox[s % kRingDepth];
+  for (int i = 0; i < kMailboxSpins * policy_.blind_spins; ++i) {
+    if (box.step.load(std::memory_order_acquire) == s) {
+      if (box.op.load(std::memory_order_relaxed) == op_) return;
+      break;  // another operation: wait_peer names both
+    }
+    cpu_relax();
+  }
+  wait_peer(r, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signatures: what every rank must run at each step
+
+// The shape every rank must give the collective about to run (count in elements of dtype,
+// or in bytes without one); it becomes part of every step's signature.
+void Engine::expect(size_t count, std::optional<DType> dtype, int root,
+                    std::optional<ReduceOp::Kind> reduce) {
+  described_.count = count;
+  described_.dtype = dtype ? static_cast<uint8_t>(*dtype) : StepDescription::kBytes;
+  described_.root = root;
+  described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : StepDescription::kNoReduce;
+  op_ = signature(described_);
+  copy_shared.select(dtype ? count * core::element_size(*dtype) : count, agreed_mode_);
+}
+
+// The same for a collective that moves `bytes` of `dtype` without computing on them: the
+// dtype is checked too, although only the bytes matter here (a float32 tensor on one rank and
+// an int32 one on another would be reinterpreted otherwise).
+void Engine::expect_moved(size_t bytes, DType dtype, int root) {
+  expect(bytes / core::element_size(dtype), dtype, root);
+}
+
+// 32 bits for the step word: the OpType and a 24-bit hash of everything else.
+uint32_t Engine::signature(const StepDescription& d) {
+  uint64_t h = d.seq * 0x9e3779b97f4a7c15ULL;
+  h ^= (d.count + 0x632be59bd9b4e019ULL) * 0xbf58476d1ce4e5b9ULL;
+  h ^= (static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 16 |
+        static_cast<uint64_t>(d.dtype) << 8 | d.reduce) * 0x94d049bb133111ebULL;
+  h ^= h >> 31;
+  h *= 0xd6e8feb86659fd93ULL;
+  h ^= h >> 32;
+  return static_cast<uint32_t>(h << 8) | d.type;
+}
+
+std::string Engine::shape_text(const StepDescription& d) {
+  std::string text =
+      d.dtype == StepDescription::kBytes
+          ? str_cat(d.count, " bytes")
+          : str_cat(d.count, " elements of ",
+                    core::dtype_name(static_cast<DType>(d.dtype)));
+  if (d.root >= 0) text += str_cat(", root ", d.root);
+  if (d.reduce != StepDescription::kNoReduce) {
+    text += str_cat(", ", ReduceOp(static_cast<ReduceOp::Kind>(d.reduce)).name());
+  }
+  return text;
+}
+
+std::string Engine::description_text(const StepDescription& d) {
+  return str_cat(core::op_type_name(static_cast<OpType>(d.type)), " (sequence ", d.seq,
+                 ") on ", shape_text(d));
+}
+
+// Fails unless peer r ran `ours` (signature `sig`) at step s, as check_same_op; `as_root`
+// when this rank sent step s earlier as the root of a one-sided operation.
+void Engine::check_peer_ran(int r, uint32_t s, const StepDescription& ours, uint32_t sig,
+                            bool as_root) {
+  const SegmentHeader* h = seg_.header(r);
+  if (h->step.op[s % kSignatureDepth].load(std::memory_order_relaxed) == sig) return;
+  const StepDescription theirs = h->described[s % kRingDepth];
+  if (theirs == ours) return;
+  fail<DistBackendError>(str_cat(
+      describe(), ": rank ", r,
+      as_root ? " ran " : " runs ", description_text(theirs),
+      as_root ? " at the step where this rank, as its root, ran "
+              : " at this step while this rank runs ",
+      description_text(ours), "; every rank must issue the same collectives in the same "
+      "order, with the same sizes, dtypes, roots and reductions"));
+}
+
+// The root of a one-sided broadcast or scatter waits for nobody, so a mismatch there (every
+// rank naming itself as the root, say) would pass unseen: such a step is checked against
+// every peer's once they are seen past it (sync, one_shot_mailbox, next_step). One at a
+// time, the earliest: in a loop of them a rank ahead of its peers still finds one they
+// passed.
+void Engine::sent_unchecked(uint32_t s) {
+  if (has_unchecked_) return;
+  unchecked_ = s;
+  unchecked_op_ = op_;
+  unchecked_described_ = described_;
+  has_unchecked_ = true;
+}
+
+// Checks the step of sent_unchecked against the peers seen past it; forgets it once every
+// peer passed it, or when the peers' records of it may be gone.
+void Engine::check_unchecked() {
+  if (!has_unchecked_) return;
+  bool all_checked = true;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const uint32_t seen = seg_.header(r)->step.value.load(std::memory_order_acquire);
+    if (!reached(seen, unchecked_)) {
+      all_checked = false;
+      continue;
+    }
+    // Rank r keeps step s's description until it publishes s + kRingDepth.
+    if (seen - unchecked_ >= kRingDepth - 1) continue;
+    check_peer_ran(r, unchecked_, unchecked_described_, unchecked_op_, true);
+  }
+  if (all_checked || step_ - unchecked_ >= kRingDepth - 1) has_unchecked_ = false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failure diagnosis
+
+// A rank still waiting here says so (the step it is in and its operation's signature), and
+// fails if one of the ranks it waits for is blocked in the same step in another operation:
+// then neither can go on (e.g. both are the root of a gather, each waiting for the other's
+// data), and only the timeout would end it. Ranks that did issue the same operation never
+// differ here: a step belongs to one operation on every rank.
+void Engine::check_not_waiting_for_each_other(const std::vector<int>& missing) {
+  const uint64_t mine = uint64_t{in_step_} << 32 | op_;
+  std::atomic<uint64_t>& blocked = seg_.header(rank_)->blocked;
+  if (blocked.load(std::memory_order_relaxed) != mine) {
+    blocked.store(mine, std::memory_order_release);
+  }
+  for (int r : missing) {
+    if (r == rank_) continue;
+    const uint64_t theirs = seg_.header(r)->blocked.load(std::memory_order_acquire);
+    if (theirs >> 32 != in_step_ || theirs == mine) continue;
+    const auto type = static_cast<OpType>(static_cast<uint8_t>(theirs));
+    fail<DistBackendError>(str_cat(
+        describe(), ": rank ", r, " waits in ", core::op_type_name(type), " at this step "
+        "(another collective, or one with other sizes, dtypes, roots or reductions) while this "
+        "rank waits for it in ", description_text(described_), "; every rank must issue the "
+        "same collectives in the same order, with the same sizes, dtypes, roots and "
+        "reductions"));
+  }
+}
+
+// Throws (and marks the engine broken) when the wait for step s cannot succeed.
+void Engine::check_waiting(uint32_t s) {
+  if (aborted.load()) fail<DistBackendError>(str_cat(describe(), ": the backend was shut down"));
+  const std::vector<int> missing = not_arrived(s);
+  // First: a peer that failed on the mismatch has shut down by now.
+  check_not_waiting_for_each_other(missing);
+  for (int r : missing) {
+    if (r == rank_) continue;
+    const std::string gone = seg_.peer_gone(r);
+    if (!gone.empty()) {
+      fail<DistBackendError>(str_cat(describe(), ": rank ", r, " ", gone,
+                                     " while this rank waited for it"));
+    }
+  }
+  if (deadline_.expired()) {
+    std::vector<int> peers;
+    for (int r : missing) {
+      if (r != rank_) peers.push_back(r);
+    }
+    // "Timed out" between spaces, as torch's messages have it (its tests match on that).
+    fail<DistTimeoutError>(str_cat(describe(), ": Timed out after ",
+                                   core::format_timeout(timeout_), " waiting for rank",
+                                   peers.size() == 1 ? " " : "s ", pg::join_ranks(peers)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Placement
+
+// The host moves the vCPUs between placements every few minutes, and in the slow one plain
+// stores into lines a peer reads cost several times what they cost in the fast one (see
+// SharedWriter). The probes of each kind of operation notice only after it ran for a while,
+// so rank 0 also times a cache line's round trip with rank 1 after a two-sided step every
+// kPlacementPeriodNs (a few microseconds), and tells every rank through its placement word
+// whether the vCPUs are far apart (SharedWriter::placement_changed). Ranks that share
+// cores are pinned to CPUs in turn (Segment::bind_cpu), so ranks 0 and 1 run on different
+// ones, but rank 1 may not be running to answer, and a timing it does not answer costs rank
+// 0 kPlacementGiveUpNs (see docs/design/shm.md#streaming-stores-and-placement).
+bool Engine::placement_due() {
+  if (!watching_ || rank_ != 0 || (++syncs_ & 15) != 0) return false;
+  if (now_ns() < next_placement_ns_) return false;
+  next_placement_ns_ = now_ns() + kPlacementPeriodNs;
+  return !own_core_ || seg_.header(1)->cpu.load(std::memory_order_relaxed) != cpu_;
+}
+
+// After two-sided step s: rank 0 times the round trips if it asked for them (`time_trips`),
+// rank 1 answers when asked, and every rank follows rank 0's verdict.
+void Engine::watch_placement(uint32_t s, bool time_trips) {
+  std::atomic<uint64_t>& word = seg_.header(0)->placement;
+  const uint64_t seen = word.load(std::memory_order_acquire);
+  if (rank_ != 0) {
+    if (rank_ == 1 && (seen & kStepBits) == s) round_trip(s, 0, false);
+    return set_placement((seen & kFarBit) != 0);
+  }
+  if (!time_trips) return;
+  const int64_t trip = round_trip(s, 1, true);
+  if (trip < 0) return;  // rank 1 did not answer in time: next period
+  const bool far = trip >= far_trip_ns_;
+  word.store((seen & kStepBits) | kTimedBit | (far ? kFarBit : 0), std::memory_order_release);
+  set_placement(far);
+}
+
+// Bounces this rank's ping word off `peer`'s kPlacementTrips times (the leading side
+// writes first); returns the median trip in ns, or -1 when the peer did not answer within
+// kPlacementGiveUpNs.
+int64_t Engine::round_trip(uint32_t s, int peer, bool leading) {
+  std::atomic<uint64_t>& mine = seg_.header(rank_)->ping;
+  const std::atomic<uint64_t>& theirs = seg_.header(peer)->ping;
+  std::array<int64_t, kPlacementTrips> trips{};
+  const int64_t start = now_ns();
+  int64_t last = start;
+  for (int i = 0; i < kPlacementTrips; ++i) {
+    const uint64_t v = uint64_t{s} << 8 | static_cast<uint64_t>(i);
+    if (leading) mine.store(v, std::memory_order_release);
+    for (uint32_t spin = 1; theirs.load(std::memory_order_acquire) != v; ++spin) {
+      cpu_relax();
+      if ((spin & 63) == 0 && now_ns() - start > kPlacementGiveUpNs) return -1;
+    }
+    if (!leading) mine.store(v, std::memory_order_release);
+    const int64_t now = now_ns();
+    trips[i] = now - last;
+    last = now;
+  }
+  // The first trip includes the wait for the other side to arrive.
+  const auto mid = trips.begin() + 1 + (kPlacementTrips - 1) / 2;
+  std::nth_element(trips.begin() + 1, mid, trips.end());
+  return *mid;
+}
+
+void Engine::set_placement(bool far) {
+  if (far == far_) return;
+  far_ = far;
+  copy_shared.placement_changed(far);
+  if (core::log_enabled(core::LogLevel::kDebug)) {
+    core::log(core::LogLevel::kDebug,
+              str_cat(describe(), ": the vCPUs are ", far ? "far apart" : "close",
+                      " now; the copies into shared lines use ", far ? "streaming" : "plain",
+                      " stores"));
+  }
+}
+
+}  // namespace c10d::backends::shm

@@ -1,0 +1,409 @@
+// Engine: the collective algorithms of ShmBackend over the step protocol. One operation at a
+// time runs in an Engine: the one whose caller set the backend's Queue::running (op_queue.h);
+// `aborted` may be set from any thread.
+//
+// Step protocol. Every rank maps every peer's segment (segment.h), and a collective advances
+// in steps, numbered alike on every rank. A rank writes its data for step s into its own
+// segment: its slots of parity s % 2, or for small steps its ring entry or Mailbox of
+// s % kRingDepth (a mailbox also carries the step, so a reader waiting on it finds the data
+// with the step). It then publishes s in its step word, and a peer may read that data once it
+// saw s there (or in the mailbox). A rank publishes s only after it finished reading
+// everything of step s - 1, so no step needs a second barrier: a two-sided step (sync) waits
+// for every peer, a one-sided one (finish_step) only for the peers whose data it reads, so a
+// root can run ahead. Before it writes, a rank waits until no peer can still read what it
+// overwrites (next_step): until every peer published s - 1 for the parity slots (s - 2 for a
+// one-sided step when the step two back was one-sided too), s - (kRingDepth - 1) for a ring
+// entry or mailbox.
+//
+// With each step a rank publishes its operation's signature (OpType and a hash of sequence
+// number and shape) on the step word's line, and the full description in its header, so a
+// peer that ran another collective at that step, or the same one with another shape, is named
+// at once (check_peer_ran). Waits spin, yield and then sleep on the step word's futex
+// (WaitPolicy), checking every kCheckNs whether the awaited peers are alive, the deadline
+// passed, shutdown() was called, or a peer waits in the same step in another operation
+// (check_waiting). A failed wait or check (fail) leaves the engine `broken`: the step words no
+// longer agree, so every later operation fails at once with the original error.
+//
+// engine.cc holds the protocol, the waits and checks, placement watching and calibration;
+// collectives.cc and collectives_inl.h the algorithms; direct.cc the paths that read the
+// peers' buffers in place or through the kernel instead of through the slots.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "c10d/backends/shm/futex.h"
+#include "c10d/backends/shm/segment.h"
+#include "c10d/backends/shm/shared_writer.h"
+#include "c10d/backends/shm/tuning.h"
+#include "c10d/core/copy.h"
+#include "c10d/core/deadline.h"
+#include "c10d/core/dtype.h"
+#include "c10d/core/exception.h"
+#include "c10d/core/reduce_op.h"
+#include "c10d/core/work.h"
+
+namespace c10d::backends::shm {
+
+// Helpers the engine's files share.
+namespace detail {
+
+inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+inline void copy(void* dst, const void* src, size_t n) { core::copy_bytes(dst, src, n); }
+
+// Elements per piece when `count` elements are split across `size` owners, rounded up to a
+// whole cache line of elements so owners never share a line.
+inline size_t piece_elems(size_t count, int size, size_t element) {
+  const size_t align = std::max<size_t>(1, kLine / element);
+  return (ceil_div(count, static_cast<size_t>(size)) + align - 1) / align * align;
+}
+
+// Piece j of `count` elements: [begin, begin + len).
+inline void piece_of(size_t count, int size, size_t element, int j, size_t& begin,
+                     size_t& len) {
+  const size_t per = piece_elems(count, size, element);
+  begin = std::min(count, per * static_cast<size_t>(j));
+  len = std::min(count, begin + per) - begin;
+}
+
+}  // namespace detail
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<Segment> segment, bool pinned);
+
+  std::atomic<bool> aborted{false};
+  std::string broken;  // why the step flags can no longer be trusted (set while running)
+
+  const std::shared_ptr<Segment>& segment() const { return segment_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const detail::WaitPolicy& policy() const { return policy_; }
+
+  // The operation about to run; throws when the engine cannot run it.
+  void begin(const char* name, core::OpType type, uint64_t seq, core::Millis timeout);
+
+  // The operation begun last completed.
+  void end() { copy_shared.end_op(); }
+
+  // What rank 0's latest timing of round trips found (whether ranks 0 and 1 run far apart),
+  // once it timed any (watch_placement); read from its placement word, so from any thread.
+  std::optional<bool> far_apart() const {
+    const uint64_t word = seg_.header(0)->placement.load(std::memory_order_acquire);
+    if ((word & kTimedBit) == 0) return std::nullopt;
+    return (word & kFarBit) != 0;
+  }
+
+  std::string describe() const;
+
+  // Times pipelined allreduces of kCalibrationBytes in both chunk sizes (interleaved) and
+  // starts with the faster one on rank 0: which wins depends on the machine (kPipelineChunk).
+  // With stores that adapt, plain and streaming ones too (see SharedWriter). Ranks that share
+  // cores keep their chunk size and only time the stores, if they adapt.
+  void calibrate(core::Millis timeout);
+
+  // --- collectives (raw memory; every rank passes consistent sizes; collectives.cc) ---
+
+  void barrier() { sync(next_step()); }
+
+  // Rank 0 waits (the operation's timeout) for every other rank to publish its arrival, then
+  // publishes its verdict with the same step: the other ranks wait for that step only, so one
+  // that arrives after rank 0 gave up on it hears of the failure at once, and none passes
+  // unless rank 0 saw everyone. Rank 0 fails naming the ranks that did not arrive: the first
+  // one, or with `wait_all_ranks` every one, which then means waiting on for the others after
+  // a peer exited (until they arrive, exit too, or the deadline passes). The verdict names
+  // the first missing rank, so the others can too. `monitored` is the caller's timeout (rank
+  // 0's; the others wait theirs, pg::monitored_barrier_release_wait).
+  void monitored_barrier(bool wait_all_ranks, core::Millis monitored);
+
+  void broadcast(char* data, size_t bytes, core::DType dtype, int root);
+
+  // Reduces `count` elements of every rank's `in` (left unchanged unless it is `out`) into
+  // `out`; `out` is null on ranks that do not want the result. `root` is -1 when every rank
+  // wants it (allreduce, which allows the zero-copy path), else the one rank that does
+  // (reduce); it is part of the step's signature, so ranks that disagree on it fail. With
+  // premul_done the caller already scaled the input of a PREMUL_SUM.
+  void allreduce(const char* in, char* out, size_t count, core::DType dtype,
+                 const core::ReduceOp& op, int root, bool premul_done = false);
+
+  // Every rank publishes `bytes` from `in`; dst(r) (null to skip) receives rank r's bytes.
+  template <typename Dst>
+  void allgather(const char* in, size_t bytes, core::DType dtype, Dst&& dst);
+
+  // Rank `root` receives every rank's `bytes` from `in` at out_of(r) (called on the root
+  // only). One-sided: only the root waits.
+  template <typename Out>
+  void gather(const char* in, size_t bytes, core::DType dtype, int root, Out&& out_of);
+
+  // The root sends src_of(j) (bytes each; called on the root only) to rank j's `out`.
+  template <typename Src>
+  void scatter(Src&& src_of, char* out, size_t bytes, core::DType dtype, int root);
+
+  // blocks[j] (count elements) is this rank's contribution to rank j's `out`.
+  template <typename Block>
+  void reduce_scatter(Block&& block_of, char* out, size_t count, core::DType dtype,
+                      const core::ReduceOp& op);
+
+  // reduce_scatter of one flat input: block j (count elements) of `in` goes to rank j.
+  void reduce_scatter_flat(const char* in, char* out, size_t count, core::DType dtype,
+                           const core::ReduceOp& op);
+
+  // alltoall with equal parts: part j (`bytes` each) of `in` goes to rank j, whose part
+  // for this rank lands in part j of `out`.
+  void alltoall_equal(const char* in, char* out, size_t bytes);
+
+  // This rank sends send_len[j] bytes at send[j] to rank j and receives recv_len[j] bytes from
+  // it. A size that does not match the sender's is reported after the exchange (so every rank
+  // still takes the same steps).
+  void alltoall(const std::vector<const char*>& send, const std::vector<size_t>& send_len,
+                const std::vector<char*>& recv, const std::vector<size_t>& recv_len);
+
+ private:
+  // --- the algorithms behind the collectives (collectives.cc, collectives_inl.h) ---
+
+  void one_shot(const char* in, char* out, size_t count, core::DType dtype,
+                const core::ReduceOp& op, bool premul);
+  void one_shot_mailbox(const char* in, char* out, size_t count, core::DType dtype,
+                        const core::ReduceOp& op, bool premul);
+  void pipelined(const char* in, char* out, size_t count, core::DType dtype,
+                 const core::ReduceOp& op, bool premul, std::optional<bool> large = std::nullopt);
+
+  // out = source(0) op source(1) op ... op source(size_ - 1), then op's post-step. The ranks
+  // that reduce the same data pass its sources in the same order, so they compute identical
+  // bits.
+  template <typename Source>
+  void reduce_sources(char* out, size_t count, core::DType dtype, const core::ReduceOp& op,
+                      Source&& source);
+
+  // --- the direct paths (direct.cc) ---
+
+  // Whether a message of `bytes` goes straight between the ranks' memory (the same answer on
+  // every rank).
+  bool direct(size_t bytes) const { return seg_.cma() && bytes >= detail::kDirectBytes; }
+  // The same for broadcast, gather and all_gather, whose slot path (one-sided for broadcast
+  // and gather) beats the direct one, whose final wait needs every rank to run, up to several
+  // MiB (see docs/design/shm.md#direct-or-slots).
+  bool direct_fanout(size_t bytes) const {
+    return seg_.cma() && bytes >= detail::kDirectFanoutBytes;
+  }
+  // Whether a mid-sized message of broadcast, all_gather or alltoall goes direct (see
+  // kDirectMidBytes); the same answer on every rank.
+  bool direct_mid(size_t bytes, size_t end = detail::kDirectMidEndBytes) const {
+    return own_core_ && seg_.cma() && bytes >= detail::kDirectMidBytes && bytes < end;
+  }
+
+  // Where rank r's buffer of an operation is: mapped here (it lies in r's shared heap) or
+  // only at an address in r's own address space.
+  // Bytes [lo, hi) of it may also be mapped here, from `part` on: all of it when `mapped`,
+  // else the pages of an ordinary buffer that r moved into its heap (alias.h).
+  struct Where {
+    char* mapped = nullptr;
+    uint64_t address = 0;
+    char* part = nullptr;
+    size_t lo = 0;
+    size_t hi = 0;
+  };
+
+  static bool all_mapped(const std::vector<Where>& where) {
+    return std::all_of(where.begin(), where.end(),
+                       [](const Where& w) { return w.mapped != nullptr; });
+  }
+
+  // Whether every rank's buffer is mapped here for at least half its bytes (the heap or an
+  // alias), so that owner_computes reads most of it in place.
+  static bool mostly_mapped(const std::vector<Where>& where, size_t bytes) {
+    return std::all_of(where.begin(), where.end(), [&](const Where& w) {
+      return w.part != nullptr && 2 * (w.hi - w.lo) >= bytes;
+    });
+  }
+
+  const std::vector<Where>& locate(const void* data, size_t bytes);
+  size_t direct_allreduce_bytes() const;
+  void fetch(const Where& where, int r, char* dst, size_t bytes);
+  void read_from(int r, void* local, uint64_t remote, size_t bytes);
+  [[noreturn]] void peer_copy_failed(int r, const core::DistBackendError& e);
+  void read_range(const Where& w, int r, char* dst, size_t off, size_t n);
+  static void mapped_span(const Where& w, size_t off, size_t n, size_t& lo, size_t& hi);
+  void owner_computes(const std::vector<Where>& where, char* data, size_t count,
+                      core::DType dtype, const core::ReduceOp& op, bool premul);
+
+  // --- the step protocol (engine.cc) ---
+
+  void publish(uint32_t s);
+  void note_cpu(SegmentHeader* h);
+  bool peer_on_my_cpu(int r) const;
+
+  // Whether rank r was pinned to this rank's CPU (cpu_group_). While the host keeps the vCPUs
+  // far apart the slots take streaming stores, which send every line to memory; a line only a
+  // rank on this CPU reads is better left in the caches they share (see
+  // docs/design/shm.md#streaming-stores-and-placement).
+  bool shares_cpu(int r) const {
+    return cpu_group_ >= 0 && r % seg_.cpus() == cpu_group_;
+  }
+
+  uint32_t next_step(bool small = false, bool one_sided = false);
+
+  // Whether a step moving `bytes` per rank fits a ring entry, and rank r's entry (or its
+  // parity slot) for step s.
+  static bool fits_ring(size_t bytes) { return bytes <= kRingBytes; }
+  char* slot(int r, uint32_t s, bool small) const {
+    return small ? seg_.ring(r, s) : seg_.in(r, s);
+  }
+
+  void sync(uint32_t s);
+
+  void finish_step(uint32_t s) {
+    publish(s);
+    step_ = s;
+    claim_next_mailbox();
+  }
+
+  std::vector<int> not_arrived(uint32_t s) const;
+  void wait_peer(int r, uint32_t s);
+  uint32_t await_step(int r, uint32_t s);
+
+  // Small steps whose data fits a Mailbox carry it there (see Mailbox and one_shot_mailbox):
+  // the writer seals its mailbox after writing, before it publishes the step; a reader waits
+  // with await_mailbox. The same answer on every rank for the same message.
+  static bool fits_mailbox(size_t bytes) { return bytes <= Mailbox::kBytes; }
+  char* mailbox_data(int r, uint32_t s) const {
+    return reinterpret_cast<char*>(seg_.header(r)->mailbox[s % kRingDepth].data);
+  }
+  // This rank's mailbox for step s holds its `bytes` of data: the signature and the step go
+  // with it. The step's end then claims the next mailbox (claim_next_mailbox).
+  void seal_mailbox(uint32_t s, size_t bytes) {
+    Mailbox& box = seg_.header(rank_)->mailbox[s % kRingDepth];
+    box.op.store(op_, std::memory_order_relaxed);
+    box.step.store(s, std::memory_order_release);
+    sealed_step_ = s;
+    sealed_bytes_ = bytes;
+  }
+  void claim_next_mailbox();
+  // Rank r's data of small step s (ring entry or parity slot, or mailbox when `boxed`), and
+  // the wait for it.
+  char* step_data(int r, uint32_t s, bool small, bool boxed) const {
+    return boxed ? mailbox_data(r, s) : slot(r, s, small);
+  }
+  void wait_step_data(int r, uint32_t s, bool boxed) {
+    if (boxed) return await_mailbox(r, s);
+    wait_peer(r, s);
+  }
+  void await_mailbox(int r, uint32_t s);
+
+  // Rank 0's word in the meta area of step s: what rank 0 writes there before it publishes s,
+  // every rank reads once it waited for s (pipelined's chunk agreement, calibrate's decision).
+  uint64_t& rank0_word(uint32_t s) const {
+    return *reinterpret_cast<uint64_t*>(seg_.meta(0, s));
+  }
+
+  // --- signatures and mismatch checks (engine.cc) ---
+
+  void expect(size_t count, std::optional<core::DType> dtype = std::nullopt, int root = -1,
+              std::optional<core::ReduceOp::Kind> reduce = std::nullopt);
+  void expect_moved(size_t bytes, core::DType dtype, int root = -1);
+  static uint32_t signature(const StepDescription& d);
+  static std::string shape_text(const StepDescription& d);
+  static std::string description_text(const StepDescription& d);
+  // Peer r published step s for this operation with the same shape. Otherwise the ranks
+  // issued different collectives, or in a different order, or with different sizes, dtypes,
+  // roots or reductions: fail naming both sides. Valid while this rank has not published
+  // s + 1: r cannot reuse the entry (s + kRingDepth) before that. The signature on the step
+  // word's line decides at once unless r ran kSignatureDepth steps further and replaced it.
+  void check_same_op(int r, uint32_t s) { check_peer_ran(r, s, described_, op_, false); }
+  void check_peer_ran(int r, uint32_t s, const StepDescription& ours, uint32_t sig,
+                      bool as_root);
+  void sent_unchecked(uint32_t s);
+  void check_unchecked();
+
+  // --- failure diagnosis (engine.cc) ---
+
+  void check_not_waiting_for_each_other(const std::vector<int>& missing);
+  void check_waiting(uint32_t s);
+
+  template <typename Error>
+  [[noreturn]] void fail(std::string message) {
+    broken = message;
+    throw Error(message);
+  }
+
+  // --- placement watching (engine.cc) ---
+
+  bool placement_due();
+  void watch_placement(uint32_t s, bool time_trips);
+  int64_t round_trip(uint32_t s, int peer, bool leading);
+  void set_placement(bool far);
+
+  std::shared_ptr<Segment> segment_;
+  Segment& seg_;
+  const int rank_;
+  const int size_;
+  const size_t per_core_;          // ranks per core (ranks_per_core)
+  const detail::WaitPolicy policy_;
+  const bool own_core_;            // every rank has a core of its own
+  const size_t direct_piece_;      // owner_computes' piece through the kernel
+  const size_t direct_allreduce_;  // allreduce of ordinary tensors goes direct from this size
+  const size_t small_chunk_;       // the pipelined allreduce's chunk unless kModeLargeChunks
+  const int64_t far_trip_ns_;      // watch_placement's verdict: far apart from this round trip
+  detail::SharedWriter copy_shared;
+  // With more ranks than CPUs, ranks pinned by Segment::bind_cpu run rank r on the
+  // (r mod CPUs)-th CPU: the ranks whose r mod CPUs is cpu_group_ share this rank's CPU (and
+  // its caches). -1 when the ranks have a core each or were not pinned by us.
+  const int cpu_group_;
+  int cpu_ = -1;              // the CPU in this rank's header (note_cpu)
+  uint32_t step_ = 0;         // last step this rank completed
+  uint32_t sealed_step_ = 0;  // the step whose mailbox this rank last sealed ...
+  size_t sealed_bytes_ = 0;   // ... with this many bytes; 0 once claim_next_mailbox ran
+  uint32_t in_step_ = 0;      // the step this rank works in (opened by next_step)
+  uint32_t all_reached_ = 0;  // a step every peer is known to have published
+  // sent_unchecked: a step this rank sent as a one-sided root, not yet checked.
+  bool has_unchecked_ = false;
+  uint32_t unchecked_ = 0;
+  uint32_t unchecked_op_ = 0;
+  StepDescription unchecked_described_;
+  // The mode of the next pipelined allreduce (kModeStreaming, kModeLargeChunks), agreed in
+  // the previous one (see pipelined).
+  int agreed_mode_ = 0;
+  // Whether the parity slots were read after their step was published (not one-sided):
+  // bit 0 for the last step opened, bit 1 for the one before (next_step).
+  uint32_t two_sided_ = 3;
+  // watch_placement: rank 0's placement word (the step of its next round trips, whether the
+  // vCPUs are far apart, whether it timed any round trip yet), whether it runs (set by
+  // calibrate), the verdict this rank follows, whether rank 0 timed round trips, when rank 0
+  // times the next ones, and its two-sided steps so far.
+  static constexpr uint64_t kStepBits = 0xffffffff;
+  static constexpr uint64_t kFarBit = uint64_t{1} << 32;
+  static constexpr uint64_t kTimedBit = uint64_t{1} << 33;
+  bool watching_ = false;
+  bool far_ = false;
+  bool located_far_ = false;  // rank 0's far_ as the last locate() handed it out
+  int64_t next_placement_ns_ = 0;
+  uint32_t syncs_ = 0;
+  // Per-operation buffers kept between operations, so that collectives do not allocate.
+  // owner_computes' landing area for pieces read through the kernel; pipelined's for a piece
+  // only the peers need (streaming stores)
+  std::vector<char> scratch_;
+  std::vector<Where> where_;   // locate()
+  std::vector<const void*> sources_;  // reduce_sources' operands
+  std::vector<size_t> incoming_;  // alltoall: bytes each peer sends this rank
+  std::vector<const char*> equal_send_;  // alltoall_equal's parts
+  std::vector<char*> equal_recv_;
+  std::vector<size_t> equal_lens_;
+  const char* name_ = "";
+  uint64_t seq_ = 0;
+  StepDescription described_;  // the running operation (begin, expect)
+  uint32_t op_ = 0;            // signature(described_)
+  core::Millis timeout_{0};
+  core::Deadline deadline_{core::Millis(0)};  // set by the operation's first long wait
+  bool deadline_started_ = false;
+};
+
+}  // namespace c10d::backends::shm
+
+#include "c10d/backends/shm/collectives_inl.h"  // the template collectives' bodies

@@ -1,0 +1,285 @@
+#include "c10d/backends/shm/p2p.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "c10d/backends/shm/engine.h"
+#include "c10d/core/exception.h"
+#include "c10d/pg/backend.h"
+
+namespace c10d::backends::shm {
+
+using core::DistBackendError;
+using core::DistTimeoutError;
+using core::detail::str_cat;
+using detail::copy;
+using detail::cpu_relax;
+using detail::futex_wait;
+using detail::kCheckNs;
+using detail::kSleepNs;
+using detail::now_ns;
+using detail::ring;
+using pg::Millis;
+
+P2PEngine::P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<Engine> engine)
+    : segment_(std::move(segment)),
+      seg_(*segment_),
+      engine_(std::move(engine)),
+      rank_(seg_.rank()),
+      size_(seg_.size()),
+      sends_(size_),
+      incoming_(size_) {}
+
+void P2PEngine::post(const std::shared_ptr<P2POp>& op) {
+  std::vector<std::shared_ptr<P2POp>> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (op->is_send) {
+      sends_[op->peer].push_back(op);
+    } else if (!claim_unexpected(op, done)) {
+      recvs_.push_back(op);
+    }
+    progress(done);
+  }
+  complete(done);
+}
+
+bool P2PEngine::receiving() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !recvs_.empty();
+}
+
+void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
+  const core::Deadline caller(caller_timeout);
+  FutexWord& bell = seg_.header(rank_)->doorbell;
+  const int64_t spin_until = now_ns() + engine_->policy().spin_ns;
+  const int64_t yield_until = spin_until + engine_->policy().yield_ns;
+  int64_t last_check = 0;
+  for (;;) {
+    const uint32_t v = bell.value.load(std::memory_order_seq_cst);
+    std::vector<std::shared_ptr<P2POp>> done;
+    bool finished;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      progress(done);
+      finished = op->finished;
+    }
+    complete(done);
+    if (finished) return;
+    const int64_t now = now_ns();
+    if (now < spin_until) {
+      cpu_relax();
+      continue;
+    }
+    if (now - last_check >= kCheckNs) {
+      last_check = now;
+      std::string why;
+      bool timed_out = false;
+      if (engine_->aborted.load()) {
+        why = "the backend was shut down";
+      } else if (op->peer >= 0) {
+        if (std::string gone = seg_.peer_gone(op->peer); !gone.empty()) {
+          why = str_cat("rank ", op->peer, " ", gone);
+        }
+      } else {
+        std::vector<int> gone;
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_ && !seg_.peer_gone(r).empty()) gone.push_back(r);
+        }
+        if (static_cast<int>(gone.size()) == size_ - 1) {
+          why = str_cat("every other rank is gone (", pg::join_ranks(gone), ")");
+        }
+      }
+      if (why.empty() && op->deadline.expired()) {
+        why = str_cat("Timed out after ", core::format_timeout(op->timeout));
+        timed_out = true;
+      }
+      if (!why.empty()) {
+        const std::string message = str_cat("shm ", op->description, " ", why);
+        fail(op, timed_out ? std::make_exception_ptr(DistTimeoutError(message))
+                           : std::make_exception_ptr(DistBackendError(message)));
+        return;
+      }
+      if (caller.expired()) {
+        throw DistTimeoutError(str_cat("shm ", op->description, " did not complete within ",
+                                       core::format_timeout(caller_timeout),
+                                       " (it is still pending)"));
+      }
+    }
+    if (now < yield_until) {
+      ::sched_yield();
+      continue;
+    }
+    bell.waiters.fetch_add(1, std::memory_order_seq_cst);
+    if (bell.value.load(std::memory_order_seq_cst) == v) futex_wait(&bell.value, v, kSleepNs);
+    bell.waiters.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+bool P2PEngine::matches(const P2POp& op, int src, int tag) {
+  return (op.peer < 0 || op.peer == src) && op.tag == tag;
+}
+
+// Expects mutex_ held. Takes the oldest buffered message that `op` accepts.
+bool P2PEngine::claim_unexpected(const std::shared_ptr<P2POp>& op,
+                                 std::vector<std::shared_ptr<P2POp>>& done) {
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    auto& u = **it;
+    if (u.claimed || !matches(*op, u.src, u.tag)) continue;
+    if (u.complete) {
+      deliver(*op, u);
+      unexpected_.erase(it);
+      done.push_back(op);
+    } else {
+      u.claimed = op;
+    }
+    return true;
+  }
+  return false;
+}
+
+void P2PEngine::deliver(P2POp& op, const Unexpected& u) {
+  op.source = u.src;
+  if (u.data.size() != op.bytes) {
+    op.error = std::make_exception_ptr(DistBackendError(
+        str_cat("shm ", op.description, ": rank ", u.src, " sent ", u.data.size(),
+                " bytes for a receive of ", op.bytes, " bytes")));
+  } else {
+    copy(op.data, u.data.data(), op.bytes);
+  }
+  op.finished = true;
+}
+
+// Expects mutex_ held. Moves every channel as far as it goes without waiting.
+void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done) {
+  for (int d = 0; d < size_; ++d) {
+    auto& queue = sends_[d];
+    while (!queue.empty()) {
+      P2POp& op = *queue.front();
+      ChannelCtrl* ch = seg_.channel(rank_, d);
+      const uint32_t posted = ch->posted.load(std::memory_order_relaxed);
+      if (ch->consumed.load(std::memory_order_acquire) != posted) break;  // slot busy
+      const size_t len = std::min(kChannelBytes, op.bytes - op.done);
+      copy_shared(seg_.channel_data(rank_, d), op.data + op.done, len);
+      ch->tag = op.tag;
+      ch->bytes = static_cast<uint32_t>(len);
+      ch->total = op.bytes;
+      ch->offset = op.done;
+      ch->posted.store(posted + 1, std::memory_order_release);
+      ring(seg_.header(d)->doorbell);
+      op.done += len;
+      op.started = true;
+      if (op.done == op.bytes) {
+        op.finished = true;
+        done.push_back(queue.front());
+        queue.pop_front();
+      }
+    }
+  }
+  for (int src = 0; src < size_; ++src) {
+    if (src == rank_) continue;
+    ChannelCtrl* ch = seg_.channel(src, rank_);
+    for (;;) {
+      const uint32_t consumed = ch->consumed.load(std::memory_order_relaxed);
+      if (ch->posted.load(std::memory_order_acquire) == consumed) break;
+      const int tag = ch->tag;
+      const size_t len = ch->bytes;
+      const size_t total = ch->total;
+      const size_t offset = ch->offset;
+      const char* data = seg_.channel_data(src, rank_);
+      Incoming& in = incoming_[src];
+      if (offset == 0) {
+        in = Incoming{};
+        for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+          if (!matches(**it, src, tag)) continue;
+          in.op = *it;
+          recvs_.erase(it);
+          break;
+        }
+        if (in.op) {
+          in.op->source = src;
+          if (in.op->bytes != total) {
+            in.op->error = std::make_exception_ptr(DistBackendError(
+                str_cat("shm ", in.op->description, ": rank ", src, " sent ", total,
+                        " bytes for a receive of ", in.op->bytes, " bytes")));
+            in.discard = true;
+          }
+        } else {
+          in.buffer = std::make_shared<Unexpected>();
+          in.buffer->src = src;
+          in.buffer->tag = tag;
+          in.buffer->data.resize(total);
+          unexpected_.push_back(in.buffer);
+        }
+      }
+      if (in.op && !in.discard) {
+        copy(in.op->data + offset, data, len);
+      } else if (in.buffer) {
+        copy(in.buffer->data.data() + offset, data, len);
+      }
+      ch->consumed.store(consumed + 1, std::memory_order_release);
+      ring(seg_.header(src)->doorbell);
+      if (offset + len < total) continue;
+      if (in.op) {
+        if (!in.op->finished) {
+          in.op->finished = true;
+          done.push_back(in.op);
+        }
+      } else if (in.buffer) {
+        in.buffer->complete = true;
+        if (auto claimed = in.buffer->claimed) {
+          deliver(*claimed, *in.buffer);
+          unexpected_.erase(std::find(unexpected_.begin(), unexpected_.end(), in.buffer));
+          done.push_back(claimed);
+        }
+      }
+      in = Incoming{};
+    }
+  }
+}
+
+// Fails `op` (deadline, dead peer) and forgets it.
+void P2PEngine::fail(const std::shared_ptr<P2POp>& op, std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (op->finished) return;
+    op->finished = true;
+    op->error = error;
+    if (op->is_send) {
+      auto& q = sends_[op->peer];
+      if (auto it = std::find(q.begin(), q.end(), op); it != q.end()) q.erase(it);
+    } else {
+      if (auto it = std::find(recvs_.begin(), recvs_.end(), op); it != recvs_.end()) {
+        recvs_.erase(it);
+      }
+      for (auto& u : unexpected_) {
+        if (u->claimed == op) u->claimed.reset();
+      }
+      for (auto& in : incoming_) {
+        if (in.op == op) in.discard = true;
+      }
+    }
+  }
+  complete({op});
+}
+
+void P2PEngine::complete(const std::vector<std::shared_ptr<P2POp>>& ops) {
+  for (const auto& op : ops) {
+    auto work = op->work.lock();
+    if (!work) continue;
+    try {
+      if (!op->is_send && op->source >= 0) work->set_source_rank(op->source);
+      if (op->error) {
+        work->finish_with_error(op->error);
+      } else {
+        work->finish({op->tensor});
+      }
+    } catch (...) {
+      // completed already
+    }
+  }
+}
+
+}  // namespace c10d::backends::shm

@@ -1,0 +1,116 @@
+// P2PEngine: point-to-point messages through the per-pair channels (see segment.h). Progress
+// happens whenever any point-to-point operation of this rank is posted or waited on, so sends
+// and receives in any order cannot deadlock: data that arrives before its receive is posted is
+// buffered.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "c10d/backends/shm/segment.h"
+#include "c10d/backends/shm/shared_writer.h"
+#include "c10d/core/deadline.h"
+#include "c10d/core/tensor.h"
+#include "c10d/core/work.h"
+
+namespace c10d::backends::shm {
+
+class Engine;
+
+struct P2POp {
+  bool is_send = false;
+  int peer = -1;  // -1: any source
+  int tag = 0;
+  char* data = nullptr;
+  size_t bytes = 0;
+  size_t done = 0;
+  bool started = false;
+  bool finished = false;  // guarded by the engine's mutex
+  int source = -1;
+  std::exception_ptr error;
+  std::weak_ptr<core::Work> work;
+  core::Tensor tensor;
+  core::Deadline deadline{core::Millis(0)};
+  core::Millis timeout{0};
+  std::string description;
+};
+
+class P2PEngine {
+ public:
+  P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<Engine> engine);
+
+  void post(const std::shared_ptr<P2POp>& op);
+
+  // Whether a receive is posted and not complete (another thread may be writing its buffer).
+  bool receiving();
+
+  // Drives progress until `op` finishes, its deadline passes (the op fails) or the caller's
+  // timeout passes (throws, the op stays pending).
+  void wait(const std::shared_ptr<P2POp>& op, core::Millis caller_timeout);
+
+ private:
+  struct Unexpected {
+    int src = -1;
+    int tag = 0;
+    std::vector<char> data;
+    size_t got = 0;
+    bool complete = false;
+    std::shared_ptr<P2POp> claimed;  // a receive waiting for the rest of this message
+  };
+  struct Incoming {
+    std::shared_ptr<P2POp> op;           // the receive it lands in, or
+    std::shared_ptr<Unexpected> buffer;  // the buffer holding it until one is posted
+    bool discard = false;
+  };
+
+  static bool matches(const P2POp& op, int src, int tag);
+  bool claim_unexpected(const std::shared_ptr<P2POp>& op,
+                        std::vector<std::shared_ptr<P2POp>>& done);
+  void deliver(P2POp& op, const Unexpected& u);
+  void progress(std::vector<std::shared_ptr<P2POp>>& done);
+  void fail(const std::shared_ptr<P2POp>& op, std::exception_ptr error);
+  static void complete(const std::vector<std::shared_ptr<P2POp>>& ops);
+
+  std::shared_ptr<Segment> segment_;
+  Segment& seg_;
+  std::shared_ptr<Engine> engine_;
+  const int rank_;
+  const int size_;
+  std::mutex mutex_;
+  detail::SharedWriter copy_shared;  // guarded by mutex_
+  std::vector<std::deque<std::shared_ptr<P2POp>>> sends_;  // per destination; guarded by mutex_
+  std::deque<std::shared_ptr<P2POp>> recvs_;                // posted, unmatched; guarded by mutex_
+  std::deque<std::shared_ptr<Unexpected>> unexpected_;      // arrival order; guarded by mutex_
+  std::vector<Incoming> incoming_;                          // per source; guarded by mutex_
+};
+
+namespace detail {
+
+// A send or receive: wait() drives the channels until it completes.
+class P2PWork : public core::Work {
+ public:
+  P2PWork(core::OpType type, std::string description, std::shared_ptr<P2PEngine> engine,
+          std::shared_ptr<P2POp> op)
+      : Work(type, std::move(description)), engine_(std::move(engine)), op_(std::move(op)) {}
+
+  bool wait(core::Millis timeout) override {
+    if (!is_completed()) engine_->wait(op_, timeout);
+    return Work::wait(core::kNoTimeout);
+  }
+
+  bool progresses_in_wait() const override { return true; }
+
+ private:
+  std::shared_ptr<P2PEngine> engine_;
+  std::shared_ptr<P2POp> op_;
+};
+
+}  // namespace detail
+
+}  // namespace c10d::backends::shm
