@@ -26,6 +26,11 @@ def test_collectives_change_only_their_outputs(backend, world_size):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_barrier_waits_for_earlier_async_work(backend):
+    harness.check_all_ok(harness.run("barrier_after_async", 3, backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_groups_rebuilt_on_one_store(backend, tmp_path):
     harness.check_all_ok(harness.run("reinit_on_one_store", 3, backend, init=False,
                                      env={"C10D_TEST_STORE_FILE": str(tmp_path / "store")}))

@@ -2190,3 +2190,17 @@ def writes_beside_outputs(dist, backend):
         run("all_to_all_single", n // world * world,
             lambda out: lambda a: dist.all_to_all_single(out, parts, async_op=a),
             equal(want), async_op)
+
+
+def barrier_after_async(dist, backend):
+    """A barrier returns only after the asynchronous operations issued before it finished, as
+    torch's does, whether their Work objects are kept or dropped."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    want = sum(range(1, world + 1))
+    for it in range(100):
+        ts = [np.full(17, rank + 1, np.float32) for _ in range(3)]
+        for t in ts:
+            dist.all_reduce(t, async_op=True)  # dropped
+        dist.barrier()
+        late = [i for i, t in enumerate(ts) if not (t == want).all()]
+        assert not late, f"iteration {it}: all_reduce(s) {late} unfinished after the barrier"
