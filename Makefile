@@ -8,7 +8,7 @@ NPROC ?= 2
 BACKEND ?= shm,shm-zc,gloo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test test-cpp test-python run demo bench fuzz fuzz-build fuzz-smoke clean
+.PHONY: all deps configure build test test-cpp test-python stress exit-soak run demo bench fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -33,6 +33,20 @@ test-cpp:
 
 test-python:
 	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
+
+# The randomized collective programs of tests/python/test_stress.py, STRESS_EXAMPLES per test
+# instead of the ~60 s default (2000: about half an hour on 2 cores).
+STRESS_EXAMPLES ?= 2000
+stress: build
+	@C10D_STRESS_EXAMPLES=$(STRESS_EXAMPLES) PYTHONPATH=python $(PYTHON) -m pytest -q \
+	  tests/python/test_stress.py
+
+# Programs that exit with work never waited (and PyTorch's join tutorial), EXIT_RUNS launches
+# each on shm and gloo: none may crash.
+EXIT_RUNS ?= 200
+exit-soak: build
+	@C10D_EXIT_RUNS=$(EXIT_RUNS) PYTHONPATH=python $(PYTHON) -m pytest -q \
+	  tests/python/test_shm_safety.py -k "exit"
 
 run: build
 	@C10D_WITH_PEERS=1 bash scripts/install-deps.sh

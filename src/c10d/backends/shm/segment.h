@@ -99,7 +99,7 @@ struct SegmentHeader {
   int32_t rank;
   int32_t size;
   int32_t pid;
-  // Last collective step this rank published (see shm_backend.cc for the protocol).
+  // Last collective step this rank published (see engine.h for the protocol).
   FutexWord step;
   // Bumped whenever point-to-point state addressed to this rank changes.
   FutexWord doorbell;
