@@ -11,7 +11,9 @@
 // Algorithms: small allreduces copy in once and every rank reduces all slots; large ones stream
 // chunks through the slots, each rank reducing its slice of a chunk (owner computes) while the
 // previous chunk's slices are copied out. Tensors allocated by empty() live in the shared heap:
-// allreduce on them reads and writes the peers' tensors directly (one copy per byte).
+// allreduce on them reads the peers' tensors directly (one copy per byte). A rank only ever
+// writes its own memory and segment: what it needs of a peer it reads, so a peer that resumes
+// after this rank gave up on an operation cannot write into memory this rank reused.
 // Point-to-point messages go through one channel per ordered pair of ranks.
 //
 // Sync operations (async_op = false) run on the caller's thread; asynchronous ones run in FIFO
