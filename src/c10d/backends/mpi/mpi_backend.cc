@@ -297,8 +297,20 @@ struct Op : std::enable_shared_from_this<Op> {
   std::function<void(const MPI_Status&)> done;
   std::vector<Tensor> outputs;
   std::vector<MPI_Request> requests;
+  // A barrier completes only once the group's collectives submitted before it did, as torch's
+  // does (the engine runs them concurrently): filled by submit when `waits_prior`.
+  bool waits_prior = false;
+  std::vector<std::weak_ptr<core::Work>> prior;
 };
 using OpPtr = std::shared_ptr<Op>;
+
+// Drops the Works that completed or are gone.
+void drop_finished(std::vector<std::weak_ptr<core::Work>>& works) {
+  std::erase_if(works, [](const std::weak_ptr<core::Work>& w) {
+    const auto work = w.lock();
+    return !work || work->is_completed();
+  });
+}
 
 }  // namespace
 
@@ -313,6 +325,9 @@ struct MpiBackend::Group {
   bool shut_down = false;
   // Operations submitted and not yet completed (finish_pending waits for 0).
   int outstanding = 0;
+  // The Works of its collectives (and some completed ones, pruned at each submission), for
+  // barriers.
+  std::vector<std::weak_ptr<core::Work>> unfinished;
 };
 
 namespace {
@@ -391,6 +406,10 @@ class Engine {
         refusal = op->group->broken;
       } else {
         ++op->group->outstanding;
+        auto& unfinished = op->group->unfinished;
+        drop_finished(unfinished);
+        if (op->waits_prior) op->prior = unfinished;
+        if (op->collective) unfinished.push_back(op->work);  // as torch, not sends and receives
         here = !async && !busy_ && !inline_ && queue_.empty() && calls_.empty();
         if (here) {
           inline_ = true;
@@ -609,6 +628,10 @@ class Engine {
                           statuses.data()),
               "MPI_Testall");
         if (flag && !statuses.empty()) status = statuses.front();
+      }
+      if (flag && !op.prior.empty()) {
+        drop_finished(op.prior);
+        flag = op.prior.empty();
       }
       if (!flag) {
         if (!op.deadline.expired()) return false;
@@ -1169,6 +1192,7 @@ WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
 
 WorkPtr MpiBackend::barrier(const pg::BarrierOptions& opts) {
   OpPtr op = make_op(group_, OpType::kBarrier, "barrier", effective_timeout(opts.timeout), {});
+  op->waits_prior = true;
   MPI_Comm comm = group_->comm;
   op->start = [comm](std::vector<MPI_Request>& r) {
     r.emplace_back();
