@@ -170,7 +170,14 @@ void Work::set_source_rank(int rank) {
 }
 
 bool Work::wait(Millis timeout) {
-  future_->wait(timeout, description_);
+  try {
+    future_->wait(timeout, description_);
+  } catch (const DistTimeoutError& e) {
+    if (future_->completed()) throw;  // the operation's own timeout
+    throw DistTimeoutError(detail::str_cat(
+        e.what(), " (the operation is still running and may still write into its outputs; "
+                  "wait again before reusing them)"));
+  }
   return true;
 }
 

@@ -374,7 +374,8 @@ void init_core(py::module_& m) {
       .def("wait", &Work::wait, py::arg("timeout") = Millis(0),
            py::call_guard<py::gil_scoped_release>(),
            "Blocks until the operation finishes and raises its error. With a timeout, raises "
-           "DistTimeoutError if it has not finished by then.")
+           "DistTimeoutError if it has not finished by then; the operation then goes on and "
+           "may still write into its outputs.")
       .def("abort", &Work::abort)
       .def("get_future",
            [](const std::shared_ptr<Work>& w) {
