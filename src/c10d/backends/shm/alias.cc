@@ -337,7 +337,7 @@ void release_aliases_in(const void* data, size_t bytes) { drop_in(data, bytes, /
 
 void forget_aliases_in(const void* data, size_t bytes) { drop_in(data, bytes, /*unmap=*/false); }
 
-AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes) {
+AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes, bool verify) {
   const auto p = reinterpret_cast<uintptr_t>(data);
   Registry& reg = registry();
   if (bytes == 0 || reg.entries.load(std::memory_order_acquire) == 0) return {};
@@ -351,8 +351,8 @@ AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes) {
   const uintptr_t hi = std::min(it->first + alias.len, p + bytes);
   if (hi <= lo) return {};
   // Memory freed and mapped again at these addresses is private: the record is stale.
-  const int fd = pagemap_fd();
-  if (fd < 0 || !shared_page(fd, lo) || !shared_page(fd, hi - 1)) {
+  const int fd = verify ? pagemap_fd() : 0;
+  if (verify && (fd < 0 || !shared_page(fd, lo) || !shared_page(fd, hi - 1))) {
     drop(reg, it, /*unmap=*/false);
     reg.entries.store(reg.by_begin.size(), std::memory_order_release);
     return {};

@@ -106,8 +106,8 @@ ShmBackend::Adoption ShmBackend::adopt(void* data, size_t bytes) {
   return adopt_into_heap(segment_, data, bytes) ? Adoption::kDone : Adoption::kRefused;
 }
 
-bool ShmBackend::aliased(const void* data, size_t bytes) const {
-  const AliasedPart part = find_alias(*segment_, data, bytes);
+bool ShmBackend::aliased(const void* data, size_t bytes, bool verify) const {
+  const AliasedPart part = find_alias(*segment_, data, bytes, verify);
   return part.hi > part.lo;
 }
 

@@ -75,8 +75,9 @@ class ShmBackend : public pg::Backend {
   // buffer's memory is freed.
   enum class Adoption { kDone, kBusy, kRefused };
   Adoption adopt(void* data, size_t bytes);
-  // Whether part of [data, data + bytes) is such an alias of this backend's heap.
-  bool aliased(const void* data, size_t bytes) const;
+  // Whether part of [data, data + bytes) is such an alias of this backend's heap (checked
+  // against pagemap unless `verify` is false: see find_alias).
+  bool aliased(const void* data, size_t bytes, bool verify = true) const;
   // empty(), but nullopt when the heap is full.
   std::optional<core::Tensor> empty_for_collectives(const std::vector<int64_t>& sizes,
                                                     core::DType dtype) override;
