@@ -59,6 +59,7 @@ def test_a_peer_resumed_after_a_timeout_never_writes_into_the_rank_that_gave_up(
     assert all(code == 0 for r, (code, _, _) in enumerate(results) if r != stopped), \
         _report(results)
     assert "untouched" in results[0][1], _report(results)
+    assert "WRONG" not in results[stopped][1], _report(results)
 
 
 EXIT_RUNS = int(os.environ.get("C10D_EXIT_RUNS", "8"))
@@ -231,14 +232,19 @@ def case_resumed_peer(dist):
     for it in range(2):  # the second moves it into the shared heap, unless adoption is off
         a[:] = rank + it
         dist.all_reduce(a)
+    a[:] = rank + 5
     dist.barrier()
     if rank == stopped:
         # Stops this whole process a moment into the all_reduce; rank 0 continues it later.
         threading.Timer(0.002, os.kill, (os.getpid(), signal.SIGSTOP)).start()
         try:
             dist.all_reduce(a)
-        except Exception:
-            pass
+            # Succeeding is possible (it may have finished before it stopped), but then exact.
+            wrong = int(np.count_nonzero(a != _expect_sum(world, lambda r: r + 5)))
+            print(f"WRONG: {wrong} elements" if wrong else "finished")
+        except Exception as e:
+            print(f"failed: {type(e).__name__}")
+        sys.stdout.flush()
         time.sleep(1)
         os._exit(0)
     try:

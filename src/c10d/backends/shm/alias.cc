@@ -41,9 +41,15 @@ struct Registry {
   // the mutex only while some alias exists.
   std::atomic<size_t> entries{0};
   std::map<const Segment*, size_t> bytes_in_heap;  // of the aliases, per heap; guarded by mutex
-  // Private copies of the aliases made for a fork in progress, in by_begin's order (skipping
-  // forked ones); null where the copy failed. Guarded by mutex.
-  std::vector<void*> snapshots;
+  // Private copies of the aliased pages made for a fork in progress. Guarded by mutex.
+  struct Snapshot {
+    uintptr_t at = 0;
+    size_t len = 0;
+    void* copy = nullptr;  // null where the copy failed
+    int fd = -1;           // the heap's memfd and the pages' offset in it
+    off_t file_offset = 0;
+  };
+  std::vector<Snapshot> snapshots;
 };
 
 void atfork_prepare();
@@ -60,34 +66,43 @@ Registry& registry() {
   return *reg;
 }
 
+std::vector<std::pair<uintptr_t, uintptr_t>> block_pages(uintptr_t begin, const Alias& alias);
+
 // fork() with aliases: the parent copies each into fresh private memory before the fork (the
 // snapshot), the child moves those copies over the aliases' addresses, and the parent drops
 // its references to them, so the child ends up the only owner. (A copy in the child would race
-// with the parent, which writes into the shared pages as soon as fork returns.)
+// with the parent, which writes into the shared pages as soon as fork returns.) Of an orphaned
+// alias only the pages /proc/self/maps still shows as the block's are copied: the rest may be
+// unmapped. The parent may allocate here; the child (atfork_child) may not.
 void atfork_prepare() {
   Registry& reg = registry();
   reg.mutex.lock();
   reg.snapshots.clear();
   for (const auto& [begin, alias] : reg.by_begin) {
     if (alias.forked) continue;
-    void* copy = ::mmap(nullptr, alias.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                        -1, 0);
-    if (copy == MAP_FAILED) {
-      copy = nullptr;
-    } else {
-      std::memcpy(copy, reinterpret_cast<const void*>(begin), alias.len);
+    const auto ranges = alias.orphaned ? block_pages(begin, alias)
+                                       : std::vector<std::pair<uintptr_t, uintptr_t>>{
+                                             {begin, begin + alias.len}};
+    for (const auto& [lo, hi] : ranges) {
+      Registry::Snapshot snap{.at = lo,
+                              .len = hi - lo,
+                              .fd = alias.segment->own_fd(),
+                              .file_offset = alias.file_offset + static_cast<off_t>(lo - begin)};
+      void* copy =
+          ::mmap(nullptr, snap.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (copy != MAP_FAILED) {
+        std::memcpy(copy, reinterpret_cast<const void*>(lo), snap.len);
+        snap.copy = copy;
+      }
+      reg.snapshots.push_back(snap);
     }
-    reg.snapshots.push_back(copy);  // reserved by adopt_into_heap: no allocation
   }
 }
 
 void atfork_parent() {
   Registry& reg = registry();
-  size_t i = 0;
-  for (const auto& [begin, alias] : reg.by_begin) {
-    if (alias.forked) continue;
-    if (reg.snapshots[i] != nullptr) ::munmap(reg.snapshots[i], alias.len);
-    ++i;
+  for (const Registry::Snapshot& snap : reg.snapshots) {
+    if (snap.copy != nullptr) ::munmap(snap.copy, snap.len);
   }
   reg.snapshots.clear();
   reg.mutex.unlock();
@@ -98,18 +113,16 @@ void atfork_parent() {
 // writes to itself.
 void atfork_child() {
   Registry& reg = registry();
-  size_t i = 0;
-  for (auto& [begin, alias] : reg.by_begin) {
-    if (alias.forked) continue;
-    void* at = reinterpret_cast<void*>(begin);
-    void* copy = reg.snapshots[i++];
-    if (copy == nullptr ||
-        ::mremap(copy, alias.len, alias.len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
-      ::mmap(at, alias.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED,
-             alias.segment->own_fd(), alias.file_offset);
+  for (const Registry::Snapshot& snap : reg.snapshots) {
+    void* at = reinterpret_cast<void*>(snap.at);
+    if (snap.copy == nullptr ||
+        ::mremap(snap.copy, snap.len, snap.len, MREMAP_MAYMOVE | MREMAP_FIXED, at) ==
+            MAP_FAILED) {
+      ::mmap(at, snap.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, snap.fd,
+             snap.file_offset);
     }
-    alias.forked = true;
   }
+  for (auto& [begin, alias] : reg.by_begin) alias.forked = true;
   reg.mutex.unlock();
 }
 
@@ -328,8 +341,6 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
   reg.by_begin.emplace(begin, std::move(alias));
   reg.entries.store(reg.by_begin.size(), std::memory_order_release);
   in_heap += len;
-  // The fork handlers must not allocate (atfork_prepare): room for a snapshot of every alias.
-  reg.snapshots.reserve(reg.by_begin.size());
   return true;
 }
 

@@ -119,7 +119,7 @@ void Engine::broadcast(char* data, size_t bytes, DType dtype, int root) {
     if (where[root].mapped != nullptr || direct_fanout(bytes) ||
         direct_mid(bytes, kBroadcastMidEndBytes)) {
       if (rank_ != root) fetch(where[root], root, data, bytes);
-      sync(next_step());  // the root's tensor must not change while peers read it
+      sync_after_reads();  // the root's tensor must not change while peers read it
       return;
     }
   }
@@ -238,7 +238,7 @@ void Engine::alltoall(const std::vector<const char*>& send, const std::vector<si
       const auto* t = reinterpret_cast<const uint64_t*>(seg_.meta(j, s));
       if (j != rank_) read_from(j, recv[j], t[size_ + rank_], std::min(incoming[j], recv_len[j]));
     }
-    sync(next_step());  // send buffers must not change while peers read them
+    sync_after_reads();  // send buffers must not change while peers read them
     if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
     return;
   }

@@ -28,7 +28,7 @@ void Engine::allgather(const char* in, size_t bytes, core::DType dtype, Dst&& ds
           fetch(where[r], r, d, bytes);
         }
       }
-      sync(next_step());  // inputs must not change while peers read them
+      sync_after_reads();  // inputs must not change while peers read them
       return;
     }
   }
@@ -92,7 +92,7 @@ void Engine::scatter(Src&& src_of, char* out, size_t bytes, core::DType dtype, i
     } else {
       read_from(root, out, reinterpret_cast<const uint64_t*>(seg_.meta(root, s))[rank_], bytes);
     }
-    sync(next_step());  // the root's list must not change while peers read it
+    sync_after_reads();  // the root's list must not change while peers read it
     return;
   }
   // Every part in one ring entry when they fit, else in rounds of the slot.

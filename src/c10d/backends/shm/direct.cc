@@ -143,7 +143,7 @@ void Engine::owner_computes(const std::vector<Where>& where, char* data, size_t 
     piece_of(count, size_, es, j, b, len);
     if (len != 0) read_range(where[j], j, data + b * es, b * es, len * es);
   }
-  sync(next_step());  // nobody changes its tensor while a peer may still read it
+  sync_after_reads();  // nobody changes its tensor while a peer may still read it
 }
 
 }  // namespace c10d::backends::shm

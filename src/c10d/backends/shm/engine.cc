@@ -239,6 +239,23 @@ std::vector<int> Engine::not_arrived(uint32_t s) const {
   return missing;
 }
 
+void Engine::sync_after_reads() {
+  sync(next_step());
+  // A peer that gave up marked it before its caller could touch the buffer: a mark missed
+  // here was set after this rank's reads were done.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    // (A peer that shut down after finishing the operation had published its last step only
+    // after its own reads, so `closed` alone says nothing.)
+    if (seg_.header(r)->abandoned.load(std::memory_order_seq_cst) != 0) {
+      fail<DistBackendError>(str_cat(describe(), ": rank ", r,
+                                     " gave up on the operation while this rank read its "
+                                     "buffer, so the result cannot be trusted"));
+    }
+  }
+}
+
 // Waits until peer r published step s of this operation.
 void Engine::wait_peer(int r, uint32_t s) {
   await_step(r, s);

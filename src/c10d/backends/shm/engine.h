@@ -113,6 +113,11 @@ class Engine {
 
   void barrier() { sync(next_step()); }
 
+  // The last step of an operation whose ranks read each other's buffers (in place or through
+  // the kernel): fails if a peer gave up on the operation meanwhile, since it may have reused
+  // the buffer this rank was reading (engine.cc).
+  void sync_after_reads();
+
   // Rank 0 waits (the operation's timeout) for every other rank to publish its arrival, then
   // publishes its verdict with the same step: the other ranks wait for that step only, so one
   // that arrives after rank 0 gave up on it hears of the failure at once, and none passes
@@ -330,6 +335,7 @@ class Engine {
   template <typename Error>
   [[noreturn]] void fail(std::string message) {
     broken = message;
+    seg_.header(rank_)->abandoned.store(1, std::memory_order_seq_cst);
     throw Error(message);
   }
 

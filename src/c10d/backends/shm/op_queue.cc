@@ -199,6 +199,11 @@ void ShmBackend::shutdown() {
     dropped.swap(q.tasks);
     q.pending -= dropped.size();
     worker = std::move(worker_);
+    // An operation cut short here fails (Engine::fail marks it too, but only once it notices):
+    // peers still reading this rank's buffers must know before this returns.
+    if (q.running) {
+      segment_->header(rank())->abandoned.store(1, std::memory_order_seq_cst);
+    }
   }
   engine_->aborted.store(true);
   // Peers blocked on this rank fail at once instead of at their timeout.

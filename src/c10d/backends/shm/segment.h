@@ -105,6 +105,9 @@ struct SegmentHeader {
   FutexWord doorbell;
   // Set by shutdown(): peers waiting for this rank fail at once.
   alignas(kLine) std::atomic<uint32_t> closed;
+  // Set when this rank gave up on an operation (Engine::fail), before its caller can reuse the
+  // buffers peers may still be reading (Engine::sync_after_reads).
+  std::atomic<uint32_t> abandoned;
   // Written only by a rank that has waited a while: the step it is in (high 32 bits) and its
   // operation's signature (low 32). Two ranks blocked in one step with different operations
   // wait for each other (Engine::check_waiting), e.g. gathers to different roots.
