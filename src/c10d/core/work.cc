@@ -173,7 +173,8 @@ bool Work::wait(Millis timeout) {
   try {
     future_->wait(timeout, description_);
   } catch (const DistTimeoutError& e) {
-    if (future_->completed()) throw;  // the operation's own timeout
+    // Finished meanwhile (or failed with its own timeout): its outcome, not the wait's.
+    if (future_->completed()) return future_->wait(), true;
     throw DistTimeoutError(detail::str_cat(
         e.what(), " (the operation is still running and may still write into its outputs; "
                   "wait again before reusing them)"));

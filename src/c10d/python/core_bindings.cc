@@ -7,6 +7,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <new>
+
+#include <pthread.h>
 
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
@@ -159,8 +162,20 @@ struct PythonGate {
   int inside = 0;       // guarded by mutex
 };
 
+// A fork child starts with no thread inside and an unlocked mutex (another thread of the parent
+// may have held it): the gate is built anew in place, without allocating.
+alignas(PythonGate) unsigned char gate_storage[sizeof(PythonGate)];
+
 PythonGate& python_gate() {
-  static PythonGate* const gate = new PythonGate;
+  static PythonGate* const gate = [] {
+    auto* g = new (gate_storage) PythonGate;
+    ::pthread_atfork(nullptr, nullptr, [] {
+      const bool closed = python_gate().closed;
+      new (gate_storage) PythonGate;
+      python_gate().closed = closed;
+    });
+    return g;
+  }();
   return *gate;
 }
 
@@ -168,9 +183,13 @@ PythonGate& python_gate() {
 
 GilGuard::GilGuard() {
   PythonGate& gate = python_gate();
+  // A thread that holds the GIL already (atexit handlers run after the gate closed, module
+  // teardown) may go on using Python; PyGILState_Check is true for any thread once the
+  // interpreter is gone, hence Py_IsInitialized first.
+  const bool holder = Py_IsInitialized() && PyGILState_Check();
   {
     std::lock_guard<std::mutex> lock(gate.mutex);
-    if (gate.closed || !Py_IsInitialized()) return;
+    if ((gate.closed && !holder) || !Py_IsInitialized()) return;
     ++gate.inside;
   }
   entered_ = true;

@@ -26,40 +26,49 @@ class PyStore : public Store {
   using Store::Store;
 
   void set(const std::string& key, const Bytes& value) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     override_of("set")(key, to_pybytes(value));
   }
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     return bytes_from_python(
         override_of("compare_set")(key, to_pybytes(expected), to_pybytes(desired)));
   }
   Bytes get(const std::string& key) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     return bytes_from_python(override_of("get")(key));
   }
   int64_t add(const std::string& key, int64_t delta) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     return override_of("add")(key, delta).cast<int64_t>();
   }
   bool delete_key(const std::string& key) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     return override_of("delete_key", "deleteKey")(key).cast<bool>();
   }
   bool check(const std::vector<std::string>& keys) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     return override_of("check")(keys).cast<bool>();
   }
   int64_t num_keys() override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     return override_of("num_keys", "getNumKeys")().cast<int64_t>();
   }
   void wait(const std::vector<std::string>& keys, Millis timeout) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     override_of("wait")(keys, timeout);
   }
   void append(const std::string& key, const Bytes& value) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     if (auto fn = optional_override("append")) {
       fn(key, to_pybytes(value));
       return;
@@ -68,7 +77,8 @@ class PyStore : public Store {
     Store::append(key, value);
   }
   std::vector<Bytes> multi_get(const std::vector<std::string>& keys) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     if (auto fn = optional_override("multi_get")) {
       std::vector<Bytes> out;
       for (py::handle item : fn(keys)) out.push_back(bytes_from_python(item));
@@ -78,7 +88,8 @@ class PyStore : public Store {
     return Store::multi_get(keys);
   }
   void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     if (auto fn = optional_override("multi_set")) {
       py::list list;
       for (const auto& v : values) list.append(to_pybytes(v));
@@ -89,18 +100,26 @@ class PyStore : public Store {
     Store::multi_set(keys, values);
   }
   bool has_extended_api() const override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    require(gil);
     if (auto fn = optional_override("has_extended_api")) return fn().cast<bool>();
     return false;
   }
   std::string describe() const override {
-    py::gil_scoped_acquire gil;
+    GilGuard gil;
+    if (!gil) return "PythonStore";
     py::object self = py::cast(this);
     return "PythonStore(" + py::str(py::type::of(self).attr("__name__")).cast<std::string>() +
            ")";
   }
 
  private:
+  // Backend threads (the flight recorder's, a worker's) may call in while Python exits.
+  static void require(const GilGuard& gil) {
+    if (!gil) {
+      throw core::DistStoreError("the Python store cannot be used: the interpreter is exiting");
+    }
+  }
   py::function optional_override(const char* name) const {
     return py::get_override(static_cast<const Store*>(this), name);
   }

@@ -304,11 +304,16 @@ struct Op : std::enable_shared_from_this<Op> {
 };
 using OpPtr = std::shared_ptr<Op>;
 
-// Drops the Works that completed or are gone.
-void drop_finished(std::vector<std::weak_ptr<core::Work>>& works) {
-  std::erase_if(works, [](const std::weak_ptr<core::Work>& w) {
-    const auto work = w.lock();
-    return !work || work->is_completed();
+// Drops the Works that completed or are gone. Those still referenced elsewhere go into
+// `last`, so that a last reference (and the arrays it holds) is released where the caller
+// holds no lock.
+void drop_finished(std::vector<std::weak_ptr<core::Work>>& works,
+                   std::vector<std::shared_ptr<core::Work>>& last) {
+  std::erase_if(works, [&](const std::weak_ptr<core::Work>& w) {
+    auto work = w.lock();
+    if (work && !work->is_completed()) return false;
+    if (work) last.push_back(std::move(work));
+    return true;
   });
 }
 
@@ -394,6 +399,7 @@ class Engine {
   // while the engine has nothing queued or in flight (busy_).
   WorkPtr submit(OpPtr op, bool async = true) {
     WorkPtr work = op->work;
+    std::vector<WorkPtr> finished;  // released after the lock
     std::string refusal;
     bool here = false;
     {
@@ -407,7 +413,7 @@ class Engine {
       } else {
         ++op->group->outstanding;
         auto& unfinished = op->group->unfinished;
-        drop_finished(unfinished);
+        drop_finished(unfinished, finished);
         if (op->waits_prior) op->prior = unfinished;
         if (op->collective) unfinished.push_back(op->work);  // as torch, not sends and receives
         here = !async && !busy_ && !inline_ && queue_.empty() && calls_.empty();
@@ -630,7 +636,8 @@ class Engine {
         if (flag && !statuses.empty()) status = statuses.front();
       }
       if (flag && !op.prior.empty()) {
-        drop_finished(op.prior);
+        std::vector<WorkPtr> finished;
+        drop_finished(op.prior, finished);
         flag = op.prior.empty();
       }
       if (!flag) {
