@@ -498,5 +498,10 @@ def _run_attempts(args, command, base_env, workers: List[_Worker]) -> int:
     return code if code > 0 else 1
 
 
-if __name__ == "__main__":
+def _console_main() -> None:
+    """The `c10drun` console script."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    _console_main()

@@ -206,11 +206,17 @@ PyObject* memory_owner(PyObject* array) {
   return at;
 }
 
+// The array's size in bytes, 0 if unknown. Asked of Python: numpy 2 keeps the item size
+// behind its C API, which this file does not import (only ndarraytypes.h).
 size_t array_bytes(PyObject* array) {
-  auto* a = reinterpret_cast<PyArrayObject*>(array);
-  size_t n = static_cast<size_t>(PyArray_DESCR(a)->elsize);
-  for (int i = 0; i < PyArray_NDIM(a); ++i) n *= static_cast<size_t>(PyArray_DIMS(a)[i]);
-  return n;
+  PyObject* n = PyObject_GetAttrString(array, "nbytes");
+  const Py_ssize_t bytes = n == nullptr ? -1 : PyLong_AsSsize_t(n);
+  Py_XDECREF(n);
+  if (bytes < 0) {
+    PyErr_Clear();
+    return 0;
+  }
+  return static_cast<size_t>(bytes);
 }
 
 // Counts an all_reduce of the numpy array `array`, whose buffer is `view`, and from the second
@@ -220,6 +226,7 @@ void adopt_reused(const InlineState& state, PyObject* array, const DenseView& vi
   if (owner == nullptr) return;
   void* data = PyArray_DATA(reinterpret_cast<PyArrayObject*>(owner));
   const size_t bytes = array_bytes(owner);
+  if (bytes == 0) return;
   auto found = g_ref_of.find(owner);
   if (found == g_ref_of.end()) {
     static PyObject* const callback = PyCFunction_New(&g_owner_collected_def, nullptr);
