@@ -357,14 +357,14 @@ def where_launch_ran(before, after, during):
 
 # PyTorch's launches are not run again for their placement: their column sets no target (Open
 # MPI's and c10d's Gloo's do), and a launch takes minutes, long enough that the host nearly
-# always moves the vCPUs apart during it (session 24: five in a row, each close before and far
+# always moves the vCPUs apart during it (an earlier run: five in a row, each close before and far
 # after, spent the whole budget). Their placement is still reported.
 NOT_RERUN = ("torch",)
 
 
 # The launches that take minutes (c10d's gloo backend, PyTorch): --slow-rounds of them. The
 # others take seconds, so more rounds of them cost little and steady the medians their
-# ratios are judged on (one slow round of 3 decided a row in sessions 18-25).
+# ratios are judged on (one slow round of 3 decided a row in earlier runs).
 SLOW = ("c10d-gloo", "torch")
 
 
