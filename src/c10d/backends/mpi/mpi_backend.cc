@@ -644,8 +644,10 @@ class Engine {
         if (!op.deadline.expired()) return false;
         // torch's wording, which its users match: " Timed out ".
         fail(op, str_cat("failed: Timed out after ", core::format_timeout(op.timeout),
-                         op.collective ? " waiting for the group's other ranks"
-                                       : " waiting for the peer"),
+                         !op.prior.empty() ? str_cat(" waiting for ", op.prior.size(),
+                                                     " earlier collective(s) of the group")
+                         : op.collective   ? std::string(" waiting for the group's other ranks")
+                                           : std::string(" waiting for the peer")),
              true);
         return true;
       }

@@ -256,19 +256,21 @@ void drop_in(const void* data, size_t bytes, bool unmap) {
 }
 
 // /proc/self/pagemap of this process (reopened in a fork child, where the inherited descriptor
-// still shows the parent); -1 when it cannot be read.
+// still shows the parent); -1 when it cannot be read. Lock-free once open: every large
+// collective on an alias reads it.
 int pagemap_fd() {
+  static std::atomic<int> fd{-1};
+  static std::atomic<pid_t> owner{0};
   static std::mutex mutex;
-  static int fd = -1;
-  static pid_t owner = 0;
-  std::lock_guard<std::mutex> lock(mutex);
   const pid_t pid = ::getpid();
-  if (owner != pid) {
-    if (fd >= 0) ::close(fd);
-    fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    owner = pid;
+  if (owner.load(std::memory_order_acquire) == pid) return fd.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (owner.load(std::memory_order_relaxed) != pid) {
+    const int old = fd.exchange(::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+    if (old >= 0) ::close(old);
+    owner.store(pid, std::memory_order_release);
   }
-  return fd;
+  return fd.load(std::memory_order_relaxed);
 }
 
 // Whether the page of `at`, a byte of a live buffer of the caller's, is a shared or file page: an
