@@ -58,6 +58,27 @@ TEST(ModeProbe, TheFirstOperationAfterASwitchIsNotJudged) {
   EXPECT_FALSE(probe.mode());
 }
 
+TEST(ModeProbe, SettleOpsAfterASwitchAreNotJudged) {
+  // A mode that starts slow for its first three operations (e.g. cold buffers) but is then
+  // faster is kept with settle_ops = 3, and left at once with one.
+  for (int settle : {1, 3}) {
+    ModeProbe::Config config = quick();
+    config.settle_ops = settle;
+    ModeProbe probe(config);
+    int64_t now = 0;
+    int trial_ops = 0;
+    const auto modes = run(probe, 3 + 3 + settle, [&](bool m) {
+      if (!m) return 2.0;
+      return ++trial_ops <= 3 ? 4.0 : 1.0;
+    }, now);
+    EXPECT_EQ(probe.mode(), settle == 3) << "settle_ops " << settle;
+    if (settle == 3) {  // three operations in mode 0, then 3 unjudged and 3 judged in mode 1
+      EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true, true,
+                                          true}));
+    }
+  }
+}
+
 TEST(ModeProbe, ProbesAgainAfterTheHoldAndFollowsAChange) {
   ModeProbe probe(quick());
   int64_t now = 0;

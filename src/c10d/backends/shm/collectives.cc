@@ -24,6 +24,7 @@ using core::detail::str_cat;
 using detail::ceil_div;
 using detail::kBroadcastMidEndBytes;
 using detail::copy;
+using detail::now_ns;
 using detail::kModeLargeChunks;
 using detail::kOneShotBytes;
 using detail::kPipelineChunk;
@@ -160,10 +161,27 @@ void Engine::allreduce(const char* in, char* out, size_t count, DType dtype, con
   if (bytes <= kOneShotBytes) return one_shot(in, out, count, dtype, op, premul);
   if (everyone && in == out) {
     // Owner computes on the tensors themselves when every rank's lies in its shared heap,
-    // or mostly does (aliases), or, for large ones, through the kernel.
-    const std::vector<Where>& where = locate(out, bytes);
-    if (all_mapped(where) ||
-        (seg_.cma() && (bytes >= direct_allreduce_bytes() || mostly_mapped(where, bytes)))) {
+    // or mostly does (aliases), unless rank 0 timed the slots faster at this size; and, for
+    // large tensors, through the kernel.
+    ModeProbe* probe = rank_ == 0 ? &path_probe(bytes) : nullptr;
+    const int64_t start = probe != nullptr && probe->wants_time() ? now_ns() : 0;
+    const std::vector<Where>& where = locate(out, bytes, probe != nullptr ? probe->mode() : 0);
+    const bool in_place = all_mapped(where) || (seg_.cma() && mostly_mapped(where, bytes));
+    if (in_place) {
+      const int path = located_path_;
+      if (path == kPathSlots) {
+        pipelined(in, out, count, dtype, op, premul);
+      } else {
+        owner_computes(where, out, count, dtype, op, premul);
+      }
+      if (probe == nullptr) return;
+      if (start == 0) return probe->skip();
+      const int64_t now = now_ns();
+      probe->record(static_cast<double>(now - start) / static_cast<double>(bytes), now, bytes,
+                    path, now - start);
+      return;
+    }
+    if (seg_.cma() && bytes >= direct_allreduce_bytes()) {
       return owner_computes(where, out, count, dtype, op, premul);
     }
   }

@@ -4,6 +4,7 @@
 #include "c10d/backends/shm/engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <string>
 #include <vector>
 
@@ -24,12 +25,12 @@ using detail::piece_of;
 // One two-sided step in which every rank publishes where [data, data + bytes) is.
 // The result lives in the engine (valid until the next locate).
 // The same step also hands every rank rank 0's view of the placement (located_far_).
-const std::vector<Engine::Where>& Engine::locate(const void* data, size_t bytes) {
+const std::vector<Engine::Where>& Engine::locate(const void* data, size_t bytes, int path) {
   const uint32_t s = next_step();
   auto* meta = reinterpret_cast<int64_t*>(seg_.meta(rank_, s));
   meta[0] = seg_.heap_offset(data, bytes);
   meta[1] = static_cast<int64_t>(reinterpret_cast<uint64_t>(data));
-  if (rank_ == 0) meta[2] = far_ ? 1 : 0;
+  if (rank_ == 0) meta[2] = (far_ ? 1 : 0) | (path << 1);
   const AliasedPart part = meta[0] >= 0 ? AliasedPart{} : find_alias(seg_, data, bytes);
   meta[3] = part.hi > part.lo ? static_cast<int64_t>(part.heap_offset) : -1;
   meta[4] = static_cast<int64_t>(part.lo);
@@ -50,7 +51,9 @@ const std::vector<Engine::Where>& Engine::locate(const void* data, size_t bytes)
       w.part = seg_.heap(r) + m[3];
     }
   }
-  located_far_ = reinterpret_cast<const int64_t*>(seg_.meta(0, s))[2] != 0;
+  const int64_t handed = reinterpret_cast<const int64_t*>(seg_.meta(0, s))[2];
+  located_far_ = (handed & 1) != 0;
+  located_path_ = static_cast<int>(handed >> 1);
   return where;
 }
 
@@ -59,6 +62,12 @@ const std::vector<Engine::Where>& Engine::locate(const void* data, size_t bytes)
 size_t Engine::direct_allreduce_bytes() const {
   return located_far_ ? std::min(direct_allreduce_, kDirectAllreduceFarBytes)
                       : direct_allreduce_;
+}
+
+// The probe of allreduces of `bytes` (one per power of two from kOneShotBytes).
+ModeProbe& Engine::path_probe(size_t bytes) {
+  const size_t k = std::bit_width(bytes) - std::bit_width(detail::kOneShotBytes);
+  return path_probes_[std::min(k, path_probes_.size() - 1)];
 }
 
 // Copies rank r's buffer (`where`) into `dst`: from the mapping if there is one, else

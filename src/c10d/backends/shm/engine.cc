@@ -67,7 +67,12 @@ Engine::Engine(std::shared_ptr<Segment> segment, bool pinned)
       small_chunk_(own_core_ ? detail::kPipelineChunk : detail::shared_core_chunk(per_core_)),
       far_trip_ns_(core::env_int(core::kEnvShmFarTripNs)),
       copy_shared(/*may_adapt=*/true, /*leader=*/rank_ == 0, /*choose_chunks=*/own_core_),
-      cpu_group_(pinned && !own_core_ ? rank_ % seg_.cpus() : -1) {}
+      cpu_group_(pinned && !own_core_ ? rank_ % seg_.cpus() : -1) {
+  // The slots take a few operations after the in-place path to run at their pace again.
+  ModeProbe::Config path_config;
+  path_config.settle_ops = 4;
+  path_probes_.fill(ModeProbe(path_config));
+}
 
 void Engine::begin(const char* name, OpType type, uint64_t seq, Millis timeout) {
   name_ = name;

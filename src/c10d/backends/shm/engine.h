@@ -30,6 +30,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "c10d/backends/shm/futex.h"
+#include "c10d/backends/shm/mode_probe.h"
 #include "c10d/backends/shm/segment.h"
 #include "c10d/backends/shm/shared_writer.h"
 #include "c10d/backends/shm/tuning.h"
@@ -229,8 +231,11 @@ class Engine {
     });
   }
 
-  const std::vector<Where>& locate(const void* data, size_t bytes);
+  // `path`: rank 0's choice for an allreduce that could take either path (path_probe); every
+  // rank finds it in located_path_ afterwards.
+  const std::vector<Where>& locate(const void* data, size_t bytes, int path = 0);
   size_t direct_allreduce_bytes() const;
+  ModeProbe& path_probe(size_t bytes);
   void fetch(const Where& where, int r, char* dst, size_t bytes);
   void read_from(int r, void* local, uint64_t remote, size_t bytes);
   [[noreturn]] void peer_copy_failed(int r, const core::DistBackendError& e);
@@ -389,6 +394,13 @@ class Engine {
   bool watching_ = false;
   bool far_ = false;
   bool located_far_ = false;  // rank 0's far_ as the last locate() handed it out
+  int located_path_ = 0;       // rank 0's path as the last locate() handed it out
+  // Rank 0's timings of allreduces on mapped tensors, per power of two of their size: mode
+  // kPathInPlace (owner_computes) or kPathSlots (pipelined). Which wins in between 256 KiB
+  // and a few MiB changes with the placement and the load.
+  static constexpr int kPathInPlace = 0;
+  static constexpr int kPathSlots = 1;
+  std::array<ModeProbe, 16> path_probes_;
   int64_t next_placement_ns_ = 0;
   uint32_t syncs_ = 0;
   // Per-operation buffers kept between operations, so that collectives do not allocate.

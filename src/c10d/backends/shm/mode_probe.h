@@ -33,6 +33,8 @@ class ModeProbe {
     // as much as it can save over a kind that runs only briefly (a benchmark's row: a few
     // operations, every one measured).
     int64_t first_hold_ns = 0;
+    // Operations after a change of mode that are not judged.
+    int settle_ops = 1;
   };
 
   ModeProbe() : ModeProbe(Config{}) {}
@@ -79,9 +81,10 @@ class ModeProbe {
   bool record(double cost, int64_t now_ns, uint64_t key = 0, int ran = -1,
               int64_t duration_ns = 0) {
     if (ran < 0 || ran >= modes_) ran = mode_;
-    // The first operation after a change of mode pays for the switch (e.g. cache lines left
-    // where the old mode put them), so it is not judged.
-    const bool switched = ran != last_ran_;
+    // The first operations after a change of mode pay for the switch (e.g. cache lines left
+    // where the old mode put them), so they are not judged.
+    since_switch_ = ran != last_ran_ ? 0 : since_switch_ + 1;
+    const bool switched = since_switch_ < config_.settle_ops;
     last_ran_ = ran;
     if (probing_ && (visit_ > 0 || count_ > 0) && key != key_) start_probe(now_ns);
     key_ = key;
@@ -106,7 +109,9 @@ class ModeProbe {
       abandon = visit_ > 0 && cost > kAbandon * *std::min_element(best_.begin(), best_.end());
       best_[ran] = std::min(best_[ran], cost);
     }
-    if (++count_ < config_.samples + (visit_ > 0 ? 1 : 0) && !abandon) return false;
+    if (++count_ < config_.samples + (visit_ > 0 ? config_.settle_ops : 0) && !abandon) {
+      return false;
+    }
     count_ = 0;
     if (++visit_ < modes_) {
       mode_ = visit_ - 1 < held_ ? visit_ - 1 : visit_;  // the other modes in turn
@@ -151,6 +156,7 @@ class ModeProbe {
   int64_t spent_ns_ = 0;  // time the kind's operations took before its first probe
   uint64_t key_ = 0;
   int last_ran_ = 0;
+  int since_switch_ = 0;  // operations since the mode changed
   std::array<double, kMaxModes> best_{};  // fastest cost seen per mode (set by start_probe)
 };
 
