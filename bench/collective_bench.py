@@ -205,7 +205,7 @@ def worker(args) -> int:
     # Warm up for at least 50 ms before the first measurement, for every implementation alike;
     # without it the first size pays for cold caches and clock ramp-up. Ranks agree on when to
     # stop (max over ranks), so they issue the same number of calls. With all_reduce, which
-    # every peer has (torch 1.13's gloo lacks all_gather_into_tensor, for one).
+    # every peer has.
     warm = impl.op("all_reduce", 1, dtype)
     start = time.perf_counter()
     while impl.max_over_ranks(time.perf_counter() - start) < 0.05:
@@ -217,7 +217,9 @@ def worker(args) -> int:
             try:
                 fn = impl.op(name, count, dtype)
                 iters = iterations(size, args.time_scale, args.rounds)
-                warm = max(2, iters // 10)
+                # The last warm-up call sets the pace: not the first two, which may pay for
+                # moving an array (shm adopts it on its second all_reduce).
+                warm = max(4, iters // 10)
                 for i in range(warm):
                     if i == warm - 1:  # the last warm-up call estimates the time per call
                         impl.barrier()
@@ -234,7 +236,7 @@ def worker(args) -> int:
                 elapsed = (time.perf_counter() - start) / iters
                 elapsed = impl.max_over_ranks(elapsed)
                 results.append({"op": name, "bytes": count * dtype.itemsize, "us": elapsed * 1e6})
-            except Exception as e:  # the peer may lack an op (torch 1.13 gloo reduce_scatter)
+            except Exception as e:  # a peer may lack an op
                 results.append({"op": name, "bytes": count * dtype.itemsize, "us": None,
                                 "error": f"{type(e).__name__}: {str(e)[:80]}"})
                 try:

@@ -429,7 +429,8 @@ PyObject* in_place(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpTy
   InlineState* state = state_of(self);
   if (state == nullptr || !check_nargs(nargs, 1 + with_root + with_op, name)) return nullptr;
   Buffer buffer;
-  InlineOp op{.type = type};
+  InlineOp op;
+  op.type = type;
   if ((with_root && !int_arg(args[1], op.root)) ||
       (with_op && !reduce_kind(*state, args[1 + with_root], op.reduce_op)) ||
       !dense(args[0], true, buffer, op.input)) {
@@ -462,7 +463,8 @@ PyObject* output_input(PyObject* self, PyObject* const* args, Py_ssize_t nargs, 
   InlineState* state = state_of(self);
   if (state == nullptr || !check_nargs(nargs, with_op ? 3 : 2, name)) return nullptr;
   Buffer out, in;
-  InlineOp op{.type = type};
+  InlineOp op;
+  op.type = type;
   if ((with_op && !reduce_kind(*state, args[2], op.reduce_op)) ||
       !dense(args[0], true, out, op.output) || !dense(args[1], false, in, op.input)) {
     Py_RETURN_FALSE;
@@ -491,7 +493,8 @@ PyObject* rooted_list(PyObject* self, PyObject* const* args, Py_ssize_t nargs, O
   const bool gather = type == OpType::kGather;
   Buffer mine;
   BufferList list;
-  InlineOp op{.type = type};
+  InlineOp op;
+  op.type = type;
   if (!int_arg(args[2], op.root) ||
       !dense(args[0], !gather, mine, gather ? op.input : op.output) ||
       !dense_list(args[1], gather, list)) {
@@ -513,7 +516,9 @@ PyObject* scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* barrier(PyObject* self, PyObject* const* /*args*/, Py_ssize_t nargs) {
   InlineState* state = state_of(self);
   if (state == nullptr || !check_nargs(nargs, 0, "barrier")) return nullptr;
-  return run(*state, InlineOp{.type = OpType::kBarrier});
+  InlineOp op;
+  op.type = OpType::kBarrier;
+  return run(*state, op);
 }
 
 template <PyObject* (*Fn)(PyObject*, PyObject* const*, Py_ssize_t)>

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "c10d/core/env.h"
 #include "c10d/core/reduce.h"
 #include "c10d/pg/backend.h"
 
@@ -177,8 +178,13 @@ void Engine::allreduce(const char* in, char* out, size_t count, DType dtype, con
       if (probe == nullptr) return;
       if (start == 0) return probe->skip();
       const int64_t now = now_ns();
-      probe->record(static_cast<double>(now - start) / static_cast<double>(bytes), now, bytes,
-                    path, now - start);
+      if (probe->record(static_cast<double>(now - start) / static_cast<double>(bytes), now,
+                        bytes, path, now - start) &&
+          core::log_enabled(core::LogLevel::kDebug)) {
+        core::log(core::LogLevel::kDebug,
+                  str_cat("shm path probe: allreduce of ", bytes, " bytes keeps ",
+                          probe->mode() == kPathSlots ? "the slots" : "owner computes"));
+      }
       return;
     }
     if (seg_.cma() && bytes >= direct_allreduce_bytes()) {
