@@ -1,38 +1,74 @@
-# Thin layer over CMake. `make` installs missing Debian packages, configures and builds;
-# `make test` runs every C++ and Python test; `make run` runs the collective benchmark on
-# NPROC local ranks (side by side with PyTorch and Open MPI, which it installs from Debian).
+# Thin layer over CMake and a project venv. `make` installs missing Debian packages, makes or
+# refreshes the venv (.venv, pinned in requirements/), configures and builds; `make test`
+# also builds and installs the c10d wheel into the venv and runs every C++ and Python test;
+# `make run` runs the collective benchmark on NPROC local ranks (side by side with PyTorch 2.13
+# and Open MPI).
 BUILD ?= build
-PYTHON ?= /usr/bin/python3
+VENV ?= .venv
+# The interpreter the venv is made from (CPython 3.9+ with venv and pip).
+BASE_PYTHON ?= python3
+PYTHON := $(abspath $(VENV))/bin/python
+WHEELS ?= $(BUILD)/wheels
 JOBS ?= $(shell nproc)
 NPROC ?= 2
 BACKEND ?= shm,shm-zc,gloo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test test-cpp test-python stress exit-soak run demo bench fuzz fuzz-build fuzz-smoke clean
+.PHONY: all deps venv venv-bench configure build wheel test test-cpp test-python test-cpp-consumer stress exit-soak run demo bench fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
 deps:
 	@bash scripts/install-deps.sh
 
-$(BUILD)/build.ninja: CMakeLists.txt | deps
+# The venv is made again when a requirements file changes (pip keeps what is already right).
+$(VENV)/.requirements-test: requirements/test.txt | deps
+	@test -x $(PYTHON) || $(BASE_PYTHON) -m venv $(VENV)
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -r requirements/test.txt
+	@touch $@
+
+$(VENV)/.requirements-bench: requirements/bench.txt $(VENV)/.requirements-test
+	@$(PYTHON) -m pip install -q --disable-pip-version-check -r requirements/bench.txt
+	@touch $@
+
+venv: $(VENV)/.requirements-test
+venv-bench: $(VENV)/.requirements-bench
+
+# The in-tree build (libraries, tests, benchmarks, and python/c10d/_C for PYTHONPATH=python)
+# uses the venv's interpreter, numpy and pybind11.
+$(BUILD)/build.ninja: CMakeLists.txt | venv
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
-	  -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_FLAGS) >/dev/null
+	  -DPython3_EXECUTABLE=$(PYTHON) -Dpybind11_DIR=$$($(PYTHON) -m pybind11 --cmakedir) \
+	  $(CMAKE_FLAGS) >/dev/null
 
 configure: $(BUILD)/build.ninja
 
-build: deps configure
+build: deps venv configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-test: build
-	@C10D_WITH_PEERS=1 bash scripts/install-deps.sh
-	@$(MAKE) --no-print-directory test-cpp test-python fuzz-smoke
+# The wheel users get from `pip install .`, built with the venv's pinned tools, installed into
+# the venv (the launcher becomes .venv/bin/c10drun); tests/python/test_packaging.py tries it.
+wheel: venv
+	@rm -rf $(WHEELS)
+	@$(PYTHON) -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
+	  -w $(WHEELS) .
+	@$(PYTHON) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+	  $(WHEELS)/c10d-*.whl
+
+test: build wheel
+	@$(MAKE) --no-print-directory test-cpp test-python test-cpp-consumer fuzz-smoke
 
 test-cpp:
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300
 
 test-python:
-	@PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
+	@C10D_WHEELS=$(abspath $(WHEELS)) C10D_REQUIRE_PEERS=1 PYTHONPATH=python $(PYTHON) -m pytest -q \
+	  tests/python
+
+# A standalone CMake project (examples/cpp) finds a fresh `cmake --install` of c10d and runs
+# an all_reduce on 2 processes.
+test-cpp-consumer: build
+	@bash examples/cpp/run.sh $(BUILD)
 
 # The randomized collective programs of tests/python/test_stress.py, STRESS_EXAMPLES per test
 # instead of the ~60 s default (2000: about half an hour on 2 cores).
@@ -48,8 +84,7 @@ exit-soak: build
 	@C10D_EXIT_RUNS=$(EXIT_RUNS) PYTHONPATH=python $(PYTHON) -m pytest -q \
 	  tests/python/test_shm_safety.py -k "exit"
 
-run: build
-	@C10D_WITH_PEERS=1 bash scripts/install-deps.sh
+run: build venv-bench
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
 	  --backend $(BACKEND) --compare --time-scale 0.3 --rounds 7 --slow-rounds 3 \
 	  --placement-probe $(BUILD)/bench/placement_probe
@@ -57,8 +92,7 @@ run: build
 demo: build
 	@PYTHONPATH=python $(PYTHON) examples/store_demo.py --nproc $(NPROC)
 
-bench: build
-	@C10D_WITH_PEERS=1 bash scripts/install-deps.sh
+bench: build venv-bench
 	@$(BUILD)/bench/reduce_bench --benchmark_min_time=0.2
 	@PYTHONPATH=python $(PYTHON) bench/store_bench.py
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
@@ -91,4 +125,4 @@ fuzz-smoke:
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=20
 
 clean:
-	@rm -rf $(BUILD) python/c10d/_C*.so
+	@rm -rf $(BUILD) $(VENV) python/c10d/_C*.so

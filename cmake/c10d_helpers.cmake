@@ -11,8 +11,14 @@ function(c10d_library name)
   add_library(${target} STATIC ${ARG_SOURCES})
   add_library(${alias} ALIAS ${target})
   target_include_directories(${target} PUBLIC
-    ${PROJECT_SOURCE_DIR}/src ${PROJECT_BINARY_DIR}/include)
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>
+    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(${target} PUBLIC ${ARG_DEPS} Threads::Threads)
+  # Installed as c10d::<component> too (cmake/c10d_install.cmake).
+  string(REPLACE "/" "::" export_name "${name}")
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${export_name})
+  set_property(GLOBAL APPEND PROPERTY C10D_LIBRARIES ${target})
 endfunction()
 
 # c10d_test(<name> SOURCES ... [DEPS ...])

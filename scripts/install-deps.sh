@@ -1,22 +1,19 @@
 #!/usr/bin/env bash
 # Installs the Debian packages c10d needs. Idempotent: does nothing (quietly) when every
 # package is already present, and runs `apt-get update` only when something is missing.
-# Set C10D_WITH_PEERS=1 to also install the benchmark comparison peers (PyTorch, mpi4py),
-# C10D_WITH_FUZZ=1 for clang and its libFuzzer runtime.
+# Python packages (numpy, pytest, PyTorch, mpi4py, ...) come from PyPI into the project venv
+# instead (Makefile, requirements/). Set C10D_WITH_FUZZ=1 for clang and its libFuzzer runtime.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libgloo-dev libuv1-dev pybind11-dev libdlpack-dev libcpp-httplib-dev nlohmann-json3-dev
+  libgloo-dev libuv1-dev libdlpack-dev libcpp-httplib-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
-  python3 python3-dev python3-numpy python3-pytest python3-hypothesis
+  python3 python3-dev python3-venv
   googletest libgtest-dev libgmock-dev libbenchmark-dev
 )
 if [[ "${C10D_WITH_FUZZ:-0}" == "1" ]]; then
   packages+=(clang libclang-rt-14-dev)
-fi
-if [[ "${C10D_WITH_PEERS:-0}" == "1" ]]; then
-  packages+=(python3-torch python3-mpi4py python3-matplotlib)
 fi
 
 missing=()

@@ -454,18 +454,16 @@ Bytes TCPStore::compare_set(const std::string& key, const Bytes& expected,
 Bytes TCPStore::get(const std::string& key) {
   const Millis timeout = this->timeout();
   std::string k = wire_key(describe() + ": get: ", key);
+  bool ready;
   {
-    // One round trip when the key exists: CHECK and GET travel together and the GET's
-    // (empty) answer is ignored when the key turned out to be missing.
+    // The GET goes only once CHECK found the key: PyTorch's non-libuv server drops a client
+    // that GETs a missing key.
     Call call(*this, "get");
     call.request().query(QueryType::kCheck).u64(1).str(k);
-    call.request().query(QueryType::kGet).str(k);
     call.send();
-    const bool ready = call.u8() == static_cast<uint8_t>(wire::CheckReply::kReady);
-    Bytes value = call.bytes();
-    if (ready) return value;
+    ready = call.u8() == static_cast<uint8_t>(wire::CheckReply::kReady);
   }
-  if (!block_until_present("get", {k}, key_deadline(timeout))) {
+  if (!ready && !block_until_present("get", {k}, key_deadline(timeout))) {
     throw_wait_timeout(describe(), {k}, timeout);
   }
   Call call(*this, "get");

@@ -40,17 +40,59 @@ def run(case: str, world_size: int, backend: str = "gloo", timeout: float = 90,
     port = free_port()
     procs = []
     for rank in range(world_size):
-        e = dict(os.environ)
-        e.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                  "WORLD_SIZE": str(world_size),
-                  "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "python"), HERE + "/..",
-                                                 e.get("PYTHONPATH", "")])})
+        e = package_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                         "RANK": str(rank), "WORLD_SIZE": str(world_size)})
         if env:
             e.update(env)
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "dist.worker", case, backend, "1" if init else "0"],
             env=e, cwd=os.path.join(HERE, ".."), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE))
+    return collect(procs, timeout)
+
+
+def package_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """os.environ (updated with `env`) with the in-tree package first on PYTHONPATH."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "python"), HERE + "/..",
+                                       e.get("PYTHONPATH", "")])
+    if env:
+        e.update(env)
+    return e
+
+
+def run_script(script: str, args: List[List[str]], timeout: float = 90,
+               env: Optional[Dict[str, str]] = None) -> List[RankResult]:
+    """Starts one process per entry of `args` running `script` (a path) with those
+    arguments; like run(), waits at most `timeout` seconds in all."""
+    procs = [subprocess.Popen([sys.executable, script, *a], env=package_env(env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for a in args]
+    return collect(procs, timeout)
+
+
+def require_peer(module: str, min_version: str = "0"):
+    """Imports a comparison peer (e.g. torch) or skips the test; under `make test`
+    (C10D_REQUIRE_PEERS=1, the project venv has them pinned) a missing peer fails instead."""
+    import importlib
+    try:
+        mod = importlib.import_module(module)
+        version = getattr(mod, "__version__", "0").split("+")[0]
+        if _version_tuple(version) < _version_tuple(min_version):
+            raise ImportError(f"{module} {version} is older than {min_version}")
+        return mod
+    except ImportError as e:
+        if os.environ.get("C10D_REQUIRE_PEERS") == "1":
+            raise
+        import pytest
+        pytest.skip(f"needs {module} >= {min_version}: {e}", allow_module_level=True)
+
+
+def _version_tuple(v: str):
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def collect(procs: List[subprocess.Popen], timeout: float) -> List[RankResult]:
+    """Waits for every process, at most `timeout` seconds in all, killing stragglers."""
     deadline = time.monotonic() + timeout
     results = []
     for rank, p in enumerate(procs):
