@@ -54,7 +54,7 @@ void init_gloo(py::module_& m) {
           py::arg("hostname") = "", py::arg("interface") = "",
           "A TCP device bound to the address of `hostname`, or of network interface "
           "`interface`, or (neither) the default.")
-      .def_static("create_default_device", &GlooBackend::create_default_device);
+      .def_static("create_default_device", [] { return GlooBackend::create_default_device(); });
 }
 
 }  // namespace c10d::python

@@ -1,12 +1,17 @@
 #include "c10d/backends/gloo/gloo_backend.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -29,6 +34,8 @@
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 #include "c10d/core/reduce.h"
+#include "c10d/store/prefix_store.h"
+#include "c10d/store/tcp_store.h"
 
 namespace c10d::backends::gloo {
 
@@ -217,6 +224,156 @@ bool hostname_is_bindable(const std::string& host) {
   return ok;
 }
 
+// Whether every address `host` resolves to is a loopback address (false if it resolves to
+// none): Debian's /etc/hosts maps the hostname to 127.0.1.1.
+bool resolves_to_loopback(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return false;
+  bool loopback = result != nullptr;
+  for (addrinfo* ai = result; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(ai->ai_addr);
+      loopback = loopback && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (ai->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(ai->ai_addr);
+      loopback = loopback && (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
+                              (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127));
+    }
+  }
+  ::freeaddrinfo(result);
+  return loopback;
+}
+
+// The local address the routing table picks to reach `host` ("" if it has none): a UDP
+// socket's connect sends nothing, it only chooses the route.
+std::string address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* result = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &result) != 0) return "";
+  std::string found;
+  for (addrinfo* ai = result; ai != nullptr && found.empty(); ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* addr = local.ss_family == AF_INET
+                             ? static_cast<const void*>(
+                                   &reinterpret_cast<const sockaddr_in*>(&local)->sin_addr)
+                             : &reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr;
+      if (::inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) found = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(result);
+  return found;
+}
+
+// The peers (by rank, from their "[ip]:port" addresses) whose host does not answer a TCP
+// connection attempt within `wait`: a refusal or an accepted connection is an answer, silence
+// means the host or the network to it is down. Every attempt runs at once.
+std::vector<int> silent_peers(const std::vector<std::vector<std::string>>& addresses,
+                              std::chrono::milliseconds wait) {
+  struct Attempt {
+    int rank;
+    int fd;
+  };
+  std::vector<Attempt> attempts;
+  std::vector<int> silent;
+  for (size_t r = 0; r < addresses.size(); ++r) {
+    for (const std::string& address : addresses[r]) {
+      const size_t close = address.find("]:");
+      if (address.empty() || address[0] != '[' || close == std::string::npos) continue;
+      const std::string ip = address.substr(1, close - 1);
+      const std::string port = address.substr(close + 2);
+      addrinfo hints{};
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+      addrinfo* ai = nullptr;
+      if (::getaddrinfo(ip.c_str(), port.c_str(), &hints, &ai) != 0) continue;
+      const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd >= 0) {
+        const int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (rc == 0 || errno == ECONNREFUSED) {
+          ::close(fd);  // answered at once
+        } else if (errno == EINPROGRESS) {
+          attempts.push_back({static_cast<int>(r), fd});
+        } else {
+          ::close(fd);
+          silent.push_back(static_cast<int>(r));  // no route to it
+        }
+      }
+      ::freeaddrinfo(ai);
+      break;  // one address per peer
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::vector<pollfd> fds;
+  for (const Attempt& a : attempts) fds.push_back({a.fd, POLLOUT, 0});
+  size_t open = fds.size();
+  while (open > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(left.count()));
+    if (n < 0 && errno != EINTR) break;
+    for (pollfd& p : fds) {
+      if (p.fd >= 0 && p.revents != 0) {  // connected, refused or reset: an answer
+        p.fd = -p.fd - 1;
+        --open;
+      }
+    }
+  }
+  for (size_t i = 0; i < attempts.size(); ++i) {
+    if (fds[i].fd >= 0) silent.push_back(attempts[i].rank);
+    ::close(attempts[i].fd);
+  }
+  std::sort(silent.begin(), silent.end());
+  return silent;
+}
+
+// " ranks 2, 3 (at 10.0.0.2) and rank 5 (at 10.0.0.3) did not answer ..." for the timeout
+// message, or "" when every peer's host answered.
+std::string silent_peers_note(const std::vector<std::vector<std::string>>& addresses) {
+  const std::vector<int> silent = silent_peers(addresses, std::chrono::seconds(1));
+  if (silent.empty()) return "";
+  std::vector<std::pair<std::string, std::vector<int>>> by_host;
+  for (int r : silent) {
+    const std::string& a = addresses[r].front();
+    const std::string host = a.substr(1, a.find("]:") - 1);
+    auto it = std::find_if(by_host.begin(), by_host.end(),
+                           [&](const auto& h) { return h.first == host; });
+    if (it == by_host.end()) it = by_host.insert(by_host.end(), {host, {}});
+    it->second.push_back(r);
+  }
+  std::string note = "; unreachable:";
+  for (size_t h = 0; h < by_host.size(); ++h) {
+    const auto& ranks = by_host[h].second;
+    note += str_cat(h == 0 ? " " : ", ", ranks.size() == 1 ? "rank " : "ranks ");
+    for (size_t i = 0; i < ranks.size(); ++i) note += str_cat(i == 0 ? "" : ", ", ranks[i]);
+    note += str_cat(" on host ", by_host[h].first);
+  }
+  return note + " (no answer to a connection attempt within 1s: that host or the network to "
+                "it is down)";
+}
+
+// The host other ranks rendezvous at, when `store` is (or wraps) a TCPStore, else "".
+std::string store_host(const std::shared_ptr<store::Store>& store) {
+  std::shared_ptr<store::Store> s = store;
+  if (const auto* prefix = dynamic_cast<const store::PrefixStore*>(s.get())) {
+    s = prefix->underlying_non_prefix_store();
+  }
+  const auto* tcp = dynamic_cast<const store::TCPStore*>(s.get());
+  return tcp != nullptr ? tcp->host() : "";
+}
+
 // Gloo writes to its sockets with writev, which raises SIGPIPE when a peer has gone away; the
 // default action would kill the process instead of letting the write fail with EPIPE (which
 // becomes an error naming the peer). A handler the application installed is left alone.
@@ -390,9 +547,11 @@ DevicePtr GlooBackend::create_device_for_interface(const std::string& ifname) {
   }
 }
 
-DevicePtr GlooBackend::create_default_device() { return create_default_devices().front(); }
+DevicePtr GlooBackend::create_default_device(const std::string& peer_host) {
+  return create_default_devices(peer_host).front();
+}
 
-std::vector<DevicePtr> GlooBackend::create_default_devices() {
+std::vector<DevicePtr> GlooBackend::create_default_devices(const std::string& peer_host) {
   std::vector<DevicePtr> devices;
   if (core::env_is_set(core::kEnvGlooSocketIfname)) {
     for (const auto& ifname : split(core::env_string(core::kEnvGlooSocketIfname), ',')) {
@@ -401,11 +560,18 @@ std::vector<DevicePtr> GlooBackend::create_default_devices() {
     if (!devices.empty()) return devices;
   }
   char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) == 0 && hostname_is_bindable(host)) {
-    devices.push_back(create_device_for_hostname(host));
-  } else {
-    devices.push_back(create_device_for_hostname("127.0.0.1"));
+  const bool named = ::gethostname(host, sizeof(host) - 1) == 0 && hostname_is_bindable(host);
+  // Ranks on other hosts cannot reach a loopback address: with a peer elsewhere, listen where
+  // the route to it leaves this host.
+  if ((!named || resolves_to_loopback(host)) && !peer_host.empty() &&
+      !resolves_to_loopback(peer_host)) {
+    const std::string local = address_towards(peer_host);
+    if (!local.empty() && !resolves_to_loopback(local)) {
+      devices.push_back(create_device_for_hostname(local));
+      return devices;
+    }
   }
+  devices.push_back(create_device_for_hostname(named ? host : "127.0.0.1"));
   return devices;
 }
 
@@ -451,8 +617,9 @@ struct GlooBackend::Shared {
         std::string message = str_cat("Gloo ", describe(op_name, op.tag));
         if (int peer = peer_in_message(what); peer >= 0) message += str_cat(" with peer rank ", peer);
         if (is_gloo_timeout(what)) {
-          return std::make_exception_ptr(DistTimeoutError(str_cat(
-              message, " timed out after ", core::format_timeout(op.timeout), ": ", what)));
+          return std::make_exception_ptr(DistTimeoutError(
+              str_cat(message, " timed out after ", core::format_timeout(op.timeout), ": ", what,
+                      silent_peers_note(peer_addresses))));
         }
         return std::make_exception_ptr(DistBackendError(str_cat(message, " failed: ", what)));
       } catch (...) {
@@ -494,7 +661,7 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
       devices_(std::move(opts.devices)),
       shared_(std::make_shared<Shared>(rank, size)) {
   ignore_sigpipe_once();
-  if (devices_.empty()) devices_ = create_default_devices();
+  if (devices_.empty()) devices_ = create_default_devices(store_host(store_));
   const Millis timeout = resolve_timeout(opts.timeout);
   for (size_t i = 0; i < devices_.size(); ++i) {
     auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);

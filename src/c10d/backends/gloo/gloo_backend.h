@@ -73,10 +73,12 @@ class GlooBackend : public pg::Backend {
   // A TCP device bound to the first address of network interface `ifname`.
   static DevicePtr create_device_for_interface(const std::string& ifname);
   // GLOO_SOCKET_IFNAME's interfaces if set (first one); else this host's name if it resolves to
-  // an address that can be bound locally; else the loopback address 127.0.0.1.
-  static DevicePtr create_default_device();
+  // an address that can be bound locally and is not loopback, or the ranks meet on this host
+  // (`peer_host`, e.g. the TCPStore's host, is loopback or unknown); else the local address of
+  // the interface that routes to `peer_host`; else the loopback address 127.0.0.1.
+  static DevicePtr create_default_device(const std::string& peer_host = "");
   // One device per interface in GLOO_SOCKET_IFNAME, or the single create_default_device().
-  static std::vector<DevicePtr> create_default_devices();
+  static std::vector<DevicePtr> create_default_devices(const std::string& peer_host = "");
 
   std::string name() const override { return "gloo"; }
 

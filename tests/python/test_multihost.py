@@ -1,0 +1,126 @@
+"""Several hosts on one machine (netns.Hosts: network namespaces, own hostnames, Debian's
+/etc/hosts mapping each name to 127.0.1.1): launchers that meet through a dynamic
+rendezvous, Gloo across hosts without GLOO_SOCKET_IFNAME, and network faults."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import netns
+from dist import harness
+
+reason = netns.available()
+pytestmark = pytest.mark.skipif(reason is not None, reason=f"test hosts: {reason}")
+
+WORKER = os.path.join(harness.HERE, "multihost_worker.py")
+PORT = 29400  # inside namespaces made for the test: nothing else listens there
+
+
+def launch(hosts, backend, seconds=0.0, timeout=60.0, nproc=2):
+    """c10d.run on every host: --nnodes len(hosts) with a c10d rendezvous at host 0."""
+    env = harness.package_env()
+    env.pop("GLOO_SOCKET_IFNAME", None)
+    procs = []
+    for i in range(hosts.count):
+        argv = [sys.executable, "-m", "c10d.run", "--nnodes", str(hosts.count),
+                "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{hosts.addresses[0]}:{PORT}", WORKER, backend,
+                str(seconds), str(timeout)]
+        procs.append(hosts.popen(i, argv, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def outputs(procs, timeout, already=None):
+    """Each launcher's whole output (after `already`, what wait_for_lines read)."""
+    deadline = time.monotonic() + timeout
+    outs = list(already or [""] * len(procs))
+    for i, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += f"\n[test] launcher killed after {timeout}s"
+        outs[i] += out
+    return outs
+
+
+def wait_for_lines(procs, pattern, count, timeout):
+    """Reads the launchers' output until `count` lines match `pattern` (then returns what was
+    read, per launcher), failing after `timeout` seconds."""
+    import selectors
+    seen = [""] * len(procs)
+    sel = selectors.DefaultSelector()
+    for i, p in enumerate(procs):
+        os.set_blocking(p.stdout.fileno(), False)
+        sel.register(p.stdout, selectors.EVENT_READ, i)
+    deadline = time.monotonic() + timeout
+    while sum(len(re.findall(pattern, s)) for s in seen) < count:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {count} lines matching {pattern!r} in {timeout}s: {seen}"
+        for key, _ in sel.select(timeout=min(left, 1.0)):
+            chunk = key.fileobj.read()
+            if chunk:
+                seen[key.data] += chunk
+    sel.close()
+    for p in procs:
+        os.set_blocking(p.stdout.fileno(), True)
+    return seen
+
+
+def test_gloo_across_two_hosts_finds_the_route_without_gloo_socket_ifname():
+    # Each hostname resolves to 127.0.1.1: listening there, the ranks of the other host could
+    # not connect. Links at 1 Gbit/s (tbf).
+    with netns.Hosts(2, rate="1gbit") as hosts:
+        outs = outputs(launch(hosts, "gloo"), timeout=120)
+    for i, out in enumerate(outs):
+        ranks = sorted(int(r) for r in re.findall(rf"testhost{i} rank (\d) of 4: ok", out))
+        assert ranks == [2 * i, 2 * i + 1], out
+
+
+def test_shm_across_hosts_says_it_connects_one_host_only():
+    with netns.Hosts(2) as hosts:
+        procs = launch(hosts, "shm")
+        outs = outputs(procs, timeout=120)
+    assert all(p.returncode != 0 for p in procs), outs
+    assert "connects ranks of one host only" in outs[0], outs[0]
+
+
+def test_killed_host_is_named_by_the_survivors_and_the_launchers_stop():
+    with netns.Hosts(2) as hosts:
+        procs = launch(hosts, "gloo", seconds=120, timeout=30)
+        seen = wait_for_lines(procs, r"rank \d of 4: ok", 4, timeout=90)
+        hosts.kill_host(1)
+        outs = outputs(procs[:1], timeout=60, already=seen[:1])
+    out = outs[0]
+    assert procs[0].returncode not in (0, None), out
+    # Each survivor names a rank of the killed host and its address.
+    for rank in (0, 1):
+        line = re.search(rf"testhost0 rank {rank}: (\w+): (.*)", out)
+        assert line, out
+        assert re.search(r"peer rank [23]\b", line.group(2)), line.group(0)
+        assert hosts.addresses[1] in line.group(2), line.group(0)
+
+
+def test_link_down_fails_every_rank_within_the_timeout_naming_the_far_host():
+    with netns.Hosts(2) as hosts:
+        procs = launch(hosts, "gloo", seconds=120, timeout=8)
+        seen = wait_for_lines(procs, r"rank \d of 4: ok", 4, timeout=90)
+        hosts.link(1, up=False)
+        start = time.monotonic()
+        outs = outputs(procs, timeout=60, already=seen)
+        took = time.monotonic() - start
+    assert took < 8 + 20, took  # the group's timeout, a second of diagnosis, the launchers
+    for i, out in enumerate(outs):
+        assert procs[i].returncode not in (0, None), out
+        far = hosts.addresses[1 - i]
+        far_ranks = "2, 3" if i == 0 else "0, 1"
+        for rank in (2 * i, 2 * i + 1):
+            line = re.search(rf"testhost{i} rank {rank}: DistTimeoutError: (.*)", out)
+            assert line, out
+            assert f"unreachable: ranks {far_ranks} on host {far}" in line.group(1), line.group(0)
