@@ -267,6 +267,10 @@ def _dynamic_rendezvous(args):
     if node_rank >= nodes:
         raise SystemExit(f"c10drun: this node joined rendezvous {args.rdzv_id!r} at "
                          f"{args.rdzv_endpoint} after it closed with {nodes} nodes")
+    # Nodes may run different numbers of workers (as with torchrun): ranks follow node order.
+    store.set(prefix + f"nproc/{node_rank}", str(args.nproc_per_node))
+    counts = [int(v) for v in store.multi_get([prefix + f"nproc/{n}" for n in range(nodes)])]
+    args.rank_offset, args.world_size = sum(counts[:node_rank]), sum(counts)
     return node_rank, nodes, master_addr, int(master_port), store
 
 
@@ -343,7 +347,7 @@ def _stop(workers: List[_Worker], grace: float, signum: int = signal.SIGTERM) ->
 def _start_group(args, command, base_env, attempt) -> List[_Worker]:
     workers = []
     for local_rank in range(args.nproc_per_node):
-        rank = args.node_rank * args.nproc_per_node + local_rank
+        rank = args.rank_offset + local_rank
         # Where a worker may record why it failed (torch's @record writes this JSON file).
         error_file = os.path.join(base_env["C10DRUN_ERROR_DIR"], f"attempt_{attempt}",
                                   str(local_rank), "error.json")
@@ -430,7 +434,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.node_rank, args.nnodes, host, port, _rendezvous_store = _dynamic_rendezvous(args)
     else:
         host, port = _endpoint(args)
-    world_size = args.nproc_per_node * args.nnodes
+        args.rank_offset = args.node_rank * args.nproc_per_node
+        args.world_size = args.nproc_per_node * args.nnodes
+    world_size = args.world_size
     base_env = dict(os.environ)
     base_env.update({
         "MASTER_ADDR": host,

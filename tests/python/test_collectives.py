@@ -4,7 +4,7 @@ import pytest
 
 from dist import harness
 
-BACKENDS = ["gloo", "shm"] + (["mpi"] if harness.mpi_available() else [])
+BACKENDS = ["gloo", "shm", "hier"] + (["mpi"] if harness.mpi_available() else [])
 CASES = ["all_reduce", "inline_all_reduce", "inline_numpy_arrays", "all_reduce_errors",
          "broadcast_reduce", "gathers", "reduce_scatters", "all_to_alls", "point_to_point", "barriers_and_async", "objects", "subgroups",
          "state_queries", "torch_interop", "functional_collectives", "device_mesh",

@@ -20,14 +20,15 @@ WORKER = os.path.join(harness.HERE, "multihost_worker.py")
 PORT = 29400  # inside namespaces made for the test: nothing else listens there
 
 
-def launch(hosts, backend, seconds=0.0, timeout=60.0, nproc=2):
-    """c10d.run on every host: --nnodes len(hosts) with a c10d rendezvous at host 0."""
+def launch(hosts, backend, seconds=0.0, timeout=60.0, nproc=(2, 2)):
+    """c10d.run on every host (nproc[i] ranks on host i): --nnodes len(hosts) with a c10d
+    rendezvous at host 0."""
     env = harness.package_env()
     env.pop("GLOO_SOCKET_IFNAME", None)
     procs = []
     for i in range(hosts.count):
         argv = [sys.executable, "-m", "c10d.run", "--nnodes", str(hosts.count),
-                "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+                "--nproc-per-node", str(nproc[i]), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{hosts.addresses[0]}:{PORT}", WORKER, backend,
                 str(seconds), str(timeout)]
         procs.append(hosts.popen(i, argv, env=env, stdout=subprocess.PIPE,
@@ -81,6 +82,22 @@ def test_gloo_across_two_hosts_finds_the_route_without_gloo_socket_ifname():
     for i, out in enumerate(outs):
         ranks = sorted(int(r) for r in re.findall(rf"testhost{i} rank (\d) of 4: ok", out))
         assert ranks == [2 * i, 2 * i + 1], out
+
+
+@pytest.mark.parametrize("backend,nproc", [("hier", (2, 2)), ("default", (2, 2)),
+                                           ("hier", (2, 1))])
+def test_hierarchical_backend_across_hosts(backend, nproc):
+    # With no backend named, c10d picks hier when the ranks span hosts. Hosts with as many
+    # ranks each split the network part among their ranks; (2, 1) takes the other path.
+    world = sum(nproc)
+    with netns.Hosts(2, rate="1gbit") as hosts:
+        outs = outputs(launch(hosts, backend, nproc=nproc), timeout=180)
+    first = 0
+    for i, out in enumerate(outs):
+        ranks = sorted(int(r) for r in re.findall(
+            rf"testhost{i} rank (\d) of {world}: ok \(hier, ProcessGroupHier\)", out))
+        assert ranks == list(range(first, first + nproc[i])), out
+        first += nproc[i]
 
 
 def test_shm_across_hosts_says_it_connects_one_host_only():

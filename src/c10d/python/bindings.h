@@ -22,6 +22,7 @@ void init_gloo(pybind11::module_& m);       // gloo_bindings.cc: ProcessGroupGlo
 void init_control(pybind11::module_& m);    // control_bindings.cc: StoreCollectives, WorkerServer
 void init_shm(pybind11::module_& m);        // shm_bindings.cc: ProcessGroupShm (C10D_WITH_SHM)
 void init_mpi(pybind11::module_& m);        // mpi_bindings.cc: ProcessGroupMPI (C10D_WITH_MPI)
+void init_hier(pybind11::module_& m);       // hier_bindings.cc: ProcessGroupHier (gloo and shm)
 void init_ddp(pybind11::module_& m);        // ddp_bindings.cc: Reducer, GradBucket, comm hooks
 
 // Constructors that block (stores, backends) release the GIL inside their py::init factory,

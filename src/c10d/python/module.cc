@@ -21,4 +21,7 @@ PYBIND11_MODULE(_C, m) {
 #if C10D_WITH_MPI
   c10d::python::init_mpi(m);
 #endif
+#if C10D_WITH_GLOO && C10D_WITH_SHM
+  c10d::python::init_hier(m);
+#endif
 }

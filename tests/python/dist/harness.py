@@ -42,6 +42,9 @@ def run(case: str, world_size: int, backend: str = "gloo", timeout: float = 90,
     for rank in range(world_size):
         e = package_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                          "RANK": str(rank), "WORLD_SIZE": str(world_size)})
+        if backend == "hier":
+            # Two hosts as far as the backend can tell (ranks 0-1 and 2-3 of 4, 0-1 and 2 of 3).
+            e["C10D_SHM_HOST_ID"] = f"testhost{rank * 2 // max(world_size, 2)}"
         if env:
             e.update(env)
         procs.append(subprocess.Popen(

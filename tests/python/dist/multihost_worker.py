@@ -14,17 +14,50 @@ import numpy as np
 import c10d as dist
 
 
+def backend_of_world():
+    from c10d import distributed_c10d as c
+    return c._get_default_group()._get_backend("cpu")
+
+
+def check_collectives(rank, world):
+    """Every reduction, root and size class the hierarchical backend splits differently
+    (fewer elements than ranks, parts of uneven length, several MiB), checked exactly."""
+    for n in (1, 3, 1000, 1 << 20):
+        base = np.arange(n, dtype=np.float64)
+        x = base + rank
+        dist.all_reduce(x)
+        assert np.array_equal(x, base * world + world * (world - 1) // 2), ("sum", n, x[:4])
+        y = base * (rank + 1)
+        dist.all_reduce(y, op=dist.ReduceOp.MAX)
+        assert np.array_equal(y, base * world), ("max", n, y[:4])
+        z = np.full(n, rank + 1, np.float32)
+        dist.all_reduce(z, op=dist.ReduceOp.AVG)
+        assert np.allclose(z, (world + 1) / 2), ("avg", n, z[:4])
+        for root in range(world):
+            b = np.full(n, rank, np.int32)
+            dist.broadcast(b, root)
+            assert (b == root).all(), ("broadcast", n, root, b[:4])
+            r = base + rank
+            dist.reduce(r, root)
+            want = base * world + world * (world - 1) // 2 if rank == root else base + rank
+            assert np.array_equal(r, want), ("reduce", n, root, rank, r[:4])
+    out = [np.empty(2, np.int64) for _ in range(world)]
+    dist.all_gather(out, np.full(2, rank, np.int64))
+    assert all((o == i).all() for i, o in enumerate(out)), out
+    dist.barrier()
+
+
 def main():
     backend = sys.argv[1]
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    # "default": no backend given (c10d picks: shm on one host, hier across hosts).
+    dist.init_process_group(None if backend == "default" else backend,
+                            timeout=timedelta(seconds=timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
-    x = np.arange(1 << 16, dtype=np.float64) + rank
-    dist.all_reduce(x)
-    expected = np.arange(1 << 16, dtype=np.float64) * world + world * (world - 1) // 2
-    assert np.array_equal(x, expected), (rank, x[:4], expected[:4])
-    print(f"{socket.gethostname()} rank {rank} of {world}: ok", flush=True)
+    check_collectives(rank, world)
+    print(f"{socket.gethostname()} rank {rank} of {world}: ok "
+          f"({dist.get_backend()}, {type(backend_of_world()).__name__})", flush=True)
     end = time.monotonic() + seconds
     y = np.ones(1 << 18, dtype=np.float32)
     try:

@@ -1,0 +1,412 @@
+#include "c10d/backends/hier/hier_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <utility>
+
+#include "c10d/backends/gloo/gloo_backend.h"
+#include "c10d/backends/shm/segment.h"
+#include "c10d/backends/shm/shm_backend.h"
+#include "c10d/core/exception.h"
+#include "c10d/core/reduce.h"
+#include "c10d/store/prefix_store.h"
+
+namespace c10d::backends::hier {
+
+using core::DistBackendError;
+using core::OpType;
+using core::ReduceOp;
+using core::detail::str_cat;
+using pg::Millis;
+
+bool Topology::uniform() const {
+  return std::all_of(hosts.begin(), hosts.end(),
+                     [&](const auto& h) { return h.size() == hosts.front().size(); });
+}
+
+Topology discover_topology(store::Store& store, int rank, int size, const std::string& prefix) {
+  store.set(str_cat(prefix, rank), store::to_bytes(shm::host_identity()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(str_cat(prefix, r));
+  const std::vector<store::Bytes> ids = store.multi_get(keys);
+  std::map<std::string, int> host_index;  // by identity, in order of the hosts' lowest rank
+  Topology t;
+  for (int r = 0; r < size; ++r) {
+    const std::string id = store::to_string(ids[r]);
+    auto [it, fresh] = host_index.emplace(id, static_cast<int>(t.hosts.size()));
+    if (fresh) t.hosts.emplace_back();
+    t.hosts[it->second].push_back(r);
+    if (r == rank) {
+      t.host = it->second;
+      t.local_rank = static_cast<int>(t.hosts[it->second].size()) - 1;
+    }
+  }
+  return t;
+}
+
+namespace {
+
+// The operations that reduce in any grouping of the ranks (AVG as a SUM, divided at the end).
+bool groups_freely(const ReduceOp& op) {
+  switch (op.kind) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG:
+    case ReduceOp::PRODUCT:
+    case ReduceOp::MIN:
+    case ReduceOp::MAX:
+    case ReduceOp::BAND:
+    case ReduceOp::BOR:
+    case ReduceOp::BXOR:
+      return true;
+    default:
+      return false;
+  }
+}
+
+ReduceOp step_op(const ReduceOp& op) { return op.kind == ReduceOp::AVG ? ReduceOp(ReduceOp::SUM) : op; }
+
+// Runs one step on a sub-backend and waits for it (on the worker thread).
+template <typename Call>
+void step(const std::shared_ptr<pg::Backend>& backend, Call call) {
+  call(*backend)->wait();
+}
+
+// The [offset, offset + count) part of `n` elements that local rank `l` of `parts` carries.
+std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int l) {
+  const int64_t base = n / parts, extra = n % parts;
+  const int64_t offset = l * base + std::min<int64_t>(l, extra);
+  return {offset, base + (l < extra ? 1 : 0)};
+}
+
+}  // namespace
+
+HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size,
+                         Topology topology, Millis timeout)
+    : pg::Backend(rank, size, timeout), topology_(std::move(topology)) {
+  const Topology& t = topology_;
+  local_rank_of_.resize(size);
+  host_of_.resize(size);
+  for (int h = 0; h < t.host_count(); ++h) {
+    for (size_t l = 0; l < t.hosts[h].size(); ++l) {
+      local_rank_of_[t.hosts[h][l]] = static_cast<int>(l);
+      host_of_[t.hosts[h][l]] = h;
+    }
+  }
+  auto prefixed = [&](const std::string& p) {
+    return std::make_shared<store::PrefixStore>(p, store);
+  };
+  if (t.local_size() > 1) {
+    shm::ShmOptions so;
+    so.timeout = timeout;
+    local_ = std::make_shared<shm::ShmBackend>(prefixed(str_cat("hier/local/", t.host, "/")),
+                                               t.local_rank, t.local_size(), so);
+  }
+  gloo::GlooOptions go;
+  go.timeout = timeout;
+  if (t.host_count() > 1 && (t.uniform() || t.local_rank == 0)) {
+    cross_ = std::make_shared<gloo::GlooBackend>(
+        prefixed(str_cat("hier/cross/", t.local_rank, "/")), t.host, t.host_count(), go);
+  }
+  world_ = std::make_shared<gloo::GlooBackend>(prefixed("hier/world/"), rank, size, go);
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+HierBackend::~HierBackend() { shutdown(); }
+
+std::shared_ptr<pg::Backend> HierBackend::create_auto(std::shared_ptr<store::Store> store,
+                                                      int rank, int size, Millis timeout) {
+  Topology t = discover_topology(*store, rank, size, "auto/host/");
+  if (t.host_count() == 1) {
+    shm::ShmOptions so;
+    so.timeout = timeout;
+    return std::make_shared<shm::ShmBackend>(
+        std::make_shared<store::PrefixStore>("auto/shm/", store), rank, size, so);
+  }
+  return std::make_shared<HierBackend>(std::move(store), rank, size, std::move(t), timeout);
+}
+
+// --- The worker --------------------------------------------------------------------------
+
+WorkPtr HierBackend::submit(OpType type, const std::string& description,
+                            std::function<void()> body, std::vector<Tensor> outputs) {
+  auto work = std::make_shared<core::Work>(type, description);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) {
+      throw DistBackendError(str_cat("hier ", description, " (rank ", rank(), " of ", size(),
+                                     "): the backend was shut down"));
+    }
+    queue_.push_back(Task{std::move(body), work, std::move(outputs)});
+  }
+  wake_.notify_one();
+  return work;
+}
+
+void HierBackend::worker_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    running_task_ = true;
+    lock.unlock();
+    try {
+      task.body();
+      task.work->finish(std::move(task.outputs));
+    } catch (...) {
+      task.work->finish_with_error(std::current_exception());
+    }
+    lock.lock();
+    running_task_ = false;
+    idle_.notify_all();
+  }
+}
+
+void HierBackend::finish_pending(Millis timeout) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto done = [&] { return queue_.empty() && !running_task_; };
+    if (timeout <= Millis(0)) {
+      idle_.wait(lock, done);
+    } else {
+      idle_.wait_for(lock, timeout, done);
+    }
+  }
+  for (const auto& b : {local_, cross_, world_}) {
+    if (b) b->finish_pending(timeout);
+  }
+}
+
+void HierBackend::shutdown() {
+  std::deque<Task> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_ && !worker_.joinable()) return;
+    stopping_ = true;
+    dropped.swap(queue_);
+  }
+  wake_.notify_all();
+  for (Task& task : dropped) {
+    task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
+        str_cat("hier ", task.work->description(), " (rank ", rank(), " of ", size(),
+                "): the backend was shut down before it ran"))));
+  }
+  // The running step ends by itself or fails once its sub-backend is shut down.
+  for (const auto& b : {local_, cross_, world_}) {
+    if (b) b->shutdown();
+  }
+  if (worker_.joinable()) {
+    if (worker_.get_id() == std::this_thread::get_id()) {
+      worker_.detach();
+    } else {
+      worker_.join();
+    }
+  }
+}
+
+bool HierBackend::hierarchical(const std::vector<Tensor>& tensors) {
+  return tensors.size() == 1 && tensors[0].is_contiguous() &&
+         tensors[0].device().type == core::DeviceType::kCPU;
+}
+
+// --- Collectives with hierarchical steps ------------------------------------------------
+
+WorkPtr HierBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceOptions& opts) {
+  if (!hierarchical(tensors) || !groups_freely(opts.reduce_op)) {
+    return world_->allreduce(tensors, opts);
+  }
+  Tensor t = tensors[0];
+  const Millis timeout = effective_timeout(opts.timeout);
+  const ReduceOp op = opts.reduce_op;
+  return submit(OpType::kAllreduce, "allreduce",
+                [this, t, op, timeout]() mutable { run_allreduce(t, op, timeout); }, tensors);
+}
+
+void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
+  pg::AllreduceOptions o;
+  o.reduce_op = step_op(op);
+  o.timeout = timeout;
+  o.async_op = false;
+  std::vector<Tensor> whole = {t};
+  if (local_) step(local_, [&](pg::Backend& b) { return b.allreduce(whole, o); });
+  if (cross_) {
+    const Topology& top = topology_;
+    if (top.uniform() && local_) {
+      // Each local rank carries its part over the network; then the host's ranks share them.
+      const auto [offset, count] = part_of(t.numel(), top.local_size(), top.local_rank);
+      if (count > 0) {
+        std::vector<Tensor> part = {t.flatten().flat_slice(offset, count)};
+        step(cross_, [&](pg::Backend& b) { return b.allreduce(part, o); });
+      }
+    } else {
+      step(cross_, [&](pg::Backend& b) { return b.allreduce(whole, o); });
+    }
+  }
+  if (local_ && topology_.host_count() > 1) {
+    pg::BroadcastOptions bo;
+    bo.timeout = timeout;
+    bo.async_op = false;
+    if (topology_.uniform()) {
+      for (int l = 0; l < topology_.local_size(); ++l) {
+        const auto [offset, count] = part_of(t.numel(), topology_.local_size(), l);
+        if (count == 0) continue;
+        std::vector<Tensor> part = {t.flatten().flat_slice(offset, count)};
+        bo.root_rank = l;
+        step(local_, [&](pg::Backend& b) { return b.broadcast(part, bo); });
+      }
+    } else {
+      bo.root_rank = 0;
+      step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
+    }
+  }
+  core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), op, size());
+}
+
+WorkPtr HierBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastOptions& opts) {
+  if (!hierarchical(tensors) || opts.root_tensor != 0) return world_->broadcast(tensors, opts);
+  Tensor t = tensors[0];
+  const int root = static_cast<int>(opts.root_rank);
+  const Millis timeout = effective_timeout(opts.timeout);
+  return submit(OpType::kBroadcast, "broadcast",
+                [this, t, root, timeout]() mutable { run_broadcast(t, root, timeout); }, tensors);
+}
+
+// The root broadcasts on its host; the local rank that carries it between hosts (the root's
+// own when every host has as many ranks, else the first) broadcasts it to its peers on the
+// other hosts, each of which broadcasts it on its host.
+void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout) {
+  const Topology& top = topology_;
+  const int root_host = host_of_[root], root_local = local_rank_of_[root];
+  const int carrier = top.uniform() ? root_local : 0;
+  std::vector<Tensor> whole = {t};
+  pg::BroadcastOptions bo;
+  bo.timeout = timeout;
+  bo.async_op = false;
+  if (top.host == root_host && local_) {
+    bo.root_rank = root_local;
+    step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
+  }
+  if (cross_ && top.local_rank == carrier) {
+    bo.root_rank = root_host;
+    step(cross_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
+  }
+  if (top.host != root_host && local_) {
+    bo.root_rank = carrier;
+    step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
+  }
+}
+
+WorkPtr HierBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
+  if (!hierarchical(tensors) || !groups_freely(opts.reduce_op) || opts.root_tensor != 0) {
+    return world_->reduce(tensors, opts);
+  }
+  Tensor t = tensors[0];
+  const int root = static_cast<int>(opts.root_rank);
+  const ReduceOp op = opts.reduce_op;
+  const Millis timeout = effective_timeout(opts.timeout);
+  return submit(OpType::kReduce, "reduce",
+                [this, t, root, op, timeout]() mutable { run_reduce(t, root, op, timeout); },
+                tensors);
+}
+
+// Every host reduces to its carrier (the root's local rank, or the first), the carriers
+// reduce to the root's host, whose carrier hands the result to the root if it is not the root.
+// Only the root's tensor changes: a carrier that is not the root works on a copy.
+void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis timeout) {
+  const Topology& top = topology_;
+  const int root_host = host_of_[root], root_local = local_rank_of_[root];
+  const int carrier = top.uniform() ? root_local : 0;
+  const bool carries = top.local_rank == carrier;
+  const bool is_root = rank() == root;
+  Tensor acc = t;
+  if (carries && !is_root) {
+    acc = Tensor::empty(t.sizes(), t.dtype());
+    std::copy_n(static_cast<const char*>(t.data()), t.nbytes(), static_cast<char*>(acc.data()));
+  }
+  std::vector<Tensor> mine = {carries ? acc : t};
+  pg::ReduceOptions ro;
+  ro.reduce_op = step_op(op);
+  ro.timeout = timeout;
+  ro.async_op = false;
+  if (local_) {
+    ro.root_rank = carrier;
+    step(local_, [&](pg::Backend& b) { return b.reduce(mine, ro); });
+  }
+  if (cross_ && carries) {
+    ro.root_rank = root_host;
+    step(cross_, [&](pg::Backend& b) { return b.reduce(mine, ro); });
+  }
+  if (top.host == root_host && root_local != carrier && local_) {
+    if (carries) {
+      step(local_, [&](pg::Backend& b) { return b.send(mine, root_local, 0); });
+    } else if (is_root) {
+      std::vector<Tensor> into = {t};
+      step(local_, [&](pg::Backend& b) { return b.recv(into, carrier, 0); });
+    }
+  }
+  if (is_root) core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), op, size());
+}
+
+WorkPtr HierBackend::barrier(const pg::BarrierOptions& opts) {
+  // Through the worker: the operations queued before it finish first.
+  return submit(OpType::kBarrier, "barrier", [this, opts] {
+    pg::BarrierOptions o = opts;
+    o.async_op = false;
+    world_->barrier(o)->wait();
+  }, {});
+}
+
+// --- Everything else: the Gloo group of all ranks ---------------------------------------
+
+WorkPtr HierBackend::allgather(std::vector<std::vector<Tensor>>& outputs,
+                               std::vector<Tensor>& inputs, const pg::AllgatherOptions& opts) {
+  return world_->allgather(outputs, inputs, opts);
+}
+WorkPtr HierBackend::allgather_base(Tensor& output, Tensor& input,
+                                    const pg::AllgatherOptions& opts) {
+  return world_->allgather_base(output, input, opts);
+}
+WorkPtr HierBackend::gather(std::vector<std::vector<Tensor>>& outputs,
+                            std::vector<Tensor>& inputs, const pg::GatherOptions& opts) {
+  return world_->gather(outputs, inputs, opts);
+}
+WorkPtr HierBackend::scatter(std::vector<Tensor>& outputs,
+                             std::vector<std::vector<Tensor>>& inputs,
+                             const pg::ScatterOptions& opts) {
+  return world_->scatter(outputs, inputs, opts);
+}
+WorkPtr HierBackend::reduce_scatter(std::vector<Tensor>& outputs,
+                                    std::vector<std::vector<Tensor>>& inputs,
+                                    const pg::ReduceScatterOptions& opts) {
+  return world_->reduce_scatter(outputs, inputs, opts);
+}
+WorkPtr HierBackend::reduce_scatter_base(Tensor& output, Tensor& input,
+                                         const pg::ReduceScatterOptions& opts) {
+  return world_->reduce_scatter_base(output, input, opts);
+}
+WorkPtr HierBackend::alltoall_base(Tensor& output, Tensor& input,
+                                   std::vector<int64_t>& output_split_sizes,
+                                   std::vector<int64_t>& input_split_sizes,
+                                   const pg::AllToAllOptions& opts) {
+  return world_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+}
+WorkPtr HierBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                              const pg::AllToAllOptions& opts) {
+  return world_->alltoall(outputs, inputs, opts);
+}
+WorkPtr HierBackend::send(std::vector<Tensor>& tensors, int dst_rank, int tag) {
+  return world_->send(tensors, dst_rank, tag);
+}
+WorkPtr HierBackend::recv(std::vector<Tensor>& tensors, int src_rank, int tag) {
+  return world_->recv(tensors, src_rank, tag);
+}
+WorkPtr HierBackend::recv_anysource(std::vector<Tensor>& tensors, int tag) {
+  return world_->recv_anysource(tensors, tag);
+}
+void HierBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
+  world_->monitored_barrier(opts, wait_all_ranks);
+}
+
+}  // namespace c10d::backends::hier
