@@ -50,13 +50,26 @@ from ._C import (  # noqa: F401  (re-exported API)
     TCPStore,
     Work,
     WorkInfo,
-    _test_python_store,
     get_debug_level,
     set_debug_level,
     set_debug_level_from_env,
 )
 
 QueueEmptyError = DistQueueEmptyError  # torch.distributed's name for it
+from ._binding_additions import (  # noqa: F401,E402  (bindings torch has and _C lacks)
+    _DEFAULT_NO_TIMEOUT,
+    _DEFAULT_PG_NCCL_TIMEOUT,
+    DDPLoggingData,
+    Logger,
+    OpType,
+    _DistributedBackendOptions,
+    _hash_tensors,
+    _register_work,
+    _set_global_rank,
+    _set_thread_isolation_mode,
+    _SymmetricMemory,
+    _test_python_store,
+)
 from .distributed_c10d import *  # noqa: F401,F403
 from .distributed_c10d import (  # noqa: F401  (private names tests and tools use)
     _all_gather_base,
@@ -97,7 +110,8 @@ def __getattr__(name):
     if name == "DistributedDataParallel":
         from .parallel import DistributedDataParallel
         return DistributedDataParallel
-    raise AttributeError(f"module 'c10d' has no attribute '{name}'")
+    from ._binding_additions import gpu_only_error
+    raise gpu_only_error(name) or AttributeError(f"module 'c10d' has no attribute '{name}'")
 
 
 def env_variables():

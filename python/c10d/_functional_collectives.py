@@ -8,6 +8,14 @@ subclass with the same methods. Computing with either gives plain arrays or tens
 the collectives eagerly, so a result is complete when it is returned; ``wait_tensor`` and
 ``wait()`` give the plain array or tensor.
 
+On torch tensors that require grad (outside ``torch.no_grad()``) the collectives are
+differentiable, as torch's are: the backward of all_gather is a summing reduce_scatter and the
+other way round, all_to_all_single sends the gradients back with the splits swapped, and
+all_reduce all-reduces them. Backward supports "sum" only and says so when it runs; broadcast
+passes the gradient through unchanged with a warning, as torch does. The ``*_autograd`` names
+are the same functions; the ``*_tensor`` spellings warn that torch 2.13 deprecates them in
+favour of ``all_gather_single`` and ``reduce_scatter_single``.
+
 ``group`` may be a ProcessGroup, a group name, a DeviceMesh (1-D) or (mesh, dim), a list of
 global ranks, or a list of lists of ranks (every rank then uses the list it belongs to). Ranks
 name the group of exactly those ranks that this rank already has (the default group for all of
@@ -22,6 +30,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import distributed_c10d as _c10d
+from ._binding_additions import _wait_registered_work
 from ._C import ProcessGroup, ReduceOp
 from .device_mesh import DeviceMesh
 
@@ -30,7 +39,9 @@ RANK_TYPES = Union[List[int], List[List[int]], ProcessGroup, DeviceMesh, Tuple[D
 
 __all__ = [
     "AsyncCollectiveTensor", "wait_tensor", "broadcast", "all_reduce", "all_gather_tensor",
-    "all_gather_tensor_autograd",
+    "all_gather_tensor_autograd", "all_gather_single", "all_gather_single_autograd",
+    "reduce_scatter_single", "reduce_scatter_single_autograd", "all_gather_single_coalesced",
+    "reduce_scatter_single_coalesced",
     "reduce_scatter_tensor", "reduce_scatter_tensor_autograd", "all_reduce_coalesced",
     "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "all_to_all_single",
     "all_to_all_single_autograd", "permute_tensor", "all_gather_tensor_inplace",
@@ -47,13 +58,16 @@ REDUCE_OP_TO_STR = {
 # Groups, reduce ops and tensors of the caller's kind
 
 
-def _group_of_ranks(ranks: Sequence[int]) -> ProcessGroup:
-    """The group of exactly `ranks` (any order) this rank is a member of: the first made of the
-    ones it has, or a new one its members make among themselves."""
+def _group_of_ranks(ranks: Sequence[int], tag: str = "") -> ProcessGroup:
+    """The group of exactly `ranks` (any order) this rank is a member of: the one with `tag`,
+    else the first made of the ones it has, else a new one its members make among themselves."""
     wanted = sorted(int(r) for r in ranks)
     me = _c10d.get_rank()
     if me not in wanted:
         raise _c10d._ArgumentError(f"rank {me} is not one of the group's ranks {list(ranks)}")
+    tagged = _c10d._find_pg_by_ranks_and_tag(tag, wanted) if tag else None
+    if tagged is not None:
+        return tagged
     if wanted == list(range(_c10d.get_world_size())):
         return _c10d._get_default_group()
     for pg, members in _c10d._world.pg_group_ranks.items():
@@ -90,11 +104,42 @@ def _resolve_group(group: RANK_TYPES, tag: str = "") -> ProcessGroup:
             mine = [ranks for ranks in group if me in ranks]
             if not mine:
                 raise _c10d._ArgumentError(f"rank {me} is in none of the groups {group}")
-            return _group_of_ranks(mine[0])
+            return _group_of_ranks(mine[0], tag)
         if all(isinstance(r, int) for r in group):
             _warn_rank_lists()
-            return _group_of_ranks(group)
+            return _group_of_ranks(group, tag)
     raise _c10d._DistValueError(f"Unsupported group type: {type(group).__name__}, {group!r}")
+
+
+def _expand_group(group: RANK_TYPES, tag: str = "") -> Tuple[str, List[int], int]:
+    """(tag, global ranks, group size) of `group` in any of the forms the collectives take;
+    for a list of rank lists, the ranks of all of them."""
+    if isinstance(group, list) and group and isinstance(group[0], list):
+        sizes = {len(ranks) for ranks in group}
+        if len(sizes) != 1:
+            raise _c10d._DistValueError(f"group sizes must be identical, got {sorted(sizes)}")
+        return tag, [r for ranks in group for r in ranks], sizes.pop()
+    if isinstance(group, list):
+        return tag, list(group), len(group)
+    if isinstance(group, (ProcessGroup, DeviceMesh, tuple)):
+        pg = _resolve_group(group, tag)
+        ranks = _c10d.get_process_group_ranks(pg)
+        return tag or _c10d._get_group_tag(pg), ranks, len(ranks)
+    raise _c10d._DistValueError("Invalid type for group, must be one of List, Processgroup, "
+                                f"DeviceMesh or (DeviceMesh, int), got {type(group).__name__}")
+
+
+def _resolve_group_name(group: RANK_TYPES, tag: str = "") -> str:
+    """The registered name of `group` (given in any of the forms the collectives take)."""
+    if isinstance(group, str):
+        return group
+    if isinstance(group, list):
+        _warn_rank_lists()
+        if group and isinstance(group[0], list):
+            me = _c10d.get_rank()
+            group = next((ranks for ranks in group if me in ranks), group[0])
+        return _c10d._resolve_group_name_by_ranks_and_tag(list(group), tag)
+    return _resolve_group(group, tag).group_name
 
 
 def _reduce_op(name) -> ReduceOp:
@@ -105,6 +150,12 @@ def _reduce_op(name) -> ReduceOp:
         raise _c10d._DistValueError(f"unknown reduce op {name!r}: expected one of "
                                     f"{', '.join(REDUCE_OP_TO_STR.values())}")
     return op
+
+
+def _op_name(name) -> str:
+    """The lower-case name of a reduce op given as a name or a ReduceOp (checked)."""
+    op = _reduce_op(name)
+    return REDUCE_OP_TO_STR.get(op) or str(name).lower()
 
 
 def _is_torch(t) -> bool:
@@ -138,6 +189,13 @@ def _move_dim_chunks(t, parts: int, src_dim: int, dst_dim: int):
         import torch
         return torch.cat(torch.chunk(t, parts, dim=src_dim), dim=dst_dim).contiguous()
     return np.ascontiguousarray(np.concatenate(np.split(t, parts, axis=src_dim), axis=dst_dim))
+
+
+def _flat(t):
+    """t as one dimension; for torch tensors a differentiable reshape."""
+    if _is_torch(t):
+        return t.reshape(-1)
+    return np.ascontiguousarray(t).reshape(-1)
 
 
 def _shape(t) -> List[int]:
@@ -258,11 +316,162 @@ def _maybe_wrap_tensor(t):
 
 
 # --------------------------------------------------------------------------------------------
+# The collectives along dimension 0, on plain arrays or detached tensors
+
+
+def _raw_broadcast(x, src: int, pg: ProcessGroup):
+    out = _clone(x)
+    _c10d.broadcast(out, group=pg, group_src=src)
+    return out
+
+
+def _raw_all_reduce(x, op: str, pg: ProcessGroup):
+    out = _clone(x)
+    _c10d.all_reduce(out, op=_reduce_op(op), group=pg)
+    return out
+
+
+def _raw_all_gather(x, pg: ProcessGroup):
+    shape = _shape(x) or [1]
+    out = _empty(x, [shape[0] * pg.size()] + shape[1:])
+    _c10d.all_gather_into_tensor(out, _contiguous(x).reshape(shape), group=pg)
+    return out
+
+
+def _raw_reduce_scatter(x, op: str, pg: ProcessGroup):
+    flat = _contiguous(x)
+    shape = _shape(flat)
+    out = _empty(x, [shape[0] // pg.size()] + shape[1:])
+    _c10d.reduce_scatter_tensor(out, flat, op=_reduce_op(op), group=pg)
+    return out
+
+
+def _raw_all_to_all(x, output_split_sizes: List[int], input_split_sizes: List[int],
+                    pg: ProcessGroup):
+    shape = _shape(x) or [1]
+    out = _empty(x, [sum(output_split_sizes)] + shape[1:])
+    _c10d.all_to_all_single(out, _contiguous(x).reshape(shape), list(output_split_sizes),
+                            list(input_split_sizes), group=pg)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd: on torch tensors that require grad, each collective is a torch.autograd.Function
+# whose backward runs the collective that transposes it, as torch's functional collectives do.
+
+
+def _tracks_grad(t) -> bool:
+    if not _is_torch(t) or not getattr(t, "requires_grad", False):
+        return False
+    import torch
+    return torch.is_grad_enabled()
+
+
+def _sum_only(name: str, op: str) -> None:
+    # Checked at backward time, as torch does: a forward with another op is fine on its own.
+    if op != "sum":
+        raise RuntimeError(f"{name} backward only supports 'sum' reduction, got '{op}'")
+
+
+_grad_fns = None
+
+
+def _differentiable():
+    """The autograd Functions of the collectives, made on first use: c10d imports torch only for
+    callers that pass torch tensors."""
+    global _grad_fns
+    if _grad_fns is not None:
+        return _grad_fns
+    import torch
+
+    class Broadcast(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, src, pg):
+            return _raw_broadcast(x, src, pg)
+
+        @staticmethod
+        def backward(ctx, grad):
+            # torch defines no backward for broadcast: its autograd fallback warns and passes
+            # the gradient through unchanged on every rank.
+            warnings.warn("broadcast has no backward: the gradient passes through unchanged on "
+                          "every rank (not summed onto the source), as in torch", UserWarning)
+            return grad, None, None
+
+    class AllReduce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, op, pg):
+            ctx.op, ctx.pg = op, pg
+            return _raw_all_reduce(x, op, pg)
+
+        @staticmethod
+        def backward(ctx, grad):
+            _sum_only("all_reduce", ctx.op)
+            return _raw_all_reduce(grad.contiguous(), "sum", ctx.pg), None, None
+
+    class AllGather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, pg):
+            ctx.shape, ctx.pg = x.shape, pg
+            return _raw_all_gather(x, pg)
+
+        @staticmethod
+        def backward(ctx, grad):
+            out = _raw_reduce_scatter(grad.contiguous(), "sum", ctx.pg)
+            return out.reshape(ctx.shape), None
+
+    class ReduceScatter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, op, pg):
+            ctx.shape, ctx.op, ctx.pg = x.shape, op, pg
+            return _raw_reduce_scatter(x, op, pg)
+
+        @staticmethod
+        def backward(ctx, grad):
+            _sum_only("reduce_scatter_tensor", ctx.op)
+            return _raw_all_gather(grad.contiguous(), ctx.pg).reshape(ctx.shape), None, None
+
+    class AllToAll(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, output_split_sizes, input_split_sizes, pg):
+            ctx.shape, ctx.pg = x.shape, pg
+            ctx.splits = (list(output_split_sizes), list(input_split_sizes))
+            return _raw_all_to_all(x, output_split_sizes, input_split_sizes, pg)
+
+        @staticmethod
+        def backward(ctx, grad):
+            # What this rank received goes back to where it came from: the splits swap.
+            received, sent = ctx.splits
+            out = _raw_all_to_all(grad.contiguous(), sent, received, ctx.pg)
+            return out.reshape(ctx.shape), None, None, None
+
+    _grad_fns = {"broadcast": (Broadcast, _raw_broadcast),
+                 "all_reduce": (AllReduce, _raw_all_reduce),
+                 "all_gather": (AllGather, _raw_all_gather),
+                 "reduce_scatter": (ReduceScatter, _raw_reduce_scatter),
+                 "all_to_all": (AllToAll, _raw_all_to_all)}
+    return _grad_fns
+
+
+_RAW = {"broadcast": _raw_broadcast, "all_reduce": _raw_all_reduce,
+        "all_gather": _raw_all_gather, "reduce_scatter": _raw_reduce_scatter,
+        "all_to_all": _raw_all_to_all}
+
+
+def _run(name: str, x, *args):
+    """Collective `name` on x: recorded by autograd when x requires grad."""
+    if _tracks_grad(x):
+        return _differentiable()[name][0].apply(x, *args)
+    return _RAW[name](x, *args)
+
+
+# --------------------------------------------------------------------------------------------
 # Collectives
 
 
 def wait_tensor(tensor):
-    """The plain tensor of a functional collective's result (complete already in c10d)."""
+    """The plain tensor of a functional collective's result (complete already in c10d), once
+    the Work registered for it with ``_register_work`` (if any) has finished."""
+    _wait_registered_work(tensor)
     if isinstance(tensor, AsyncCollectiveTensor) or (
             _torch_result_class is not None and isinstance(tensor, _torch_result_class)):
         return tensor.wait()
@@ -271,30 +480,29 @@ def wait_tensor(tensor):
 
 def broadcast(self, src: int, group: RANK_TYPES, tag: str = ""):
     """A copy of rank `src`'s tensor (`src` is a rank of the group) on every rank."""
-    pg = _resolve_group(group, tag)
-    out = _clone(self)
-    _c10d.broadcast(out, group=pg, group_src=src)
-    return _maybe_wrap_tensor(out)
+    return _maybe_wrap_tensor(_run("broadcast", self, src, _resolve_group(group, tag)))
 
 
 def all_reduce(self, reduceOp: str, group: RANK_TYPES, tag: str = ""):
     """The reduction (``"sum"``, ``"avg"``, ``"max"``, ...) of every rank's tensor."""
     pg = _resolve_group(group, tag)
-    out = _clone(self)
-    _c10d.all_reduce(out, op=_reduce_op(reduceOp), group=pg)
-    return _maybe_wrap_tensor(out)
+    return _maybe_wrap_tensor(_run("all_reduce", self, _op_name(reduceOp), pg))
 
 
-def all_gather_tensor(self, gather_dim: int, group: RANK_TYPES, tag: str = ""):
+def all_gather_single(self, gather_dim: int, group: RANK_TYPES, tag: str = ""):
     """Every rank's tensor, concatenated along `gather_dim` in rank order."""
     pg = _resolve_group(group, tag)
     n = pg.size()
-    shape = _shape(self) or [1]
-    out = _empty(self, [shape[0] * n] + shape[1:])
-    _c10d.all_gather_into_tensor(out, _contiguous(self).reshape(shape), group=pg)
-    if gather_dim != 0 and n > 1:
+    out = _run("all_gather", self, pg)
+    if gather_dim == 0:
+        return _maybe_wrap_tensor(out)
+    # As torch: a plain result, unless the chunks concatenate as a view (one row per rank and
+    # nothing between dimension 0 and gather_dim).
+    shape = _shape(out)
+    as_view = shape[0] == n and int(np.prod(shape[1:gather_dim], dtype=np.int64)) == 1
+    if n > 1:
         out = _move_dim_chunks(out, n, 0, gather_dim)
-    return _maybe_wrap_tensor(out)
+    return _maybe_wrap_tensor(out) if as_view else out
 
 
 def _check_scatter_dim(what: str, tensor, scatter_dim: int, n: int) -> None:
@@ -305,7 +513,7 @@ def _check_scatter_dim(what: str, tensor, scatter_dim: int, n: int) -> None:
             f"of the group size {n}")
 
 
-def reduce_scatter_tensor(self, reduceOp: str, scatter_dim: int, group: RANK_TYPES,
+def reduce_scatter_single(self, reduceOp: str, scatter_dim: int, group: RANK_TYPES,
                           tag: str = ""):
     """This rank's chunk (along `scatter_dim`, in rank order) of the reduction of every rank's
     tensor."""
@@ -314,11 +522,31 @@ def reduce_scatter_tensor(self, reduceOp: str, scatter_dim: int, group: RANK_TYP
     _check_scatter_dim("reduce_scatter_tensor", self, scatter_dim, n)
     # Chunk j along scatter_dim goes to rank j: with the chunks stacked along dimension 0,
     # rank j's block of the flat input is that chunk, already in the output's shape.
-    flat = _contiguous(self) if scatter_dim == 0 else _move_dim_chunks(self, n, scatter_dim, 0)
-    flat_shape = _shape(flat)
-    out = _empty(self, [flat_shape[0] // n] + flat_shape[1:])
-    _c10d.reduce_scatter_tensor(out, flat, op=_reduce_op(reduceOp), group=pg)
-    return _maybe_wrap_tensor(out)
+    flat = self if scatter_dim == 0 else _move_dim_chunks(self, n, scatter_dim, 0)
+    return _maybe_wrap_tensor(_run("reduce_scatter", flat, _op_name(reduceOp), pg))
+
+
+# Differentiable on torch tensors like the plain ones; the names say so, as torch's do.
+all_gather_single_autograd = all_gather_single
+reduce_scatter_single_autograd = reduce_scatter_single
+
+
+def _deprecated(old: str, new):
+    """`new` under its old name, warning as torch 2.13 does for the *_tensor spellings."""
+    def call(*args, **kwargs):
+        warnings.warn(f"c10d._functional_collectives.{old} is deprecated, as in torch: use "
+                      f"{new.__name__} instead", FutureWarning, stacklevel=2)
+        return new(*args, **kwargs)
+    call.__name__ = call.__qualname__ = old
+    call.__doc__ = f"Deprecated name of :func:`{new.__name__}`."
+    return call
+
+
+all_gather_tensor = _deprecated("all_gather_tensor", all_gather_single)
+all_gather_tensor_autograd = _deprecated("all_gather_tensor_autograd", all_gather_single_autograd)
+reduce_scatter_tensor = _deprecated("reduce_scatter_tensor", reduce_scatter_single)
+reduce_scatter_tensor_autograd = _deprecated("reduce_scatter_tensor_autograd",
+                                             reduce_scatter_single_autograd)
 
 
 def all_reduce_coalesced(self: List, reduceOp: str, group: RANK_TYPES, tag: str = ""):
@@ -326,22 +554,29 @@ def all_reduce_coalesced(self: List, reduceOp: str, group: RANK_TYPES, tag: str 
     return [all_reduce(t, reduceOp, group, tag) for t in self]
 
 
-def all_gather_into_tensor_coalesced(self: List, group: RANK_TYPES, tag: str = ""):
-    """all_gather_tensor (along dimension 0) of each tensor of the list."""
-    return [all_gather_tensor(t, 0, group, tag) for t in self]
+def all_gather_single_coalesced(self: List, group: RANK_TYPES, tag: str = ""):
+    """all_gather_single (along dimension 0) of each tensor of the list."""
+    return [all_gather_single(t, 0, group, tag) for t in self]
 
 
-def reduce_scatter_tensor_coalesced(inputs: List, reduceOp: str, scatter_dim: List[int],
+def reduce_scatter_single_coalesced(inputs: List, reduceOp: str, scatter_dim: List[int],
                                     group: RANK_TYPES, tag: str = ""):
-    """reduce_scatter_tensor of each tensor of the list, along its entry of `scatter_dim`."""
+    """reduce_scatter_single of each tensor of the list, along its entry of `scatter_dim`."""
     if len(scatter_dim) != len(inputs):
-        raise _c10d._ArgumentError("reduce_scatter_tensor_coalesced: scatter_dim needs one "
-                                   "entry per input")
+        raise _c10d._ArgumentError(
+            f"reduce_scatter_tensor_coalesced: scatter_dim has {len(scatter_dim)} entries for "
+            f"{len(inputs)} inputs: it needs one per input")
     n = _resolve_group(group, tag).size()
     for i, (t, d) in enumerate(zip(inputs, scatter_dim)):  # all checked before any runs
         _check_scatter_dim(f"reduce_scatter_tensor_coalesced: input {i}", t, d, n)
-    return [reduce_scatter_tensor(t, reduceOp, d, group, tag)
+    return [reduce_scatter_single(t, reduceOp, d, group, tag)
             for t, d in zip(inputs, scatter_dim)]
+
+
+all_gather_into_tensor_coalesced = _deprecated("all_gather_into_tensor_coalesced",
+                                               all_gather_single_coalesced)
+reduce_scatter_tensor_coalesced = _deprecated("reduce_scatter_tensor_coalesced",
+                                              reduce_scatter_single_coalesced)
 
 
 def all_to_all_single(self, output_split_sizes: Optional[List[int]],
@@ -350,17 +585,17 @@ def all_to_all_single(self, output_split_sizes: Optional[List[int]],
     rows every rank sent here, in rank order (equal splits of dimension 0 when both are None)."""
     pg = _resolve_group(group, tag)
     n = pg.size()
-    shape = _shape(self) or [1]
     if (output_split_sizes is None) != (input_split_sizes is None):
         raise _c10d._ArgumentError("output_split_sizes and input_split_sizes must either be "
                                    "specified together or both set to None")
     if output_split_sizes is None:
-        output_split_sizes = [shape[0] // n] * n
+        output_split_sizes = [(_shape(self) or [1])[0] // n] * n
         input_split_sizes = output_split_sizes
-    out = _empty(self, [sum(output_split_sizes)] + shape[1:])
-    _c10d.all_to_all_single(out, _contiguous(self).reshape(shape), list(output_split_sizes),
-                            list(input_split_sizes), group=pg)
-    return _maybe_wrap_tensor(out)
+    return _maybe_wrap_tensor(_run("all_to_all", self, [int(s) for s in output_split_sizes],
+                                   [int(s) for s in input_split_sizes], pg))
+
+
+all_to_all_single_autograd = all_to_all_single
 
 
 def permute_tensor(self, src_dst: List[int], group: RANK_TYPES, tag: str = ""):
@@ -374,17 +609,10 @@ def permute_tensor(self, src_dst: List[int], group: RANK_TYPES, tag: str = ""):
             in_splits[dst] = numel
         if dst == me:
             out_splits[src] = numel
-    flat = _contiguous(self).reshape(-1)
-    got = all_to_all_single(flat, out_splits, in_splits, pg, tag)
+    got = _run("all_to_all", _flat(self), out_splits, in_splits, pg)
     # One tensor received (src_dst a permutation): in the input's shape. Otherwise, as in
     # torch, whatever arrived, flat and in rank order.
     return _maybe_wrap_tensor(got.reshape(_shape(self)) if sum(out_splits) == numel else got)
-
-
-# c10d has no autograd: the autograd variants are the plain ones.
-all_gather_tensor_autograd = all_gather_tensor
-reduce_scatter_tensor_autograd = reduce_scatter_tensor
-all_to_all_single_autograd = all_to_all_single
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,14 +638,14 @@ def all_gather_tensor_inplace(output_tensor, input_tensor, group=None, async_op:
                               tag: str = "", gather_dim: int = 0):
     _sync_only(async_op, "all_gather_tensor_inplace")
     return _copy_into(output_tensor,
-                      all_gather_tensor(input_tensor, gather_dim, _c10d._resolve_group(group), tag))
+                      all_gather_single(input_tensor, gather_dim, _c10d._resolve_group(group), tag))
 
 
 def reduce_scatter_tensor_inplace(output, input, op="sum", group=None, async_op: bool = False,
                                   scatter_dim: int = 0, tag: str = ""):
     _sync_only(async_op, "reduce_scatter_tensor_inplace")
     pg = _c10d._resolve_group(group)
-    return _copy_into(output, reduce_scatter_tensor(input, op, scatter_dim, pg, tag))
+    return _copy_into(output, reduce_scatter_single(input, op, scatter_dim, pg, tag))
 
 
 def all_reduce_inplace(tensor, op="sum", group=None, async_op: bool = False, tag: str = ""):
@@ -438,7 +666,7 @@ def all_gather_inplace(tensor_list, tensor, group=None, async_op=False, tag: str
     if any((_shape(t)[0] if _shape(t) else 1) != rows for t in tensor_list):
         raise _c10d._ArgumentError("all_gather_inplace: every output must have the input's "
                                    "first dimension")
-    gathered = all_gather_tensor(tensor, 0, _c10d._resolve_group(group), tag)
+    gathered = all_gather_single(tensor, 0, _c10d._resolve_group(group), tag)
     for i, dst in enumerate(tensor_list):
         _copy_into(dst, gathered[i * rows:(i + 1) * rows].reshape(_shape(dst)))
     return tensor_list

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _C
 from . import rendezvous as _rdzv
+from ._binding_additions import _DistributedBackendOptions, _track_pending
 from ._C import (
     AllgatherOptions,
     AllreduceCoalescedOptions,
@@ -71,16 +72,20 @@ class Backend(str):
     XCCL = "xccl"
     SHM = "shm"
     FAKE = "fake"
+    # shm within each host, Gloo between hosts; "auto" (also what no backend means): shm when
+    # every rank runs on one host, else hier.
+    HIER = "hier"
+    AUTO = "auto"
 
     _BackendPlugin = collections.namedtuple("_BackendPlugin", ["creator_fn", "extended_api"])
     _plugins: Dict[str, "_BackendPlugin"] = {}
 
-    backend_list = [UNDEFINED, GLOO, NCCL, UCC, MPI, XCCL, SHM]
+    backend_list = [UNDEFINED, GLOO, NCCL, UCC, MPI, XCCL, SHM, HIER, AUTO]
     default_device_backend_map = {"cpu": GLOO}
     backend_capability: Dict[str, List[str]] = {GLOO: ["cpu"], SHM: ["cpu"], MPI: ["cpu"],
-                                                 FAKE: ["cpu"]}
+                                                 FAKE: ["cpu"], HIER: ["cpu"], AUTO: ["cpu"]}
     backend_type_map: Dict[str, int] = {UNDEFINED: 0, GLOO: 1, NCCL: 2, UCC: 3, MPI: 4,
-                                        XCCL: 5, FAKE: 6, SHM: 7}
+                                        XCCL: 5, FAKE: 6, SHM: 7, HIER: 8, AUTO: 9}
 
     def __new__(cls, name: str):
         if not isinstance(name, str):
@@ -121,7 +126,8 @@ class BackendConfig:
         self.device_backend_map: Dict[str, str] = {}
         backend = str(backend)
         if backend == Backend.UNDEFINED:
-            self.device_backend_map = {"cpu": Backend.GLOO}
+            self.device_backend_map = {
+                "cpu": Backend.AUTO if is_backend_available(Backend.AUTO) else Backend.GLOO}
         elif backend.lower() in Backend.backend_list or backend.upper() in Backend._plugins \
                 or backend.lower() in (Backend.FAKE,):
             name = Backend(backend)
@@ -170,6 +176,7 @@ class _ReduceOpAlias:
 
 
 reduce_op = _ReduceOpAlias()
+_reduce_op = _ReduceOpAlias  # torch's name of the class
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,6 +233,12 @@ class _World:
         self.pg_backend_config: Dict[ProcessGroup, str] = {}
         self.group_count = 0
         self.pg_default_device: Dict[ProcessGroup, str] = {}
+        # Tags name groups for the functional collectives: "ptd:<group name>" by default,
+        # "user:<tag>" for groups made with one; "" lists every group made without a tag.
+        self.tags_to_pg: Dict[str, List[ProcessGroup]] = {}
+        self.pg_to_tag: Dict[ProcessGroup, str] = {}
+        # The collectives a _coalescing_manager block deferred, per group.
+        self.pg_coalesce_state: Dict[ProcessGroup, List["_CollOp"]] = {}
         for table in _INLINE.values():
             table.clear()
 
@@ -247,8 +260,20 @@ class _World:
 
     def drop_group(self, pg) -> None:
         for table in (self.pg_map, self.pg_names, self.pg_group_ranks, self.pg_backend_config,
-                      *_INLINE.values()):
+                      self.pg_to_tag, self.pg_coalesce_state, *_INLINE.values()):
             table.pop(pg, None)
+        for groups in self.tags_to_pg.values():  # emptied tags stay, as in torch
+            if pg in groups:
+                groups.remove(pg)
+
+    def add_tag(self, pg, tag: Optional[str], group_name: str) -> None:
+        if tag:
+            tag = tag if tag.startswith(("user:", "ptd:")) else f"user:{tag}"
+        else:
+            self.tags_to_pg.setdefault("", []).append(pg)
+            tag = f"ptd:{group_name}"
+        self.tags_to_pg.setdefault(tag, []).append(pg)
+        self.pg_to_tag[pg] = tag
 
 
 _world = _World()
@@ -259,7 +284,8 @@ _world = _World()
 _WORLD_ATTRIBUTES = {"_pg_map": "pg_map", "_pg_names": "pg_names",
                      "_pg_group_ranks": "pg_group_ranks",
                      "_pg_backend_config": "pg_backend_config", "_group_count": "group_count",
-                     "_default_pg": "default_pg"}
+                     "_default_pg": "default_pg", "_tags_to_pg": "tags_to_pg",
+                     "_pg_to_tag": "pg_to_tag"}
 
 
 def __getattr__(name: str):
@@ -274,6 +300,11 @@ def _get_default_group() -> ProcessGroup:
         raise _DistValueError("Default process group has not been initialized, please make sure "
                               "to call init_process_group.")
     return _world.default_pg
+
+
+def _update_default_pg(pg) -> None:
+    """Makes `pg` the default group (None: no default group)."""
+    _world.set_default(pg)
 
 
 def _get_default_store():
@@ -334,11 +365,26 @@ def is_xccl_available() -> bool:
     return False
 
 
+# Which backends this build has, as module constants (torch's names; read once at import).
+_GLOO_AVAILABLE = is_gloo_available()
+_MPI_AVAILABLE = is_mpi_available()
+_NCCL_AVAILABLE = _UCC_AVAILABLE = _XCCL_AVAILABLE = False
+PG_WRAPPER_STORE_PREFIX = "pg_wrapper"
+_backend: Optional[str] = None  # torch's deprecated global, never set
+_default_pg_init_method: Optional[str] = None
+
+
+def _check_single_backend_availability(backend_name: str) -> bool:
+    """Whether one backend (a name, no device map) is available."""
+    return is_backend_available(backend_name)
+
+
 def is_backend_available(backend: str) -> bool:
     name = str(backend).lower()
     checks = {"gloo": is_gloo_available, "mpi": is_mpi_available, "shm": is_shm_available,
               "nccl": is_nccl_available, "ucc": is_ucc_available, "xccl": is_xccl_available,
-              "fake": lambda: True}
+              "fake": lambda: True, "hier": lambda: hasattr(_C, "ProcessGroupHier"),
+              "auto": lambda: hasattr(_C, "ProcessGroupHier")}
     if name in checks:
         return checks[name]()
     return name.upper() in Backend._plugins
@@ -594,7 +640,7 @@ def _timeout_or_default(timeout) -> timedelta:
 
 
 def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, pg_options,
-                    global_ranks=()):
+                    global_ranks=(), group_name: str = ""):
     if name == Backend.GLOO:
         if not is_gloo_available():
             raise RuntimeError("Backend gloo is not available in this build of c10d")
@@ -603,6 +649,10 @@ def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, 
         return _C.FakeProcessGroup(rank, size)
     if name == Backend.SHM and is_shm_available():
         return _C.ProcessGroupShm(store, rank, size, timeout)
+    if name == Backend.HIER and is_backend_available(Backend.HIER):
+        return _C.ProcessGroupHier(store, rank, size, timeout)
+    if name == Backend.AUTO and is_backend_available(Backend.AUTO):
+        return _C._create_auto_backend(store, rank, size, timeout)
     if name == Backend.MPI and is_mpi_available():
         _finalize_mpi_at_exit()
         created = _C.ProcessGroupMPI.create(list(global_ranks), timeout)
@@ -616,17 +666,23 @@ def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, 
     plugin = Backend._plugins.get(name.upper())
     if plugin is not None:
         if plugin.extended_api:
-            options = _C._DistributedBackendOptions() if hasattr(
-                _C, "_DistributedBackendOptions") else _ExtendedBackendOptions()
+            options = _DistributedBackendOptions()
             options.store, options.group_rank, options.group_size = store, rank, size
             options.timeout = timeout
+            options.group_id = group_name
+            options.global_ranks_in_group = list(global_ranks) or list(range(size))
             return plugin.creator_fn(options, pg_options)
         return plugin.creator_fn(store, rank, size, timeout)
+    if name in _GPU_BACKENDS:
+        raise RuntimeError(f"Backend {name} needs CUDA GPUs, which c10d does not support: it "
+                           f"runs on CPUs only (use gloo, shm or mpi, or 'cpu:gloo' in a "
+                           f"backend string such as 'cpu:gloo,cuda:{name}')")
     raise RuntimeError(f"Backend {name} is not available in this build of c10d (available: "
                        f"{', '.join(b for b in ['gloo', 'shm', 'mpi'] if is_backend_available(b))})")
 
 
 _mpi_finalizer_registered = False
+_GPU_BACKENDS = (Backend.NCCL, Backend.UCC, Backend.XCCL)
 
 
 def _finalize_mpi_at_exit():
@@ -667,31 +723,32 @@ def _mpi_store(timeout):
     return _C.TCPStore(address, port, world_size, False, timeout), rank, world_size
 
 
-class _ExtendedBackendOptions:
-    """What an extended-API backend creator receives."""
-
-    store = None
-    group_rank = -1
-    group_size = -1
-    timeout = default_pg_timeout
-    group_id = ""
-    global_ranks_in_group: List[int] = []
-
-
 def _new_process_group_helper(group_size, group_rank, global_ranks, backend, store,
-                              group_name, pg_options=None, timeout=None):
+                              group_name, pg_options=None, timeout=None, pg_tag=None):
+    if pg_tag:
+        # The same tag and ranks again give the group made the first time, as in torch.
+        existing = _find_pg_by_ranks_and_tag(pg_tag, list(global_ranks))
+        if existing is not None:
+            return existing
     config = BackendConfig(backend)
     timeout = _timeout_or_default(timeout)
     prefix_store = _C.PrefixStore(f"{group_name}/", store)
     pg = None
     backends = {}
     for device, name in config.get_device_backend_map().items():
+        if device != "cpu" and name in _GPU_BACKENDS and not is_backend_available(name):
+            # "cpu:gloo,cuda:nccl" serves CPU tensors; the GPU backend is what c10d lacks.
+            continue
         created = _create_backend(name, prefix_store, group_rank, group_size, timeout,
-                                  pg_options, global_ranks)
+                                  pg_options, global_ranks, group_name)
         if isinstance(created, ProcessGroup):
             # A complete process group (e.g. a Python subclass of ProcessGroup): use it as is.
             pg = created
             break
+        if name == Backend.AUTO:
+            name = Backend(created.name())  # what "auto" picked: shm or hier
+            if len(config.get_device_backend_map()) == 1:
+                backend = name
         backends[device] = (name, created)
     if pg is None:
         pg = ProcessGroup(prefix_store, group_rank, group_size, str(Backend(backend))
@@ -727,6 +784,7 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
         _world.pg_group_ranks[pg] = {g: i for i, g in enumerate(global_ranks)}
     else:
         _world.pg_group_ranks[pg] = {i: i for i in range(group_size)}
+    _world.add_tag(pg, pg_tag, group_name)
     return pg
 
 
@@ -771,13 +829,40 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         _rdzv.store_based_barrier(store, rank, world_size, timeout,
                                   key=f"c10d/init/{group_name or _world.group_count}")
     if backend == Backend.UNDEFINED:
-        backend = Backend.GLOO
+        backend = Backend.AUTO if is_backend_available(Backend.AUTO) else Backend.GLOO
     name = group_name or str(_world.group_count)
     _world.group_count += 1
     pg = _new_process_group_helper(world_size, rank, [], backend, store, name, pg_options,
                                    timeout)
     pg._set_group_desc("default_pg")
     _world.set_default(pg)
+    _mirror_into_torch(pg, store, rank, world_size, timeout)
+
+
+def _mirror_into_torch(pg, store, rank, world_size, timeout) -> None:
+    """When the program has loaded torch, torch.distributed's default group becomes this same
+    group (c10d.torch_backend), so torch utilities asking torch for the world (DistributedSampler,
+    ZeroRedundancyOptimizer) work unchanged. torch is never imported here."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return
+    try:
+        from . import torch_backend
+        torch_backend._mirror_default_group(pg, store, rank, world_size, _world.pg_map[pg][0],
+                                            timeout)
+    except Exception as e:  # c10d's group stands without torch's view of it
+        warnings.warn(f"c10d: torch.distributed's default group could not be made c10d's "
+                      f"default group: {e!r}")
+
+
+def _unmirror_from_torch() -> None:
+    """Destroys torch.distributed's default group if it is c10d's (see _mirror_into_torch)."""
+    import sys
+
+    torch_backend = sys.modules.get("c10d.torch_backend")
+    if torch_backend is not None:
+        torch_backend._unmirror()
 
 
 def _incarnation_store(store, world_size):
@@ -800,6 +885,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         if _world.default_pg is None:  # torch asserts here
             raise _ArgumentError("Default process group has not been initialized, please "
                                  "make sure to call init_process_group.")
+        _unmirror_from_torch()
         for pg in list(_world.pg_map):
             _shutdown(pg)
         for name in _world.pg_names.values():
@@ -822,6 +908,29 @@ def _shutdown(pg):
             warnings.warn(f"shutting down {pg} raised {e!r}")
 
 
+def _abort_process_group(group: Optional[ProcessGroup] = None) -> None:
+    """Tears `group` down (every group for None), as destroy_process_group does; c10d's groups
+    have no abort that skips their submitted operations."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    pg = _world.default_pg if group is None or group is GroupMember.WORLD else group
+    if pg is None or pg not in _world.pg_map:
+        raise _DistValueError("Invalid process group specified or has been destroyed.")
+    destroy_process_group(group)
+
+
+def _set_pg_timeout(timeout: timedelta, group: Optional[ProcessGroup] = None) -> None:
+    """Sets the default timeout of `group`'s Gloo backend (the default group's for None)."""
+    pg = _get_default_group() if group is None else group
+    if _rank_not_in_group(pg):
+        raise _DistValueError("Invalid process group specified")
+    _check_valid_timeout(timeout)
+    for device in pg._device_types():
+        backend = pg._get_backend(device.split(":")[0])
+        if hasattr(backend, "_set_default_timeout"):
+            backend._set_default_timeout(timeout)
+
+
 def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = None,
               backend: Optional[str] = None, pg_options: Optional[Any] = None,
               use_local_synchronization: bool = False, group_desc: Optional[str] = None,
@@ -830,12 +939,22 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
     must call it, in the same order; ranks outside get ``GroupMember.NON_GROUP_MEMBER``. With
     `use_local_synchronization` only the members need to call it (in the same order among
     themselves): the group is named after its ranks instead of by the world's count."""
+    return _new_group_with_tag(ranks, timeout, backend, pg_options, None,
+                               use_local_synchronization, group_desc, device_id)
+
+
+def _new_group_with_tag(ranks=None, timeout=None, backend=None, backend_options=None,
+                        pg_tag=None, use_local_synchronization=False, group_desc=None,
+                        device_id=None, sort_ranks: bool = True):
+    """new_group whose group also carries the tag `pg_tag` (see _find_pg_by_ranks_and_tag):
+    with a tag, the same ranks and tag again give the group made the first time."""
+    pg_options = backend_options
     default = _get_default_group()
     world_size = default.size()
     global_rank = default.rank()
     if ranks is None or len(ranks) == 0:
         ranks = list(range(world_size))
-    ranks = sorted(int(r) for r in ranks)
+    ranks = sorted(int(r) for r in ranks) if sort_ranks else [int(r) for r in ranks]
     if len(set(ranks)) != len(ranks):
         raise _DistValueError(f"new_group: ranks contain duplicates: {ranks}")
     for r in ranks:
@@ -858,9 +977,56 @@ def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = 
     # Without a timeout a group gets the default one (default_pg_timeout), as in torch, not
     # the default group's.
     pg = _new_process_group_helper(len(ranks), ranks.index(global_rank), ranks, backend, store,
-                                   name, pg_options, _timeout_or_default(timeout))
+                                   name, pg_options, _timeout_or_default(timeout), pg_tag)
     pg._set_group_desc("undefined" if group_desc is None else group_desc)  # torch's default
     return pg
+
+
+def _get_group_tag(pg: ProcessGroup) -> str:
+    """The tag `pg` was made with ("ptd:<group name>" when none was given)."""
+    tag = _world.pg_to_tag[pg]
+    return tag[len("user:"):] if tag.startswith("user:") else tag
+
+
+def _find_pg_by_ranks_and_tag(tag: str, ranks: List[int]) -> Optional[ProcessGroup]:
+    """A live group with `tag` whose members are exactly `ranks` (global ranks, any order), or
+    None. A tag without the "ptd:"/"user:" prefix is a user's tag."""
+    if tag and not tag.startswith(("ptd:", "user:")):
+        tag = f"user:{tag}"
+    wanted = set(ranks)
+    for pg in _world.tags_to_pg.get(tag, []):
+        if pg.size() == len(ranks) and wanted <= set(get_process_group_ranks(pg)):
+            return pg
+    return None
+
+
+def _find_or_create_pg_by_ranks_and_tag(tag: str, ranks: List[int], stride: int) -> ProcessGroup:
+    """The group of `tag` made of this rank's block of `stride` consecutive entries of `ranks`;
+    made (with that tag) when there is none."""
+    if len(ranks) % stride != 0:
+        raise _DistValueError(f"Ranks length ({len(ranks)}) must be divisible by stride "
+                              f"({stride})")
+    me = get_rank()
+    mine = next((ranks[i:i + stride] for i in range(0, len(ranks), stride)
+                 if me in ranks[i:i + stride]), None)
+    if mine is None:
+        raise _ArgumentError(f"rank {me} is in none of the rank sets of {ranks} (stride "
+                             f"{stride})")
+    mine = sorted(mine)
+    pg = _find_pg_by_ranks_and_tag(tag, mine)
+    if pg is not None:
+        return pg
+    if tag == "":
+        raise _DistValueError("Cannot automatically create PG with empty tag")
+    return _new_group_with_tag(mine, pg_tag=tag)
+
+
+def _resolve_group_name_by_ranks_and_tag(ranks: List[int], tag: str) -> str:
+    """The name of the group _find_pg_by_ranks_and_tag finds; ValueError when there is none."""
+    pg = _find_pg_by_ranks_and_tag(tag, ranks)
+    if pg is None:
+        raise _DistValueError(f"no process group with tag {tag!r} and ranks {list(ranks)}")
+    return pg.group_name
 
 
 def _name_of_ranks(ranks):
@@ -976,6 +1142,7 @@ def _opts(cls, async_op: bool):
 
 def _finish(work, async_op: bool):
     if async_op:
+        _track_pending(work)
         return work
     if work is not None:  # C++ groups already waited; a Python ProcessGroup returns a Work
         work.wait()
@@ -1011,8 +1178,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     elif _rank_not_in_group(group):
         _warn_not_in_group("all_reduce")
         return None
+    if _world.pg_coalesce_state and group in _world.pg_coalesce_state:
+        return _defer_to_coalescing(group, _CollOp(all_reduce, tensor, None, op), async_op)
     work = group.allreduce([tensor], _allreduce_opts(op, async_op))
     if async_op:
+        _track_pending(work)
         return work
     if work is not None:
         work.wait()
@@ -1111,6 +1281,37 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     return _finish(_resolve_group(group).reduce([tensor], opts), async_op)
 
 
+def _is_tensor(value) -> bool:
+    return isinstance(value, np.ndarray) or hasattr(value, "__dlpack__") or \
+        hasattr(value, "__array_interface__")
+
+
+def _check_single_tensor(param, param_name: str) -> None:
+    """TypeError unless `param` is one tensor (an array, or anything with __dlpack__)."""
+    if not _is_tensor(param):
+        raise _DistTypeError(f"Invalid function argument. Expected parameter `{param_name}` of "
+                             f"type tensor but got {type(param)} instead.")
+
+
+def _check_tensor_list(param, param_name: str) -> None:
+    """TypeError unless `param` is a list of tensors."""
+    if not isinstance(param, list) or not all(_is_tensor(p) for p in param):
+        raise _DistTypeError(f"Invalid function argument. Expected parameter `{param_name}` of "
+                             f"type List[tensor] but got {type(param)} instead.")
+
+
+def _as_iterable(obj):
+    return obj if isinstance(obj, list) else (obj,)
+
+
+def _ensure_all_tensors_same_dtype(*tensors) -> None:
+    """ValueError unless the tensors (or lists of them) share one dtype."""
+    dtypes = {str(getattr(t, "dtype", None)) for arg in tensors for t in _as_iterable(arg)}
+    if len(dtypes) > 1:
+        raise _DistValueError(f"Invalid usage of tensors with different dtypes: found "
+                              f"{sorted(dtypes)}")
+
+
 def _check_list(value, name):
     if not isinstance(value, (list, tuple)):
         raise _DistTypeError(f"Invalid function argument: {name} should be a list of tensors, got "
@@ -1138,7 +1339,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     if _rank_not_in_group(group):
         _warn_not_in_group("all_gather_into_tensor")
         return None
-    return _finish(_resolve_group(group)._allgather_base(
+    pg = _resolve_group(group)
+    if _world.pg_coalesce_state and pg in _world.pg_coalesce_state:
+        return _defer_to_coalescing(
+            pg, _CollOp(all_gather_into_tensor, input_tensor, output_tensor), async_op)
+    return _finish(pg._allgather_base(
         output_tensor, input_tensor, _opts(AllgatherOptions, async_op)), async_op)
 
 
@@ -1236,10 +1441,14 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     if _rank_not_in_group(group):
         _warn_not_in_group("reduce_scatter_tensor")
         return None
+    pg = _resolve_group(group)
+    if _world.pg_coalesce_state and pg in _world.pg_coalesce_state:
+        return _defer_to_coalescing(pg, _CollOp(reduce_scatter_tensor, input, output, op),
+                                    async_op)
     opts = ReduceScatterOptions()
     opts.reduceOp = op
     opts.asyncOp = async_op
-    return _finish(_resolve_group(group)._reduce_scatter_base(output, input, opts), async_op)
+    return _finish(pg._reduce_scatter_base(output, input, opts), async_op)
 
 
 def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=False):
@@ -1421,9 +1630,7 @@ class P2POp:
 
     def __init__(self, op: Callable, tensor, peer: Optional[int] = None, group=None,
                  tag: int = 0, group_peer: Optional[int] = None):
-        if op not in (isend, irecv):
-            raise _DistValueError("Invalid ``op``. Expected ``op`` to be of type ``c10d.isend`` "
-                                  "or ``c10d.irecv``.")
+        _check_op(op)
         if (peer is None) == (group_peer is None):
             raise _DistValueError("Specify exactly one of peer and group_peer")
         self.op = op
@@ -1446,14 +1653,7 @@ class P2POp:
 
 def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     """Starts every send/receive of the list; returns their Works."""
-    if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
-        raise _DistValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
-                              "``c10d.P2POp``.")
-    if not p2p_op_list:
-        raise _ShortListError("batch_isend_irecv needs at least one P2POp")
-    groups = {id(p.group) for p in p2p_op_list}
-    if len(groups) > 1:
-        raise _DistValueError("All ops need to use the same group.")
+    _check_p2p_op_list(p2p_op_list)
     works: List[Optional[Work]] = [None] * len(p2p_op_list)
     # Receives are posted before sends, so two ranks exchanging in either order never wait
     # on each other. The Works come back in the order of the list, as torch's do.
@@ -1466,6 +1666,23 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         works[i] = p.op(p.tensor, group=p.group, tag=p.tag, **peer)
     # A rank outside the group gets no Works (an empty list), as from torch.
     return [w for w in works if w is not None]
+
+
+def _check_op(op) -> None:
+    if op not in (isend, irecv):
+        raise _DistValueError("Invalid ``op``. Expected ``op`` to be of type ``c10d.isend`` "
+                              "or ``c10d.irecv``.")
+
+
+def _check_p2p_op_list(p2p_op_list) -> None:
+    """A non-empty list of P2POps, all on one group."""
+    if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise _DistValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
+                              "``c10d.P2POp``.")
+    if not p2p_op_list:
+        raise _ShortListError("batch_isend_irecv needs at least one P2POp")
+    if len({id(p.group) for p in p2p_op_list}) > 1:
+        raise _DistValueError("All ops need to use the same group.")
 
 
 class _CoalescingManager:
@@ -1483,11 +1700,72 @@ class _CoalescingManager:
             work.wait()
 
 
+class _CollOp:
+    """A collective deferred by a _coalescing_manager block: the function, its tensor, the
+    output tensor when it is another one, the reduce op and the root."""
+
+    def __init__(self, op: Callable, tensor, dst_tensor=None, redop=None, root=None):
+        self.op = op
+        self.tensor = tensor
+        self.dst_tensor = dst_tensor
+        self.redop = redop
+        self.root = root
+
+
+class _IllegalWork(Work):
+    """What an async collective deferred by a coalescing block returns: its result comes with
+    the block's Work, so waiting on this one is an error."""
+
+    def __getattribute__(self, name):
+        if name in ("is_success", "exception", "wait", "source_rank", "_source_rank", "result",
+                    "synchronize"):
+            raise _DistValueError(f"Illegal to call {name} on IllegalWork object: the "
+                                  "collective runs when its _coalescing_manager block ends")
+        return super().__getattribute__(name)
+
+
+def _defer_to_coalescing(group, coll: _CollOp, async_op: bool):
+    _world.pg_coalesce_state[group].append(coll)
+    return _IllegalWork() if async_op else None
+
+
+def _issue_coalesced(pg, op_list: List[_CollOp]) -> None:
+    """Runs the collectives a coalescing block deferred, fused as torch fuses them: all_reduces
+    into one flattened all_reduce, all_gather_into_tensors and reduce_scatter_tensors into
+    their coalesced forms. Collectives of several kinds or reduce ops, which torch refuses or
+    reduces all with the first op, run one by one instead."""
+    first = op_list[0]
+    if any(c.op is not first.op or c.redop != first.redop for c in op_list):
+        for c in op_list:
+            if c.op is all_reduce:
+                c.op(c.tensor, c.redop, pg, True)
+            elif c.op is all_gather_into_tensor:
+                c.op(c.dst_tensor, c.tensor, pg, True)
+            else:
+                c.op(c.dst_tensor, c.tensor, c.redop, pg, True)
+        return
+    inputs = [c.tensor for c in op_list]
+    outputs = [c.dst_tensor for c in op_list]
+    if first.op is all_reduce:
+        opts = _opts(AllreduceCoalescedOptions, True)
+        opts.reduceOp = first.redop
+        pg.allreduce_coalesced(inputs, opts)
+    elif first.op is all_gather_into_tensor:
+        pg.allgather_into_tensor_coalesced(outputs, inputs, _opts(AllgatherOptions, True))
+    else:
+        opts = _opts(ReduceScatterOptions, True)
+        opts.reduceOp = first.redop
+        pg.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+
 @contextlib.contextmanager
 def _coalescing_manager(group=None, device=None, async_ops: bool = False):
     """Groups the collectives issued on `group` inside the block into one Work.
 
-    The operations run as they are issued; leaving the block waits for all of them, or, with
+    all_reduce, all_gather_into_tensor and reduce_scatter_tensor calls are deferred and run
+    fused when the block ends (one flattened all_reduce for all the all_reduces, as torch
+    does, when they are of one kind with one reduce op; else one by one); other collectives
+    run as they are issued. Leaving the block waits for all of them, or, with
     ``async_ops=True``, hands their combined Work to the manager it yielded (``cm.wait()``).
     On a rank outside `group` nothing runs and the manager stays empty.
     """
@@ -1496,10 +1774,26 @@ def _coalescing_manager(group=None, device=None, async_ops: bool = False):
         yield cm
         return
     pg = _resolve_group(group)
+    if _world.pg_coalesce_state.get(pg):
+        raise _DistValueError("ProcessGroup has non-empty op list at the start of coalescing")
     where = "cpu" if device is None else device
+    # Inline paths would run the deferred collectives at once: off for the block.
+    suspended = {}
+    for name, table in _INLINE.items():
+        fn = table.get(pg)
+        if fn is not None:
+            suspended[name] = {key: table.pop(key) for key in (pg, None) if table.get(key) is fn}
+    _world.pg_coalesce_state[pg] = []
     pg._start_coalescing(where)
     try:
-        yield cm
+        try:
+            yield cm
+        finally:
+            op_list = _world.pg_coalesce_state.pop(pg, [])
+            for name, entries in suspended.items():
+                _INLINE[name].update(entries)
+        if op_list:  # issued inside the window: the block's Work covers them
+            _issue_coalesced(pg, op_list)
     except BaseException:
         pg._end_coalescing(where)  # closes the window; the block's error is the one raised
         raise
@@ -1536,6 +1830,18 @@ def _check_list_holds(objects, world, name):
 
 def _from_bytes_tensor(array: np.ndarray, size: int):
     return _unpickler(io.BytesIO(array[:size].tobytes())).load()
+
+
+def _object_to_tensor(obj, device=None, group=None):
+    """(the pickled bytes of obj as a uint8 array, its length as an int64 array of one)."""
+    data = _to_bytes_tensor(obj)
+    return data, np.array([data.size], dtype=np.int64)
+
+
+def _tensor_to_object(tensor, tensor_size, group=None):
+    """The object _object_to_tensor pickled into `tensor` (of `tensor_size` bytes)."""
+    array = np.asarray(tensor.numpy() if hasattr(tensor, "numpy") else tensor, dtype=np.uint8)
+    return _from_bytes_tensor(array.reshape(-1), int(tensor_size))
 
 
 def all_gather_object(object_list, obj, group=None):

@@ -186,7 +186,8 @@ def test_completion_hooks_and_coalescing(world1):
     t = np.ones(4)
     dist.all_reduce(t)
     dist.broadcast(t, 0)
-    assert [op for op, _ in seen] == ["ALLREDUCE", "BROADCAST"]
+    # WorkInfo.op_type is an OpType, as in torch.
+    assert [op for op, _ in seen] == [dist.OpType.ALLREDUCE, dist.OpType.BROADCAST]
     assert seen[1][1] == seen[0][1] + 1
 
     def broken_hook(info):
@@ -195,7 +196,7 @@ def test_completion_hooks_and_coalescing(world1):
     # A hook that raises is logged; the collective and the other hooks are unaffected.
     pg._register_on_completion_hook(broken_hook)
     dist.all_reduce(t)
-    assert (t == 1).all() and [op for op, _ in seen][-1] == "ALLREDUCE"
+    assert (t == 1).all() and [op for op, _ in seen][-1] is dist.OpType.ALLREDUCE
     pg._start_coalescing("cpu")
     works = [dist.all_reduce(np.ones(2), async_op=True) for _ in range(3)]
     work = pg._end_coalescing("cpu")

@@ -2205,3 +2205,10 @@ def barrier_after_async(dist, backend):
         dist.barrier()
         late = [i for i, t in enumerate(ts) if not (t == want).all()]
         assert not late, f"iteration {it}: all_reduce(s) {late} unfinished after the barrier"
+
+
+# Cases of test_api_names (torch names checked against torch itself).
+from .api_names_cases import (  # noqa: E402,F401
+    coalescing_fuses_all_reduces,
+    functional_autograd_matches_torch,
+)
