@@ -127,7 +127,9 @@ class TorchImpl(C10dImpl):
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo")
+        if backend != "gloo":  # one of c10d's backends inside torch ("c10d_shm")
+            import c10d.torch_backend  # noqa: F401
+        dist.init_process_group(backend)
         self.torch, self.dist = torch, dist
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
@@ -583,8 +585,12 @@ def main(argv=None) -> int:
         return worker(args)
 
     runs = [("c10d", b) for b in args.backend.split(",")]
-    runs += [(peer, "gloo") for peer in (peers_available() if args.compare else [])]
-    runs = [(impl, backend, f"c10d-{backend}" if impl == "c10d" else impl)
+    peers = peers_available() if args.compare else []
+    runs += [(peer, "gloo") for peer in peers]
+    if "torch" in peers:
+        runs.append(("torch", "c10d_shm"))  # torch.distributed calls on c10d's shm backend
+    runs = [(impl, backend, f"c10d-{backend}" if impl == "c10d"
+             else impl if backend == "gloo" else f"{impl}+{backend}")
             for impl, backend in runs]
     rounds_of = {label: args.slow_rounds if label in SLOW and args.slow_rounds is not None
                  else args.rounds for _, _, label in runs}
