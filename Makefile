@@ -14,7 +14,7 @@ NPROC ?= 2
 BACKEND ?= shm,shm-zc,gloo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps venv venv-bench configure build wheel test test-cpp test-python test-cpp-consumer stress exit-soak run demo bench fuzz fuzz-build fuzz-smoke clean
+.PHONY: all deps venv venv-bench configure build wheel test test-cpp test-python test-cpp-consumer stress exit-soak run run-multihost demo bench fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -84,10 +84,20 @@ exit-soak: build
 	@C10D_EXIT_RUNS=$(EXIT_RUNS) PYTHONPATH=python $(PYTHON) -m pytest -q \
 	  tests/python/test_shm_safety.py -k "exit"
 
+# The main job, a few minutes: all_reduce, broadcast and all_gather at six sizes from 4 B to
+# 4 MiB, side by side with PyTorch 2.13 (Gloo, and on c10d's shm through c10d.torch_backend)
+# and Open MPI, 3 interleaved rounds; then a small data-parallel training run.
+# `make bench` is the full sweep.
 run: build venv-bench
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
-	  --backend $(BACKEND) --compare --time-scale 0.3 --rounds 7 --slow-rounds 3 \
-	  --placement-probe $(BUILD)/bench/placement_probe
+	  --backend $(BACKEND) --compare --ops all_reduce,broadcast,all_gather \
+	  --min-bytes 4 --max-bytes 4M --factor 16 --time-scale 0.3 --rounds 3 --slow-rounds 1 \
+	  --placement-budget 60 --placement-probe $(BUILD)/bench/placement_probe
+	@PYTHONPATH=python $(PYTHON) -m c10d.run --nproc-per-node $(NPROC) examples/ddp_numpy.py
+
+# Across test hosts (network namespaces, root): c10d's hier and Gloo against PyTorch's Gloo.
+run-multihost: build venv-bench
+	@PYTHONPATH=python $(PYTHON) bench/multihost_bench.py
 
 demo: build
 	@PYTHONPATH=python $(PYTHON) examples/store_demo.py --nproc $(NPROC)
@@ -96,8 +106,8 @@ bench: build venv-bench
 	@$(BUILD)/bench/reduce_bench --benchmark_min_time=0.2
 	@PYTHONPATH=python $(PYTHON) bench/store_bench.py
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
-	  --backend $(BACKEND) --compare --plot bench/busbw.png \
-	  --placement-probe $(BUILD)/bench/placement_probe
+	  --backend $(BACKEND) --compare --time-scale 0.3 --rounds 7 --slow-rounds 3 \
+	  --plot bench/busbw.png --placement-probe $(BUILD)/bench/placement_probe
 
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 600

@@ -160,23 +160,62 @@ def store_based_barrier(store, rank: int, world_size: int, timeout: timedelta,
     store.set(f"{key}/rank/{rank}", str(os.getpid()))
     keys = [f"{key}/rank/{r}" for r in range(world_size)]
     deadline = time.monotonic() + timeout.total_seconds()
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            store.wait(keys, timedelta(seconds=max(0.001, min(left, progress_every))))
-            return
-        except _C.DistStoreTimeoutError:
-            pass
-        joined = [r for r in range(world_size) if store.check([keys[r]])]
+    seen = None  # (when, joined): the last look, for an error if the store goes away
+
+    def look():
+        nonlocal seen
+        seen = (time.monotonic(), [r for r in range(world_size) if store.check([keys[r]])])
+        return seen[1]
+
+    try:
+        look()
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                store.wait(keys, timedelta(seconds=max(0.001, min(left, progress_every))))
+                return
+            except _C.DistStoreTimeoutError:
+                pass
+            _rendezvous_progress(look(), rank, world_size, timeout, deadline)
+    except _C.DistStoreTimeoutError:
+        raise
+    except (_C.DistNetworkError, _C.DistStoreError) as e:
+        # The store's host gave up (its own rendezvous timed out at the same moment, or it
+        # died): say what this rank last saw.
+        when, joined = seen if seen else (time.monotonic(), [rank])
         missing = [r for r in range(world_size) if r not in joined]
-        if time.monotonic() >= deadline:
-            raise _C.DistStoreTimeoutError(
-                f"Rendezvous timed out after {timeout.total_seconds():g}s on rank {rank}: "
-                f"{len(joined)}/{world_size} ranks joined. Joined: {_ranges(joined)}; missing: "
-                f"{_ranges(missing)}. Check that every rank started and uses the same "
-                f"MASTER_ADDR/MASTER_PORT (or init_method) and WORLD_SIZE.")
-        _log.warning("rank %d: waiting for ranks %s to join (%d/%d joined)", rank,
-                     _ranges(missing), len(joined), world_size)
+        raise _C.DistStoreError(
+            f"Rendezvous failed on rank {rank}: the store ({store_description(store)}) went "
+            f"away while waiting for every rank to join ({e}). Last seen "
+            f"{time.monotonic() - when:.0f}s before: {len(joined)}/{world_size} ranks joined. "
+            f"Joined: {_ranges(joined)}; missing: {_ranges(missing)}.") from e
+
+
+def store_description(store) -> str:
+    """"TCPStore at host:port" when the store (or the store it prefixes) is one, else its type."""
+    inner = store
+    for _ in range(8):
+        nested = getattr(inner, "underlying_store", None)
+        if nested is None:
+            break
+        inner = nested() if callable(nested) else nested
+    host, port = getattr(inner, "host", None), getattr(inner, "port", None)
+    if host is not None and port is not None:
+        return f"TCPStore at {host}:{port}"
+    return type(store).__name__
+
+
+def _rendezvous_progress(joined, rank, world_size, timeout, deadline):
+    """Raises at the deadline naming who joined and who did not; logs progress before."""
+    missing = [r for r in range(world_size) if r not in joined]
+    if time.monotonic() >= deadline:
+        raise _C.DistStoreTimeoutError(
+            f"Rendezvous timed out after {timeout.total_seconds():g}s on rank {rank}: "
+            f"{len(joined)}/{world_size} ranks joined. Joined: {_ranges(joined)}; missing: "
+            f"{_ranges(missing)}. Check that every rank started and uses the same "
+            f"MASTER_ADDR/MASTER_PORT (or init_method) and WORLD_SIZE.")
+    _log.warning("rank %d: waiting for ranks %s to join (%d/%d joined)", rank,
+                 _ranges(missing), len(joined), world_size)
 
 
 def _ranges(ranks) -> str:

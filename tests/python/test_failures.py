@@ -34,10 +34,34 @@ def test_init_names_missing_ranks():
     assert time.monotonic() - start < 30
     for out, err in outs:
         assert "INIT_FAILED" in out, err
-    # Rank 0 hosts the store and reports who is missing; rank 1 may instead see the store
-    # close when rank 0 gives up first, which is also named.
+    # Rank 0 hosts the store and reports who is missing; rank 1, whose store goes away when
+    # rank 0 gives up at the same moment, reports what it last saw.
     assert "2/3 ranks joined" in outs[0][0] and "missing: 2" in outs[0][0], outs[0][0]
-    assert "missing: 2" in outs[1][0] or "closed the connection" in outs[1][0], outs[1][0]
+    assert "missing: 2" in outs[1][0] and "Joined: 0-1" in outs[1][0], outs[1][0]
+
+
+def test_rank_whose_store_host_gave_up_names_who_joined():
+    # Rank 0 (the store's host) gives up after 3 s; rank 1 would wait 60 s: it learns at once
+    # that the store went away, and says who had joined.
+    port = harness.free_port()
+    procs = []
+    for rank, seconds in ((0, 3), (1, 60)):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE="3", PYTHONPATH=os.path.join(REPO, "python"))
+        code = ("import c10d, datetime\n"
+                "try:\n"
+                f"    c10d.init_process_group('gloo', timeout=datetime.timedelta(seconds={seconds}))\n"
+                "except c10d.DistError as e:\n"
+                "    print('INIT_FAILED', type(e).__name__, e)\n")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        time.sleep(0.3 if rank == 0 else 0)
+    start = time.monotonic()
+    outs = [p.communicate(timeout=90) for p in procs]
+    assert time.monotonic() - start < 30
+    out = outs[1][0]
+    assert "INIT_FAILED DistStoreError" in out and "went away" in out, (out, outs[1][1])
+    assert "Joined: 0-1; missing: 2" in out, out
 
 
 def test_wrong_address_fails_within_timeout():

@@ -21,13 +21,13 @@ PROGRAM = textwrap.dedent("""
     import numpy as np
     import c10d as dist
     assert "torch" not in sys.modules, "importing c10d imported torch"
-    for backend in ("shm", "gloo"):
-        dist.init_process_group(backend)
-        rank = dist.get_rank()
+    dist.init_process_group("shm")
+    rank = dist.get_rank()
+    for group in (None, dist.new_group(backend="gloo")):
         x = np.arange(1000, dtype=np.float32) * (rank + 1)
-        dist.all_reduce(x)
-        assert (x == np.arange(1000, dtype=np.float32) * 3).all(), (backend, x[:4])
-        dist.destroy_process_group()
+        dist.all_reduce(x, group=group)
+        assert (x == np.arange(1000, dtype=np.float32) * 3).all(), (group, x[:4])
+    dist.destroy_process_group()
     print(f"rank {rank}: ok", dist.__file__, np.__version__)
 """)
 
