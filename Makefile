@@ -108,6 +108,8 @@ bench: build venv-bench
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
 	  --backend $(BACKEND) --compare --time-scale 0.3 --rounds 7 --slow-rounds 3 \
 	  --plot bench/busbw.png --placement-probe $(BUILD)/bench/placement_probe
+	@PYTHONPATH=python $(PYTHON) -m c10d.run --nproc-per-node $(NPROC) \
+	  bench/torch_backend_bench.py
 
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 600

@@ -141,10 +141,10 @@ class TorchImpl(C10dImpl):
         per = max(count // n, 1)
         if name == "all_gather":
             out, inp = self.make(per * n, dtype), self.make(per, dtype)
-            return lambda: d._all_gather_base(out, inp)
+            return lambda: d.all_gather_into_tensor(out, inp)
         if name == "reduce_scatter":
             out, inp = self.make(per, dtype), self.make(per * n, dtype)
-            return lambda: d._reduce_scatter_base(out, inp)
+            return lambda: d.reduce_scatter_tensor(out, inp)
         return super().op(name, count, dtype)
 
     def max_over_ranks(self, value):
