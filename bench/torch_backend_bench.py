@@ -1,6 +1,7 @@
 """torch.distributed on c10d's shm backend (c10d.torch_backend) against torch's own Gloo, in
 one run: all_reduce of 4 B and 16 MiB, and a DistributedDataParallel step of a ~10.5M-parameter
-MLP; rounds interleaved, medians, printed by rank 0.
+MLP; rounds interleaved, medians, printed by rank 0; and whether 20 DDP steps of that MLP give
+the same parameters on both.
 
     python3 -m c10d.run --nproc-per-node 2 bench/torch_backend_bench.py [--rounds 5]
 """
@@ -29,12 +30,28 @@ def timed(fn, calls):
     return float(elapsed[0])
 
 
-def ddp_step(group):
+def mlp():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
-                                torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
-                                torch.nn.Linear(2048, 1024))
-    ddp = DDP(model, process_group=group)
+    return torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
+                               torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                               torch.nn.Linear(2048, 1024))
+
+
+def trained(group, steps=20):
+    """The MLP's parameters after `steps` DDP steps over `group` (fixed seeds, rank-dependent
+    data)."""
+    ddp = DDP(mlp(), process_group=group)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(1 + tdist.get_rank())
+    for _ in range(steps):
+        opt.zero_grad()
+        ddp(torch.randn(32, 1024, generator=gen)).square().mean().backward()
+        opt.step()
+    return [p.detach().clone() for p in ddp.module.parameters()]
+
+
+def ddp_step(group):
+    ddp = DDP(mlp(), process_group=group)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     x = torch.randn(32, 1024)
 
@@ -63,7 +80,12 @@ def main():
         for case, (make, calls) in cases.items():
             for name, group in groups.items():
                 times[(case, name)].append(timed(make(group), calls))
+    # The same 20 training steps on both: SUM of two ranks is one addition, so the
+    # parameters must be bitwise equal (with more ranks the summation order may differ).
+    same = all(torch.equal(a, b) for a, b in zip(*(trained(g) for g in groups.values())))
     if tdist.get_rank() == 0:
+        print(f"# parameters after 20 DDP steps of the MLP, torch gloo vs torch + c10d_shm: "
+              f"{'bitwise equal' if same else 'DIFFERENT'}")
         print(f"# {tdist.get_world_size()} ranks, torch {torch.__version__}, median of "
               f"{args.rounds} interleaved rounds, µs per call")
         print("| case | torch gloo | torch + c10d_shm | speed-up |")

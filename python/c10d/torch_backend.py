@@ -87,17 +87,9 @@ def _to_torch_error(e: BaseException) -> BaseException:
 # Stores: each side's store seen through the other's interface
 
 
-class _StoreOverTorch(_C.Store):
-    """A c10d store that forwards to a torch.distributed store (the one torch gives a backend
-    creator), so c10d's backends rendezvous on torch's store."""
-
-    def __init__(self, store):
-        super().__init__()
-        self._store = store
-        try:
-            self.set_timeout(store.timeout)
-        except Exception:  # a Python torch store may not carry one
-            pass
+class _Forwarding:
+    """The store operations both directions forward as they are (`_store` is the other
+    side's store)."""
 
     def set(self, key, value):
         self._store.set(key, value)
@@ -136,52 +128,33 @@ class _StoreOverTorch(_C.Store):
         self._store.multi_set(keys, values)
 
 
-class _TorchStoreOverC10d(tdist.Store):
+class _StoreOverTorch(_Forwarding, _C.Store):
+    """A c10d store that forwards to a torch.distributed store (the one torch gives a backend
+    creator), so c10d's backends rendezvous on torch's store."""
+
+    def __init__(self, store):
+        _C.Store.__init__(self)
+        self._store = store
+        try:
+            self.set_timeout(store.timeout)
+        except Exception:  # a Python torch store may not carry one
+            pass
+
+
+class _TorchStoreOverC10d(_Forwarding, tdist.Store):
     """A torch.distributed store that forwards to a c10d store: torch's default group, made
     from c10d's, rendezvous (for its later new_group calls) on c10d's store."""
 
     def __init__(self, store):
-        super().__init__()
+        tdist.Store.__init__(self)
         self._store = store
 
-    def set(self, key, value):
-        self._store.set(key, value)
-
-    def get(self, key):
-        return self._store.get(key)
-
-    def add(self, key, amount):
-        return self._store.add(key, amount)
-
-    def compare_set(self, key, expected, desired):
-        return self._store.compare_set(key, expected, desired)
-
-    def wait(self, keys, timeout=None):
-        if timeout is None:
-            self._store.wait(keys)
-        else:
-            self._store.wait(keys, timeout)
-
-    def check(self, keys):
-        return self._store.check(keys)
-
-    def deleteKey(self, key):  # torch's trampoline calls the C++ names for these two
+    # torch's trampoline calls the C++ names for these two
+    def deleteKey(self, key):
         return self._store.delete_key(key)
 
     def getNumKeys(self):
         return self._store.num_keys()
-
-    delete_key = deleteKey
-    num_keys = getNumKeys
-
-    def append(self, key, value):
-        self._store.append(key, value)
-
-    def multi_get(self, keys):
-        return self._store.multi_get(keys)
-
-    def multi_set(self, keys, values):
-        self._store.multi_set(keys, values)
 
 
 # --------------------------------------------------------------------------------------------

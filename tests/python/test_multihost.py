@@ -38,17 +38,8 @@ def launch(hosts, backend, seconds=0.0, timeout=60.0, nproc=(2, 2)):
 
 def outputs(procs, timeout, already=None):
     """Each launcher's whole output (after `already`, what wait_for_lines read)."""
-    deadline = time.monotonic() + timeout
-    outs = list(already or [""] * len(procs))
-    for i, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            out += f"\n[test] launcher killed after {timeout}s"
-        outs[i] += out
-    return outs
+    results = harness.collect(procs, timeout)
+    return [(already[i] if already else "") + r.stdout + r.stderr for i, r in enumerate(results)]
 
 
 def wait_for_lines(procs, pattern, count, timeout):
@@ -58,19 +49,18 @@ def wait_for_lines(procs, pattern, count, timeout):
     seen = [""] * len(procs)
     sel = selectors.DefaultSelector()
     for i, p in enumerate(procs):
-        os.set_blocking(p.stdout.fileno(), False)
-        sel.register(p.stdout, selectors.EVENT_READ, i)
+        # From the descriptor itself: nothing is read through the text wrapper before
+        # outputs() does, so none of it is left in a buffer there.
+        sel.register(p.stdout.fileno(), selectors.EVENT_READ, i)
     deadline = time.monotonic() + timeout
-    while sum(len(re.findall(pattern, s)) for s in seen) < count:
-        left = deadline - time.monotonic()
-        assert left > 0, f"no {count} lines matching {pattern!r} in {timeout}s: {seen}"
-        for key, _ in sel.select(timeout=min(left, 1.0)):
-            chunk = key.fileobj.read()
-            if chunk:
-                seen[key.data] += chunk
-    sel.close()
-    for p in procs:
-        os.set_blocking(p.stdout.fileno(), True)
+    try:
+        while sum(len(re.findall(pattern, s)) for s in seen) < count:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {count} lines matching {pattern!r} in {timeout}s: {seen}"
+            for key, _ in sel.select(timeout=min(left, 1.0)):
+                seen[key.data] += os.read(key.fd, 1 << 16).decode(errors="replace")
+    finally:
+        sel.close()
     return seen
 
 
@@ -111,23 +101,23 @@ def test_shm_across_hosts_says_it_connects_one_host_only():
 def test_killed_host_is_named_by_the_survivors_and_the_launchers_stop():
     with netns.Hosts(2) as hosts:
         procs = launch(hosts, "gloo", seconds=120, timeout=30)
-        seen = wait_for_lines(procs, r"rank \d of 4: ok", 4, timeout=90)
+        seen = wait_for_lines(procs, r"rank \d of 4: ok", 4, timeout=180)
         hosts.kill_host(1)
         outs = outputs(procs[:1], timeout=60, already=seen[:1])
     out = outs[0]
     assert procs[0].returncode not in (0, None), out
-    # Each survivor names a rank of the killed host and its address.
-    for rank in (0, 1):
-        line = re.search(rf"testhost0 rank {rank}: (\w+): (.*)", out)
-        assert line, out
-        assert re.search(r"peer rank [23]\b", line.group(2)), line.group(0)
-        assert hosts.addresses[1] in line.group(2), line.group(0)
+    # Every survivor fails; the first to notice names a rank of the killed host and its
+    # address (the other may instead see that survivor leave first).
+    lines = [re.search(rf"testhost0 rank {rank}: (\w+): (.*)", out) for rank in (0, 1)]
+    assert all(lines), out
+    assert any(re.search(r"peer rank [23]\b", m.group(2)) and hosts.addresses[1] in m.group(2)
+               for m in lines), out
 
 
 def test_link_down_fails_every_rank_within_the_timeout_naming_the_far_host():
     with netns.Hosts(2) as hosts:
         procs = launch(hosts, "gloo", seconds=120, timeout=8)
-        seen = wait_for_lines(procs, r"rank \d of 4: ok", 4, timeout=90)
+        seen = wait_for_lines(procs, r"rank \d of 4: ok", 4, timeout=180)
         hosts.link(1, up=False)
         start = time.monotonic()
         outs = outputs(procs, timeout=60, already=seen)

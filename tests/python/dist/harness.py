@@ -104,9 +104,16 @@ def collect(procs: List[subprocess.Popen], timeout: float) -> List[RankResult]:
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
-            err += f"\n[harness] rank {rank} killed after {timeout}s".encode()
-        results.append(RankResult(rank, p.returncode, out.decode(), err.decode()))
+            err = _text(err) + f"\n[harness] rank {rank} killed after {timeout}s"
+        results.append(RankResult(rank, p.returncode, _text(out), _text(err)))
     return results
+
+
+def _text(stream) -> str:
+    """A process's output as text (pipes opened in either mode; None when not piped)."""
+    if stream is None:
+        return ""
+    return stream.decode(errors="replace") if isinstance(stream, bytes) else stream
 
 
 def mpi_available() -> bool:

@@ -1,8 +1,9 @@
 """One rank of test_multihost: multihost_worker.py <backend> [<seconds> [<timeout>]]
 
-all_reduces a rank-valued array over the world and checks it (every rank prints
-"<hostname> rank <r> of <n>: ok"), then, for <seconds> more, keeps all_reducing 1 MiB arrays
-(the fault tests cut a link or kill a host meanwhile; an error is printed and exits 3)."""
+Without <seconds>, checks every collective the hierarchical backend splits (check_collectives);
+with them, one small all_reduce, then all_reduces of 1 MiB arrays for <seconds> (the fault
+tests cut a link or kill a host meanwhile; an error is printed and exits 3). Every rank prints
+"<hostname> rank <r> of <n>: ok (<backend>, <backend class>)" once its check passed."""
 
 import socket
 import sys
@@ -55,7 +56,12 @@ def main():
     dist.init_process_group(None if backend == "default" else backend,
                             timeout=timedelta(seconds=timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
-    check_collectives(rank, world)
+    if seconds == 0:
+        check_collectives(rank, world)
+    else:  # a fault test: start the loop soon
+        x = np.full(4, rank, np.int64)
+        dist.all_reduce(x)
+        assert (x == world * (world - 1) // 2).all(), x
     print(f"{socket.gethostname()} rank {rank} of {world}: ok "
           f"({dist.get_backend()}, {type(backend_of_world()).__name__})", flush=True)
     end = time.monotonic() + seconds
