@@ -84,14 +84,14 @@ exit-soak: build
 	@C10D_EXIT_RUNS=$(EXIT_RUNS) PYTHONPATH=python $(PYTHON) -m pytest -q \
 	  tests/python/test_shm_safety.py -k "exit"
 
-# The main job, a few minutes: all_reduce, broadcast and all_gather at six sizes from 4 B to
-# 4 MiB, side by side with PyTorch 2.13 (Gloo, and on c10d's shm through c10d.torch_backend)
-# and Open MPI, 3 interleaved rounds; then a small data-parallel training run.
+# The main job, a few minutes: all_reduce, broadcast and all_gather at 4 B, 1 KiB, 64 KiB,
+# 1 MiB and 16 MiB, side by side with PyTorch 2.13 (Gloo, and on c10d's shm through c10d.torch_backend)
+# and Open MPI, 5 interleaved rounds (1 for the Gloo ones); then a small data-parallel run.
 # `make bench` is the full sweep.
 run: build venv-bench
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
 	  --backend $(BACKEND) --compare --ops all_reduce,broadcast,all_gather \
-	  --min-bytes 4 --max-bytes 4M --factor 16 --time-scale 0.3 --rounds 3 --slow-rounds 1 \
+	  --sizes 4,1K,64K,1M,16M --time-scale 0.3 --rounds 5 --slow-rounds 1 \
 	  --placement-budget 60 --placement-probe $(BUILD)/bench/placement_probe
 	@PYTHONPATH=python $(PYTHON) -m c10d.run --nproc-per-node $(NPROC) examples/ddp_numpy.py
 

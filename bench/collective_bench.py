@@ -214,7 +214,8 @@ def worker(args) -> int:
         for _ in range(100):
             warm()
     for name in args.ops.split(","):
-        for size in sizes(args.min_bytes, args.max_bytes, args.factor):
+        for size in ([parse_size(x) for x in args.sizes.split(",")] if args.sizes
+                     else sizes(args.min_bytes, args.max_bytes, args.factor)):
             count = max(size // dtype.itemsize, 1)
             try:
                 fn = impl.op(name, count, dtype)
@@ -259,7 +260,8 @@ def worker(args) -> int:
 def launch(impl: str, args, out_path: str) -> bool:
     common = [__file__, "--worker", "--impl", impl, "--out", out_path, "--backend", args.backend,
               "--ops", args.ops, "--min-bytes", str(args.min_bytes), "--max-bytes",
-              str(args.max_bytes), "--factor", str(args.factor), "--dtype", args.dtype,
+              str(args.max_bytes), "--factor", str(args.factor), "--sizes", args.sizes,
+              "--dtype", args.dtype,
               "--time-scale", str(args.time_scale), "--rounds", str(args.rounds),
               "--min-seconds", str(args.min_seconds)]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
@@ -555,6 +557,8 @@ def main(argv=None) -> int:
     p.add_argument("--min-bytes", type=parse_size, default=4)
     p.add_argument("--max-bytes", type=parse_size, default=64 << 20)
     p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--sizes", default="",
+                   help="these sizes (e.g. 4,1K,1M) instead of --min-bytes to --max-bytes")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="scales the iteration counts (lower = quicker, noisier)")

@@ -147,11 +147,23 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(raw, "dltensor"));
   // Mark the capsule consumed: from here the tensor's owner calls the deleter.
   PyCapsule_SetName(raw, "used_dltensor");
+  core::Tensor imported;
   try {
-    return core::Tensor::from_dlpack(managed);
+    imported = core::Tensor::from_dlpack(managed);
   } catch (const core::InvalidArgument& e) {
     throw py::type_error(str_cat(what, ": ", e.what()));
   }
+  // The exporter's deleter may take the GIL itself (torch 2's drops its tensor's Python
+  // object), also on the backend thread that drops the last reference: it runs under the
+  // GilGuard, and not at all once the interpreter is closing (leaked with it).
+  auto* dlpack_owner = new std::shared_ptr<void>(imported.owner());
+  std::shared_ptr<void> owner(dlpack_owner, [](void* p) {
+    auto* held = static_cast<std::shared_ptr<void>*>(p);
+    GilGuard gil;
+    if (gil) delete held;
+  });
+  return core::Tensor(imported.data(), imported.dtype(), imported.sizes(), imported.strides(),
+                      std::move(owner), imported.device());
 }
 
 // Torch's words for a parameter that is not a tensor.

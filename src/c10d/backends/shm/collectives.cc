@@ -28,6 +28,7 @@ using detail::copy;
 using detail::now_ns;
 using detail::kModeLargeChunks;
 using detail::kOneShotBytes;
+using detail::kPathProbeBytes;
 using detail::kPipelineChunk;
 using detail::kPublishBlock;
 using detail::piece_of;
@@ -164,7 +165,7 @@ void Engine::allreduce(const char* in, char* out, size_t count, DType dtype, con
     // Owner computes on the tensors themselves when every rank's lies in its shared heap,
     // or mostly does (aliases), unless rank 0 timed the slots faster at this size; and, for
     // large tensors, through the kernel.
-    ModeProbe* probe = rank_ == 0 ? &path_probe(bytes) : nullptr;
+    ModeProbe* probe = rank_ == 0 && bytes < kPathProbeBytes ? &path_probe(bytes) : nullptr;
     const int64_t start = probe != nullptr && probe->wants_time() ? now_ns() : 0;
     const std::vector<Where>& where = locate(out, bytes, probe != nullptr ? probe->mode() : 0);
     const bool in_place = all_mapped(where) || (seg_.cma() && mostly_mapped(where, bytes));

@@ -57,6 +57,10 @@ inline constexpr size_t kDirectAllreduceFarBytes = size_t{16} << 20;
 // The same when ranks share cores and are pinned (Segment::bind_cpu): the slots still win at
 // 64 MiB, the direct path at 128 MiB.
 inline constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{96} << 20;
+// Allreduces of mapped tensors smaller than this are timed both ways (owner computes, slots;
+// Engine::path_probe): which wins changes with the placement and the load. From here owner
+// computes always wins by far, and probing the slots would cost more than it could find.
+inline constexpr size_t kPathProbeBytes = size_t{4} << 20;
 // Broadcast, gather and all_gather go direct from this size (Engine::direct_fanout): their slot
 // path (one-sided for broadcast and gather) wins up to several MiB.
 inline constexpr size_t kDirectFanoutBytes = size_t{8} << 20;
