@@ -167,28 +167,41 @@ def store_based_barrier(store, rank: int, world_size: int, timeout: timedelta,
         seen = (time.monotonic(), [r for r in range(world_size) if store.check([keys[r]])])
         return seen[1]
 
+    # The first look (one check per rank) comes after a second, which most rendezvous never
+    # reach; later ones with each progress report.
+    first = True
     try:
-        look()
         while True:
             left = deadline - time.monotonic()
+            wait = FIRST_LOOK_S if first else progress_every
             try:
-                store.wait(keys, timedelta(seconds=max(0.001, min(left, progress_every))))
+                store.wait(keys, timedelta(seconds=max(0.001, min(left, wait))))
                 return
             except _C.DistStoreTimeoutError:
                 pass
-            _rendezvous_progress(look(), rank, world_size, timeout, deadline)
+            joined = look()
+            if not first or time.monotonic() >= deadline:
+                _rendezvous_progress(joined, rank, world_size, timeout, deadline)
+            first = False
     except _C.DistStoreTimeoutError:
         raise
     except (_C.DistNetworkError, _C.DistStoreError) as e:
         # The store's host gave up (its own rendezvous timed out at the same moment, or it
         # died): say what this rank last saw.
-        when, joined = seen if seen else (time.monotonic(), [rank])
-        missing = [r for r in range(world_size) if r not in joined]
+        if seen is None:
+            last = "before this rank looked who had joined"
+        else:
+            joined = seen[1]
+            missing = [r for r in range(world_size) if r not in joined]
+            last = (f"Last seen {time.monotonic() - seen[0]:.0f}s before: {len(joined)}/"
+                    f"{world_size} ranks joined. Joined: {_ranges(joined)}; missing: "
+                    f"{_ranges(missing)}.")
         raise _C.DistStoreError(
             f"Rendezvous failed on rank {rank}: the store ({store_description(store)}) went "
-            f"away while waiting for every rank to join ({e}). Last seen "
-            f"{time.monotonic() - when:.0f}s before: {len(joined)}/{world_size} ranks joined. "
-            f"Joined: {_ranges(joined)}; missing: {_ranges(missing)}.") from e
+            f"away while waiting for every rank to join ({e}). {last}") from e
+
+
+FIRST_LOOK_S = 1.0
 
 
 def store_description(store) -> str:
