@@ -207,61 +207,63 @@ WaitResult wait_or_abort(::gloo::transport::UnboundBuffer& buffer, bool is_send,
 }
 
 // Whether `host` resolves to an address this machine can bind (so peers could reach us there).
-bool hostname_is_bindable(const std::string& host) {
+// Calls visit(address) for each address `host` (with `service`) resolves to, until it
+// returns true; returns whether it did (false when nothing resolves).
+template <typename Visit>
+bool any_address(const std::string& host, const char* service, int socktype, int flags,
+                 Visit visit) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_socktype = socktype;
+  hints.ai_flags = flags;
   addrinfo* result = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return false;
-  bool ok = false;
-  for (addrinfo* ai = result; ai != nullptr && !ok; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-    if (fd < 0) continue;
-    ok = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
-    ::close(fd);
-  }
+  if (::getaddrinfo(host.c_str(), service, &hints, &result) != 0) return false;
+  bool hit = false;
+  for (addrinfo* ai = result; ai != nullptr && !hit; ai = ai->ai_next) hit = visit(*ai);
   ::freeaddrinfo(result);
-  return ok;
+  return hit;
+}
+
+bool hostname_is_bindable(const std::string& host) {
+  return any_address(host, nullptr, SOCK_STREAM, 0, [](const addrinfo& ai) {
+    const int fd = ::socket(ai.ai_family, ai.ai_socktype, ai.ai_protocol);
+    if (fd < 0) return false;
+    const bool ok = ::bind(fd, ai.ai_addr, ai.ai_addrlen) == 0;
+    ::close(fd);
+    return ok;
+  });
 }
 
 // Whether every address `host` resolves to is a loopback address (false if it resolves to
 // none): Debian's /etc/hosts maps the hostname to 127.0.1.1.
 bool resolves_to_loopback(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* result = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return false;
-  bool loopback = result != nullptr;
-  for (addrinfo* ai = result; ai != nullptr; ai = ai->ai_next) {
-    if (ai->ai_family == AF_INET) {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(ai->ai_addr);
-      loopback = loopback && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-    } else if (ai->ai_family == AF_INET6) {
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(ai->ai_addr);
-      loopback = loopback && (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) ||
-                              (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127));
+  bool any = false;
+  const bool other = any_address(host, nullptr, SOCK_STREAM, 0, [&](const addrinfo& ai) {
+    any = true;
+    if (ai.ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(ai.ai_addr);
+      return (ntohl(in->sin_addr.s_addr) >> 24) != 127;
     }
-  }
-  ::freeaddrinfo(result);
-  return loopback;
+    if (ai.ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(ai.ai_addr);
+      return !IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) &&
+             !(IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127);
+    }
+    return false;
+  });
+  return any && !other;
 }
 
 // The local address the routing table picks to reach `host` ("" if it has none): a UDP
 // socket's connect sends nothing, it only chooses the route.
 std::string address_towards(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* result = nullptr;
-  if (::getaddrinfo(host.c_str(), "9", &hints, &result) != 0) return "";
   std::string found;
-  for (addrinfo* ai = result; ai != nullptr && found.empty(); ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, SOCK_DGRAM, 0);
-    if (fd < 0) continue;
+  any_address(host, "9", SOCK_DGRAM, 0, [&](const addrinfo& ai) {
+    const int fd = ::socket(ai.ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) return false;
     sockaddr_storage local{};
     socklen_t len = sizeof(local);
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+    if (::connect(fd, ai.ai_addr, ai.ai_addrlen) == 0 &&
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
       char text[INET6_ADDRSTRLEN] = {};
       const void* addr = local.ss_family == AF_INET
@@ -271,8 +273,8 @@ std::string address_towards(const std::string& host) {
       if (::inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) found = text;
     }
     ::close(fd);
-  }
-  ::freeaddrinfo(result);
+    return !found.empty();
+  });
   return found;
 }
 
@@ -293,14 +295,11 @@ std::vector<int> silent_peers(const std::vector<std::vector<std::string>>& addre
       if (address.empty() || address[0] != '[' || close == std::string::npos) continue;
       const std::string ip = address.substr(1, close - 1);
       const std::string port = address.substr(close + 2);
-      addrinfo hints{};
-      hints.ai_socktype = SOCK_STREAM;
-      hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-      addrinfo* ai = nullptr;
-      if (::getaddrinfo(ip.c_str(), port.c_str(), &hints, &ai) != 0) continue;
-      const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd >= 0) {
-        const int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+      const bool tried = any_address(ip, port.c_str(), SOCK_STREAM,
+                                     AI_NUMERICHOST | AI_NUMERICSERV, [&](const addrinfo& ai) {
+        const int fd = ::socket(ai.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) return true;
+        const int rc = ::connect(fd, ai.ai_addr, ai.ai_addrlen);
         if (rc == 0 || errno == ECONNREFUSED) {
           ::close(fd);  // answered at once
         } else if (errno == EINPROGRESS) {
@@ -309,9 +308,9 @@ std::vector<int> silent_peers(const std::vector<std::vector<std::string>>& addre
           ::close(fd);
           silent.push_back(static_cast<int>(r));  // no route to it
         }
-      }
-      ::freeaddrinfo(ai);
-      break;  // one address per peer
+        return true;
+      });
+      if (tried) break;  // one address per peer
     }
   }
   const auto deadline = std::chrono::steady_clock::now() + wait;
