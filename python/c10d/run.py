@@ -238,11 +238,17 @@ def _dynamic_rendezvous(args):
         master_addr = args.local_addr or host
         master_port = _free_port(master_addr if args.local_addr else "0.0.0.0")
         store.set(prefix + "master", f"{master_addr} {master_port}")
-        store.add(prefix + "joined", 1)
     else:
         store = _C.TCPStore(host, port, is_master=False, timeout=timeout)
-        node_rank = store.add(prefix + "joined", 1) - 1
-        master_addr, master_port = store.get(prefix + "master").decode().split()
+        # The store's host is node 0; the counter numbers the others from 1 in the order they
+        # reach it, which may be before node 0 itself gets to count.
+        node_rank = store.add(prefix + "joined", 1)
+        try:
+            master_addr, master_port = store.get(prefix + "master").decode().split()
+        except _C.DistStoreError as e:
+            raise SystemExit(f"c10drun: no launcher hosts rendezvous {args.rdzv_id!r} at "
+                             f"{args.rdzv_endpoint} (node 0 is the launcher on the host of that "
+                             f"address): {e}") from None
     if node_rank >= args.nnodes:
         raise SystemExit(f"c10drun: {node_rank + 1} nodes joined rendezvous {args.rdzv_id!r} "
                          f"at {args.rdzv_endpoint} but --nnodes is {args.nnodes}")
@@ -250,7 +256,7 @@ def _dynamic_rendezvous(args):
         deadline = time.monotonic() + timeout.total_seconds()
         enough_since = None  # when MIN nodes had joined
         while True:
-            joined = store.add(prefix + "joined", 0)
+            joined = store.add(prefix + "joined", 0) + 1
             now = time.monotonic()
             if joined >= args.min_nodes and enough_since is None:
                 enough_since = now

@@ -537,6 +537,42 @@ def test_launchers_of_two_nodes_number_themselves_through_the_c10d_rendezvous(tm
     assert lines == ["NODE 0 RANK 0 2.0", "NODE 1 RANK 1 2.0"], outs
 
 
+def test_a_node_that_reaches_the_rendezvous_store_before_its_host_counts_is_node_1(monkeypatch):
+    # The launcher that hosts the store is node 0 even when another one counts itself in
+    # first (seen across test hosts: both took node rank 0 and waited forever).
+    import threading
+    from c10d import run
+    from dist.harness import free_port
+    real_free_port = run._free_port
+
+    def slow_free_port(host):  # only node 0 picks the workers' port: delay it past the other
+        time.sleep(0.5)
+        return real_free_port(host)
+
+    monkeypatch.setattr(run, "_free_port", slow_free_port)
+    argv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "race",
+            "--rdzv-conf", "join_timeout=20", "job.py"]
+    results, errors = {}, []
+
+    def node(name):
+        try:
+            # The whole result: node 0's store must serve until both are done.
+            results[name] = run._dynamic_rendezvous(run.parse_args(argv))
+        except BaseException as e:  # SystemExit too
+            errors.append(e)
+
+    host = threading.Thread(target=node, args=("host",))
+    host.start()
+    time.sleep(0.2)  # the host has bound the store and is in slow_free_port
+    other = threading.Thread(target=node, args=("other",))
+    other.start()
+    host.join(60)
+    other.join(60)
+    assert not errors, errors
+    assert {k: v[:2] for k, v in results.items()} == {"host": (0, 2), "other": (1, 2)}, results
+
+
 def test_elastic_node_count_starts_with_min_nodes_after_the_last_call(tmp_path):
     # --nnodes MIN:MAX with one launcher: after last_call_timeout it runs with the one node.
     script = _launched_job(tmp_path, "W {os.environ['WORLD_SIZE']} "
