@@ -114,6 +114,24 @@ def test_killed_host_is_named_by_the_survivors_and_the_launchers_stop():
                for m in lines), out
 
 
+def test_losing_the_host_that_serves_the_store_fails_the_others_without_a_hang():
+    with netns.Hosts(2) as hosts:
+        procs = launch(hosts, "gloo", seconds=120, timeout=30)
+        seen = wait_for_lines(procs, r"rank \d of 4: ok", 4, timeout=180)
+        hosts.kill_host(0)  # rank 0's store, the rendezvous store and ranks 0-1
+        start = time.monotonic()
+        outs = outputs(procs[1:], timeout=90, already=seen[1:])
+        took = time.monotonic() - start
+    out = outs[0]
+    assert procs[1].returncode not in (0, None), out
+    assert took < 30 + 20, took
+    for rank in (2, 3):
+        line = re.search(rf"testhost1 rank {rank}: (\w+): (.*)", out)
+        assert line, out
+        assert hosts.addresses[0] in line.group(2) or re.search(r"rank [01]\b", line.group(2)), \
+            line.group(0)
+
+
 def test_link_down_fails_every_rank_within_the_timeout_naming_the_far_host():
     with netns.Hosts(2) as hosts:
         procs = launch(hosts, "gloo", seconds=120, timeout=8)
@@ -122,6 +140,11 @@ def test_link_down_fails_every_rank_within_the_timeout_naming_the_far_host():
         start = time.monotonic()
         outs = outputs(procs, timeout=60, already=seen)
         took = time.monotonic() - start
+        # Once the link is back, a new job (new launchers, store and groups) runs across it.
+        hosts.link(1, up=True)
+        again = launch(hosts, "gloo")
+        again_outs = outputs(again, timeout=120)
+    assert all(p.returncode == 0 for p in again), again_outs
     assert took < 8 + 20, took  # the group's timeout, a second of diagnosis, the launchers
     for i, out in enumerate(outs):
         assert procs[i].returncode not in (0, None), out
