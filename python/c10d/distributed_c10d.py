@@ -2,6 +2,10 @@
 
 Tensors are numpy arrays or anything with the buffer protocol or ``__dlpack__`` (PyTorch CPU
 tensors included); they are used in place, never copied on the way in.
+
+One module of about 2,000 lines, as torch's ``torch.distributed.distributed_c10d``: programs
+import its private names from it (``_get_default_group``, ``_world``, ``_pg_map``, ...) and
+patch its module-level state, which only works while that state lives in one module.
 """
 
 import atexit

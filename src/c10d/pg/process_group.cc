@@ -1,3 +1,6 @@
+// ProcessGroup: one dispatch method per collective of torch's ProcessGroup interface (over 800
+// lines because there are that many; each is a few lines around the shared validation, sequence
+// numbers, hooks and backend choice written once here).
 #include "c10d/pg/process_group.h"
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 // Tests of ReduceOp and the reduction kernels. Every valid (dtype, op) pair is checked against a
 // plain scalar reference, on both kernel sets (portable and AVX2, when the CPU has it), over
-// lengths that hit every vector/tail split and over unaligned pointers.
+// lengths that hit every vector/tail split and over unaligned pointers. One file because every
+// test shares the reference and the dtype tables.
 #include "c10d/core/reduce.h"
 
 #include <gtest/gtest.h>
