@@ -5,8 +5,6 @@ This file is also the worker: ``python test_shm.py <case>`` runs one rank of a c
 
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -14,41 +12,19 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
+from dist import harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(case, world, timeout=60, env_for_rank=None, pg_timeout=30, script=__file__):
-    """Runs `case` of `script` (whose main runs one rank of it) on `world` processes."""
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ)
-        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                    "WORLD_SIZE": str(world), "C10D_TEST_PG_TIMEOUT": str(pg_timeout),
-                    "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "python"),
-                                                   env.get("PYTHONPATH", "")])})
-        if env_for_rank:
-            env.update(env_for_rank(rank))
-        procs.append(subprocess.Popen([sys.executable, script, case], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + timeout
-    results = []
-    for rank, p in enumerate(procs):
-        try:
-            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            err += f"\n[test] rank {rank} killed after {timeout}s"
-        results.append((p.returncode, out, err))
-    return results
+    """Runs `case` of `script` (whose main runs one rank of it) on `world` processes and returns
+    each rank's (exit code, stdout, stderr)."""
+    results = harness.run_ranks([sys.executable, script, case], world, timeout,
+                                env={"C10D_TEST_PG_TIMEOUT": str(pg_timeout)},
+                                env_for_rank=env_for_rank)
+    return [(r.code, r.stdout, r.stderr) for r in results]
 
 
 def _report(results):

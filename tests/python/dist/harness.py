@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -37,20 +37,34 @@ def run(case: str, world_size: int, backend: str = "gloo", timeout: float = 90,
     backend's ranks are started by mpirun."""
     if backend == "mpi":
         return _run_mpirun(case, world_size, timeout, env, init)
+
+    def rank_env(rank):
+        # "hier": two hosts as far as the backend can tell (ranks 0-1 and 2-3 of 4, 0-1 and 2
+        # of 3); `env` comes after, so it may say otherwise.
+        host = ({"C10D_SHM_HOST_ID": f"testhost{rank * 2 // max(world_size, 2)}"}
+                if backend == "hier" else {})
+        return {**host, **(env or {})}
+
+    return run_ranks([sys.executable, "-m", "dist.worker", case, backend, "1" if init else "0"],
+                     world_size, timeout, env_for_rank=rank_env, cwd=os.path.join(HERE, ".."))
+
+
+def run_ranks(argv: List[str], world_size: int, timeout: float = 90,
+              env: Optional[Dict[str, str]] = None,
+              env_for_rank: Optional[Callable[[int], Dict[str, str]]] = None,
+              cwd: Optional[str] = None) -> List[RankResult]:
+    """Starts `world_size` processes running `argv`, each told its RANK, the WORLD_SIZE and a
+    fresh MASTER_ADDR/MASTER_PORT, then given `env` and env_for_rank(rank); like run(), waits
+    at most `timeout` seconds in all."""
     port = free_port()
     procs = []
     for rank in range(world_size):
         e = package_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                         "RANK": str(rank), "WORLD_SIZE": str(world_size)})
-        if backend == "hier":
-            # Two hosts as far as the backend can tell (ranks 0-1 and 2-3 of 4, 0-1 and 2 of 3).
-            e["C10D_SHM_HOST_ID"] = f"testhost{rank * 2 // max(world_size, 2)}"
-        if env:
-            e.update(env)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "dist.worker", case, backend, "1" if init else "0"],
-            env=e, cwd=os.path.join(HERE, ".."), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE))
+                         "RANK": str(rank), "WORLD_SIZE": str(world_size), **(env or {})})
+        if env_for_rank:
+            e.update(env_for_rank(rank))
+        procs.append(subprocess.Popen(argv, env=e, cwd=cwd, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE))
     return collect(procs, timeout)
 
 

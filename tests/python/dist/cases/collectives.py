@@ -1,0 +1,473 @@
+"""Cases of the collectives on arrays: all_reduce (also inline), broadcast and reduce, gathers,
+reduce_scatters, all_to_alls, strided arrays, and writes beside the outputs."""
+
+import threading
+import time
+import warnings
+
+import numpy as np
+
+from .common import SIZES, _inputs, _expected, _valid_ops, _close, DTYPES, _raises
+
+
+def all_reduce(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in DTYPES:
+        for n in SIZES:
+            xs = _inputs(dtype, n, world)
+            for op in _valid_ops(dist, dtype):
+                t = xs[rank].copy()
+                dist.all_reduce(t, op=op)
+                _close(t, _expected(op, dist, xs, dtype), dtype, f"{dtype} n={n} {op}")
+    # PREMUL_SUM: sum of inputs each scaled by the factor.
+    xs = _inputs(np.float32, 10, world)
+    t = xs[rank].copy()
+    dist.all_reduce(t, op=dist._C._make_nccl_premul_sum(2.5))
+    _close(t, 2.5 * np.stack(xs).sum(0), np.float32, "premul_sum")
+    # Multi-dimensional tensors reduce elementwise.
+    t = np.full((3, 4), rank + 1, dtype=np.float64)
+    dist.all_reduce(t)
+    assert (t == world * (world + 1) / 2).all()
+
+
+def inline_all_reduce(dist, backend):
+    """A synchronous all_reduce on a plain array takes the inline path where the backend has
+    one; it must number, trace and order operations exactly like the general path."""
+    import json
+
+    import c10d
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg = dist.group.WORLD
+    before = pg._get_sequence_number_for_group()
+    t = np.full((2, 3), rank + 1, np.float32)
+    dist.all_reduce(t)
+    assert (t == world * (world + 1) / 2).all()
+    assert pg._get_sequence_number_for_group() == before + 1
+    dump = json.loads(c10d._dump_trace_json())
+    uid = [g["uid"] for g in dump["groups"] if g["name"] == pg.group_name][-1]
+    last = [e for e in dump["entries"] if e["group_uid"] == uid][-1]
+    assert (last["op"], last["state"]) == ("allreduce", "completed"), last
+    assert last["input_sizes"] == [[2, 3]] and last["input_dtypes"] == ["float32"], last
+    # An asynchronous operation issued first completes first, with its own result.
+    a = np.full(5, rank + 1, np.int64)
+    b = np.full(3, 10 * (rank + 1), np.int64)
+    work = dist.all_reduce(a, async_op=True)
+    dist.all_reduce(b, op=dist.ReduceOp.MAX)
+    work.wait()
+    assert (a == world * (world + 1) // 2).all() and (b == 10 * world).all()
+    # The same group explicitly, and a 0-d array.
+    z = np.array(rank + 1.0)
+    dist.all_reduce(z, group=pg)
+    assert z == world * (world + 1) / 2
+    # Completion hooks see every operation (the inline path steps aside for them). Hooks may
+    # run on the backend's thread after wait() returned, as in PyTorch: wait for it.
+    seen = []
+    pg._register_on_completion_hook(lambda info: seen.append(info.seq))
+    dist.all_reduce(np.ones(2))
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert seen == [pg._get_sequence_number_for_group()], seen
+
+
+def inline_numpy_arrays(dist, backend):
+    """numpy arrays on the inline path (read from the array's own fields when numpy's headers
+    were there at build time): every dtype, 0-d and empty arrays, and the arrays that must
+    take the buffer protocol instead (subclasses, dtype objects that are not numpy's own,
+    misaligned data) or fail as they would there."""
+    import pickle
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = world * (world + 1) // 2
+    for code in "bBhilqefdFD":
+        t = np.full((2, 2), rank + 1, np.dtype(code))
+        dist.all_reduce(t)
+        assert t.dtype == np.dtype(code) and (t == total).all(), (code, t)
+    flags = np.full(3, rank == 0, np.bool_)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    assert flags.all()
+    z, e = np.array(rank + 1.0), np.ones(0, np.float32)
+    dist.all_reduce(z)
+    dist.all_reduce(e)
+    assert z == total and e.shape == (0,)
+    # A dtype object of its own (unpickled), a subclass and misaligned data.
+    own = np.full(4, rank + 1, pickle.loads(pickle.dumps(np.dtype(np.float32))))
+    dist.all_reduce(own)
+    assert (own == total).all()
+
+    class Sub(np.ndarray):
+        pass
+
+    sub = np.full(4, rank + 1, np.float64).view(Sub)
+    dist.all_reduce(sub)
+    assert (sub == total).all()
+    raw = bytearray(4 * 5 + 1)
+    odd = np.frombuffer(raw, np.float32, count=5, offset=1)
+    assert not odd.flags.aligned
+    odd[...] = rank + 1
+    dist.all_reduce(odd)
+    assert (odd == total).all()
+    # Lists of arrays (gather, scatter) and an output/input pair.
+    gathered = [np.zeros(3, np.int32) for _ in range(world)] if rank == 0 else None
+    dist.gather(np.full(3, rank, np.int32), gathered, 0)
+    if rank == 0:
+        assert all((g == r).all() for r, g in enumerate(gathered))
+    out = np.zeros((world, 2), np.float64)
+    dist.all_gather_into_tensor(out, np.full(2, rank, np.float64))
+    assert (out == np.arange(world)[:, None]).all()
+    # What the buffer path rejects is rejected the same way.
+    _raises(TypeError, lambda: dist.all_reduce(np.ones(3, np.uint16)), "uint16")
+    _raises(TypeError, lambda: dist.all_reduce(np.ones(3, ">f4")), "big-endian float32")
+    ro = np.ones(4, np.float32)
+    ro.setflags(write=False)
+    _raises(ValueError, lambda: dist.broadcast(ro, 0), "read-only broadcast")
+    # A transposed array leaves the inline path for the general one, which stages it.
+    t = np.asfortranarray(np.full((4, 2), rank + 1, np.float32))
+    dist.all_reduce(t)
+    assert (t == total).all() and t.flags.f_contiguous, t
+
+
+def all_reduce_errors(dist, backend):
+    rank = dist.get_rank()
+    for bad in [None, 3, "x", [1, 2]]:
+        try:
+            dist.all_reduce(bad)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError(f"all_reduce({bad!r}) did not raise TypeError")
+    c = np.ones(4, dtype=np.complex64)
+    for op in [dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT]:
+        _raises(ValueError, lambda: dist.all_reduce(c, op=op), "complex MAX")
+    _raises(ValueError, lambda: dist.all_reduce(np.ones(4, np.float32), op=dist.ReduceOp.BAND),
+            "BAND on float")
+    # In torch's words.
+    complex_max = "all_reduce does not support MAX on complex tensors"
+    _raises(ValueError, lambda: dist.all_reduce(c, op=dist.ReduceOp.MAX), "complex", complex_max)
+    _raises(ValueError, lambda: dist.all_reduce_coalesced([np.ones(2, np.float32), c],
+                                                          op=dist.ReduceOp.MAX),
+            "complex in a list", complex_max)
+    _raises(ValueError, lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.BOR), "BOR",
+            "Cannot use ReduceOp.BOR with non-integral dtype")
+    # PREMUL_SUM needs its factor, and a floating dtype (as torch's NCCL); a bare one used to
+    # sum unscaled.
+    _raises(ValueError, lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.PREMUL_SUM),
+            "PREMUL_SUM without a factor", "needs its factor")
+    _raises(ValueError, lambda: dist.all_reduce(np.ones(4, np.int32),
+                                                op=dist._make_nccl_premul_sum(2.0)),
+            "PREMUL_SUM on int32", "PREMUL_SUM is not supported for int32")
+    # A bad element of a list is named by its index, in one sentence.
+    _raises(TypeError, lambda: dist.all_reduce([1.0, 2.0]), "a list as the tensor",
+            "Invalid function argument. allreduce[0]: expected a tensor")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        dist.all_reduce_coalesced([np.ones(2)])
+    assert any(issubclass(w.category, FutureWarning) and issubclass(w.category, UserWarning)
+               and "all_reduce_coalesced is deprecated" in str(w.message) for w in seen), seen
+    # A list mixing real and complex tensors reduces in one call (complex as pairs of reals).
+    mixed = [np.ones(3, np.float32), np.full(2, (1 + 2j) * rank, np.complex64)]
+    dist.all_reduce_coalesced(mixed)
+    world = dist.get_world_size()
+    assert (mixed[0] == world).all() and (mixed[1] == (1 + 2j) * sum(range(world))).all(), mixed
+    overlapping = np.lib.stride_tricks.as_strided(np.zeros(1), (4,), (0,), writeable=True)
+    _raises(ValueError, lambda: dist.all_reduce(overlapping), "an output with a stride of 0")
+    ro = np.ones(4)
+    ro.setflags(write=False)
+    _raises(ValueError, lambda: dist.all_reduce(ro), "read-only output")
+    # The group still works after rejected calls.
+    t = np.ones(3)
+    dist.all_reduce(t)
+    assert (t == dist.get_world_size()).all()
+
+
+def broadcast_reduce(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in [np.float32, np.int64, np.float16, np.bool_, np.complex128, np.uint8]:
+        for n in SIZES:
+            xs = _inputs(dtype, n, world, salt=3)
+            for root in range(world):
+                t = xs[rank].copy()
+                dist.broadcast(t, src=root)
+                _close(t, xs[root], dtype, f"broadcast {dtype} n={n} root={root}")
+                t = xs[rank].copy()
+                dist.reduce(t, dst=root, op=dist.ReduceOp.SUM)
+                if rank == root:
+                    _close(t, _expected(dist.ReduceOp.SUM, dist, xs, dtype), dtype,
+                           f"reduce {dtype} n={n} root={root}")
+    t = np.zeros(2)
+    _raises(ValueError, lambda: dist.broadcast(t, src=world), "broadcast from a bad rank")
+
+
+def gathers(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in [np.float32, np.int32, np.float16, np.bool_, np.complex64]:
+        for n in SIZES:
+            xs = _inputs(dtype, n, world, salt=1)
+            out = [np.zeros(n, dtype) for _ in range(world)]
+            dist.all_gather(out, xs[rank])
+            for r in range(world):
+                _close(out[r], xs[r], dtype, f"all_gather {dtype} n={n} from {r}")
+            flat = np.zeros(n * world, dtype)
+            dist.all_gather_into_tensor(flat, xs[rank])
+            _close(flat, np.concatenate(xs), dtype, "all_gather_into_tensor flat")
+            stacked = np.zeros((world, n), dtype)
+            dist.all_gather_into_tensor(stacked, xs[rank])
+            _close(stacked, np.stack(xs), dtype, "all_gather_into_tensor stacked")
+            for root in range(world):
+                gl = [np.zeros(n, dtype) for _ in range(world)] if rank == root else None
+                dist.gather(xs[rank], gl, dst=root)
+                if rank == root:
+                    for r in range(world):
+                        _close(gl[r], xs[r], dtype, f"gather root={root} from {r}")
+                out1 = np.zeros(n, dtype)
+                dist.scatter(out1, [x.copy() for x in xs] if rank == root else None, src=root)
+                _close(out1, xs[rank], dtype, f"scatter root={root}")
+    # Uneven all_gather (torch supports it): rank r contributes r + 1 rows of 2.
+    outs = [np.full((r + 1, 2), -1, np.int32) for r in range(world)]
+    work = dist.all_gather(outs, np.full((rank + 1, 2), rank, np.int32), async_op=True)
+    work.wait()
+    assert all((o == r).all() for r, o in enumerate(outs)), outs
+    assert all(a is b for a, b in zip(work.result(), outs))
+    if world > 1:
+        bad = [np.zeros(r + 1, np.int32) for r in range(world)]
+        _raises(ValueError, lambda: dist.all_gather(bad, np.zeros(rank + 2, np.int32)),
+                "an uneven all_gather whose own output does not fit the input")
+        # Only rank 0's list is wrong (torch's gloo check): every rank raises, none waits.
+        outs = [np.zeros(r + 1, np.int32) for r in range(world)]
+        if rank == 0:
+            outs[-1] = np.zeros(world + 5, np.int32)
+        _raises(ValueError, lambda: dist.all_gather(outs, np.zeros(rank + 1, np.int32)),
+                "an uneven all_gather with a wrong list on rank 0")
+        dist.barrier()
+    # Coalesced all_gather of two tensors of different shapes.
+    a, b = np.full(2, rank, np.int64), np.full((2, 3), rank * 10, np.int64)
+    outs = [[np.zeros(2, np.int64), np.zeros((2, 3), np.int64)] for _ in range(world)]
+    dist.all_gather_coalesced(outs, [a, b])
+    for r in range(world):
+        assert (outs[r][0] == r).all() and (outs[r][1] == r * 10).all()
+    # Real and complex tensors in one list.
+    outs = [[np.zeros(2, np.float32), np.zeros(1, np.complex64)] for _ in range(world)]
+    dist.all_gather_coalesced(outs, [np.full(2, rank, np.float32), np.full(1, 1j * rank,
+                                                                          np.complex64)])
+    assert all((outs[r][0] == r).all() and outs[r][1][0] == 1j * r for r in range(world)), outs
+    # Argument rules.
+    x = np.zeros(3)
+    if world > 1:
+        other = (rank + 1) % world
+        _raises(ValueError, lambda: dist.gather(x, [np.zeros(3)] * world, dst=other),
+                "gather_list on a non-destination rank")
+        _raises(ValueError, lambda: dist.scatter(x, [np.zeros(3)] * world, src=other),
+                "scatter_list on a non-source rank")
+    _raises(ValueError, lambda: dist.gather(x, None, dst=rank), "no gather_list on dst")
+    _raises(ValueError, lambda: dist.all_gather([np.zeros(3)] * (world + 1), x),
+            "all_gather list too long")
+    _raises(ValueError, lambda: dist.all_gather([np.zeros(3, np.int32)] * world, x),
+            "all_gather dtype mismatch")
+    _raises(ValueError, lambda: dist.all_gather_into_tensor(np.zeros(3 * world + 1), x),
+            "all_gather_into_tensor size mismatch")
+    _raises(TypeError, lambda: dist.all_gather(x, x), "all_gather output not a list")
+
+
+def reduce_scatters(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in [np.float32, np.int64, np.float16, np.complex64]:
+        for n in [0, 1, 5]:
+            # Rank r's input list: world chunks of n.
+            lists = [_inputs(dtype, n * world, world, salt=s) for s in range(1)][0]
+            ops = [dist.ReduceOp.SUM, dist.ReduceOp.AVG] if dtype == np.complex64 else \
+                [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN]
+            for op in ops:
+                exp_full = _expected(op, dist, lists, dtype)
+                out = np.zeros(n, dtype)
+                chunks = [lists[rank][i * n:(i + 1) * n].copy() for i in range(world)]
+                dist.reduce_scatter(out, chunks, op=op)
+                _close(out, exp_full[rank * n:(rank + 1) * n], dtype, f"reduce_scatter {op}")
+                out2 = np.zeros(n, dtype)
+                dist.reduce_scatter_tensor(out2, lists[rank].copy(), op=op)
+                _close(out2, exp_full[rank * n:(rank + 1) * n], dtype,
+                       f"reduce_scatter_tensor {op}")
+    _raises(ValueError, lambda: dist.reduce_scatter_tensor(np.zeros(2), np.zeros(2 * world + 1)),
+            "reduce_scatter_tensor size mismatch")
+
+
+def all_to_alls(dist, backend):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in [np.float32, np.int16, np.complex64]:
+        # Even splits: rank r sends value 100*r + j to rank j.
+        inp = np.array([100 * rank + j for j in range(world) for _ in range(2)], dtype)
+        out = np.zeros(2 * world, dtype)
+        dist.all_to_all_single(out, inp)
+        exp = np.array([100 * j + rank for j in range(world) for _ in range(2)], dtype)
+        _close(out, exp, dtype, "all_to_all_single even")
+        # Uneven: rank r sends (j + 1) copies of 100*r + j to rank j; receives rank+1 from each.
+        in_splits = [j + 1 for j in range(world)]
+        inp = np.concatenate([np.full(j + 1, 100 * rank + j) for j in range(world)]).astype(dtype)
+        out_splits = [rank + 1] * world
+        out = np.zeros(sum(out_splits), dtype)
+        dist.all_to_all_single(out, inp, out_splits, in_splits)
+        exp = np.concatenate([np.full(rank + 1, 100 * j + rank) for j in range(world)])
+        _close(out, exp.astype(dtype), dtype, "all_to_all_single uneven")
+        # 2-D rows.
+        inp2 = np.full((world, 3), rank, dtype)
+        out2 = np.zeros((world, 3), dtype)
+        dist.all_to_all_single(out2, inp2)
+        _close(out2, np.repeat(np.arange(world), 3).reshape(world, 3).astype(dtype), dtype,
+               "all_to_all_single 2-D")
+        # List form with different sizes per peer.
+        ins = [np.full(j + 1, 10 * rank + j, dtype) for j in range(world)]
+        outs = [np.zeros(rank + 1, dtype) for _ in range(world)]
+        dist.all_to_all(outs, ins)
+        for j in range(world):
+            _close(outs[j], np.full(rank + 1, 10 * j + rank, dtype), dtype, "all_to_all list")
+    _raises(ValueError, lambda: dist.all_to_all_single(np.zeros(world), np.zeros(world),
+                                                       [1] * world, [2] * world),
+            "splits that do not sum to the size")
+
+
+def strided_arrays(dist, backend):
+    """Arrays laid out other than in C order (transposed, sliced, reversed) work in every
+    collective, read and written through their strides; what lies between their elements is
+    left alone. Sends and receives still need contiguous arrays, as in torch."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def grid(r, dtype=np.float32):  # 3 x 4, laid out transposed (Fortran order)
+        return np.asfortranarray(np.arange(12, dtype=dtype).reshape(3, 4) * (r + 1))
+
+    total = sum(r + 1 for r in range(world))
+    t = grid(rank)
+    dist.all_reduce(t)
+    assert np.array_equal(t, grid(0) * total) and t.flags.f_contiguous, t
+    base = np.arange(10, dtype=np.int64) * (rank + 1)
+    dist.all_reduce(base[::3], op=dist.ReduceOp.MAX)  # elements 0, 3, 6, 9
+    expected = np.arange(10) * (rank + 1)
+    expected[::3] = np.arange(10)[::3] * world
+    assert np.array_equal(base, expected), base
+    t = np.arange(8, dtype=np.float64)[::-1] * (rank + 1)
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    assert np.array_equal(t, np.arange(8)[::-1] * total) and w.result()[0] is t, t
+    for root in range(world):
+        t = grid(rank).T
+        dist.broadcast(t, src=root)
+        assert np.array_equal(t, grid(root).T), t
+        t = grid(rank)[:, 1:3]
+        dist.reduce(t, dst=root)
+        assert rank != root or np.array_equal(t, grid(0)[:, 1:3] * total), t
+    outs = [np.zeros((4, 3), np.float32).T for _ in range(world)]
+    dist.all_gather(outs, grid(rank)[::-1])
+    assert all(np.array_equal(o, grid(r)[::-1]) for r, o in enumerate(outs)), outs
+    flat = np.zeros((world * 3, 8), np.float32)[:, ::2]
+    dist.all_gather_into_tensor(flat, grid(rank))
+    assert np.array_equal(flat, np.concatenate([grid(r) for r in range(world)])), flat
+    out = np.zeros((4, 3), np.float32).T
+    dist.reduce_scatter(out, [grid(rank) + r for r in range(world)])
+    assert np.array_equal(out, grid(0) * total + world * rank), out
+    out = np.zeros((4, 3), np.float32).T
+    dist.reduce_scatter_tensor(out, np.asfortranarray(
+        np.concatenate([grid(rank) + r for r in range(world)])))
+    assert np.array_equal(out, grid(0) * total + world * rank), out
+    src = np.asfortranarray(np.arange(world * 2 * 3, dtype=np.int32).reshape(world * 2, 3)
+                            + 100 * rank)
+    out = np.zeros((3, world * 2), np.int32).T
+    dist.all_to_all_single(out, src)
+    want = np.concatenate([np.arange(world * 2 * 3).reshape(world * 2, 3)[2 * rank:2 * rank + 2]
+                           + 100 * r for r in range(world)])
+    assert np.array_equal(out, want), out
+    root = world - 1
+    gathered = [np.zeros((4, 3), np.float32).T for _ in range(world)] if rank == root else None
+    dist.gather(grid(rank), gathered, dst=root)
+    assert rank != root or all(np.array_equal(g, grid(r)) for r, g in enumerate(gathered))
+    out = np.zeros((4, 3), np.float32).T
+    dist.scatter(out, [grid(r).copy() for r in range(world)] if rank == root else None, src=root)
+    assert np.array_equal(out, grid(rank)), out
+    if world > 1:
+        t = grid(rank)
+        peer = (rank + 1) % world
+        _raises(ValueError, lambda: dist.send(t, peer) if rank % 2 == 0 else dist.recv(t, peer),
+                "a send or receive of a transposed array")
+    try:
+        import torch
+    except ImportError:
+        return
+    t = torch.arange(12.).reshape(3, 4).t() * (rank + 1)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.arange(12.).reshape(3, 4).t() * total), t
+
+
+def writes_beside_outputs(dist, backend):
+    """Every collective, synchronous and asynchronous, changes only its outputs while another
+    thread of this process writes the rest of the arrays those outputs are slices of."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n, head = 1 << 17, 3  # float32 slices of 512 KiB starting off a page boundary
+
+    def sliced(total):
+        owner = np.zeros(total + 2 * head + n, np.float32)
+        return owner, owner[head:head + total], [owner[:head], owner[head + total:]]
+
+    def run(what, total, start, check, async_op):
+        owner, out, rest = sliced(total)
+        start_fill = start(out)
+        go = threading.Event()
+        done = threading.Event()
+        written = []
+
+        def writer():
+            go.set()
+            value = 1000
+            while not done.is_set():  # the last value written must be the one found
+                value += 1
+                for part in rest:
+                    part[:] = value
+                written.append(value)
+            value += 1
+            for part in rest:
+                part[:] = value
+            written.append(value)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        go.wait()
+        work = start_fill(async_op)
+        if work is not None:
+            work.wait()
+        done.set()
+        t.join()
+        check(out, f"{what} (async_op={async_op})")
+        for part in rest:
+            wrong = int(np.count_nonzero(part != written[-1]))
+            assert wrong == 0, f"{what} (async_op={async_op}): {wrong} bytes beside it changed"
+
+    def equal(want):
+        def check(out, what):
+            assert np.array_equal(out, want), what
+        return check
+
+    total_world = sum(range(1, world + 1))
+    for async_op in (False, True):
+        def reduce_all(out):
+            out[:] = rank + 1
+            return lambda a: dist.all_reduce(out, async_op=a)
+        run("all_reduce", n, reduce_all, equal(np.full(n, total_world, np.float32)), async_op)
+
+        def bcast(out):
+            out[:] = np.arange(n) if rank == 0 else -1
+            return lambda a: dist.broadcast(out, 0, async_op=a)
+        run("broadcast", n, bcast, equal(np.arange(n, dtype=np.float32)), async_op)
+
+        src = np.full(n, rank + 1, np.float32)
+        run("all_gather_into_tensor", n * world,
+            lambda out: lambda a: dist.all_gather_into_tensor(out, src, async_op=a),
+            equal(np.repeat(np.arange(1, world + 1, dtype=np.float32), n)), async_op)
+
+        big = np.arange(n * world, dtype=np.float32) + rank
+        want = (np.arange(n * world, dtype=np.float32) * world + sum(range(world)))
+        want = want[rank * n:(rank + 1) * n]
+        run("reduce_scatter_tensor", n,
+            lambda out: lambda a: dist.reduce_scatter_tensor(out, big, async_op=a),
+            equal(want), async_op)
+
+        parts = np.repeat(np.arange(world, dtype=np.float32) + 10 * rank, n // world)
+        want = np.repeat(np.arange(world, dtype=np.float32) * 10 + rank, n // world)
+        run("all_to_all_single", n // world * world,
+            lambda out: lambda a: dist.all_to_all_single(out, parts, async_op=a),
+            equal(want), async_op)

@@ -1,0 +1,260 @@
+"""Cases of failures: timeouts, mismatched sizes, pending work at destroy, monitored barriers,
+desync reports, a dead peer, and flight-recorder dumps of a hang."""
+
+import os
+import time
+from datetime import timedelta
+
+import numpy as np
+
+
+def recv_timeout(dist, backend):
+    """Rank 1 receives from rank 0, which never sends: the recv fails within its timeout, and
+    so does the next one (gloo: at once, its pair to rank 0 closed; it used to wait out the
+    timeout again and then fail with "this future was already completed")."""
+    rank = dist.get_rank()
+    if rank == 1:
+        messages = []
+        for attempt in range(2):
+            start = time.monotonic()
+            try:
+                dist.recv(np.zeros(1), 0)
+            except RuntimeError as e:
+                elapsed = time.monotonic() - start
+                assert elapsed < 20, (attempt, elapsed)
+                assert "already completed" not in str(e), e
+                messages.append(f"{elapsed:.1f}s: {e}")
+                continue
+            raise AssertionError("recv without a sender returned")
+        print("RECV_TIMEOUT_OK", *messages)
+        return
+    time.sleep(10)
+
+
+def p2p_size_mismatch(dist, backend):
+    """Rank 0 sends 16 bytes, rank 1 receives 8: both raise (shm names the sizes, gloo times
+    out) instead of gloo's network thread terminating the process."""
+    rank = dist.get_rank()
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            dist.send(np.arange(2, dtype=np.int64), 1)
+        else:
+            dist.recv(np.zeros(2, np.float32), 0)
+    except RuntimeError as e:
+        assert time.monotonic() - start < 20, time.monotonic() - start
+        print("MISMATCH_OK", e)
+        return
+    # The shm sender may finish before the receiver sees the size: only the receiver must fail.
+    assert rank == 0 and backend in ("shm", "mpi"), "the mismatched send/recv completed"
+    print("MISMATCH_OK sent")
+
+
+def destroy_with_pending(dist, backend):
+    """destroy_process_group() lets operations already submitted finish, as torch's does: the
+    peers that called them too get their results."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = np.full(4, rank + 1.0)
+    if rank == world - 1:
+        time.sleep(0.3)  # the others destroy while their all_reduce still waits for this rank
+    work = dist.all_reduce(t, async_op=True)
+    dist.destroy_process_group()
+    assert work.wait() and (t == world * (world + 1) / 2).all(), t
+
+
+def barrier_timeout_words(dist, backend):
+    """The last rank skips a barrier: the others time out with torch's words around them (its
+    tests match " (Timed out|closed|timeout) ")."""
+    import re
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == world - 1:
+        time.sleep(5)
+        return
+    start = time.monotonic()
+    try:
+        dist.barrier()
+    except RuntimeError as e:
+        assert time.monotonic() - start < 4.5, e
+        assert re.search(" (Timed out|closed|timeout) ", str(e)), e
+        print("BARRIER_TIMEOUT_OK", e)
+    else:
+        raise AssertionError("a barrier without the last rank passed")
+
+
+def detail_missing_rank(dist, backend):
+    """At DETAIL, a rank that never calls a collective is named, as torch's wrapper does."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = np.ones(2)
+    dist.all_reduce(t)
+    if rank == world - 1:
+        time.sleep(5)
+        return
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        words = (f"Rank {world - 1} failed to pass monitoredBarrier" if rank == 0 else
+                 f"Rank {rank} successfully reached monitoredBarrier")
+        assert words in str(e), e
+        print("DETAIL_MISSING_OK", e)
+    else:
+        raise AssertionError("an all_reduce without the last rank passed")
+
+
+def monitored_barrier_reports(dist, backend):
+    """The last rank skips the barrier; the others learn which rank is missing."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == world - 1:
+        time.sleep(6)
+        return
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=2), wait_all_ranks=True)
+    except RuntimeError as e:
+        if rank == 0:
+            assert f"Rank {world - 1} failed to pass monitoredBarrier in 2000 ms" in str(e), e
+        else:  # torch's words on the other ranks
+            assert f"Rank {rank} successfully reached monitoredBarrier, but received errors " \
+                   f"while waiting for send/recv from rank 0" in str(e), e
+        print(f"MONITORED_OK: {e}")
+    else:
+        raise AssertionError("monitored_barrier passed with a rank missing")
+    if rank == 0 and world > 1:  # a zero timeout fails at once, as in torch
+        start = time.monotonic()
+        try:
+            dist.monitored_barrier(timeout=timedelta(0))
+        except RuntimeError as e:
+            assert time.monotonic() - start < 2 and "failed to pass monitoredBarrier" in str(e), e
+        else:
+            raise AssertionError("monitored_barrier with a zero timeout passed")
+
+
+def monitored_barrier_late_ranks(dist, backend):
+    """As in torch, the timeout bounds rank 0's wait for the others only: a late rank 0 (within
+    the group's timeout) lets everyone pass, while a rank that arrives after rank 0 gave up on
+    it does not pass, and hears so at once."""
+    rank = dist.get_rank()
+    if rank == 0:
+        time.sleep(2)
+    start = time.monotonic()
+    dist.monitored_barrier(timeout=timedelta(seconds=1))
+    assert rank == 0 or time.monotonic() - start > 1.5, time.monotonic() - start
+    if rank == 1:
+        time.sleep(2.5)
+    start = time.monotonic()
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=1))
+    except RuntimeError as e:
+        took = time.monotonic() - start
+        if rank == 0:
+            assert "Rank 1 failed to pass monitoredBarrier in 1000 ms" in str(e), e
+            assert 0.9 < took < 2, took
+            time.sleep(3)  # stays until rank 1 has heard the verdict
+        else:
+            assert "Rank 1 successfully reached monitoredBarrier" in str(e), e
+            assert took < 1, took
+        print(f"MONITORED_LATE_OK: {e}")
+    else:
+        raise AssertionError(f"rank {rank}: monitored_barrier passed with rank 1 late")
+    os._exit(0)  # the group cannot be torn down collectively any more
+
+
+def monitored_barrier_exits(dist, backend):
+    """Ranks 1 and 3 of 4 exit instead of entering the barrier, rank 3 a little later; with
+    wait_all_ranks rank 0 names both, well before its timeout."""
+    rank = dist.get_rank()
+    dist.barrier()
+    if rank in (1, 3):
+        time.sleep(0.5 * (rank == 3))
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=20), wait_all_ranks=True)
+    except RuntimeError as e:
+        if rank == 0:
+            assert "Ranks 1, 3 failed to pass monitoredBarrier" in str(e), e
+        else:
+            assert f"Rank {rank} successfully reached monitoredBarrier" in str(e), e
+        assert time.monotonic() - start < 10, (time.monotonic() - start, e)
+        print(f"MONITORED_EXITS_OK: {e}")
+    else:
+        raise AssertionError("monitored_barrier passed with two ranks gone")
+    os._exit(0)  # the group cannot be torn down collectively any more
+
+
+def desync_detail(dist, backend):
+    """Under TORCH_DISTRIBUTED_DEBUG=DETAIL, mismatched collectives raise on every rank and
+    name both calls; matching ones (barrier included) work."""
+    rank = dist.get_rank()
+    t = np.ones(4, np.float32)
+    dist.all_reduce(t)
+    dist.barrier()
+    assert (t == dist.get_world_size()).all()
+    try:
+        if rank == 0:
+            dist.broadcast(np.zeros(4, np.float32), src=0)
+        else:
+            dist.all_reduce(np.zeros(4, np.float32))
+    except RuntimeError as e:
+        msg = str(e)
+        assert "mismatch" in msg and "broadcast(float32[4]" in msg and \
+            "all_reduce(float32[4]" in msg, msg
+        print("DESYNC_OK:", msg)
+        return
+    raise AssertionError("mismatched collectives were not detected")
+
+
+def dead_peer(dist, backend):
+    """Rank 1 dies abruptly; rank 0's next collective fails quickly, naming rank 1."""
+    import os
+
+    rank = dist.get_rank()
+    dist.barrier()
+    if rank == 1:
+        os._exit(17)
+    start = time.monotonic()
+    try:
+        t = np.ones(1024)
+        dist.all_reduce(t)
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        elapsed = time.monotonic() - start
+        assert elapsed < 15, elapsed
+        print(f"DEAD_PEER_OK {elapsed:.2f}s: {e}")
+        # Tearing down never hangs on the dead peer.
+        dist.destroy_process_group()
+        return
+    raise AssertionError("collectives with a dead peer succeeded")
+
+
+def trace_hang(dist, backend):
+    """Rank 1 skips an all_reduce that rank 0 calls and waits in a receive on a second group
+    instead. Rank 0 times out (C10D_TEST_PG_TIMEOUT) and both ranks write their flight-recorder
+    dumps to C10D_TRACE_DUMP_DIR: rank 0 on the failure, rank 1 when asked through the store."""
+    import os
+    rank = dist.get_rank()
+    side = dist.new_group([0, 1], timeout=timedelta(seconds=60))
+    t = np.ones(4, np.float32)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    dump_dir = os.environ["C10D_TRACE_DUMP_DIR"]
+
+    def wait_for_dump(r, seconds=20.0):
+        path = os.path.join(dump_dir, f"c10d_trace_rank{r}.json")
+        deadline = time.monotonic() + seconds
+        while not os.path.exists(path):
+            assert time.monotonic() < deadline, f"rank {r} wrote no dump in {seconds}s"
+            time.sleep(0.05)
+
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(t)  # rank 1 never joins
+        except RuntimeError as e:
+            print(f"TRACE_HANG_TIMEOUT after {time.monotonic() - start:.1f}s: {e}")
+        else:
+            raise AssertionError("an all_reduce without rank 1 returned")
+        wait_for_dump(0, 1.0)  # written before the error reached us
+        wait_for_dump(1)  # keep the store (hosted here) up until rank 1 has seen the request
+    else:
+        work = dist.irecv(np.zeros(1, np.float32), 0, group=side)  # rank 0 never sends
+        wait_for_dump(1)
+        assert not work.is_completed()
