@@ -20,8 +20,16 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
-OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
-       "gather", "scatter"]
+OPS = [
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "gather",
+    "scatter",
+]
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -214,8 +222,11 @@ def worker(args) -> int:
         for _ in range(100):
             warm()
     for name in args.ops.split(","):
-        for size in ([parse_size(x) for x in args.sizes.split(",")] if args.sizes
-                     else sizes(args.min_bytes, args.max_bytes, args.factor)):
+        for size in (
+            [parse_size(x) for x in args.sizes.split(",")]
+            if args.sizes
+            else sizes(args.min_bytes, args.max_bytes, args.factor)
+        ):
             count = max(size // dtype.itemsize, 1)
             try:
                 fn = impl.op(name, count, dtype)
@@ -240,8 +251,14 @@ def worker(args) -> int:
                 elapsed = impl.max_over_ranks(elapsed)
                 results.append({"op": name, "bytes": count * dtype.itemsize, "us": elapsed * 1e6})
             except Exception as e:  # a peer may lack an op
-                results.append({"op": name, "bytes": count * dtype.itemsize, "us": None,
-                                "error": f"{type(e).__name__}: {str(e)[:80]}"})
+                results.append(
+                    {
+                        "op": name,
+                        "bytes": count * dtype.itemsize,
+                        "us": None,
+                        "error": f"{type(e).__name__}: {str(e)[:80]}",
+                    }
+                )
                 try:
                     impl.barrier()
                 except Exception:
@@ -258,24 +275,63 @@ def worker(args) -> int:
 
 
 def launch(impl: str, args, out_path: str) -> bool:
-    common = [__file__, "--worker", "--impl", impl, "--out", out_path, "--backend", args.backend,
-              "--ops", args.ops, "--min-bytes", str(args.min_bytes), "--max-bytes",
-              str(args.max_bytes), "--factor", str(args.factor), "--sizes", args.sizes,
-              "--dtype", args.dtype,
-              "--time-scale", str(args.time_scale), "--rounds", str(args.rounds),
-              "--min-seconds", str(args.min_seconds)]
+    common = [
+        __file__,
+        "--worker",
+        "--impl",
+        impl,
+        "--out",
+        out_path,
+        "--backend",
+        args.backend,
+        "--ops",
+        args.ops,
+        "--min-bytes",
+        str(args.min_bytes),
+        "--max-bytes",
+        str(args.max_bytes),
+        "--factor",
+        str(args.factor),
+        "--sizes",
+        args.sizes,
+        "--dtype",
+        args.dtype,
+        "--time-scale",
+        str(args.time_scale),
+        "--rounds",
+        str(args.rounds),
+        "--min-seconds",
+        str(args.min_seconds),
+    ]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     if args.backend == "shm-zc":
         # Every size's buffers live in the shared heap (touched pages only use memory).
         env.setdefault("C10D_SHM_HEAP_BYTES", str(4 << 30))
     if impl == "mpi":
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OMPI_MCA_btl="self,vader", OMPI_MCA_rmaps_base_oversubscribe="1")
-        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(args.nproc),
-               sys.executable] + common
+        env.update(
+            OMPI_ALLOW_RUN_AS_ROOT="1",
+            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+            OMPI_MCA_btl="self,vader",
+            OMPI_MCA_rmaps_base_oversubscribe="1",
+        )
+        cmd = [
+            "mpirun",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-np",
+            str(args.nproc),
+            sys.executable,
+        ] + common
     else:
-        cmd = [sys.executable, "-m", "c10d.run", "--nproc-per-node", str(args.nproc),
-               sys.executable if False else common[0]] + common[1:]
+        cmd = [
+            sys.executable,
+            "-m",
+            "c10d.run",
+            "--nproc-per-node",
+            str(args.nproc),
+            sys.executable if False else common[0],
+        ] + common[1:]
     proc = subprocess.run(cmd, env=env, timeout=args.timeout)
     return proc.returncode == 0 and os.path.exists(out_path)
 
@@ -306,8 +362,7 @@ def round_trip_ns(probe):
         out = subprocess.run([probe], capture_output=True, text=True, timeout=30)
         return int(out.stdout)
     except subprocess.TimeoutExpired:
-        print(f"# placement probe {probe} took over 30 s; placement not checked",
-              file=sys.stderr)
+        print(f"# placement probe {probe} took over 30 s; placement not checked", file=sys.stderr)
         return None
     except ValueError:
         return None
@@ -329,8 +384,12 @@ def start_watch(probe):
     if probe is None:
         return None
     try:
-        return subprocess.Popen([probe, "--watch", str(WATCH_MS)], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
+        return subprocess.Popen(
+            [probe, "--watch", str(WATCH_MS)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
     except OSError:
         return None
 
@@ -405,9 +464,12 @@ def launch_close(impl, args, out_path, probe, budget, label):
         if not ok or not where or budget[0] <= 0 or impl in NOT_RERUN:
             return ok, (before, after, during)
         budget[0] -= time.monotonic() - start
-        print(f"# {label}: the CPUs were {where} around this launch (cache-line round trip "
-              f"{before} ns before, {after} ns after{while_ran(during)}): running it again",
-              file=sys.stderr, flush=True)
+        print(
+            f"# {label}: the CPUs were {where} around this launch (cache-line round trip "
+            f"{before} ns before, {after} ns after{while_ran(during)}): running it again",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def placement_summary(trips) -> str:
@@ -422,13 +484,18 @@ def placement_summary(trips) -> str:
             where = where_launch_ran(before, after, during)
             if where:
                 odd.setdefault(where, []).append(
-                    f"{label} round {k + 1} ({before} -> {after} ns{while_ran(during)})")
+                    f"{label} round {k + 1} ({before} -> {after} ns{while_ran(during)})"
+                )
     close = [t for t in seen if not elsewhere(t)]
-    text = (f"# placement: cache-line round trip between the CPUs around the launches "
-            f"{min(seen)}-{max(seen)} ns")
+    text = (
+        f"# placement: cache-line round trip between the CPUs around the launches "
+        f"{min(seen)}-{max(seen)} ns"
+    )
     if not odd:
-        return text + (f"; none on one physical core (< {SHARED_CORE_TRIP_NS} ns); every "
-                       f"launch ran with the CPUs close (< {FAR_TRIP_NS} ns, also while it ran)")
+        return text + (
+            f"; none on one physical core (< {SHARED_CORE_TRIP_NS} ns); every "
+            f"launch ran with the CPUs close (< {FAR_TRIP_NS} ns, also while it ran)"
+        )
     for where, launches in odd.items():
         text += f"; {where} around: {', '.join(launches)}"
     return text + (f"; close otherwise ({min(close)}-{max(close)} ns)" if close else "")
@@ -439,8 +506,11 @@ def peers_available():
     probe = "import torch.distributed as d; assert d.is_available()"
     if subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0:
         found.append("torch")
-    if shutil.which("mpirun") and subprocess.run(
-            [sys.executable, "-c", "import mpi4py"], capture_output=True).returncode == 0:
+    if (
+        shutil.which("mpirun")
+        and subprocess.run([sys.executable, "-c", "import mpi4py"], capture_output=True).returncode
+        == 0
+    ):
         found.append("mpi")
     return found
 
@@ -451,7 +521,7 @@ def python_overhead_us(backend: str, iters: int = 20000) -> float:
     (FakeProcessGroup, no inline path) the general one with options and Work objects."""
     code = f"""
 import sys, time, numpy as np
-sys.path.insert(0, {os.path.join(REPO, 'python')!r})
+sys.path.insert(0, {os.path.join(REPO, "python")!r})
 import c10d as dist
 dist.init_process_group({backend!r}, store=dist.HashStore(), rank=0, world_size=1)
 t = np.ones(1, np.float32)
@@ -533,8 +603,11 @@ def plot(all_results, world, path):
     fig, axes = plt.subplots(len(ops), 1, figsize=(7, 3 * len(ops)), squeeze=False)
     for ax, op in zip(axes[:, 0], ops):
         for impl, results in all_results.items():
-            pts = [(r["bytes"], r["bytes"] / (r["us"] * 1e-6) * busbw_factor(op, world) / 1e9)
-                   for r in results if r["op"] == op and r["us"]]
+            pts = [
+                (r["bytes"], r["bytes"] / (r["us"] * 1e-6) * busbw_factor(op, world) / 1e9)
+                for r in results
+                if r["op"] == op and r["us"]
+            ]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=impl)
         ax.set_xscale("log", base=2)
@@ -547,39 +620,70 @@ def plot(all_results, world, path):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--backend", default="shm",
-                   help="c10d backend(s), comma-separated: shm, shm-zc (shm on shm_empty "
-                        "arrays), gloo")
+    p.add_argument(
+        "--backend",
+        default="shm",
+        help="c10d backend(s), comma-separated: shm, shm-zc (shm on shm_empty arrays), gloo",
+    )
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--min-bytes", type=parse_size, default=4)
     p.add_argument("--max-bytes", type=parse_size, default=64 << 20)
     p.add_argument("--factor", type=int, default=4)
-    p.add_argument("--sizes", default="",
-                   help="these sizes (e.g. 4,1K,1M) instead of --min-bytes to --max-bytes")
+    p.add_argument(
+        "--sizes",
+        default="",
+        help="these sizes (e.g. 4,1K,1M) instead of --min-bytes to --max-bytes",
+    )
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="scales the iteration counts (lower = quicker, noisier)")
-    p.add_argument("--min-seconds", type=float, default=0.02,
-                   help="time every size for at least this long per round")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="run every implementation this many times, interleaved, sharing the "
-                        "iterations of one run, and report the median per size")
-    p.add_argument("--slow-rounds", type=int, default=None,
-                   help="rounds for the launches that take minutes (c10d's gloo backend and "
-                        "PyTorch), whose columns are compared only coarsely (default: --rounds)")
-    p.add_argument("--compare", action="store_true",
-                   help="also run torch.distributed (gloo) and mpi4py when installed")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="scales the iteration counts (lower = quicker, noisier)",
+    )
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.02,
+        help="time every size for at least this long per round",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every implementation this many times, interleaved, sharing the "
+        "iterations of one run, and report the median per size",
+    )
+    p.add_argument(
+        "--slow-rounds",
+        type=int,
+        default=None,
+        help="rounds for the launches that take minutes (c10d's gloo backend and "
+        "PyTorch), whose columns are compared only coarsely (default: --rounds)",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run torch.distributed (gloo) and mpi4py when installed",
+    )
     p.add_argument("--plot", default=None, help="write a busbw-vs-size PNG here")
     p.add_argument("--json", default=None, help="write all results here")
-    p.add_argument("--placement-probe",
-                   default=os.path.join(REPO, "build", "bench", "placement_probe"),
-                   help="the program built from bench/placement_probe.cc")
-    p.add_argument("--placement-budget", type=float, default=240,
-                   help="seconds this run may spend waiting for the CPUs to be close and "
-                        "running again launches they were far apart around (0: no checks)")
+    p.add_argument(
+        "--placement-probe",
+        default=os.path.join(REPO, "build", "bench", "placement_probe"),
+        help="the program built from bench/placement_probe.cc",
+    )
+    p.add_argument(
+        "--placement-budget",
+        type=float,
+        default=240,
+        help="seconds this run may spend waiting for the CPUs to be close and "
+        "running again launches they were far apart around (0: no checks)",
+    )
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", default="c10d", help=argparse.SUPPRESS)
@@ -593,11 +697,22 @@ def main(argv=None) -> int:
     runs += [(peer, "gloo") for peer in peers]
     if "torch" in peers:
         runs.append(("torch", "c10d_shm"))  # torch.distributed calls on c10d's shm backend
-    runs = [(impl, backend, f"c10d-{backend}" if impl == "c10d"
-             else impl if backend == "gloo" else f"{impl}+{backend}")
-            for impl, backend in runs]
-    rounds_of = {label: args.slow_rounds if label in SLOW and args.slow_rounds is not None
-                 else args.rounds for _, _, label in runs}
+    runs = [
+        (
+            impl,
+            backend,
+            f"c10d-{backend}"
+            if impl == "c10d"
+            else impl
+            if backend == "gloo"
+            else f"{impl}+{backend}",
+        )
+        for impl, backend in runs
+    ]
+    rounds_of = {
+        label: args.slow_rounds if label in SLOW and args.slow_rounds is not None else args.rounds
+        for _, _, label in runs
+    }
     # Every implementation runs once per round, the rounds one after another, so that a slow
     # spell of this shared machine (they last seconds to minutes) hits all of them alike
     # instead of the one that happened to run then; each row is the median over the rounds.
@@ -613,11 +728,16 @@ def main(argv=None) -> int:
                 if k >= rounds_of[label]:
                     continue
                 out = os.path.join(tmp, f"{label}.{k}.json")
-                print(f"# round {k + 1}/{rounds_of[label]}: running {label} on {args.nproc} "
-                      f"ranks ...", file=sys.stderr, flush=True)
+                print(
+                    f"# round {k + 1}/{rounds_of[label]}: running {label} on {args.nproc} "
+                    f"ranks ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 launch_args = dict(vars(args), backend=backend, rounds=rounds_of[label])
-                ok, around = launch_close(impl, argparse.Namespace(**launch_args), out, probe,
-                                          budget, label)
+                ok, around = launch_close(
+                    impl, argparse.Namespace(**launch_args), out, probe, budget, label
+                )
                 trips.setdefault(label, []).append(around)
                 if ok:
                     with open(out) as f:
@@ -627,14 +747,18 @@ def main(argv=None) -> int:
     all_results = {label: median_of_rounds(rounds) for label, rounds in per_round.items()}
     if not all_results:
         return 1
-    print(f"# {args.nproc} ranks, dtype {args.dtype}, time per call (max over ranks; median of "
-          f"{rounds_text(rounds_of)}), busbw as nccl-tests; 'vs X' = X's time / first column's "
-          f"(> 1: first is faster)")
+    print(
+        f"# {args.nproc} ranks, dtype {args.dtype}, time per call (max over ranks; median of "
+        f"{rounds_text(rounds_of)}), busbw as nccl-tests; 'vs X' = X's time / first column's "
+        f"(> 1: first is faster)"
+    )
     print(report(all_results, args, args.nproc))
     print(placement_summary(trips))
-    print(f"# Python overhead of a sync c10d all_reduce of 4 B on 1 rank: "
-          f"{python_overhead_us('shm'):.2f} us/call (shm: inline path), "
-          f"{python_overhead_us('fake'):.2f} us/call (fake backend: general path)")
+    print(
+        f"# Python overhead of a sync c10d all_reduce of 4 B on 1 rank: "
+        f"{python_overhead_us('shm'):.2f} us/call (shm: inline path), "
+        f"{python_overhead_us('fake'):.2f} us/call (fake backend: general path)"
+    )
     if args.plot:
         plot(all_results, args.nproc, args.plot)
         print(f"# plot written to {args.plot}")

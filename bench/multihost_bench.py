@@ -33,7 +33,7 @@ def rate_bits(rate: str) -> float:
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
     for unit, scale in units.items():
         if rate.endswith(unit):
-            return float(rate[:-len(unit)]) * scale
+            return float(rate[: -len(unit)]) * scale
     return float(rate)
 
 
@@ -42,19 +42,60 @@ def launch(hosts, nproc, label, args, out_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), **extra)
     if impl != "torch":
         env.pop("GLOO_SOCKET_IFNAME", None)
-    worker = [os.path.join(HERE, "collective_bench.py"), "--worker", "--impl", impl,
-              "--out", out_path, "--backend", backend, "--ops", "all_reduce",
-              "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
-              "--factor", "4", "--dtype", "float32", "--time-scale", str(args.time_scale),
-              "--rounds", "1", "--min-seconds", str(args.min_seconds)]
+    worker = [
+        os.path.join(HERE, "collective_bench.py"),
+        "--worker",
+        "--impl",
+        impl,
+        "--out",
+        out_path,
+        "--backend",
+        backend,
+        "--ops",
+        "all_reduce",
+        "--min-bytes",
+        str(args.min_bytes),
+        "--max-bytes",
+        str(args.max_bytes),
+        "--factor",
+        "4",
+        "--dtype",
+        "float32",
+        "--time-scale",
+        str(args.time_scale),
+        "--rounds",
+        "1",
+        "--min-seconds",
+        str(args.min_seconds),
+    ]
     # A rendezvous of its own per launch: a launcher must never join the previous one's.
     rdzv_id = os.path.basename(out_path).replace(" ", "_")
-    procs = [hosts.popen(i, [sys.executable, "-m", "c10d.run", "--nnodes", str(hosts.count),
-                             "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-                             "--rdzv-id", rdzv_id,
-                             "--rdzv-endpoint", f"{hosts.addresses[0]}:{PORT}"] + worker,
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for i in range(hosts.count)]
+    procs = [
+        hosts.popen(
+            i,
+            [
+                sys.executable,
+                "-m",
+                "c10d.run",
+                "--nnodes",
+                str(hosts.count),
+                "--nproc-per-node",
+                str(nproc),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-id",
+                rdzv_id,
+                "--rdzv-endpoint",
+                f"{hosts.addresses[0]}:{PORT}",
+            ]
+            + worker,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(hosts.count)
+    ]
     errors = []
     for p in procs:
         try:
@@ -77,22 +118,28 @@ def run_layout(count, nproc, rate, args, workdir):
     with netns.Hosts(count, rate=rate) as hosts:
         for k in range(args.rounds):
             for label in labels:
-                print(f"# {count} hosts x {nproc} at {rate}, round {k + 1}/{args.rounds}: "
-                      f"{label}", file=sys.stderr, flush=True)
+                print(
+                    f"# {count} hosts x {nproc} at {rate}, round {k + 1}/{args.rounds}: {label}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 out = os.path.join(workdir, f"out-{count}-{nproc}-{rate}-{k}-{label}.json")
                 got = launch(hosts, nproc, label, args, out)
                 for size, us in (got or {}).items():
                     times[label].setdefault(size, []).append(us)
-    return {label: {size: statistics.median(v) for size, v in by.items()}
-            for label, by in times.items()}
+    return {
+        label: {size: statistics.median(v) for size, v in by.items()} for label, by in times.items()
+    }
 
 
 def report(count, nproc, rate, medians):
     world = count * nproc
     link = rate_bits(rate) / 8  # bytes per second, one direction of a host's link
     labels = list(medians)
-    print(f"\n## all_reduce, {count} hosts x {nproc} rank{'s' if nproc > 1 else ''}, "
-          f"links {rate}: time per call in µs (busbw in GB/s; link {link / 1e9:.3f} GB/s)")
+    print(
+        f"\n## all_reduce, {count} hosts x {nproc} rank{'s' if nproc > 1 else ''}, "
+        f"links {rate}: time per call in µs (busbw in GB/s; link {link / 1e9:.3f} GB/s)"
+    )
     head = ["size"] + labels
     if "c10d hier" in labels:
         head += ["gloo / hier", "torch / hier"]
@@ -102,14 +149,19 @@ def report(count, nproc, rate, medians):
     print("|" + " --- |" * len(head))
     sizes = sorted(set().union(*[set(m) for m in medians.values()]))
     for size in sizes:
-        row = [f"{size} B" if size < 1024 else f"{size >> 10} KiB" if size < 1 << 20
-               else f"{size >> 20} MiB"]
+        row = [
+            f"{size} B"
+            if size < 1024
+            else f"{size >> 10} KiB"
+            if size < 1 << 20
+            else f"{size >> 20} MiB"
+        ]
         for label in labels:
             us = medians[label].get(size)
             busbw = size * 2 * (world - 1) / world / (us * 1e-6) / 1e9 if us else None
             row.append(f"{us:.0f} ({busbw:.3f})" if us else "n/a")
         base = medians.get("c10d hier", medians["c10d gloo"]).get(size)
-        for other in (["c10d gloo", "torch gloo"] if "c10d hier" in labels else ["torch gloo"]):
+        for other in ["c10d gloo", "torch gloo"] if "c10d hier" in labels else ["torch gloo"]:
             them = medians[other].get(size)
             row.append(f"{them / base:.2f}x" if them and base else "-")
         print("| " + " | ".join(row) + " |")

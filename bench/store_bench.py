@@ -32,11 +32,15 @@ VALUE = b"x" * 16
 def make_store(backend, port, is_master=False):
     if backend == "c10d":
         import c10d
-        return c10d.TCPStore("127.0.0.1", port, is_master=is_master, wait_for_workers=False,
-                             timeout=TIMEOUT)
+
+        return c10d.TCPStore(
+            "127.0.0.1", port, is_master=is_master, wait_for_workers=False, timeout=TIMEOUT
+        )
     import torch.distributed as td
-    return td.TCPStore("127.0.0.1", port, is_master=is_master, wait_for_workers=False,
-                       timeout=TIMEOUT)
+
+    return td.TCPStore(
+        "127.0.0.1", port, is_master=is_master, wait_for_workers=False, timeout=TIMEOUT
+    )
 
 
 def timed(fn, n):
@@ -63,7 +67,7 @@ def single_client(backend, server, ops):
 
     sets(200), gets(200), adds(200)  # warm-up
     result = {"set": timed(sets, ops), "get": timed(gets, ops), "add": timed(adds, ops)}
-    del client
+    client = None  # closes the connection before the next client's timings
     return result
 
 
@@ -87,9 +91,14 @@ print(time.perf_counter() - start, flush=True)
 
 def many_processes(backend, server, procs, ops):
     per = ops // procs
-    children = [subprocess.Popen([sys.executable, "-c", WORKER, backend, str(server.port),
-                                  str(per), str(r), HERE], stdout=subprocess.PIPE, text=True)
-                for r in range(procs)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, backend, str(server.port), str(per), str(r), HERE],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(procs)
+    ]
     while server.add("ready", 0) < procs:
         time.sleep(0.01)
     server.set("go", b"1")
@@ -154,9 +163,12 @@ def barrier_asyncio(server, n):
 
 def bench(backend, args):
     server = make_store(backend, 0, is_master=True)
-    out = {"single": single_client(backend, server, args.ops),
-           "procs": many_processes(backend, server, args.procs, args.ops),
-           "barrier": {}, "barrier_raw": {}}
+    out = {
+        "single": single_client(backend, server, args.ops),
+        "procs": many_processes(backend, server, args.procs, args.ops),
+        "barrier": {},
+        "barrier_raw": {},
+    }
     for n in args.clients:
         try:
             out["barrier"][n] = barrier_threads(backend, server, n)
@@ -171,8 +183,9 @@ def bench(backend, args):
 
 def report(name, r):
     s = r["single"]
-    print(f"{name}: 1 client   set {s['set']:>9.0f}/s  get {s['get']:>9.0f}/s  "
-          f"add {s['add']:>9.0f}/s")
+    print(
+        f"{name}: 1 client   set {s['set']:>9.0f}/s  get {s['get']:>9.0f}/s  add {s['add']:>9.0f}/s"
+    )
     print(f"{name}: {ARGS.procs} procs    mix {r['procs']:>9.0f} ops/s together")
     for n, t in r["barrier"].items():
         raw = r["barrier_raw"].get(n)
@@ -208,8 +221,10 @@ def main():
             print(f"  {args.procs} procs mix: {c['procs'] / t['procs']:.1f}x")
             for n in args.clients:
                 if c["barrier"].get(n) and t["barrier"].get(n):
-                    print(f"  {n} clients barrier: torch/c10d time "
-                          f"{t['barrier'][n] / c['barrier'][n]:.1f}x")
+                    print(
+                        f"  {n} clients barrier: torch/c10d time "
+                        f"{t['barrier'][n] / c['barrier'][n]:.1f}x"
+                    )
 
 
 if __name__ == "__main__":

@@ -32,9 +32,13 @@ def timed(fn, calls):
 
 def mlp():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
-                               torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
-                               torch.nn.Linear(2048, 1024))
+    return torch.nn.Sequential(
+        torch.nn.Linear(1024, 2048),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2048, 2048),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2048, 1024),
+    )
 
 
 def trained(group, steps=20):
@@ -59,6 +63,7 @@ def ddp_step(group):
         opt.zero_grad()
         ddp(x).sum().backward()
         opt.step()
+
     return step
 
 
@@ -68,13 +73,18 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    groups = {"torch gloo": tdist.group.WORLD,
-              "torch + c10d_shm": tdist.new_group(backend="c10d_shm")}
-    cases = {"all_reduce 4 B": (lambda g: (lambda t=torch.ones(1): tdist.all_reduce(t, group=g)),
-                                3000),
-             "all_reduce 16 MiB": (lambda g: (lambda t=torch.ones(4 << 20):
-                                              tdist.all_reduce(t, group=g)), 20),
-             "DDP step (10.5M parameters)": (ddp_step, 10)}
+    groups = {
+        "torch gloo": tdist.group.WORLD,
+        "torch + c10d_shm": tdist.new_group(backend="c10d_shm"),
+    }
+    cases = {
+        "all_reduce 4 B": (lambda g: lambda t=torch.ones(1): tdist.all_reduce(t, group=g), 3000),
+        "all_reduce 16 MiB": (
+            lambda g: lambda t=torch.ones(4 << 20): tdist.all_reduce(t, group=g),
+            20,
+        ),
+        "DDP step (10.5M parameters)": (ddp_step, 10),
+    }
     times = {(case, name): [] for case in cases for name in groups}
     for _ in range(args.rounds):
         for case, (make, calls) in cases.items():
@@ -86,10 +96,14 @@ def main():
     same = all(torch.equal(a, b) for a, b in pairs)
     worst = max(float(((a - b).abs() / b.abs().clamp_min(1e-12)).max()) for a, b in pairs)
     if tdist.get_rank() == 0:
-        print(f"# parameters after 20 DDP steps of the MLP, torch gloo vs torch + c10d_shm: "
-              f"{'bitwise equal' if same else f'largest relative difference {worst:.2e}'}")
-        print(f"# {tdist.get_world_size()} ranks, torch {torch.__version__}, median of "
-              f"{args.rounds} interleaved rounds, µs per call")
+        print(
+            f"# parameters after 20 DDP steps of the MLP, torch gloo vs torch + c10d_shm: "
+            f"{'bitwise equal' if same else f'largest relative difference {worst:.2e}'}"
+        )
+        print(
+            f"# {tdist.get_world_size()} ranks, torch {torch.__version__}, median of "
+            f"{args.rounds} interleaved rounds, µs per call"
+        )
         print("| case | torch gloo | torch + c10d_shm | speed-up |")
         print("| --- | --- | --- | --- |")
         for case in cases:

@@ -30,9 +30,11 @@ def main() -> None:
 
     # Every rank starts from its own random weights; rank 0's win.
     init = np.random.default_rng(rank)
-    params = [(init.normal(size=(8, 16)) * 0.3).astype(np.float32),
-              np.zeros(16, np.float32),
-              (init.normal(size=(16, 1)) * 0.3).astype(np.float32)]
+    params = [
+        (init.normal(size=(8, 16)) * 0.3).astype(np.float32),
+        np.zeros(16, np.float32),
+        (init.normal(size=(16, 1)) * 0.3).astype(np.float32),
+    ]
     dist._verify_params_across_processes(dist.group.WORLD, params)
     dist._broadcast_coalesced(dist.group.WORLD, params, 1 << 20, 0)
 
@@ -45,13 +47,13 @@ def main() -> None:
         w1, b1, w2 = params
         h = np.tanh(x @ w1 + b1)
         err = h @ w2 - y
-        loss = float(np.mean(err ** 2))
+        loss = float(np.mean(err**2))
         reducer.prepare_for_backward()
         # Backward, last parameter first; each gradient is handed over as soon as it exists.
         d_out = 2 * err / len(x)
         grads[2][...] = h.T @ d_out
         reducer._autograd_hook(2)
-        d_h = (d_out @ w2.T) * (1 - h ** 2)
+        d_h = (d_out @ w2.T) * (1 - h**2)
         grads[1][...] = d_h.sum(axis=0)
         reducer._autograd_hook(1)
         grads[0][...] = x.T @ d_h

@@ -15,8 +15,7 @@ from datetime import timedelta
 def worker(rank: int, world: int, port: int) -> None:
     import c10d
 
-    store = c10d.TCPStore("127.0.0.1", port, world, is_master=False,
-                          timeout=timedelta(seconds=30))
+    store = c10d.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=30))
     store.set(f"hello/{rank}", f"rank {rank} pid {os.getpid()}")
     arrived = store.add("arrived", 1)
     store.wait([f"hello/{r}" for r in range(world)])
@@ -28,8 +27,11 @@ def worker(rank: int, world: int, port: int) -> None:
     if store.add("done", 1) == world:  # the last rank to finish releases everyone
         store.set("all_done", "1")
     store.wait(["all_done"])
-    print(f"[rank {rank}] arrived #{arrived}, saw {[p.decode() for p in peers]}, "
-          f"add() {per_add_us:.1f} us/op", flush=True)
+    print(
+        f"[rank {rank}] arrived #{arrived}, saw {[p.decode() for p in peers]}, "
+        f"add() {per_add_us:.1f} us/op",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -45,16 +47,36 @@ def main() -> int:
     import c10d
 
     # The launcher hosts the store; the ranks are clients. world_size counts them + us.
-    server = c10d.TCPStore("127.0.0.1", 0, args.nproc + 1, is_master=True,
-                           wait_for_workers=False, timeout=timedelta(seconds=30))
-    procs = [subprocess.Popen([sys.executable, __file__, "--nproc", str(args.nproc),
-                               "--rank", str(r), "--port", str(server.port)])
-             for r in range(args.nproc)]
+    server = c10d.TCPStore(
+        "127.0.0.1",
+        0,
+        args.nproc + 1,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=30),
+    )
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--nproc",
+                str(args.nproc),
+                "--rank",
+                str(r),
+                "--port",
+                str(server.port),
+            ]
+        )
+        for r in range(args.nproc)
+    ]
     server.wait(["all_done"])
     codes = [p.wait(timeout=60) for p in procs]
     total = int(server.get("counter"))
-    print(f"{args.nproc} ranks on TCPStore port {server.port}: counter = {total} "
-          f"(expected {1000 * args.nproc}), exit codes {codes}")
+    print(
+        f"{args.nproc} ranks on TCPStore port {server.port}: counter = {total} "
+        f"(expected {1000 * args.nproc}), exit codes {codes}"
+    )
     return 0 if total == 1000 * args.nproc and not any(codes) else 1
 
 

@@ -11,6 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   python3 python3-dev python3-venv
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  clang-format
 )
 if [[ "${C10D_WITH_FUZZ:-0}" == "1" ]]; then
   packages+=(clang libclang-rt-14-dev)

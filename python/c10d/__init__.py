@@ -99,6 +99,7 @@ if hasattr(_C, "ProcessGroupGloo"):
 if hasattr(_C, "ProcessGroupShm"):
     from ._C import ProcessGroupShm  # noqa: F401
 from ._C import _Backend  # noqa: F401,E402  (torch.distributed's name for the backend base)
+
 if hasattr(_C, "ProcessGroupMPI"):
     from ._C import ProcessGroupMPI  # noqa: F401
 
@@ -109,8 +110,10 @@ def __getattr__(name):
     # DistributedDataParallel wraps torch modules: torch is imported on first use only.
     if name == "DistributedDataParallel":
         from .parallel import DistributedDataParallel
+
         return DistributedDataParallel
     from ._binding_additions import gpu_only_error
+
     raise gpu_only_error(name) or AttributeError(f"module 'c10d' has no attribute '{name}'")
 
 

@@ -21,8 +21,10 @@ _DEFAULT_PG_NCCL_TIMEOUT = timedelta(minutes=10)  # torch's NCCL default, for co
 
 
 def _no_gpu(what: str) -> RuntimeError:
-    return RuntimeError(f"{what} needs CUDA GPUs (NCCL/symmetric memory), which c10d does not "
-                        f"support: it runs on CPUs only (backends gloo, shm, mpi)")
+    return RuntimeError(
+        f"{what} needs CUDA GPUs (NCCL/symmetric memory), which c10d does not "
+        f"support: it runs on CPUs only (backends gloo, shm, mpi)"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,15 +125,19 @@ def _process_group_backend_id(self, backend_type) -> int:
         backend = self._get_backend(device.split(":")[0])
         name = backend.name().lower() if hasattr(backend, "name") else ""
         if (wanted is not None and name == wanted) or (
-                type_name == "CUSTOM" and name not in _BACKEND_TYPE_NAMES.values()):
+            type_name == "CUSTOM" and name not in _BACKEND_TYPE_NAMES.values()
+        ):
             return id(backend)
-    raise RuntimeError(f"Could not find backend type {int(backend_type)} for Process Group "
-                       f"with name {type_name.lower()}.")
+    raise RuntimeError(
+        f"Could not find backend type {int(backend_type)} for Process Group "
+        f"with name {type_name.lower()}."
+    )
 
 
 _C.ProcessGroup.__init__ = _process_group_init_with_options
-_C.ProcessGroup.options = property(_process_group_options,
-                                   doc="The Options the group was made with (backend, timeout).")
+_C.ProcessGroup.options = property(
+    _process_group_options, doc="The Options the group was made with (backend, timeout)."
+)
 _C.ProcessGroup._id = lambda self: id(self)
 _C.ProcessGroup._backend_id = _process_group_backend_id
 _C.ProcessGroup.boxed = _boxed
@@ -150,6 +156,7 @@ _backend_options: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDiction
 def _owner(backend):
     """(the registered group `backend` serves, its device type), or (None, None)."""
     from . import distributed_c10d as dc
+
     for pg in list(dc._world.pg_map):
         try:
             for device in pg._device_types():
@@ -208,7 +215,8 @@ def _gloo_set_default_timeout(self, timeout: timedelta) -> None:
 _C._Backend._get_backend_name = lambda self: self.name()
 _C._Backend.supports_splitting = property(
     lambda self: isinstance(self, getattr(_C, "ProcessGroupGloo", ())),
-    doc="Whether torch's split_group can split this backend (Gloo's can).")
+    doc="Whether torch's split_group can split this backend (Gloo's can).",
+)
 _C._Backend.eager_connect_single_device = lambda self, device=None: None
 _C._Backend._start_coalescing = _backend_no_coalescing
 _C._Backend._end_coalescing = _backend_no_end_coalescing
@@ -222,8 +230,14 @@ if hasattr(_C, "ProcessGroupGloo"):
 class _DistributedBackendOptions:
     """What a backend creator registered with ``extended_api=True`` receives."""
 
-    __slots__ = ("store", "group_rank", "group_size", "timeout", "group_id",
-                 "global_ranks_in_group")
+    __slots__ = (
+        "store",
+        "group_rank",
+        "group_size",
+        "timeout",
+        "group_id",
+        "global_ranks_in_group",
+    )
 
     def __init__(self):
         self.store = None
@@ -245,8 +259,11 @@ def _set_barrier_device(self, device) -> None:
     _barrier_devices[self] = device
 
 
-_C.BarrierOptions.device = property(lambda self: _barrier_devices.get(self), _set_barrier_device,
-                                    doc="The device the barrier runs on (None: the backend's).")
+_C.BarrierOptions.device = property(
+    lambda self: _barrier_devices.get(self),
+    _set_barrier_device,
+    doc="The device the barrier runs on (None: the backend's).",
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,9 +294,15 @@ class Logger:
         else:
             self._data.strs_map[name] = str(value)
 
-    def set_construction_data_and_log(self, module_name: str, device_ids: List[int],
-                                      output_device: int, broadcast_buffers: bool,
-                                      has_sync_bn: bool, static_graph: bool) -> None:
+    def set_construction_data_and_log(
+        self,
+        module_name: str,
+        device_ids: List[int],
+        output_device: int,
+        broadcast_buffers: bool,
+        has_sync_bn: bool,
+        static_graph: bool,
+    ) -> None:
         self._set("module_name", module_name)
         self._set("device_ids", ", ".join(map(str, device_ids)))
         self._set("output_device", output_device)
@@ -319,6 +342,7 @@ def _recorder(name: str, *fields: str):
     def record(self, *args):
         state = _reducer_state.setdefault(self, {})
         state[name] = args[0] if len(fields) == 1 else (args if fields else True)
+
     record.__name__ = name
     record.__doc__ = "Recorded for the DDP wrapper; the C++ Reducer does not read it."
     return record
@@ -335,14 +359,17 @@ def _reducer_prepare_for_forward(self) -> None:
 
 
 _C.Reducer.prepare_for_forward = _reducer_prepare_for_forward
-for _name, _fields in [("set_logger", ("logger",)),
-                       ("_set_sparse_metadata", ("global_unique_ids",)),
-                       ("_set_mixed_precision_param_dtype", ("param_dtype",)),
-                       ("_delay_all_reduce", ()), ("_set_optimizer_in_backward", ()),
-                       ("_set_ddp_runtime_logging_sample_rate", ("sample_rate",)),
-                       ("_install_post_backward_futures", ("futures",)),
-                       ("_set_forward_pass_work_handle", ("work", "use_static_world_size")),
-                       ("_remove_autograd_hooks", ())]:
+for _name, _fields in [
+    ("set_logger", ("logger",)),
+    ("_set_sparse_metadata", ("global_unique_ids",)),
+    ("_set_mixed_precision_param_dtype", ("param_dtype",)),
+    ("_delay_all_reduce", ()),
+    ("_set_optimizer_in_backward", ()),
+    ("_set_ddp_runtime_logging_sample_rate", ("sample_rate",)),
+    ("_install_post_backward_futures", ("futures",)),
+    ("_set_forward_pass_work_handle", ("work", "use_static_world_size")),
+    ("_remove_autograd_hooks", ()),
+]:
     if not hasattr(_C.Reducer, _name):
         setattr(_C.Reducer, _name, _recorder(_name, *_fields))
 
@@ -421,8 +448,9 @@ class _SymmetricMemory:
     set_group_info = empty_strided_p2p = rendezvous = get_symmetric_memory = _unavailable
     set_backend = get_backend = stream_write_value32 = memset32 = _unavailable
     get_buffer = barrier = put_signal = wait_signal = _unavailable
-    rank = world_size = buffer_ptrs_dev = signal_pad_ptrs_dev = buffer_size = \
-        signal_pad_size = property(_unavailable)
+    rank = world_size = buffer_ptrs_dev = signal_pad_ptrs_dev = buffer_size = signal_pad_size = (
+        property(_unavailable)
+    )
 
     def __init__(self, *args, **kwargs):
         raise _no_gpu("symmetric memory")
@@ -431,9 +459,12 @@ class _SymmetricMemory:
 # Names torch exposes only in CUDA builds: getattr on c10d says what is missing (an
 # AttributeError still, so hasattr() checks for NCCL keep answering False).
 GPU_ONLY_NAMES = {
-    "ProcessGroupNCCL": "the NCCL backend", "ProcessGroupUCC": "the UCC backend",
-    "ProcessGroupXCCL": "the XCCL backend", "_IntraNodeComm": "intra-node communication",
-    "_dump_nccl_trace": "NCCL's flight recorder", "_dump_nccl_trace_json": "NCCL's flight recorder",
+    "ProcessGroupNCCL": "the NCCL backend",
+    "ProcessGroupUCC": "the UCC backend",
+    "ProcessGroupXCCL": "the XCCL backend",
+    "_IntraNodeComm": "intra-node communication",
+    "_dump_nccl_trace": "NCCL's flight recorder",
+    "_dump_nccl_trace_json": "NCCL's flight recorder",
     "_get_intra_node_comm_usage_counter": "intra-node communication",
 }
 
@@ -442,8 +473,10 @@ def gpu_only_error(name: str) -> Optional[AttributeError]:
     what = GPU_ONLY_NAMES.get(name)
     if what is None:
         return None
-    return AttributeError(f"c10d has no {name}: {what} needs CUDA GPUs, and c10d runs on CPUs "
-                          f"only (use the gloo, shm or mpi backend)")
+    return AttributeError(
+        f"c10d has no {name}: {what} needs CUDA GPUs, and c10d runs on CPUs "
+        f"only (use the gloo, shm or mpi backend)"
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,24 +34,48 @@ from ._binding_additions import _wait_registered_work
 from ._C import ProcessGroup, ReduceOp
 from .device_mesh import DeviceMesh
 
-RANK_TYPES = Union[List[int], List[List[int]], ProcessGroup, DeviceMesh, Tuple[DeviceMesh, int],
-                   str]
+RANK_TYPES = Union[
+    List[int], List[List[int]], ProcessGroup, DeviceMesh, Tuple[DeviceMesh, int], str
+]
 
 __all__ = [
-    "AsyncCollectiveTensor", "wait_tensor", "broadcast", "all_reduce", "all_gather_tensor",
-    "all_gather_tensor_autograd", "all_gather_single", "all_gather_single_autograd",
-    "reduce_scatter_single", "reduce_scatter_single_autograd", "all_gather_single_coalesced",
+    "AsyncCollectiveTensor",
+    "wait_tensor",
+    "broadcast",
+    "all_reduce",
+    "all_gather_tensor",
+    "all_gather_tensor_autograd",
+    "all_gather_single",
+    "all_gather_single_autograd",
+    "reduce_scatter_single",
+    "reduce_scatter_single_autograd",
+    "all_gather_single_coalesced",
     "reduce_scatter_single_coalesced",
-    "reduce_scatter_tensor", "reduce_scatter_tensor_autograd", "all_reduce_coalesced",
-    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "all_to_all_single",
-    "all_to_all_single_autograd", "permute_tensor", "all_gather_tensor_inplace",
-    "reduce_scatter_tensor_inplace", "all_reduce_inplace", "all_to_all_inplace",
-    "all_gather_inplace", "REDUCE_OP_TO_STR",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd",
+    "all_reduce_coalesced",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "all_to_all_single_autograd",
+    "permute_tensor",
+    "all_gather_tensor_inplace",
+    "reduce_scatter_tensor_inplace",
+    "all_reduce_inplace",
+    "all_to_all_inplace",
+    "all_gather_inplace",
+    "REDUCE_OP_TO_STR",
 ]
 
 REDUCE_OP_TO_STR = {
-    ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.PRODUCT: "product", ReduceOp.MIN: "min",
-    ReduceOp.MAX: "max", ReduceOp.BAND: "band", ReduceOp.BOR: "bor", ReduceOp.BXOR: "bxor",
+    ReduceOp.SUM: "sum",
+    ReduceOp.AVG: "avg",
+    ReduceOp.PRODUCT: "product",
+    ReduceOp.MIN: "min",
+    ReduceOp.MAX: "max",
+    ReduceOp.BAND: "band",
+    ReduceOp.BOR: "bor",
+    ReduceOp.BXOR: "bxor",
 }
 
 # --------------------------------------------------------------------------------------------
@@ -77,8 +101,12 @@ def _group_of_ranks(ranks: Sequence[int], tag: str = "") -> ProcessGroup:
 
 
 def _warn_rank_lists() -> None:
-    warnings.warn("groups given as lists of ranks (and a tag) are deprecated, as in torch: pass a "
-                  "ProcessGroup, a DeviceMesh or a group name", FutureWarning, stacklevel=4)
+    warnings.warn(
+        "groups given as lists of ranks (and a tag) are deprecated, as in torch: pass a "
+        "ProcessGroup, a DeviceMesh or a group name",
+        FutureWarning,
+        stacklevel=4,
+    )
 
 
 def _resolve_group(group: RANK_TYPES, tag: str = "") -> ProcessGroup:
@@ -87,10 +115,15 @@ def _resolve_group(group: RANK_TYPES, tag: str = "") -> ProcessGroup:
     if isinstance(group, DeviceMesh):  # SPMD over a 1-D mesh
         if group.ndim != 1:
             raise _c10d._ArgumentError(
-                f"a DeviceMesh of {group.ndim} dimensions needs one: pass (mesh, dim)")
+                f"a DeviceMesh of {group.ndim} dimensions needs one: pass (mesh, dim)"
+            )
         return group.get_group(0)
-    if (isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh)
-            and isinstance(group[1], (int, str))):  # one dimension of the mesh
+    if (
+        isinstance(group, tuple)
+        and len(group) == 2
+        and isinstance(group[0], DeviceMesh)
+        and isinstance(group[1], (int, str))
+    ):  # one dimension of the mesh
         return group[0].get_group(group[1])
     if isinstance(group, str):
         return _c10d._resolve_process_group(group)
@@ -125,8 +158,10 @@ def _expand_group(group: RANK_TYPES, tag: str = "") -> Tuple[str, List[int], int
         pg = _resolve_group(group, tag)
         ranks = _c10d.get_process_group_ranks(pg)
         return tag or _c10d._get_group_tag(pg), ranks, len(ranks)
-    raise _c10d._DistValueError("Invalid type for group, must be one of List, Processgroup, "
-                                f"DeviceMesh or (DeviceMesh, int), got {type(group).__name__}")
+    raise _c10d._DistValueError(
+        "Invalid type for group, must be one of List, Processgroup, "
+        f"DeviceMesh or (DeviceMesh, int), got {type(group).__name__}"
+    )
 
 
 def _resolve_group_name(group: RANK_TYPES, tag: str = "") -> str:
@@ -147,8 +182,9 @@ def _reduce_op(name) -> ReduceOp:
         return name
     op = getattr(ReduceOp, str(name).upper(), None)
     if op is None or str(name).upper() in ("UNUSED", "PREMUL_SUM"):
-        raise _c10d._DistValueError(f"unknown reduce op {name!r}: expected one of "
-                                    f"{', '.join(REDUCE_OP_TO_STR.values())}")
+        raise _c10d._DistValueError(
+            f"unknown reduce op {name!r}: expected one of {', '.join(REDUCE_OP_TO_STR.values())}"
+        )
     return op
 
 
@@ -187,6 +223,7 @@ def _move_dim_chunks(t, parts: int, src_dim: int, dst_dim: int):
     """Splits `t` into `parts` equal chunks along src_dim and concatenates them along dst_dim."""
     if _is_torch(t):
         import torch
+
         return torch.cat(torch.chunk(t, parts, dim=src_dim), dim=dst_dim).contiguous()
     return np.ascontiguousarray(np.concatenate(np.split(t, parts, axis=src_dim), axis=dst_dim))
 
@@ -346,12 +383,18 @@ def _raw_reduce_scatter(x, op: str, pg: ProcessGroup):
     return out
 
 
-def _raw_all_to_all(x, output_split_sizes: List[int], input_split_sizes: List[int],
-                    pg: ProcessGroup):
+def _raw_all_to_all(
+    x, output_split_sizes: List[int], input_split_sizes: List[int], pg: ProcessGroup
+):
     shape = _shape(x) or [1]
     out = _empty(x, [sum(output_split_sizes)] + shape[1:])
-    _c10d.all_to_all_single(out, _contiguous(x).reshape(shape), list(output_split_sizes),
-                            list(input_split_sizes), group=pg)
+    _c10d.all_to_all_single(
+        out,
+        _contiguous(x).reshape(shape),
+        list(output_split_sizes),
+        list(input_split_sizes),
+        group=pg,
+    )
     return out
 
 
@@ -364,6 +407,7 @@ def _tracks_grad(t) -> bool:
     if not _is_torch(t) or not getattr(t, "requires_grad", False):
         return False
     import torch
+
     return torch.is_grad_enabled()
 
 
@@ -393,8 +437,11 @@ def _differentiable():
         def backward(ctx, grad):
             # torch defines no backward for broadcast: its autograd fallback warns and passes
             # the gradient through unchanged on every rank.
-            warnings.warn("broadcast has no backward: the gradient passes through unchanged on "
-                          "every rank (not summed onto the source), as in torch", UserWarning)
+            warnings.warn(
+                "broadcast has no backward: the gradient passes through unchanged on "
+                "every rank (not summed onto the source), as in torch",
+                UserWarning,
+            )
             return grad, None, None
 
     class AllReduce(torch.autograd.Function):
@@ -444,17 +491,23 @@ def _differentiable():
             out = _raw_all_to_all(grad.contiguous(), sent, received, ctx.pg)
             return out.reshape(ctx.shape), None, None, None
 
-    _grad_fns = {"broadcast": (Broadcast, _raw_broadcast),
-                 "all_reduce": (AllReduce, _raw_all_reduce),
-                 "all_gather": (AllGather, _raw_all_gather),
-                 "reduce_scatter": (ReduceScatter, _raw_reduce_scatter),
-                 "all_to_all": (AllToAll, _raw_all_to_all)}
+    _grad_fns = {
+        "broadcast": (Broadcast, _raw_broadcast),
+        "all_reduce": (AllReduce, _raw_all_reduce),
+        "all_gather": (AllGather, _raw_all_gather),
+        "reduce_scatter": (ReduceScatter, _raw_reduce_scatter),
+        "all_to_all": (AllToAll, _raw_all_to_all),
+    }
     return _grad_fns
 
 
-_RAW = {"broadcast": _raw_broadcast, "all_reduce": _raw_all_reduce,
-        "all_gather": _raw_all_gather, "reduce_scatter": _raw_reduce_scatter,
-        "all_to_all": _raw_all_to_all}
+_RAW = {
+    "broadcast": _raw_broadcast,
+    "all_reduce": _raw_all_reduce,
+    "all_gather": _raw_all_gather,
+    "reduce_scatter": _raw_reduce_scatter,
+    "all_to_all": _raw_all_to_all,
+}
 
 
 def _run(name: str, x, *args):
@@ -473,7 +526,8 @@ def wait_tensor(tensor):
     the Work registered for it with ``_register_work`` (if any) has finished."""
     _wait_registered_work(tensor)
     if isinstance(tensor, AsyncCollectiveTensor) or (
-            _torch_result_class is not None and isinstance(tensor, _torch_result_class)):
+        _torch_result_class is not None and isinstance(tensor, _torch_result_class)
+    ):
         return tensor.wait()
     return tensor
 
@@ -510,11 +564,11 @@ def _check_scatter_dim(what: str, tensor, scatter_dim: int, n: int) -> None:
     if not shape or shape[scatter_dim] % n != 0:
         raise _c10d._ArgumentError(
             f"{what}: dimension {scatter_dim} of the input (shape {shape}) must be a multiple "
-            f"of the group size {n}")
+            f"of the group size {n}"
+        )
 
 
-def reduce_scatter_single(self, reduceOp: str, scatter_dim: int, group: RANK_TYPES,
-                          tag: str = ""):
+def reduce_scatter_single(self, reduceOp: str, scatter_dim: int, group: RANK_TYPES, tag: str = ""):
     """This rank's chunk (along `scatter_dim`, in rank order) of the reduction of every rank's
     tensor."""
     pg = _resolve_group(group, tag)
@@ -533,10 +587,16 @@ reduce_scatter_single_autograd = reduce_scatter_single
 
 def _deprecated(old: str, new):
     """`new` under its old name, warning as torch 2.13 does for the *_tensor spellings."""
+
     def call(*args, **kwargs):
-        warnings.warn(f"c10d._functional_collectives.{old} is deprecated, as in torch: use "
-                      f"{new.__name__} instead", FutureWarning, stacklevel=2)
+        warnings.warn(
+            f"c10d._functional_collectives.{old} is deprecated, as in torch: use "
+            f"{new.__name__} instead",
+            FutureWarning,
+            stacklevel=2,
+        )
         return new(*args, **kwargs)
+
     call.__name__ = call.__qualname__ = old
     call.__doc__ = f"Deprecated name of :func:`{new.__name__}`."
     return call
@@ -545,8 +605,9 @@ def _deprecated(old: str, new):
 all_gather_tensor = _deprecated("all_gather_tensor", all_gather_single)
 all_gather_tensor_autograd = _deprecated("all_gather_tensor_autograd", all_gather_single_autograd)
 reduce_scatter_tensor = _deprecated("reduce_scatter_tensor", reduce_scatter_single)
-reduce_scatter_tensor_autograd = _deprecated("reduce_scatter_tensor_autograd",
-                                             reduce_scatter_single_autograd)
+reduce_scatter_tensor_autograd = _deprecated(
+    "reduce_scatter_tensor_autograd", reduce_scatter_single_autograd
+)
 
 
 def all_reduce_coalesced(self: List, reduceOp: str, group: RANK_TYPES, tag: str = ""):
@@ -559,40 +620,57 @@ def all_gather_single_coalesced(self: List, group: RANK_TYPES, tag: str = ""):
     return [all_gather_single(t, 0, group, tag) for t in self]
 
 
-def reduce_scatter_single_coalesced(inputs: List, reduceOp: str, scatter_dim: List[int],
-                                    group: RANK_TYPES, tag: str = ""):
+def reduce_scatter_single_coalesced(
+    inputs: List, reduceOp: str, scatter_dim: List[int], group: RANK_TYPES, tag: str = ""
+):
     """reduce_scatter_single of each tensor of the list, along its entry of `scatter_dim`."""
     if len(scatter_dim) != len(inputs):
         raise _c10d._ArgumentError(
             f"reduce_scatter_tensor_coalesced: scatter_dim has {len(scatter_dim)} entries for "
-            f"{len(inputs)} inputs: it needs one per input")
+            f"{len(inputs)} inputs: it needs one per input"
+        )
     n = _resolve_group(group, tag).size()
     for i, (t, d) in enumerate(zip(inputs, scatter_dim)):  # all checked before any runs
         _check_scatter_dim(f"reduce_scatter_tensor_coalesced: input {i}", t, d, n)
-    return [reduce_scatter_single(t, reduceOp, d, group, tag)
-            for t, d in zip(inputs, scatter_dim)]
+    return [reduce_scatter_single(t, reduceOp, d, group, tag) for t, d in zip(inputs, scatter_dim)]
 
 
-all_gather_into_tensor_coalesced = _deprecated("all_gather_into_tensor_coalesced",
-                                               all_gather_single_coalesced)
-reduce_scatter_tensor_coalesced = _deprecated("reduce_scatter_tensor_coalesced",
-                                              reduce_scatter_single_coalesced)
+all_gather_into_tensor_coalesced = _deprecated(
+    "all_gather_into_tensor_coalesced", all_gather_single_coalesced
+)
+reduce_scatter_tensor_coalesced = _deprecated(
+    "reduce_scatter_tensor_coalesced", reduce_scatter_single_coalesced
+)
 
 
-def all_to_all_single(self, output_split_sizes: Optional[List[int]],
-                      input_split_sizes: Optional[List[int]], group: RANK_TYPES, tag: str = ""):
+def all_to_all_single(
+    self,
+    output_split_sizes: Optional[List[int]],
+    input_split_sizes: Optional[List[int]],
+    group: RANK_TYPES,
+    tag: str = "",
+):
     """Rows ``input_split_sizes[j]`` of this rank's tensor go to rank j; the result holds the
     rows every rank sent here, in rank order (equal splits of dimension 0 when both are None)."""
     pg = _resolve_group(group, tag)
     n = pg.size()
     if (output_split_sizes is None) != (input_split_sizes is None):
-        raise _c10d._ArgumentError("output_split_sizes and input_split_sizes must either be "
-                                   "specified together or both set to None")
+        raise _c10d._ArgumentError(
+            "output_split_sizes and input_split_sizes must either be "
+            "specified together or both set to None"
+        )
     if output_split_sizes is None:
         output_split_sizes = [(_shape(self) or [1])[0] // n] * n
         input_split_sizes = output_split_sizes
-    return _maybe_wrap_tensor(_run("all_to_all", self, [int(s) for s in output_split_sizes],
-                                   [int(s) for s in input_split_sizes], pg))
+    return _maybe_wrap_tensor(
+        _run(
+            "all_to_all",
+            self,
+            [int(s) for s in output_split_sizes],
+            [int(s) for s in input_split_sizes],
+            pg,
+        )
+    )
 
 
 all_to_all_single_autograd = all_to_all_single
@@ -630,19 +708,26 @@ def _copy_into(dst, src):
 
 def _sync_only(async_op: bool, name: str) -> None:
     if async_op:
-        raise _c10d._ArgumentError(f"{name}: the in-place functional form has no async "
-                                   "version")
+        raise _c10d._ArgumentError(f"{name}: the in-place functional form has no async version")
 
 
-def all_gather_tensor_inplace(output_tensor, input_tensor, group=None, async_op: bool = False,
-                              tag: str = "", gather_dim: int = 0):
+def all_gather_tensor_inplace(
+    output_tensor,
+    input_tensor,
+    group=None,
+    async_op: bool = False,
+    tag: str = "",
+    gather_dim: int = 0,
+):
     _sync_only(async_op, "all_gather_tensor_inplace")
-    return _copy_into(output_tensor,
-                      all_gather_single(input_tensor, gather_dim, _c10d._resolve_group(group), tag))
+    return _copy_into(
+        output_tensor, all_gather_single(input_tensor, gather_dim, _c10d._resolve_group(group), tag)
+    )
 
 
-def reduce_scatter_tensor_inplace(output, input, op="sum", group=None, async_op: bool = False,
-                                  scatter_dim: int = 0, tag: str = ""):
+def reduce_scatter_tensor_inplace(
+    output, input, op="sum", group=None, async_op: bool = False, scatter_dim: int = 0, tag: str = ""
+):
     _sync_only(async_op, "reduce_scatter_tensor_inplace")
     pg = _c10d._resolve_group(group)
     return _copy_into(output, reduce_scatter_single(input, op, scatter_dim, pg, tag))
@@ -653,20 +738,32 @@ def all_reduce_inplace(tensor, op="sum", group=None, async_op: bool = False, tag
     return _copy_into(tensor, all_reduce(tensor, op, _c10d._resolve_group(group), tag))
 
 
-def all_to_all_inplace(output, input, output_split_sizes=None, input_split_sizes=None,
-                       group=None, async_op=False, tag: str = ""):
+def all_to_all_inplace(
+    output,
+    input,
+    output_split_sizes=None,
+    input_split_sizes=None,
+    group=None,
+    async_op=False,
+    tag: str = "",
+):
     _sync_only(async_op, "all_to_all_inplace")
-    return _copy_into(output, all_to_all_single(input, output_split_sizes, input_split_sizes,
-                                                _c10d._resolve_group(group), tag))
+    return _copy_into(
+        output,
+        all_to_all_single(
+            input, output_split_sizes, input_split_sizes, _c10d._resolve_group(group), tag
+        ),
+    )
 
 
 def all_gather_inplace(tensor_list, tensor, group=None, async_op=False, tag: str = ""):
     _sync_only(async_op, "all_gather_inplace")
     rows = _shape(tensor)[0] if _shape(tensor) else 1
     if any((_shape(t)[0] if _shape(t) else 1) != rows for t in tensor_list):
-        raise _c10d._ArgumentError("all_gather_inplace: every output must have the input's "
-                                   "first dimension")
+        raise _c10d._ArgumentError(
+            "all_gather_inplace: every output must have the input's first dimension"
+        )
     gathered = all_gather_single(tensor, 0, _c10d._resolve_group(group), tag)
     for i, dst in enumerate(tensor_list):
-        _copy_into(dst, gathered[i * rows:(i + 1) * rows].reshape(_shape(dst)))
+        _copy_into(dst, gathered[i * rows : (i + 1) * rows].reshape(_shape(dst)))
     return tensor_list

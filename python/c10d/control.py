@@ -45,8 +45,14 @@ def address_key(rank: int) -> str:
     return f"{_ADDRESS_PREFIX}{rank}"
 
 
-def start_worker_servers(store, rank: int, dir: Optional[str] = None, *,
-                         host: str = "127.0.0.1", secret: Optional[str] = None):
+def start_worker_servers(
+    store,
+    rank: int,
+    dir: Optional[str] = None,
+    *,
+    host: str = "127.0.0.1",
+    secret: Optional[str] = None,
+):
     """Starts this rank's worker server and publishes its address in ``store``.
 
     With ``dir``, the server listens on the unix socket ``<dir>/rank<rank>.sock`` (the
@@ -76,8 +82,9 @@ class ControlPlaneError(RuntimeError):
 
     def __init__(self, handler: str, results: Dict[int, str], errors: Dict[int, str]):
         lines = [f"rank {rank}: {reason}" for rank, reason in sorted(errors.items())]
-        super().__init__(f"query_all({handler!r}) failed on {len(errors)} rank(s):\n  "
-                         + "\n  ".join(lines))
+        super().__init__(
+            f"query_all({handler!r}) failed on {len(errors)} rank(s):\n  " + "\n  ".join(lines)
+        )
         self.results = results
         self.errors = errors
 
@@ -102,7 +109,7 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 def _connection(address: str, timeout: float) -> http.client.HTTPConnection:
     if address.startswith("unix:"):
-        return _UnixHTTPConnection(address[len("unix:"):], timeout)
+        return _UnixHTTPConnection(address[len("unix:") :], timeout)
     host, _, port = address.rpartition(":")
     return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
 
@@ -113,8 +120,14 @@ def _seconds(timeout: Timeout) -> float:
     return float(timeout)
 
 
-def _request(address: str, handler: str, params: Optional[Mapping[str, str]], body: bytes,
-             secret: str, timeout: float) -> str:
+def _request(
+    address: str,
+    handler: str,
+    params: Optional[Mapping[str, str]],
+    body: bytes,
+    secret: str,
+    timeout: float,
+) -> str:
     path = "/handler/" + urllib.parse.quote(handler, safe="")
     if params:
         path += "?" + urllib.parse.urlencode(params)
@@ -133,9 +146,16 @@ def _request(address: str, handler: str, params: Optional[Mapping[str, str]], bo
     return text
 
 
-def query_all(store, world_size: int, handler: str,
-              params: Optional[Mapping[str, str]] = None, timeout: Timeout = _DEFAULT_TIMEOUT,
-              *, body: bytes = b"", secret: Optional[str] = None) -> Dict[int, str]:
+def query_all(
+    store,
+    world_size: int,
+    handler: str,
+    params: Optional[Mapping[str, str]] = None,
+    timeout: Timeout = _DEFAULT_TIMEOUT,
+    *,
+    body: bytes = b"",
+    secret: Optional[str] = None,
+) -> Dict[int, str]:
     """POSTs to ``handler`` on every rank's worker server, all ranks at once, and returns
     ``{rank: response text}``.
 
@@ -153,8 +173,10 @@ def query_all(store, world_size: int, handler: str,
         try:
             store.wait([key], datetime.timedelta(seconds=seconds))
         except _C.DistStoreTimeoutError:
-            raise RuntimeError(f"no worker server address published under {key!r} within "
-                               f"{seconds:g}s (did rank {rank} call start_worker_servers?)")
+            raise RuntimeError(
+                f"no worker server address published under {key!r} within "
+                f"{seconds:g}s (did rank {rank} call start_worker_servers?)"
+            ) from None
         address = store.get(key).decode()
         try:
             return _request(address, handler, params, body, secret, seconds)

@@ -23,7 +23,8 @@ _DeviceTypes = ("cpu",)
 def _check_device_type(device_type: str) -> str:
     if device_type not in _DeviceTypes:
         raise _c10d._DistValueError(
-            f"DeviceMesh: device type {device_type!r} is not supported; c10d runs on 'cpu'")
+            f"DeviceMesh: device type {device_type!r} is not supported; c10d runs on 'cpu'"
+        )
     return device_type
 
 
@@ -32,8 +33,15 @@ class DeviceMesh:
     line along every dimension. Every rank of the world constructs the same mesh, in the same
     order relative to its other new_group calls."""
 
-    def __init__(self, device_type: str, mesh, *, mesh_dim_names: Optional[Tuple[str, ...]] = None,
-                 _init_backend: bool = True, _dim_groups=None):
+    def __init__(
+        self,
+        device_type: str,
+        mesh,
+        *,
+        mesh_dim_names: Optional[Tuple[str, ...]] = None,
+        _init_backend: bool = True,
+        _dim_groups=None,
+    ):
         self.device_type = _check_device_type(device_type)
         array = np.array(mesh.tolist() if hasattr(mesh, "tolist") else mesh, dtype=np.int64)
         if array.ndim == 0:
@@ -44,16 +52,19 @@ class DeviceMesh:
         world = _c10d.get_world_size()
         if flat and (min(flat) < 0 or max(flat) >= world):
             raise _c10d._DistValueError(
-                f"DeviceMesh: the mesh {array.tolist()} has ranks outside 0..{world - 1}")
+                f"DeviceMesh: the mesh {array.tolist()} has ranks outside 0..{world - 1}"
+            )
         if mesh_dim_names is not None:
             mesh_dim_names = tuple(mesh_dim_names)
             if len(mesh_dim_names) != array.ndim:
                 raise _c10d._DistValueError(
                     f"DeviceMesh: {len(mesh_dim_names)} mesh_dim_names for a mesh of "
-                    f"{array.ndim} dimensions")
+                    f"{array.ndim} dimensions"
+                )
             if len(set(mesh_dim_names)) != len(mesh_dim_names):
                 raise _c10d._DistValueError(
-                    f"DeviceMesh: mesh_dim_names {mesh_dim_names} repeat a name")
+                    f"DeviceMesh: mesh_dim_names {mesh_dim_names} repeat a name"
+                )
         self._mesh = array
         self.mesh_dim_names = mesh_dim_names
         rank = _c10d.get_rank()
@@ -90,16 +101,20 @@ class DeviceMesh:
         if mesh_dim is None:
             if self._mesh.ndim != 1:
                 raise _c10d._DistValueError(
-                    f"DeviceMesh: this mesh has {self._mesh.ndim} dimensions; name one")
+                    f"DeviceMesh: this mesh has {self._mesh.ndim} dimensions; name one"
+                )
             return 0
         if isinstance(mesh_dim, str):
             if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
-                raise KeyError(f"DeviceMesh: no dimension named {mesh_dim!r} "
-                               f"(mesh_dim_names: {self.mesh_dim_names})")
+                raise KeyError(
+                    f"DeviceMesh: no dimension named {mesh_dim!r} "
+                    f"(mesh_dim_names: {self.mesh_dim_names})"
+                )
             return self.mesh_dim_names.index(mesh_dim)
         if not -self._mesh.ndim <= mesh_dim < self._mesh.ndim:
             raise _c10d._DistValueError(
-                f"DeviceMesh: dimension {mesh_dim} of a mesh of {self._mesh.ndim} dimensions")
+                f"DeviceMesh: dimension {mesh_dim} of a mesh of {self._mesh.ndim} dimensions"
+            )
         return mesh_dim % self._mesh.ndim
 
     @property
@@ -139,7 +154,8 @@ class DeviceMesh:
         if group is None:
             raise _c10d._DistValueError(
                 f"DeviceMesh: rank {self.get_rank()} has no group along dimension {dim} "
-                "(not in the mesh, or made with _init_backend=False)")
+                "(not in the mesh, or made with _init_backend=False)"
+            )
         return group
 
     def get_all_groups(self) -> list:
@@ -158,28 +174,45 @@ class DeviceMesh:
         index = tuple(slice(None) if d in dims else self._coordinate[d] for d in range(self.ndim))
         kept = [d for d in range(self.ndim) if d in dims]  # the slice's axes, in the mesh's order
         sub = np.transpose(self._mesh[index], [kept.index(d) for d in dims])  # in the named order
-        return DeviceMesh(self.device_type, sub, mesh_dim_names=tuple(names),
-                          _dim_groups=[self._dim_groups[d] for d in dims])
+        return DeviceMesh(
+            self.device_type,
+            sub,
+            mesh_dim_names=tuple(names),
+            _dim_groups=[self._dim_groups[d] for d in dims],
+        )
 
     # --- comparison and text ---
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, DeviceMesh) and self.device_type == other.device_type
-                and self._mesh.shape == other._mesh.shape
-                and bool((self._mesh == other._mesh).all())
-                and self.mesh_dim_names == other.mesh_dim_names)
+        return (
+            isinstance(other, DeviceMesh)
+            and self.device_type == other.device_type
+            and self._mesh.shape == other._mesh.shape
+            and bool((self._mesh == other._mesh).all())
+            and self.mesh_dim_names == other.mesh_dim_names
+        )
 
     def __hash__(self) -> int:
-        return hash((self.device_type, self._mesh.shape, tuple(self._mesh.reshape(-1).tolist()),
-                     self.mesh_dim_names))
+        return hash(
+            (
+                self.device_type,
+                self._mesh.shape,
+                tuple(self._mesh.reshape(-1).tolist()),
+                self.mesh_dim_names,
+            )
+        )
 
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
         return f"DeviceMesh('{self.device_type}', {self._mesh.tolist()}{names})"
 
 
-def init_device_mesh(device_type: str, mesh_shape: Tuple[int, ...], *,
-                     mesh_dim_names: Optional[Tuple[str, ...]] = None) -> DeviceMesh:
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: Tuple[int, ...],
+    *,
+    mesh_dim_names: Optional[Tuple[str, ...]] = None,
+) -> DeviceMesh:
     """A mesh of every rank in order, shaped `mesh_shape` (its product must be the world
     size), with a group along each dimension. The default group must exist."""
     _check_device_type(device_type)
@@ -187,11 +220,14 @@ def init_device_mesh(device_type: str, mesh_shape: Tuple[int, ...], *,
     if mesh_dim_names is not None and len(tuple(mesh_dim_names)) != len(shape):
         raise _c10d._DistValueError(
             f"init_device_mesh: mesh_shape {shape} and mesh_dim_names {tuple(mesh_dim_names)} "
-            "must have the same length")
+            "must have the same length"
+        )
     world = _c10d.get_world_size()
     if int(np.prod(shape)) != world:
         raise _c10d._DistValueError(
             f"init_device_mesh: mesh_shape {shape} holds {int(np.prod(shape))} ranks but the "
-            f"world has {world}")
-    return DeviceMesh(device_type, np.arange(world, dtype=np.int64).reshape(shape),
-                      mesh_dim_names=mesh_dim_names)
+            f"world has {world}"
+        )
+    return DeviceMesh(
+        device_type, np.arange(world, dtype=np.int64).reshape(shape), mesh_dim_names=mesh_dim_names
+    )

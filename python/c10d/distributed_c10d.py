@@ -86,10 +86,26 @@ class Backend(str):
 
     backend_list = [UNDEFINED, GLOO, NCCL, UCC, MPI, XCCL, SHM, HIER, AUTO]
     default_device_backend_map = {"cpu": GLOO}
-    backend_capability: Dict[str, List[str]] = {GLOO: ["cpu"], SHM: ["cpu"], MPI: ["cpu"],
-                                                 FAKE: ["cpu"], HIER: ["cpu"], AUTO: ["cpu"]}
-    backend_type_map: Dict[str, int] = {UNDEFINED: 0, GLOO: 1, NCCL: 2, UCC: 3, MPI: 4,
-                                        XCCL: 5, FAKE: 6, SHM: 7, HIER: 8, AUTO: 9}
+    backend_capability: Dict[str, List[str]] = {
+        GLOO: ["cpu"],
+        SHM: ["cpu"],
+        MPI: ["cpu"],
+        FAKE: ["cpu"],
+        HIER: ["cpu"],
+        AUTO: ["cpu"],
+    }
+    backend_type_map: Dict[str, int] = {
+        UNDEFINED: 0,
+        GLOO: 1,
+        NCCL: 2,
+        UCC: 3,
+        MPI: 4,
+        XCCL: 5,
+        FAKE: 6,
+        SHM: 7,
+        HIER: 8,
+        AUTO: 9,
+    }
 
     def __new__(cls, name: str):
         if not isinstance(name, str):
@@ -100,8 +116,7 @@ class Backend(str):
         return str.__new__(cls, value)
 
     @classmethod
-    def register_backend(cls, name: str, func: Callable, extended_api: bool = False,
-                         devices=None):
+    def register_backend(cls, name: str, func: Callable, extended_api: bool = False, devices=None):
         """Registers a backend written outside c10d. ``func(store, rank, world_size, timeout)``
         (or ``func(backend_options, pg_options)`` with ``extended_api``) returns a
         ProcessGroup (for example a Python subclass) or a backend object. Registering a name
@@ -131,24 +146,32 @@ class BackendConfig:
         backend = str(backend)
         if backend == Backend.UNDEFINED:
             self.device_backend_map = {
-                "cpu": Backend.AUTO if is_backend_available(Backend.AUTO) else Backend.GLOO}
-        elif backend.lower() in Backend.backend_list or backend.upper() in Backend._plugins \
-                or backend.lower() in (Backend.FAKE,):
+                "cpu": Backend.AUTO if is_backend_available(Backend.AUTO) else Backend.GLOO
+            }
+        elif (
+            backend.lower() in Backend.backend_list
+            or backend.upper() in Backend._plugins
+            or backend.lower() in (Backend.FAKE,)
+        ):
             name = Backend(backend)
             devices = Backend.backend_capability.get(name, ["cpu"])
             self.device_backend_map = {device: name for device in devices}
         elif ":" in backend:
             for pair in backend.lower().split(","):
                 if ":" not in pair:
-                    raise _DistValueError(f"Invalid backend string {backend!r}: expected entries "
-                                          f"'<device>:<backend>' separated by commas")
+                    raise _DistValueError(
+                        f"Invalid backend string {backend!r}: expected entries "
+                        f"'<device>:<backend>' separated by commas"
+                    )
                 device, name = (part.strip() for part in pair.split(":", 1))
                 self.device_backend_map[device] = Backend(name)
         else:
-            raise _DistValueError(f"Invalid backend: {backend!r}. Use one of "
-                                  f"{sorted(set(Backend.backend_list) - {'undefined'})}, a backend "
-                                  f"registered with Backend.register_backend, or a string like "
-                                  f"'cpu:gloo'.")
+            raise _DistValueError(
+                f"Invalid backend: {backend!r}. Use one of "
+                f"{sorted(set(Backend.backend_list) - {'undefined'})}, a backend "
+                f"registered with Backend.register_backend, or a string like "
+                f"'cpu:gloo'."
+            )
 
     def __repr__(self):
         return ",".join(f"{device}:{name}" for device, name in self.device_backend_map.items())
@@ -166,16 +189,23 @@ def get_default_backend_for_device(device) -> str:
 
 def supports_complex(reduceOp) -> bool:
     """Whether `reduceOp` is defined on complex tensors."""
-    return reduceOp not in (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND,
-                            ReduceOp.BOR, ReduceOp.BXOR)
+    return reduceOp not in (
+        ReduceOp.MAX,
+        ReduceOp.MIN,
+        ReduceOp.PRODUCT,
+        ReduceOp.BAND,
+        ReduceOp.BOR,
+        ReduceOp.BXOR,
+    )
 
 
 class _ReduceOpAlias:
     """Deprecated ``reduce_op`` namespace: forwards to ReduceOp with a warning."""
 
     def __getattribute__(self, name):
-        warnings.warn("c10d.reduce_op is deprecated; use c10d.ReduceOp instead",
-                      FutureWarning, stacklevel=2)
+        warnings.warn(
+            "c10d.reduce_op is deprecated; use c10d.ReduceOp instead", FutureWarning, stacklevel=2
+        )
         return getattr(ReduceOp, name)
 
 
@@ -193,9 +223,19 @@ _reduce_op = _ReduceOpAlias  # torch's name of the class
 # default group only, where global and group ranks agree. One table per operation, so a call
 # costs one dict lookup (a namespace per group cost ~22 ns more of a ~0.5 us all_reduce).
 _INLINE: Dict[str, Dict[Any, Any]] = {
-    name: {} for name in ("allreduce", "broadcast", "reduce", "all_gather_into_tensor",
-                          "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter",
-                          "barrier")}
+    name: {}
+    for name in (
+        "allreduce",
+        "broadcast",
+        "reduce",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "all_to_all_single",
+        "gather",
+        "scatter",
+        "barrier",
+    )
+}
 _inline_allreduce = _INLINE["allreduce"]
 _inline_broadcast = _INLINE["broadcast"]
 _inline_reduce = _INLINE["reduce"]
@@ -263,8 +303,15 @@ class _World:
                 table[None] = table[pg]
 
     def drop_group(self, pg) -> None:
-        for table in (self.pg_map, self.pg_names, self.pg_group_ranks, self.pg_backend_config,
-                      self.pg_to_tag, self.pg_coalesce_state, *_INLINE.values()):
+        for table in (
+            self.pg_map,
+            self.pg_names,
+            self.pg_group_ranks,
+            self.pg_backend_config,
+            self.pg_to_tag,
+            self.pg_coalesce_state,
+            *_INLINE.values(),
+        ):
             table.pop(pg, None)
         for groups in self.tags_to_pg.values():  # emptied tags stay, as in torch
             if pg in groups:
@@ -285,11 +332,16 @@ _world = _World()
 # The module-level names of the group registry that scripts written for torch read
 # (``distributed_c10d._pg_map`` ...): the current tables of _world, looked up at each access
 # since destroy_process_group() starts new ones.
-_WORLD_ATTRIBUTES = {"_pg_map": "pg_map", "_pg_names": "pg_names",
-                     "_pg_group_ranks": "pg_group_ranks",
-                     "_pg_backend_config": "pg_backend_config", "_group_count": "group_count",
-                     "_default_pg": "default_pg", "_tags_to_pg": "tags_to_pg",
-                     "_pg_to_tag": "pg_to_tag"}
+_WORLD_ATTRIBUTES = {
+    "_pg_map": "pg_map",
+    "_pg_names": "pg_names",
+    "_pg_group_ranks": "pg_group_ranks",
+    "_pg_backend_config": "pg_backend_config",
+    "_group_count": "group_count",
+    "_default_pg": "default_pg",
+    "_tags_to_pg": "tags_to_pg",
+    "_pg_to_tag": "pg_to_tag",
+}
 
 
 def __getattr__(name: str):
@@ -301,8 +353,10 @@ def __getattr__(name: str):
 
 def _get_default_group() -> ProcessGroup:
     if _world.default_pg is None:
-        raise _DistValueError("Default process group has not been initialized, please make sure "
-                              "to call init_process_group.")
+        raise _DistValueError(
+            "Default process group has not been initialized, please make sure "
+            "to call init_process_group."
+        )
     return _world.default_pg
 
 
@@ -328,13 +382,16 @@ def _resolve_group(group) -> ProcessGroup:
 def _rank_not_in_group(group) -> bool:
     if group is None:
         return False
-    return group is GroupMember.NON_GROUP_MEMBER or \
-        (isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER)
+    return group is GroupMember.NON_GROUP_MEMBER or (
+        isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER
+    )
 
 
 def _warn_not_in_group(op_name: str) -> None:
-    warnings.warn(f"Running {op_name} on global rank {get_rank()} which does not belong to "
-                  f"the given group.", stacklevel=3)
+    warnings.warn(
+        f"Running {op_name} on global rank {get_rank()} which does not belong to the given group.",
+        stacklevel=3,
+    )
 
 
 def is_initialized() -> bool:
@@ -385,10 +442,17 @@ def _check_single_backend_availability(backend_name: str) -> bool:
 
 def is_backend_available(backend: str) -> bool:
     name = str(backend).lower()
-    checks = {"gloo": is_gloo_available, "mpi": is_mpi_available, "shm": is_shm_available,
-              "nccl": is_nccl_available, "ucc": is_ucc_available, "xccl": is_xccl_available,
-              "fake": lambda: True, "hier": lambda: hasattr(_C, "ProcessGroupHier"),
-              "auto": lambda: hasattr(_C, "ProcessGroupHier")}
+    checks = {
+        "gloo": is_gloo_available,
+        "mpi": is_mpi_available,
+        "shm": is_shm_available,
+        "nccl": is_nccl_available,
+        "ucc": is_ucc_available,
+        "xccl": is_xccl_available,
+        "fake": lambda: True,
+        "hier": lambda: hasattr(_C, "ProcessGroupHier"),
+        "auto": lambda: hasattr(_C, "ProcessGroupHier"),
+    }
     if name in checks:
         return checks[name]()
     return name.upper() in Backend._plugins
@@ -403,9 +467,11 @@ def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
         return int(os.environ["LOCAL_RANK"])
     if fallback_rank is not None:
         return int(fallback_rank)
-    raise RuntimeError("LOCAL_RANK is not in the environment. Consider passing fallback_rank "
-                       "to allow `get_node_local_rank` to work, assuming you are not running "
-                       "in a multi-device context and want the code to run locally instead.")
+    raise RuntimeError(
+        "LOCAL_RANK is not in the environment. Consider passing fallback_rank "
+        "to allow `get_node_local_rank` to work, assuming you are not running "
+        "in a multi-device context and want the code to run locally instead."
+    )
 
 
 def get_pg_count() -> int:
@@ -449,8 +515,9 @@ def _group_ranks(group: ProcessGroup) -> Dict[int, int]:
     if group is None or group is GroupMember.WORLD:
         group = _get_default_group()
     if group not in _world.pg_group_ranks:
-        raise _DistValueError(f"Group {group} is not registered, please create group with "
-                              f"c10d.new_group API")
+        raise _DistValueError(
+            f"Group {group} is not registered, please create group with c10d.new_group API"
+        )
     return _world.pg_group_ranks[group]
 
 
@@ -516,8 +583,9 @@ def _resolve_process_group(group_name: str) -> ProcessGroup:
     for pg, name in _world.pg_names.items():
         if name == group_name:
             return pg
-    raise _DistValueError(f"Could not resolve the process group registered under the name "
-                          f"{group_name}")
+    raise _DistValueError(
+        f"Could not resolve the process group registered under the name {group_name}"
+    )
 
 
 def _get_group_size_by_name(group_name: str) -> int:
@@ -526,13 +594,21 @@ def _get_group_size_by_name(group_name: str) -> int:
 
 def _get_global_rank(group, rank) -> int:
     """Deprecated spelling of get_global_rank."""
-    warnings.warn("`c10d.distributed_c10d._get_global_rank` is deprecated, please use "
-                  "`c10d.distributed_c10d.get_global_rank` instead", FutureWarning, stacklevel=2)
+    warnings.warn(
+        "`c10d.distributed_c10d._get_global_rank` is deprecated, please use "
+        "`c10d.distributed_c10d.get_global_rank` instead",
+        FutureWarning,
+        stacklevel=2,
+    )
     return get_global_rank(group, rank)
 
 
-def _canonicalize_group_rank(group: ProcessGroup, global_rank: Optional[int] = None,
-                             group_rank: Optional[int] = None, return_global: bool = False) -> int:
+def _canonicalize_group_rank(
+    group: ProcessGroup,
+    global_rank: Optional[int] = None,
+    group_rank: Optional[int] = None,
+    return_global: bool = False,
+) -> int:
     """Either rank of a process in `group` from the one given: its group rank, or its global
     rank with return_global."""
     if group_rank is not None:
@@ -546,8 +622,10 @@ def _canonicalize_group_rank(group: ProcessGroup, global_rank: Optional[int] = N
 
 def _check_not_self_rank(group: ProcessGroup, rank: int, rank_type: str) -> None:
     if group.rank() == rank:
-        raise _DistValueError(f"Invalid {rank_type} rank: {rank_type} rank should not be the "
-                              f"same as the rank of the current process.")
+        raise _DistValueError(
+            f"Invalid {rank_type} rank: {rank_type} rank should not be the "
+            f"same as the rank of the current process."
+        )
 
 
 def _device_capability(group: Optional[ProcessGroup] = None) -> List[str]:
@@ -564,12 +642,16 @@ def _get_object_coll_device(group: Optional[ProcessGroup] = None) -> str:
 
 def _get_pg_default_device(group: Optional[ProcessGroup] = None) -> str:
     """Deprecated: the device type of `group` (see _get_object_coll_device)."""
-    warnings.warn("`_get_pg_default_device` will be deprecated: use `_get_object_coll_device` "
-                  "for object collectives and `_device_capability` for a group's device types",
-                  stacklevel=2)
+    warnings.warn(
+        "`_get_pg_default_device` will be deprecated: use `_get_object_coll_device` "
+        "for object collectives and `_device_capability` for a group's device types",
+        stacklevel=2,
+    )
     if not _device_capability(group):
-        raise RuntimeError("Default device not found, because no backend has been registered "
-                           "with this ProcessGroup.")
+        raise RuntimeError(
+            "Default device not found, because no backend has been registered "
+            "with this ProcessGroup."
+        )
     return _get_object_coll_device(group)
 
 
@@ -597,8 +679,9 @@ def _is_barrier_after_init() -> int:
     return int(os.getenv("TORCH_DIST_INIT_BARRIER", "0"))
 
 
-def _store_based_barrier(rank, store, group_name, rendezvous_count, timeout,
-                         logging_interval=timedelta(seconds=10)) -> None:
+def _store_based_barrier(
+    rank, store, group_name, rendezvous_count, timeout, logging_interval=timedelta(seconds=10)
+) -> None:
     """Waits until `rendezvous_count` processes called this with the same `group_name` on
     `store`, or raises DistStoreError after `timeout` naming how many arrived.
     (`logging_interval`, torch's progress logging, is accepted and unused.)"""
@@ -613,7 +696,8 @@ def _store_based_barrier(rank, store, group_name, rendezvous_count, timeout,
         raise _C.DistStoreError(
             f"Timed out initializing process group in store based barrier on rank {rank}, "
             f"for key: {key} (world_size={rendezvous_count}, num_workers_joined={joined}, "
-            f"timeout={timeout} error={e})") from None
+            f"timeout={timeout} error={e})"
+        ) from None
 
 
 def _get_process_group_uid(pg: ProcessGroup) -> int:
@@ -627,8 +711,9 @@ def _get_process_group_uid(pg: ProcessGroup) -> int:
 
 def _check_valid_timeout(timeout: Any) -> None:
     if not isinstance(timeout, timedelta):
-        raise _DistTypeError(f"Expected timeout argument to be of type datetime.timedelta, got "
-                             f"{timeout!r}")
+        raise _DistTypeError(
+            f"Expected timeout argument to be of type datetime.timedelta, got {timeout!r}"
+        )
 
 
 def _get_default_timeout(backend) -> timedelta:
@@ -643,8 +728,16 @@ def _timeout_or_default(timeout) -> timedelta:
     return timeout
 
 
-def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, pg_options,
-                    global_ranks=(), group_name: str = ""):
+def _create_backend(
+    name: str,
+    store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    pg_options,
+    global_ranks=(),
+    group_name: str = "",
+):
     if name == Backend.GLOO:
         if not is_gloo_available():
             raise RuntimeError("Backend gloo is not available in this build of c10d")
@@ -665,7 +758,8 @@ def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, 
             raise _DistValueError(
                 f"MPI assigns this process rank {mpi_rank} of {mpi_size}, but the group expects "
                 f"rank {rank} of {size} (global ranks {list(global_ranks) or 'all'}): with the "
-                f"mpi backend, rank and world_size come from the MPI launcher")
+                f"mpi backend, rank and world_size come from the MPI launcher"
+            )
         return created
     plugin = Backend._plugins.get(name.upper())
     if plugin is not None:
@@ -678,11 +772,15 @@ def _create_backend(name: str, store, rank: int, size: int, timeout: timedelta, 
             return plugin.creator_fn(options, pg_options)
         return plugin.creator_fn(store, rank, size, timeout)
     if name in _GPU_BACKENDS:
-        raise RuntimeError(f"Backend {name} needs CUDA GPUs, which c10d does not support: it "
-                           f"runs on CPUs only (use gloo, shm or mpi, or 'cpu:gloo' in a "
-                           f"backend string such as 'cpu:gloo,cuda:{name}')")
-    raise RuntimeError(f"Backend {name} is not available in this build of c10d (available: "
-                       f"{', '.join(b for b in ['gloo', 'shm', 'mpi'] if is_backend_available(b))})")
+        raise RuntimeError(
+            f"Backend {name} needs CUDA GPUs, which c10d does not support: it "
+            f"runs on CPUs only (use gloo, shm or mpi, or 'cpu:gloo' in a "
+            f"backend string such as 'cpu:gloo,cuda:{name}')"
+        )
+    raise RuntimeError(
+        f"Backend {name} is not available in this build of c10d (available: "
+        f"{', '.join(b for b in ['gloo', 'shm', 'mpi'] if is_backend_available(b))})"
+    )
 
 
 _mpi_finalizer_registered = False
@@ -716,19 +814,28 @@ def _mpi_store(timeout):
     if rank == 0:
         text = pickle.dumps((host, server.port))
         payload[0] = len(text)
-        payload[1:1 + len(text)] = np.frombuffer(text, np.uint8)
+        payload[1 : 1 + len(text)] = np.frombuffer(text, np.uint8)
     world = _C.ProcessGroupMPI.create([], timeout)
     world.broadcast([payload], _opts(BroadcastOptions, True)).wait()
     del world
     if rank == 0:
         return server, rank, world_size
-    server_host, port = pickle.loads(payload[1:1 + int(payload[0])].tobytes())
+    server_host, port = pickle.loads(payload[1 : 1 + int(payload[0])].tobytes())
     address = "127.0.0.1" if server_host == host else server_host
     return _C.TCPStore(address, port, world_size, False, timeout), rank, world_size
 
 
-def _new_process_group_helper(group_size, group_rank, global_ranks, backend, store,
-                              group_name, pg_options=None, timeout=None, pg_tag=None):
+def _new_process_group_helper(
+    group_size,
+    group_rank,
+    global_ranks,
+    backend,
+    store,
+    group_name,
+    pg_options=None,
+    timeout=None,
+    pg_tag=None,
+):
     if pg_tag:
         # The same tag and ranks again give the group made the first time, as in torch.
         existing = _find_pg_by_ranks_and_tag(pg_tag, list(global_ranks))
@@ -743,8 +850,16 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
         if device != "cpu" and name in _GPU_BACKENDS and not is_backend_available(name):
             # "cpu:gloo,cuda:nccl" serves CPU tensors; the GPU backend is what c10d lacks.
             continue
-        created = _create_backend(name, prefix_store, group_rank, group_size, timeout,
-                                  pg_options, global_ranks, group_name)
+        created = _create_backend(
+            name,
+            prefix_store,
+            group_rank,
+            group_size,
+            timeout,
+            pg_options,
+            global_ranks,
+            group_name,
+        )
         if isinstance(created, ProcessGroup):
             # A complete process group (e.g. a Python subclass of ProcessGroup): use it as is.
             pg = created
@@ -755,14 +870,23 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
                 backend = name
         backends[device] = (name, created)
     if pg is None:
-        pg = ProcessGroup(prefix_store, group_rank, group_size, str(Backend(backend))
-                          if backend else Backend.GLOO, timeout)
+        pg = ProcessGroup(
+            prefix_store,
+            group_rank,
+            group_size,
+            str(Backend(backend)) if backend else Backend.GLOO,
+            timeout,
+        )
         detail = _C.get_debug_level() == _C.DebugLevel.DETAIL and is_gloo_available()
         for device, (name, created) in backends.items():
             if detail and isinstance(created, _C._Backend):
                 # Every collective is first checked across ranks over a side Gloo group.
-                checker = _C.ProcessGroupGloo(_C.PrefixStore(f"{device}/wrapper", prefix_store),
-                                              group_rank, group_size, timeout)
+                checker = _C.ProcessGroupGloo(
+                    _C.PrefixStore(f"{device}/wrapper", prefix_store),
+                    group_rank,
+                    group_size,
+                    timeout,
+                )
                 created = _C._ProcessGroupWrapper(created, checker)
             pg._register_backend(device, name, created)
         if group_size > 1:
@@ -792,10 +916,17 @@ def _new_process_group_helper(group_size, group_rank, global_ranks, backend, sto
     return pg
 
 
-def init_process_group(backend: Optional[str] = None, init_method: Optional[str] = None,
-                       timeout: Optional[timedelta] = None, world_size: int = -1,
-                       rank: int = -1, store: Optional[Store] = None, group_name: str = "",
-                       pg_options: Optional[Any] = None, device_id: Optional[Any] = None) -> None:
+def init_process_group(
+    backend: Optional[str] = None,
+    init_method: Optional[str] = None,
+    timeout: Optional[timedelta] = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Optional[Store] = None,
+    group_name: str = "",
+    pg_options: Optional[Any] = None,
+    device_id: Optional[Any] = None,
+) -> None:
     """Initialises the default process group. Rendezvous happens through `store` if given,
     else through `init_method` (default ``env://``: MASTER_ADDR, MASTER_PORT, RANK,
     WORLD_SIZE). Every rank must call it."""
@@ -812,8 +943,10 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
         if not is_mpi_available():
             raise RuntimeError("Backend mpi is not available in this build of c10d")
         if (world_size is not None and world_size != -1) or (rank is not None and rank != -1):
-            warnings.warn(f"For MPI backend, world_size ({world_size}) and rank ({rank}) are "
-                          f"ignored since they are assigned by the MPI runtime.")
+            warnings.warn(
+                f"For MPI backend, world_size ({world_size}) and rank ({rank}) are "
+                f"ignored since they are assigned by the MPI runtime."
+            )
         store, rank, world_size = _mpi_store(timeout)
         store = _incarnation_store(store, world_size)
     elif store is not None:
@@ -825,19 +958,24 @@ def init_process_group(backend: Optional[str] = None, init_method: Optional[str]
             raise _ArgumentError(f"rank {rank} must be less than world_size {world_size}")
         store = _incarnation_store(store, world_size)
     else:
-        store, rank, world_size = next(_rdzv.rendezvous(
-            init_method or "env://", -1 if rank is None else rank,
-            -1 if world_size is None else world_size, timeout=timeout))
+        store, rank, world_size = next(
+            _rdzv.rendezvous(
+                init_method or "env://",
+                -1 if rank is None else rank,
+                -1 if world_size is None else world_size,
+                timeout=timeout,
+            )
+        )
         store.set_timeout(timeout)
         store = _incarnation_store(store, world_size)
-        _rdzv.store_based_barrier(store, rank, world_size, timeout,
-                                  key=f"c10d/init/{group_name or _world.group_count}")
+        _rdzv.store_based_barrier(
+            store, rank, world_size, timeout, key=f"c10d/init/{group_name or _world.group_count}"
+        )
     if backend == Backend.UNDEFINED:
         backend = Backend.AUTO if is_backend_available(Backend.AUTO) else Backend.GLOO
     name = group_name or str(_world.group_count)
     _world.group_count += 1
-    pg = _new_process_group_helper(world_size, rank, [], backend, store, name, pg_options,
-                                   timeout)
+    pg = _new_process_group_helper(world_size, rank, [], backend, store, name, pg_options, timeout)
     pg._set_group_desc("default_pg")
     _world.set_default(pg)
     _mirror_into_torch(pg, store, rank, world_size, timeout)
@@ -853,11 +991,14 @@ def _mirror_into_torch(pg, store, rank, world_size, timeout) -> None:
         return
     try:
         from . import torch_backend
-        torch_backend._mirror_default_group(pg, store, rank, world_size, _world.pg_map[pg][0],
-                                            timeout)
+
+        torch_backend._mirror_default_group(
+            pg, store, rank, world_size, _world.pg_map[pg][0], timeout
+        )
     except Exception as e:  # c10d's group stands without torch's view of it
-        warnings.warn(f"c10d: torch.distributed's default group could not be made c10d's "
-                      f"default group: {e!r}")
+        warnings.warn(
+            f"c10d: torch.distributed's default group could not be made c10d's default group: {e!r}"
+        )
 
 
 def _unmirror_from_torch() -> None:
@@ -887,8 +1028,10 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         return
     if group is None or group is GroupMember.WORLD:
         if _world.default_pg is None:  # torch asserts here
-            raise _ArgumentError("Default process group has not been initialized, please "
-                                 "make sure to call init_process_group.")
+            raise _ArgumentError(
+                "Default process group has not been initialized, please "
+                "make sure to call init_process_group."
+            )
         _unmirror_from_torch()
         for pg in list(_world.pg_map):
             _shutdown(pg)
@@ -935,21 +1078,35 @@ def _set_pg_timeout(timeout: timedelta, group: Optional[ProcessGroup] = None) ->
             backend._set_default_timeout(timeout)
 
 
-def new_group(ranks: Optional[List[int]] = None, timeout: Optional[timedelta] = None,
-              backend: Optional[str] = None, pg_options: Optional[Any] = None,
-              use_local_synchronization: bool = False, group_desc: Optional[str] = None,
-              device_id=None):
+def new_group(
+    ranks: Optional[List[int]] = None,
+    timeout: Optional[timedelta] = None,
+    backend: Optional[str] = None,
+    pg_options: Optional[Any] = None,
+    use_local_synchronization: bool = False,
+    group_desc: Optional[str] = None,
+    device_id=None,
+):
     """Creates a group of the given global ranks (all ranks if None). Every rank of the world
     must call it, in the same order; ranks outside get ``GroupMember.NON_GROUP_MEMBER``. With
     `use_local_synchronization` only the members need to call it (in the same order among
     themselves): the group is named after its ranks instead of by the world's count."""
-    return _new_group_with_tag(ranks, timeout, backend, pg_options, None,
-                               use_local_synchronization, group_desc, device_id)
+    return _new_group_with_tag(
+        ranks, timeout, backend, pg_options, None, use_local_synchronization, group_desc, device_id
+    )
 
 
-def _new_group_with_tag(ranks=None, timeout=None, backend=None, backend_options=None,
-                        pg_tag=None, use_local_synchronization=False, group_desc=None,
-                        device_id=None, sort_ranks: bool = True):
+def _new_group_with_tag(
+    ranks=None,
+    timeout=None,
+    backend=None,
+    backend_options=None,
+    pg_tag=None,
+    use_local_synchronization=False,
+    group_desc=None,
+    device_id=None,
+    sort_ranks: bool = True,
+):
     """new_group whose group also carries the tag `pg_tag` (see _find_pg_by_ranks_and_tag):
     with a tag, the same ranks and tag again give the group made the first time."""
     pg_options = backend_options
@@ -964,9 +1121,11 @@ def _new_group_with_tag(ranks=None, timeout=None, backend=None, backend_options=
     for r in ranks:
         if r < 0 or r >= world_size:
             # torch's words, its doubled "the" included: its users match on them.
-            raise _DistValueError(f"The new group's rank should be within the the world_size "
-                                  f"set by init_process_group: rank {r} is not in [0, "
-                                  f"{world_size})")
+            raise _DistValueError(
+                f"The new group's rank should be within the the world_size "
+                f"set by init_process_group: rank {r} is not in [0, "
+                f"{world_size})"
+            )
     if backend is None:
         backend = _world.pg_map[default][0]
     if use_local_synchronization:
@@ -980,8 +1139,17 @@ def _new_group_with_tag(ranks=None, timeout=None, backend=None, backend_options=
     store = _world.pg_map[default][1]
     # Without a timeout a group gets the default one (default_pg_timeout), as in torch, not
     # the default group's.
-    pg = _new_process_group_helper(len(ranks), ranks.index(global_rank), ranks, backend, store,
-                                   name, pg_options, _timeout_or_default(timeout), pg_tag)
+    pg = _new_process_group_helper(
+        len(ranks),
+        ranks.index(global_rank),
+        ranks,
+        backend,
+        store,
+        name,
+        pg_options,
+        _timeout_or_default(timeout),
+        pg_tag,
+    )
     pg._set_group_desc("undefined" if group_desc is None else group_desc)  # torch's default
     return pg
 
@@ -989,7 +1157,7 @@ def _new_group_with_tag(ranks=None, timeout=None, backend=None, backend_options=
 def _get_group_tag(pg: ProcessGroup) -> str:
     """The tag `pg` was made with ("ptd:<group name>" when none was given)."""
     tag = _world.pg_to_tag[pg]
-    return tag[len("user:"):] if tag.startswith("user:") else tag
+    return tag[len("user:") :] if tag.startswith("user:") else tag
 
 
 def _find_pg_by_ranks_and_tag(tag: str, ranks: List[int]) -> Optional[ProcessGroup]:
@@ -1008,14 +1176,18 @@ def _find_or_create_pg_by_ranks_and_tag(tag: str, ranks: List[int], stride: int)
     """The group of `tag` made of this rank's block of `stride` consecutive entries of `ranks`;
     made (with that tag) when there is none."""
     if len(ranks) % stride != 0:
-        raise _DistValueError(f"Ranks length ({len(ranks)}) must be divisible by stride "
-                              f"({stride})")
+        raise _DistValueError(f"Ranks length ({len(ranks)}) must be divisible by stride ({stride})")
     me = get_rank()
-    mine = next((ranks[i:i + stride] for i in range(0, len(ranks), stride)
-                 if me in ranks[i:i + stride]), None)
+    mine = next(
+        (
+            ranks[i : i + stride]
+            for i in range(0, len(ranks), stride)
+            if me in ranks[i : i + stride]
+        ),
+        None,
+    )
     if mine is None:
-        raise _ArgumentError(f"rank {me} is in none of the rank sets of {ranks} (stride "
-                             f"{stride})")
+        raise _ArgumentError(f"rank {me} is in none of the rank sets of {ranks} (stride {stride})")
     mine = sorted(mine)
     pg = _find_pg_by_ranks_and_tag(tag, mine)
     if pg is not None:
@@ -1050,13 +1222,14 @@ def _check_disjoint(rank_lists, size=None):
             if size is not None and not 0 <= r < size:
                 raise _DistValueError(f"Rank {r} is not a rank of the group (size {size})")
             if r in seen:
-                raise _DistValueError(f"Rank {r} has appeared in both subgroup "
-                                      f"{next(s for s in rank_lists if r in s)} and {ranks}")
+                raise _DistValueError(
+                    f"Rank {r} has appeared in both subgroup "
+                    f"{next(s for s in rank_lists if r in s)} and {ranks}"
+                )
             seen.add(r)
 
 
-def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
-                group_desc=None):
+def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None, group_desc=None):
     """Splits `parent_pg` (default: the default group) into disjoint groups, each a list of
     ranks of the parent. Every rank of the parent calls it with the same `split_ranks`; each
     gets the group it is in, or None when it is in none."""
@@ -1069,9 +1242,14 @@ def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
     if mine is None:
         return None
     global_ranks = [get_global_rank(parent, r) for r in mine]
-    return new_group(global_ranks, timeout=timeout if timeout is not None else parent._timeout,
-                     backend=_world.pg_map[parent][0], pg_options=pg_options,
-                     use_local_synchronization=True, group_desc=group_desc)
+    return new_group(
+        global_ranks,
+        timeout=timeout if timeout is not None else parent._timeout,
+        backend=_world.pg_map[parent][0],
+        pg_options=pg_options,
+        use_local_synchronization=True,
+        group_desc=group_desc,
+    )
 
 
 def shrink_group(ranks_to_exclude, group=None, shrink_flags=0, pg_options=None):
@@ -1084,20 +1262,34 @@ def shrink_group(ranks_to_exclude, group=None, shrink_flags=0, pg_options=None):
     if not excluded:
         raise _DistValueError("ranks_to_exclude cannot be empty")
     if any(not 0 <= r < size for r in excluded):
-        raise _DistValueError(f"ranks_to_exclude {sorted(excluded)} must be ranks of the group "
-                              f"(size {size})")
+        raise _DistValueError(
+            f"ranks_to_exclude {sorted(excluded)} must be ranks of the group (size {size})"
+        )
     if get_rank(parent) in excluded:
-        raise _DistValueError(f"rank {get_rank(parent)} is excluded from the shrunk group and "
-                              f"must not call shrink_group")
+        raise _DistValueError(
+            f"rank {get_rank(parent)} is excluded from the shrunk group and "
+            f"must not call shrink_group"
+        )
     if len(excluded) == size:
         raise _DistValueError("ranks_to_exclude cannot exclude every rank of the group")
     kept = [get_global_rank(parent, r) for r in range(size) if r not in excluded]
-    return new_group(kept, timeout=parent._timeout, backend=_world.pg_map[parent][0],
-                     pg_options=pg_options, use_local_synchronization=True)
+    return new_group(
+        kept,
+        timeout=parent._timeout,
+        backend=_world.pg_map[parent][0],
+        pg_options=pg_options,
+        use_local_synchronization=True,
+    )
 
 
-def new_subgroups(group_size: Optional[int] = None, group=None, timeout=None, backend=None,
-                  pg_options=None, group_desc=None):
+def new_subgroups(
+    group_size: Optional[int] = None,
+    group=None,
+    timeout=None,
+    backend=None,
+    pg_options=None,
+    group_desc=None,
+):
     """Splits the world into consecutive groups of `group_size` ranks (default: the ranks of
     one node, LOCAL_WORLD_SIZE). Returns (this rank's subgroup, all subgroups)."""
     world_size = get_world_size()
@@ -1106,17 +1298,20 @@ def new_subgroups(group_size: Optional[int] = None, group=None, timeout=None, ba
     if group_size <= 0:
         raise _DistValueError(f"The arg 'group_size' ({group_size}) must be positive")
     if group_size > world_size:
-        raise _DistValueError(f"The arg 'group_size' ({group_size}) must not exceed the world size "
-                              f"({world_size})")
+        raise _DistValueError(
+            f"The arg 'group_size' ({group_size}) must not exceed the world size ({world_size})"
+        )
     if world_size % group_size != 0:
         raise _DistValueError("The world size must be divisible by 'group_size'")
-    enumeration = [list(range(start, start + group_size))
-                   for start in range(0, world_size, group_size)]
+    enumeration = [
+        list(range(start, start + group_size)) for start in range(0, world_size, group_size)
+    ]
     return new_subgroups_by_enumeration(enumeration, timeout, backend, pg_options, group_desc)
 
 
-def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None,
-                                 pg_options=None, group_desc=None):
+def new_subgroups_by_enumeration(
+    ranks_per_subgroup_list, timeout=None, backend=None, pg_options=None, group_desc=None
+):
     """Creates one group per list of ranks. Returns (this rank's subgroup or None, all)."""
     if not ranks_per_subgroup_list:
         raise _DistValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
@@ -1125,8 +1320,9 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=
     current = None
     subgroups = []
     for ranks in ranks_per_subgroup_list:
-        sub = new_group(ranks, timeout=timeout, backend=backend, pg_options=pg_options,
-                        group_desc=group_desc)
+        sub = new_group(
+            ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc
+        )
         subgroups.append(sub)
         if me in ranks:
             current = sub
@@ -1201,8 +1397,7 @@ def _all_reduce_sparse(tensor, op, group, async_op):
         _warn_not_in_group("all_reduce")
         return None
     if op != ReduceOp.SUM:
-        raise _DistValueError("all_reduce of sparse tensors supports only ReduceOp.SUM, "
-                              f"got {op}")
+        raise _DistValueError(f"all_reduce of sparse tensors supports only ReduceOp.SUM, got {op}")
     import torch
 
     local = tensor.coalesce()
@@ -1210,14 +1405,15 @@ def _all_reduce_sparse(tensor, op, group, async_op):
     world = get_world_size(group)
     nnz = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     all_gather(nnz, torch.tensor([indices.shape[1]], dtype=torch.int64), group=group)
-    gathered_indices = [torch.empty((indices.shape[0], int(n)), dtype=indices.dtype)
-                        for n in nnz]
-    gathered_values = [torch.empty((int(n),) + tuple(values.shape[1:]), dtype=values.dtype)
-                       for n in nnz]
+    gathered_indices = [torch.empty((indices.shape[0], int(n)), dtype=indices.dtype) for n in nnz]
+    gathered_values = [
+        torch.empty((int(n),) + tuple(values.shape[1:]), dtype=values.dtype) for n in nnz
+    ]
     all_gather(gathered_indices, indices, group=group)
     all_gather(gathered_values, values, group=group)
-    total = torch.sparse_coo_tensor(torch.cat(gathered_indices, 1),
-                                    torch.cat(gathered_values, 0), local.size())
+    total = torch.sparse_coo_tensor(
+        torch.cat(gathered_indices, 1), torch.cat(gathered_values, 0), local.size()
+    )
     tensor.copy_(total.coalesce())
     if not async_op:
         return None
@@ -1232,9 +1428,12 @@ class _CoalescedDeprecation(FutureWarning, UserWarning):
 
 
 def _warn_coalesced_deprecated(name):
-    warnings.warn(f"torch.distributed.{name} is deprecated: call the collective once per tensor "
-                  f"(or flatten the tensors into one); {name} may be removed as in torch",
-                  _CoalescedDeprecation, stacklevel=3)
+    warnings.warn(
+        f"torch.distributed.{name} is deprecated: call the collective once per tensor "
+        f"(or flatten the tensors into one); {name} may be removed as in torch",
+        _CoalescedDeprecation,
+        stacklevel=3,
+    )
 
 
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
@@ -1286,22 +1485,29 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 
 
 def _is_tensor(value) -> bool:
-    return isinstance(value, np.ndarray) or hasattr(value, "__dlpack__") or \
-        hasattr(value, "__array_interface__")
+    return (
+        isinstance(value, np.ndarray)
+        or hasattr(value, "__dlpack__")
+        or hasattr(value, "__array_interface__")
+    )
 
 
 def _check_single_tensor(param, param_name: str) -> None:
     """TypeError unless `param` is one tensor (an array, or anything with __dlpack__)."""
     if not _is_tensor(param):
-        raise _DistTypeError(f"Invalid function argument. Expected parameter `{param_name}` of "
-                             f"type tensor but got {type(param)} instead.")
+        raise _DistTypeError(
+            f"Invalid function argument. Expected parameter `{param_name}` of "
+            f"type tensor but got {type(param)} instead."
+        )
 
 
 def _check_tensor_list(param, param_name: str) -> None:
     """TypeError unless `param` is a list of tensors."""
     if not isinstance(param, list) or not all(_is_tensor(p) for p in param):
-        raise _DistTypeError(f"Invalid function argument. Expected parameter `{param_name}` of "
-                             f"type List[tensor] but got {type(param)} instead.")
+        raise _DistTypeError(
+            f"Invalid function argument. Expected parameter `{param_name}` of "
+            f"type List[tensor] but got {type(param)} instead."
+        )
 
 
 def _as_iterable(obj):
@@ -1312,14 +1518,17 @@ def _ensure_all_tensors_same_dtype(*tensors) -> None:
     """ValueError unless the tensors (or lists of them) share one dtype."""
     dtypes = {str(getattr(t, "dtype", None)) for arg in tensors for t in _as_iterable(arg)}
     if len(dtypes) > 1:
-        raise _DistValueError(f"Invalid usage of tensors with different dtypes: found "
-                              f"{sorted(dtypes)}")
+        raise _DistValueError(
+            f"Invalid usage of tensors with different dtypes: found {sorted(dtypes)}"
+        )
 
 
 def _check_list(value, name):
     if not isinstance(value, (list, tuple)):
-        raise _DistTypeError(f"Invalid function argument: {name} should be a list of tensors, got "
-                             f"{type(value).__name__}")
+        raise _DistTypeError(
+            f"Invalid function argument: {name} should be a list of tensors, got "
+            f"{type(value).__name__}"
+        )
     return list(value)
 
 
@@ -1329,8 +1538,10 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     if _rank_not_in_group(group):
         _warn_not_in_group("all_gather")
         return None
-    return _finish(_resolve_group(group).allgather([tensor_list], [tensor],
-                                                   _opts(AllgatherOptions, async_op)), async_op)
+    return _finish(
+        _resolve_group(group).allgather([tensor_list], [tensor], _opts(AllgatherOptions, async_op)),
+        async_op,
+    )
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -1346,9 +1557,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     pg = _resolve_group(group)
     if _world.pg_coalesce_state and pg in _world.pg_coalesce_state:
         return _defer_to_coalescing(
-            pg, _CollOp(all_gather_into_tensor, input_tensor, output_tensor), async_op)
-    return _finish(pg._allgather_base(
-        output_tensor, input_tensor, _opts(AllgatherOptions, async_op)), async_op)
+            pg, _CollOp(all_gather_into_tensor, input_tensor, output_tensor), async_op
+        )
+    return _finish(
+        pg._allgather_base(output_tensor, input_tensor, _opts(AllgatherOptions, async_op)), async_op
+    )
 
 
 def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
@@ -1365,8 +1578,8 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
         _warn_not_in_group("all_gather_coalesced")
         return None
     work = _resolve_group(group).allgather_coalesced(
-        [list(x) for x in output_tensor_lists], input_tensor_list,
-        _opts(AllgatherOptions, async_op))
+        [list(x) for x in output_tensor_lists], input_tensor_list, _opts(AllgatherOptions, async_op)
+    )
     if not async_op:
         return _finish(work, False)
     # As torch's: the future's value is the output lists (the caller's), one per rank.
@@ -1385,8 +1598,9 @@ def _root_and_list(group, group_root, root, name, tensor_list, list_name, role):
             raise _DistValueError(f"Argument ``{list_name}`` must be specified on {role} rank.")
         return root, [_check_list(tensor_list, list_name)]
     if tensor_list:
-        raise _DistValueError(f"Argument ``{list_name}`` must NOT be specified on non-{role} "
-                              f"ranks.")
+        raise _DistValueError(
+            f"Argument ``{list_name}`` must NOT be specified on non-{role} ranks."
+        )
     return root, []
 
 
@@ -1399,8 +1613,9 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     if _rank_not_in_group(group):
         _warn_not_in_group("gather")
         return None
-    root, outputs = _root_and_list(group, group_dst, dst, "dst", gather_list, "gather_list",
-                                   "destination")
+    root, outputs = _root_and_list(
+        group, group_dst, dst, "dst", gather_list, "gather_list", "destination"
+    )
     opts = GatherOptions()
     opts.rootRank = root
     opts.asyncOp = async_op
@@ -1416,8 +1631,9 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     if _rank_not_in_group(group):
         _warn_not_in_group("scatter")
         return None
-    root, inputs = _root_and_list(group, group_src, src, "src", scatter_list, "scatter_list",
-                                  "source")
+    root, inputs = _root_and_list(
+        group, group_src, src, "src", scatter_list, "scatter_list", "source"
+    )
     opts = ScatterOptions()
     opts.rootRank = root
     opts.asyncOp = async_op
@@ -1447,8 +1663,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
         return None
     pg = _resolve_group(group)
     if _world.pg_coalesce_state and pg in _world.pg_coalesce_state:
-        return _defer_to_coalescing(pg, _CollOp(reduce_scatter_tensor, input, output, op),
-                                    async_op)
+        return _defer_to_coalescing(pg, _CollOp(reduce_scatter_tensor, input, output, op), async_op)
     opts = ReduceScatterOptions()
     opts.reduceOp = op
     opts.asyncOp = async_op
@@ -1456,13 +1671,13 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 
 
 def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=False):
-    warnings.warn("_reduce_scatter_base is deprecated; use reduce_scatter_tensor",
-                  FutureWarning)
+    warnings.warn("_reduce_scatter_base is deprecated; use reduce_scatter_tensor", FutureWarning)
     return reduce_scatter_tensor(output, input, op, group, async_op)
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
-                      group=None, async_op=False):
+def all_to_all_single(
+    output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
+):
     """Splits `input` along dimension 0 (evenly, or by input_split_sizes), sends split i to
     rank i, and concatenates what arrives into `output`."""
     if not async_op and output_split_sizes is None and input_split_sizes is None:
@@ -1474,8 +1689,12 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         return None
     out_splits = [] if output_split_sizes is None else [int(s) for s in output_split_sizes]
     in_splits = [] if input_split_sizes is None else [int(s) for s in input_split_sizes]
-    return _finish(_resolve_group(group).alltoall_base(
-        output, input, out_splits, in_splits, _opts(AllToAllOptions, async_op)), async_op)
+    return _finish(
+        _resolve_group(group).alltoall_base(
+            output, input, out_splits, in_splits, _opts(AllToAllOptions, async_op)
+        ),
+        async_op,
+    )
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
@@ -1485,16 +1704,22 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     if _rank_not_in_group(group):
         _warn_not_in_group("all_to_all")
         return None
-    return _finish(_resolve_group(group).alltoall(
-        output_tensor_list, input_tensor_list, _opts(AllToAllOptions, async_op)), async_op)
+    return _finish(
+        _resolve_group(group).alltoall(
+            output_tensor_list, input_tensor_list, _opts(AllToAllOptions, async_op)
+        ),
+        async_op,
+    )
 
 
 def barrier(group=None, async_op=False, device_ids=None):
     """Blocks until every rank of `group` has entered the barrier."""
-    if device_ids is not None and (not isinstance(device_ids, (list, tuple)) or
-                                   not all(isinstance(d, int) for d in device_ids)):
-        raise _DistTypeError("Invalid function argument: device_ids type should be List[int], "
-                             f"got {device_ids!r}")
+    if device_ids is not None and (
+        not isinstance(device_ids, (list, tuple)) or not all(isinstance(d, int) for d in device_ids)
+    ):
+        raise _DistTypeError(
+            f"Invalid function argument: device_ids type should be List[int], got {device_ids!r}"
+        )
     if not async_op:
         fast = _inline_barrier.get(group)
         if fast is not None and fast():
@@ -1557,6 +1782,7 @@ def breakpoint(rank: int = 0, skip: int = 0):
     a barrier) until it continues. With `skip`, the first `skip` calls from this line of code
     pass without stopping."""
     import sys
+
     if skip > 0:
         caller = sys._getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)
@@ -1565,8 +1791,10 @@ def breakpoint(rank: int = 0, skip: int = 0):
             return
     if get_rank() == rank:
         debugger = _rank_pdb()
-        debugger.message(f"\nrank {rank} stopped in c10d.breakpoint(); the other ranks wait in a "
-                         "barrier. 'up' goes to the caller, 'c' continues.\n")
+        debugger.message(
+            f"\nrank {rank} stopped in c10d.breakpoint(); the other ranks wait in a "
+            "barrier. 'up' goes to the caller, 'c' continues.\n"
+        )
         debugger.set_trace(sys._getframe(1))
     barrier()
 
@@ -1632,8 +1860,15 @@ def recv(tensor, src=None, group=None, tag=0, group_src=None):
 class P2POp:
     """One point-to-point operation for batch_isend_irecv: op is c10d.isend or c10d.irecv."""
 
-    def __init__(self, op: Callable, tensor, peer: Optional[int] = None, group=None,
-                 tag: int = 0, group_peer: Optional[int] = None):
+    def __init__(
+        self,
+        op: Callable,
+        tensor,
+        peer: Optional[int] = None,
+        group=None,
+        tag: int = 0,
+        group_peer: Optional[int] = None,
+    ):
         _check_op(op)
         if (peer is None) == (group_peer is None):
             raise _DistValueError("Specify exactly one of peer and group_peer")
@@ -1647,12 +1882,13 @@ class P2POp:
             self.peer, self.group_peer = peer, group_peer
         else:
             self.group_peer = _canonical_rank(self.group, group_peer, peer, "peer")
-            self.peer = (peer if peer is not None
-                         else get_global_rank(self.group, self.group_peer))
+            self.peer = peer if peer is not None else get_global_rank(self.group, self.group_peer)
 
     def __repr__(self):
-        return (f"P2POp({self.op.__name__}, peer={self.peer}, group_peer={self.group_peer}, "
-                f"tag={self.tag})")
+        return (
+            f"P2POp({self.op.__name__}, peer={self.peer}, group_peer={self.group_peer}, "
+            f"tag={self.tag})"
+        )
 
 
 def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
@@ -1674,15 +1910,17 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
 
 def _check_op(op) -> None:
     if op not in (isend, irecv):
-        raise _DistValueError("Invalid ``op``. Expected ``op`` to be of type ``c10d.isend`` "
-                              "or ``c10d.irecv``.")
+        raise _DistValueError(
+            "Invalid ``op``. Expected ``op`` to be of type ``c10d.isend`` or ``c10d.irecv``."
+        )
 
 
 def _check_p2p_op_list(p2p_op_list) -> None:
     """A non-empty list of P2POps, all on one group."""
     if not isinstance(p2p_op_list, list) or not all(isinstance(p, P2POp) for p in p2p_op_list):
-        raise _DistValueError("Invalid ``p2p_op_list``. Each op is expected to be of type "
-                              "``c10d.P2POp``.")
+        raise _DistValueError(
+            "Invalid ``p2p_op_list``. Each op is expected to be of type ``c10d.P2POp``."
+        )
     if not p2p_op_list:
         raise _ShortListError("batch_isend_irecv needs at least one P2POp")
     if len({id(p.group) for p in p2p_op_list}) > 1:
@@ -1721,10 +1959,19 @@ class _IllegalWork(Work):
     the block's Work, so waiting on this one is an error."""
 
     def __getattribute__(self, name):
-        if name in ("is_success", "exception", "wait", "source_rank", "_source_rank", "result",
-                    "synchronize"):
-            raise _DistValueError(f"Illegal to call {name} on IllegalWork object: the "
-                                  "collective runs when its _coalescing_manager block ends")
+        if name in (
+            "is_success",
+            "exception",
+            "wait",
+            "source_rank",
+            "_source_rank",
+            "result",
+            "synchronize",
+        ):
+            raise _DistValueError(
+                f"Illegal to call {name} on IllegalWork object: the "
+                "collective runs when its _coalescing_manager block ends"
+            )
         return super().__getattribute__(name)
 
 
@@ -1828,8 +2075,10 @@ def _to_bytes_tensor(obj) -> np.ndarray:
 def _check_list_holds(objects, world, name):
     """An object list must have an entry per rank of the group (more are left alone)."""
     if len(objects) < world:
-        raise _ShortListError(f"{name} has {len(objects)} entries but the group has {world} "
-                              f"ranks: it needs one entry per rank")
+        raise _ShortListError(
+            f"{name} has {len(objects)} entries but the group has {world} "
+            f"ranks: it needs one entry per rank"
+        )
 
 
 def _from_bytes_tensor(array: np.ndarray, size: int):
@@ -1859,15 +2108,16 @@ def all_gather_object(object_list, obj, group=None):
     all_gather_into_tensor(sizes, np.array([data.size], dtype=np.int64), group)
     longest = int(sizes.max())
     padded = np.zeros(longest, dtype=np.uint8)
-    padded[:data.size] = data
+    padded[: data.size] = data
     gathered = np.zeros(longest * world, dtype=np.uint8)
     all_gather_into_tensor(gathered, padded, group)
     # Checked after the exchange, as torch fails there too: raising before it would leave the
     # peers waiting for this rank until their timeout.
     _check_list_holds(object_list, world, "object_list")
     for i in range(world):
-        object_list[i] = _from_bytes_tensor(gathered[i * longest:(i + 1) * longest],
-                                            int(sizes[i]))
+        object_list[i] = _from_bytes_tensor(
+            gathered[i * longest : (i + 1) * longest], int(sizes[i])
+        )
 
 
 def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
@@ -1882,17 +2132,21 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
     world = get_world_size(group)
     if me == root:
         if not object_gather_list:  # torch names the argument gather_list here too
-            raise _DistValueError("Argument ``gather_list`` must be specified on destination "
-                                  "rank (object_gather_list).")
+            raise _DistValueError(
+                "Argument ``gather_list`` must be specified on destination "
+                "rank (object_gather_list)."
+            )
     elif object_gather_list:
-        raise _DistValueError("Argument ``gather_list`` must NOT be specified on "
-                              "non-destination ranks (object_gather_list).")
+        raise _DistValueError(
+            "Argument ``gather_list`` must NOT be specified on "
+            "non-destination ranks (object_gather_list)."
+        )
     data = _to_bytes_tensor(obj)
     sizes = np.zeros(world, dtype=np.int64)
     all_gather_into_tensor(sizes, np.array([data.size], dtype=np.int64), group)
     longest = int(sizes.max())
     padded = np.zeros(longest, dtype=np.uint8)
-    padded[:data.size] = data
+    padded[: data.size] = data
     outputs = [np.zeros(longest, dtype=np.uint8) for _ in range(world)] if me == root else None
     gather(padded, outputs, group=group, group_dst=root)
     if me == root:
@@ -1916,27 +2170,32 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
     else:
         sizes = np.zeros(len(object_list), dtype=np.int64)
     broadcast(sizes, group=group, group_src=root)
-    payload = np.concatenate(blobs) if me == root and blobs else \
-        np.zeros(int(sizes.sum()), dtype=np.uint8)
+    payload = (
+        np.concatenate(blobs)
+        if me == root and blobs
+        else np.zeros(int(sizes.sum()), dtype=np.uint8)
+    )
     if payload.size:
         broadcast(payload, group=group, group_src=root)
     if me != root:
         offset = 0
         for i, size in enumerate(sizes):
-            object_list[i] = _from_bytes_tensor(payload[offset:offset + int(size)], int(size))
+            object_list[i] = _from_bytes_tensor(payload[offset : offset + int(size)], int(size))
             offset += int(size)
 
 
-def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None,
-                        group=None, group_src=None):
+def scatter_object_list(
+    scatter_object_output_list, scatter_object_input_list=None, src=None, group=None, group_src=None
+):
     """Rank i receives scatter_object_input_list[i] of rank `src` as
     scatter_object_output_list[0]."""
     if _rank_not_in_group(group):
         _warn_not_in_group("scatter_object_list")
         return
     if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
-        raise _DistValueError("Expected argument scatter_object_output_list to be a list of size "
-                              "at least 1.")
+        raise _DistValueError(
+            "Expected argument scatter_object_output_list to be a list of size at least 1."
+        )
     if src is None and group_src is None:
         src = 0
     root = _canonical_rank(group, group_src, src, "src")
@@ -1944,8 +2203,10 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     world = get_world_size(group)
     if me == root:
         if scatter_object_input_list is None or len(scatter_object_input_list) != world:
-            raise _DistValueError("Argument ``scatter_object_input_list`` must have one entry per "
-                                  "rank on the source rank.")
+            raise _DistValueError(
+                "Argument ``scatter_object_input_list`` must have one entry per "
+                "rank on the source rank."
+            )
         blobs = [_to_bytes_tensor(o) for o in scatter_object_input_list]
         longest = np.array([max(b.size for b in blobs)], dtype=np.int64)
     else:
@@ -1958,7 +2219,7 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
         padded = []
         for b in blobs:
             p = np.zeros(n, dtype=np.uint8)
-            p[:b.size] = b
+            p[: b.size] = b
             padded.append(p)
         size_in = [np.array([b.size], dtype=np.int64) for b in blobs]
         scatter(size_out, size_in, group=group, group_src=root)
@@ -2002,29 +2263,89 @@ def recv_object_list(object_list, src=None, group=None, device=None, group_src=N
         recv(payload, group=group, group_src=peer)
     offset = 0
     for i, size in enumerate(sizes):
-        object_list[i] = _from_bytes_tensor(payload[offset:offset + int(size)], int(size))
+        object_list[i] = _from_bytes_tensor(payload[offset : offset + int(size)], int(size))
         offset += int(size)
     return sender
 
 
 __all__ = [
-    "Backend", "BackendConfig", "GroupMember", "P2POp", "all_gather", "all_gather_coalesced",
-    "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all",
-    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "send_object_list",
-    "recv_object_list", "broadcast_object_list", "destroy_process_group", "gather",
-    "gather_object", "get_backend_config", "get_backend", "get_default_backend_for_device",
-    "get_rank", "get_world_size", "get_pg_count", "group", "init_process_group", "irecv",
-    "is_gloo_available", "is_initialized", "is_mpi_available", "is_backend_available",
-    "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
-    "isend", "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
-    "split_group", "shrink_group",
-    "recv", "reduce", "reduce_scatter", "scatter", "scatter_object_list", "send",
-    "supports_complex", "AllreduceCoalescedOptions", "AllreduceOptions", "AllToAllOptions",
-    "BarrierOptions", "BroadcastOptions", "GatherOptions", "PrefixStore", "ProcessGroup",
-    "ReduceOp", "ReduceOptions", "ReduceScatterOptions", "ScatterOptions", "Store",
-    "DebugLevel", "get_debug_level", "Work", "default_pg_timeout", "get_group_rank",
-    "get_global_rank", "get_process_group_ranks", "reduce_op", "all_gather_into_tensor",
-    "reduce_scatter_tensor", "get_node_local_rank", "is_available", "breakpoint",
+    "Backend",
+    "BackendConfig",
+    "GroupMember",
+    "P2POp",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_object",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "broadcast",
+    "send_object_list",
+    "recv_object_list",
+    "broadcast_object_list",
+    "destroy_process_group",
+    "gather",
+    "gather_object",
+    "get_backend_config",
+    "get_backend",
+    "get_default_backend_for_device",
+    "get_rank",
+    "get_world_size",
+    "get_pg_count",
+    "group",
+    "init_process_group",
+    "irecv",
+    "is_gloo_available",
+    "is_initialized",
+    "is_mpi_available",
+    "is_backend_available",
+    "is_nccl_available",
+    "is_torchelastic_launched",
+    "is_ucc_available",
+    "is_xccl_available",
+    "isend",
+    "monitored_barrier",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "split_group",
+    "shrink_group",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "supports_complex",
+    "AllreduceCoalescedOptions",
+    "AllreduceOptions",
+    "AllToAllOptions",
+    "BarrierOptions",
+    "BroadcastOptions",
+    "GatherOptions",
+    "PrefixStore",
+    "ProcessGroup",
+    "ReduceOp",
+    "ReduceOptions",
+    "ReduceScatterOptions",
+    "ScatterOptions",
+    "Store",
+    "DebugLevel",
+    "get_debug_level",
+    "Work",
+    "default_pg_timeout",
+    "get_group_rank",
+    "get_global_rank",
+    "get_process_group_ranks",
+    "reduce_op",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "get_node_local_rank",
+    "is_available",
+    "breakpoint",
 ]
 
 from ._C import DebugLevel, PrefixStore, get_debug_level  # noqa: E402,F401

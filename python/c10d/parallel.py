@@ -30,8 +30,14 @@ _BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
 
 
 # torch's logging data names dtypes as C++ types.
-_TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
-               torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int"}
+_TYPE_NAMES = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.int64: "long int",
+    torch.int32: "int",
+}
 
 
 def _as_torch(view):
@@ -76,15 +82,27 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     uneven numbers of inputs (see :meth:`join`).
     """
 
-    def __init__(self, module, device_ids=None, output_device=None, dim=0,
-                 broadcast_buffers=True, process_group=None, bucket_cap_mb=25,
-                 find_unused_parameters=False, check_reduction=False,
-                 gradient_as_bucket_view=False, static_graph=False):
+    def __init__(
+        self,
+        module,
+        device_ids=None,
+        output_device=None,
+        dim=0,
+        broadcast_buffers=True,
+        process_group=None,
+        bucket_cap_mb=25,
+        find_unused_parameters=False,
+        check_reduction=False,
+        gradient_as_bucket_view=False,
+        static_graph=False,
+    ):
         super().__init__()
         Joinable.__init__(self)
         if device_ids or output_device is not None:
-            raise ValueError("DistributedDataParallel: c10d runs on CPU; device_ids and "
-                             "output_device must be None")
+            raise ValueError(
+                "DistributedDataParallel: c10d runs on CPU; device_ids and "
+                "output_device must be None"
+            )
         self.module = module
         self.process_group = _dist._resolve_group(process_group)
         self.dim = dim
@@ -108,26 +126,36 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         for prefix, m in module.named_modules():
             sparse = getattr(m, "sparse", False) is True
             for name, p in m.named_parameters(recurse=False):
-                if (p.requires_grad and id(p) not in seen
-                        and f"{prefix}.{name}".lstrip(".") not in self._ignored):
+                if (
+                    p.requires_grad
+                    and id(p) not in seen
+                    and f"{prefix}.{name}".lstrip(".") not in self._ignored
+                ):
                     seen.add(id(p))
                     (self._sparse_params if sparse else self._params).append(p)
         if not self._params and not self._sparse_params:
-            raise RuntimeError("DistributedDataParallel: the module has no parameter that "
-                               "requires a gradient")
+            raise RuntimeError(
+                "DistributedDataParallel: the module has no parameter that requires a gradient"
+            )
         _C._verify_params_across_processes(
-            self.process_group, [p.detach() for p in self._params + self._sparse_params])
+            self.process_group, [p.detach() for p in self._params + self._sparse_params]
+        )
         detached = [p.detach() for p in self._params]
         self._sync_state(self._module_state())
         self._bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
         limits = [_C._DEFAULT_FIRST_BUCKET_BYTES, self._bucket_cap_bytes]
-        buckets, sizes = (_C._compute_bucket_assignment_by_size(detached, limits)
-                          if detached else ([], []))
+        buckets, sizes = (
+            _C._compute_bucket_assignment_by_size(detached, limits) if detached else ([], [])
+        )
         # Gradients are ready last parameter first: bucket 0 (reduced first) holds the last.
-        self.reducer = _C.Reducer(self._params, list(reversed(buckets)), list(reversed(sizes)),
-                                  self.process_group,
-                                  find_unused_parameters=find_unused_parameters,
-                                  gradient_as_bucket_view=gradient_as_bucket_view)
+        self.reducer = _C.Reducer(
+            self._params,
+            list(reversed(buckets)),
+            list(reversed(sizes)),
+            self.process_group,
+            find_unused_parameters=find_unused_parameters,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+        )
         if gradient_as_bucket_view:
             # Autograd accumulates straight into the buckets: no copy in or out (as long as
             # .grad stays this view: zero_grad(set_to_none=True) drops it, and the next
@@ -176,14 +204,14 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             self._point_grads_at_buckets()  # the reducer copied the buckets over
 
     def _buffers_to_sync(self):
-        return [b.detach() for name, b in self.module.named_buffers()
-                if name not in self._ignored]
+        return [b.detach() for name, b in self.module.named_buffers() if name not in self._ignored]
 
     def _module_state(self):
         """Every parameter (frozen ones too, as torch syncs the whole module state) and
         buffer, but those to ignore."""
-        return [p.detach() for name, p in self.module.named_parameters()
-                if name not in self._ignored] + self._buffers_to_sync()
+        return [
+            p.detach() for name, p in self.module.named_parameters() if name not in self._ignored
+        ] + self._buffers_to_sync()
 
     @staticmethod
     def _set_params_and_buffers_to_ignore_for_model(module, params_and_buffers_to_ignore):
@@ -209,28 +237,33 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     def _get_ddp_logging_data(self):
         """The fields of torch's DDP logging data that apply here (construction settings,
         buckets, parameters, the environment; the forward time in ns)."""
+
         def env(name):
             return os.environ.get(name, "N/A")
 
         params = self._params + self._sparse_params
         buckets = [int(b.buffer().nbytes) for b in self.reducer._get_zeros_like_grad_buckets()]
         data = {
-            "module_name": type(self.module).__name__, "device_ids": "", "output_device": -1,
+            "module_name": type(self.module).__name__,
+            "device_ids": "",
+            "output_device": -1,
             "broadcast_buffers": int(self.broadcast_buffers),
             "backend_name": str(_dist.get_backend(self.process_group)),
-            "world_size": _dist.get_world_size(self.process_group), "rank": self._rank,
+            "world_size": _dist.get_world_size(self.process_group),
+            "rank": self._rank,
             "bucket_cap_bytes": self._bucket_cap_bytes,
             "find_unused_parameters": int(self.find_unused_parameters),
             "gradient_as_bucket_view": int(self.gradient_as_bucket_view),
             "has_sync_bn": 0,
-            "is_multi_device_module": 0, "num_parameter_tensors": len(params),
+            "is_multi_device_module": 0,
+            "num_parameter_tensors": len(params),
             "total_parameter_size_bytes": sum(p.numel() * p.element_size() for p in params),
-            "dtypes": ", ".join(sorted({_TYPE_NAMES.get(p.dtype, str(p.dtype))
-                                        for p in params})),
+            "dtypes": ", ".join(sorted({_TYPE_NAMES.get(p.dtype, str(p.dtype)) for p in params})),
             "bucket_sizes": ", ".join(map(str, buckets)),
             "has_rebuilt_buckets": int(self.reducer._has_rebuilt_buckets()),
             "iteration": max(self._forwards - 1, 0),
-            "master_addr": env("MASTER_ADDR"), "master_port": env("MASTER_PORT"),
+            "master_addr": env("MASTER_ADDR"),
+            "master_port": env("MASTER_PORT"),
             "torch_distributed_debug": env("TORCH_DISTRIBUTED_DEBUG"),
         }
         if self._static_graph:  # as torch: only once set
@@ -240,7 +273,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         if self.find_unused_parameters and self._forwards:
             used = self.reducer._get_local_used_map()
             data["unused_parameter_size"] = sum(
-                p.numel() * p.element_size() for p, u in zip(self._params, used) if not u)
+                p.numel() * p.element_size() for p, u in zip(self._params, used) if not u
+            )
         if self._forward_ns:
             data["forward_compute_time"] = self._forward_ns[-1]
             data["avg_forward_compute_time"] = sum(self._forward_ns) // len(self._forward_ns)
@@ -264,8 +298,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         rank = np.array([self._rank if candidate else -1], np.int64)
         _dist.all_reduce(rank, op=_dist.ReduceOp.MAX, group=self.process_group)
         if rank[0] < 0:
-            raise RuntimeError("DistributedDataParallel: no rank qualifies as the source of "
-                               "the model state")
+            raise RuntimeError(
+                "DistributedDataParallel: no rank qualifies as the source of the model state"
+            )
         return int(rank[0])
 
     def _sync_backward(self, wants):
@@ -285,6 +320,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
             if index is not None:  # None: a sparse gradient (reduced in _finalize)
                 self.reducer._autograd_hook(index)
+
         return hook
 
     def _reduce_sparse_grads(self, joined=False):
@@ -299,7 +335,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             if grad is None:
                 wire = torch.sparse_coo_tensor(
                     torch.empty((sparse_dim, 0), dtype=torch.int64),
-                    torch.empty((0,) + tuple(p.shape[sparse_dim:]), dtype=p.dtype), p.shape)
+                    torch.empty((0,) + tuple(p.shape[sparse_dim:]), dtype=p.dtype),
+                    p.shape,
+                )
             elif grad.is_sparse:
                 wire = grad
             else:  # the weight was also used densely: autograd made the sum dense
@@ -334,8 +372,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             self._still_training.wait()
             training = float(self._still_training.result()[0][0])
             scale = _dist.get_world_size(self.process_group) / training
-            used = (self.reducer._get_global_used_map() if self.find_unused_parameters
-                    else np.ones(len(self._params), np.int32))
+            used = (
+                self.reducer._get_global_used_map()
+                if self.find_unused_parameters
+                else np.ones(len(self._params), np.int32)
+            )
             for p, u in zip(self._params, used):
                 if u and p.grad is not None:
                     p.grad.mul_(scale)
@@ -344,8 +385,11 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                     grad.mul_(scale)
 
     def forward(self, *inputs, **kwargs):
-        if (self._unfinished_reduction is not None and torch.is_grad_enabled()
-                and self.require_backward_grad_sync):
+        if (
+            self._unfinished_reduction is not None
+            and torch.is_grad_enabled()
+            and self.require_backward_grad_sync
+        ):
             # As torch: on every forward that would start a reduction.
             detail = self._unfinished_reduction
             raise RuntimeError(
@@ -353,7 +397,8 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
                 "new one. This error indicates that your module has parameters that were not "
                 "used in producing loss. You can enable unused parameter detection by passing "
                 "the keyword argument `find_unused_parameters=True` to DistributedDataParallel, "
-                f"or make sure every output takes part in the loss. ({detail})")
+                f"or make sure every output takes part in the loss. ({detail})"
+            )
         join = self._join_config.enable
         if join:
             self._still_training = Join.notify_join_context(self)
@@ -375,15 +420,20 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
 
     # --- uneven inputs (torch.distributed.algorithms.Join) ---
 
-    def join(self, divide_by_initial_world_size=True, enable=True,
-             throw_on_early_termination=False):
+    def join(
+        self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False
+    ):
         """A context manager for training loops whose ranks have different numbers of
         inputs: a rank that runs out keeps meeting the others' collectives (with zero
         gradients) until every rank is done, and then every rank takes the model of the last
         rank to finish. Gradients are averaged over the whole group, or over the ranks still
         training with ``divide_by_initial_world_size=False``."""
-        return Join([self], enable, throw_on_early_termination,
-                    divide_by_initial_world_size=divide_by_initial_world_size)
+        return Join(
+            [self],
+            enable,
+            throw_on_early_termination,
+            divide_by_initial_world_size=divide_by_initial_world_size,
+        )
 
     def join_hook(self, **kwargs):
         self._divide_by_initial_world_size = kwargs.get("divide_by_initial_world_size", True)
@@ -421,12 +471,14 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             raise ValueError(
                 f"register_comm_hook: {module}.{getattr(hook, '__name__', 'hook')} "
                 "is a torch.distributed hook; use the c10d ones "
-                "(c10d.algorithms.ddp_comm_hooks.default_hooks) or write one on c10d")
+                "(c10d.algorithms.ddp_comm_hooks.default_hooks) or write one on c10d"
+            )
         if not module.startswith("c10d."):
             user_hook = hook
 
             def hook(hook_state, bucket):
                 return user_hook(hook_state, _TorchBucket(bucket))
+
         _C._register_comm_hook(self.reducer, state, hook)
 
     def _register_builtin_comm_hook(self, comm_hook_type):
@@ -447,8 +499,10 @@ class _DDPJoinHook(JoinHook):
         ddp._sync_buffers(joined=True)
         if not ddp._sync_backward(False):
             return
-        futures = [ddp.reducer._run_comm_hook(bucket)
-                   for bucket in ddp.reducer._get_zeros_like_grad_buckets()]
+        futures = [
+            ddp.reducer._run_comm_hook(bucket)
+            for bucket in ddp.reducer._get_zeros_like_grad_buckets()
+        ]
         for future in futures:
             future.wait()
         if ddp.find_unused_parameters:

@@ -29,7 +29,8 @@ def _error(init_method: str, message: str) -> ValueError:
     # A ValueError, as torch's rendezvous raises for a bad URL or environment, that is also a
     # RuntimeError, as torch's backends raise for a rank outside the world.
     return _C._ArgumentValueError(
-        f"Error initializing c10d using {init_method} rendezvous: {message}")
+        f"Error initializing c10d using {init_method} rendezvous: {message}"
+    )
 
 
 def _query_int(query, name, url):
@@ -51,8 +52,9 @@ def _env_int(name: str, query, url: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise _error(url, f"environment variable {name} must be an integer, got {value!r}") \
-            from None
+        raise _error(
+            url, f"environment variable {name} must be an integer, got {value!r}"
+        ) from None
 
 
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta, query):
@@ -60,8 +62,16 @@ def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timede
     # rendezvous barrier waits instead, and can say which ranks are missing. use_libuv comes
     # from the URL or USE_LIBUV, as in torch.
     use_libuv = (query.get("use_libuv") or [os.environ.get("USE_LIBUV", "1")])[0] != "0"
-    return _C.TCPStore(host, port, world_size, rank == 0, timeout,
-                       wait_for_workers=False, multi_tenant=True, use_libuv=use_libuv)
+    return _C.TCPStore(
+        host,
+        port,
+        world_size,
+        rank == 0,
+        timeout,
+        wait_for_workers=False,
+        multi_tenant=True,
+        use_libuv=use_libuv,
+    )
 
 
 def _check_rank(rank: int, world_size: int, url: str):
@@ -87,8 +97,7 @@ def _env_handler(url, timeout=_DEFAULT_TIMEOUT, **_):
     if not host:
         raise _error(url, "environment variable MASTER_ADDR expected, but not set")
     port = _env_int("MASTER_PORT", {}, url)
-    return _once(url, (_tcp_store(host, port, rank, world_size, timeout, query), rank,
-                       world_size))
+    return _once(url, (_tcp_store(host, port, rank, world_size, timeout, query), rank, world_size))
 
 
 def _tcp_handler(url, timeout=_DEFAULT_TIMEOUT, **_):
@@ -137,13 +146,15 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs) -> Iter
     parsed = urlparse(url)
     if rank != -1 or world_size != -1:
         query = parse_qs(parsed.query)
-        assert "rank" not in query and "world_size" not in query, \
+        assert "rank" not in query and "world_size" not in query, (
             f"The url: {url} has node-specific arguments(rank, world_size) already."
+        )
         extra = [f"{k}={v}" for k, v in (("rank", rank), ("world_size", world_size)) if v != -1]
         url = urlunparse(parsed._replace(query="&".join(filter(None, [parsed.query] + extra))))
     if parsed.scheme not in _handlers:
-        raise _C._ArgumentValueError(f"No rendezvous handler for {parsed.scheme}:// (known: "
-                                     f"{', '.join(sorted(_handlers))})")
+        raise _C._ArgumentValueError(
+            f"No rendezvous handler for {parsed.scheme}:// (known: {', '.join(sorted(_handlers))})"
+        )
     result = _handlers[parsed.scheme](url, **kwargs)
     # A handler may also return the tuple itself rather than an iterator of it.
     return iter([result]) if isinstance(result, tuple) else result
@@ -152,8 +163,14 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs) -> Iter
 _log = logging.getLogger("c10d")
 
 
-def store_based_barrier(store, rank: int, world_size: int, timeout: timedelta,
-                        key: str = "c10d/rendezvous", progress_every: float = 10.0) -> None:
+def store_based_barrier(
+    store,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    key: str = "c10d/rendezvous",
+    progress_every: float = 10.0,
+) -> None:
     """Waits until every rank has called this with the same `key`. Logs progress while
     waiting; at the deadline raises DistStoreTimeoutError naming the ranks that joined and
     the ranks that did not."""
@@ -193,19 +210,22 @@ def store_based_barrier(store, rank: int, world_size: int, timeout: timedelta,
         else:
             joined = seen[1]
             missing = [r for r in range(world_size) if r not in joined]
-            last = (f"Last seen {time.monotonic() - seen[0]:.0f}s before: {len(joined)}/"
-                    f"{world_size} ranks joined. Joined: {_ranges(joined)}; missing: "
-                    f"{_ranges(missing)}.")
+            last = (
+                f"Last seen {time.monotonic() - seen[0]:.0f}s before: {len(joined)}/"
+                f"{world_size} ranks joined. Joined: {_ranges(joined)}; missing: "
+                f"{_ranges(missing)}."
+            )
         raise _C.DistStoreError(
             f"Rendezvous failed on rank {rank}: the store ({store_description(store)}) went "
-            f"away while waiting for every rank to join ({e}). {last}") from e
+            f"away while waiting for every rank to join ({e}). {last}"
+        ) from e
 
 
 FIRST_LOOK_S = 1.0
 
 
 def store_description(store) -> str:
-    """"TCPStore at host:port" when the store (or the store it prefixes) is one, else its type."""
+    """ "TCPStore at host:port" when the store (or the store it prefixes) is one, else its type."""
     inner = store
     for _ in range(8):
         nested = getattr(inner, "underlying_store", None)
@@ -226,9 +246,15 @@ def _rendezvous_progress(joined, rank, world_size, timeout, deadline):
             f"Rendezvous timed out after {timeout.total_seconds():g}s on rank {rank}: "
             f"{len(joined)}/{world_size} ranks joined. Joined: {_ranges(joined)}; missing: "
             f"{_ranges(missing)}. Check that every rank started and uses the same "
-            f"MASTER_ADDR/MASTER_PORT (or init_method) and WORLD_SIZE.")
-    _log.warning("rank %d: waiting for ranks %s to join (%d/%d joined)", rank,
-                 _ranges(missing), len(joined), world_size)
+            f"MASTER_ADDR/MASTER_PORT (or init_method) and WORLD_SIZE."
+        )
+    _log.warning(
+        "rank %d: waiting for ranks %s to join (%d/%d joined)",
+        rank,
+        _ranges(missing),
+        len(joined),
+        world_size,
+    )
 
 
 def _ranges(ranks) -> str:

@@ -36,7 +36,7 @@ def _free_port(host: str) -> int:
 
 
 def _split_endpoint(endpoint: str, default_port: Optional[int]):
-    """"host:port", "[v6]:port", "host" or "v6" -> (host, port or default_port)."""
+    """ "host:port", "[v6]:port", "host" or "v6" -> (host, port or default_port)."""
     if endpoint.startswith("["):
         host, _, rest = endpoint[1:].partition("]")
         port = rest[1:] if rest.startswith(":") else ""
@@ -63,53 +63,118 @@ def _streams(spec: str, local_rank: int) -> int:
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="c10drun", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", default="1",
-                   help="workers on this node (an integer, or 'cpu'/'auto' for one per core)")
-    p.add_argument("--nnodes", default="1",
-                   help="number of nodes: N, or MIN:MAX (a dynamic rendezvous starts with MAX "
-                        "nodes, or with MIN or more once last_call_timeout passed)")
+    p = argparse.ArgumentParser(
+        prog="c10drun", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc_per_node",
+        default="1",
+        help="workers on this node (an integer, or 'cpu'/'auto' for one per core)",
+    )
+    p.add_argument(
+        "--nnodes",
+        default="1",
+        help="number of nodes: N, or MIN:MAX (a dynamic rendezvous starts with MAX "
+        "nodes, or with MIN or more once last_call_timeout passed)",
+    )
     p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0)
     p.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None)
     p.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None)
-    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default="",
-                   help="host:port of the rendezvous (rank 0's store)")
-    p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static",
-                   help="static (each node gives --node-rank) or c10d (the nodes' launchers "
-                        "meet at --rdzv-endpoint and number themselves)")
+    p.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        dest="rdzv_endpoint",
+        default="",
+        help="host:port of the rendezvous (rank 0's store)",
+    )
+    p.add_argument(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        dest="rdzv_backend",
+        default="static",
+        help="static (each node gives --node-rank) or c10d (the nodes' launchers "
+        "meet at --rdzv-endpoint and number themselves)",
+    )
     p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default="none")
-    p.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="",
-                   help="key=value,...; join_timeout (seconds, default 600) is used")
+    p.add_argument(
+        "--rdzv-conf",
+        "--rdzv_conf",
+        dest="rdzv_conf",
+        default="",
+        help="key=value,...; join_timeout (seconds, default 600) is used",
+    )
     p.add_argument("--role", default="default", help="the workers' ROLE_NAME")
-    p.add_argument("--log-dir", "--log_dir", dest="log_dir", default=None,
-                   help="with --redirects/--tee: where <attempt>/<local rank>/stdout.log etc. go")
-    p.add_argument("-r", "--redirects", default="0",
-                   help="send workers' streams to files in --log-dir instead of the console: "
-                        "0 none, 1 stdout, 2 stderr, 3 both, or per local rank (0:1,1:3)")
-    p.add_argument("-t", "--tee", default="0",
-                   help="as --redirects, but also to the console")
-    p.add_argument("--local-addr", "--local_addr", dest="local_addr", default=None,
-                   help="this node's address for the other nodes (dynamic rendezvous)")
-    p.add_argument("--start-method", "--start_method", dest="start_method", default="spawn",
-                   choices=["spawn", "fork", "forkserver"],
-                   help="accepted for torchrun's sake: workers are always new processes")
-    p.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
-                   help="run the script by path (what Python does anyway)")
-    p.add_argument("--standalone", action="store_true",
-                   help="single node: pick a free local port for the rendezvous")
+    p.add_argument(
+        "--log-dir",
+        "--log_dir",
+        dest="log_dir",
+        default=None,
+        help="with --redirects/--tee: where <attempt>/<local rank>/stdout.log etc. go",
+    )
+    p.add_argument(
+        "-r",
+        "--redirects",
+        default="0",
+        help="send workers' streams to files in --log-dir instead of the console: "
+        "0 none, 1 stdout, 2 stderr, 3 both, or per local rank (0:1,1:3)",
+    )
+    p.add_argument("-t", "--tee", default="0", help="as --redirects, but also to the console")
+    p.add_argument(
+        "--local-addr",
+        "--local_addr",
+        dest="local_addr",
+        default=None,
+        help="this node's address for the other nodes (dynamic rendezvous)",
+    )
+    p.add_argument(
+        "--start-method",
+        "--start_method",
+        dest="start_method",
+        default="spawn",
+        choices=["spawn", "fork", "forkserver"],
+        help="accepted for torchrun's sake: workers are always new processes",
+    )
+    p.add_argument(
+        "--run-path",
+        "--run_path",
+        dest="run_path",
+        action="store_true",
+        help="run the script by path (what Python does anyway)",
+    )
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="single node: pick a free local port for the rendezvous",
+    )
     p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0)
-    p.add_argument("--monitor-interval", "--monitor_interval", dest="monitor_interval",
-                   type=float, default=0.1)
-    p.add_argument("--grace-period", dest="grace_period", type=float, default=5.0,
-                   help="seconds between SIGTERM and SIGKILL when stopping workers")
-    p.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter",
-                   default="",
-                   help="show only these local ranks' output on the console (0,1,2); files "
-                        "from --redirects/--tee still get every rank's")
+    p.add_argument(
+        "--monitor-interval", "--monitor_interval", dest="monitor_interval", type=float, default=0.1
+    )
+    p.add_argument(
+        "--grace-period",
+        dest="grace_period",
+        type=float,
+        default=5.0,
+        help="seconds between SIGTERM and SIGKILL when stopping workers",
+    )
+    p.add_argument(
+        "--local-ranks-filter",
+        "--local_ranks_filter",
+        dest="local_ranks_filter",
+        default="",
+        help="show only these local ranks' output on the console (0,1,2); files "
+        "from --redirects/--tee still get every rank's",
+    )
     p.add_argument("-m", "--module", action="store_true", help="run the script as a module")
-    p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
-                   help="run the script as an executable, not with Python")
+    p.add_argument(
+        "--no-python",
+        "--no_python",
+        dest="no_python",
+        action="store_true",
+        help="run the script as an executable, not with Python",
+    )
     p.add_argument("training_script")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     # As torchrun: PET_<OPTION> (PET_NPROC_PER_NODE=4, PET_STANDALONE=1) gives an option's
@@ -125,8 +190,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     try:
         args.nproc_per_node = int(args.nproc_per_node)
     except ValueError:
-        p.error(f"--nproc-per-node must be an integer, 'cpu' or 'auto', got "
-                f"{args.nproc_per_node!r}")
+        p.error(
+            f"--nproc-per-node must be an integer, 'cpu' or 'auto', got {args.nproc_per_node!r}"
+        )
     if args.max_restarts < 0:
         p.error("--max-restarts must not be negative")
     for name in ("redirects", "tee"):
@@ -135,13 +201,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         except ValueError:
             p.error(f"--{name} takes 0-3 or local_rank:value pairs, got {getattr(args, name)!r}")
     try:
-        args.local_ranks_filter = ({int(r) for r in args.local_ranks_filter.split(",")}
-                                   if args.local_ranks_filter else None)
+        args.local_ranks_filter = (
+            {int(r) for r in args.local_ranks_filter.split(",")}
+            if args.local_ranks_filter
+            else None
+        )
     except ValueError:
-        p.error("--local-ranks-filter must be a comma-separated list of integers, e.g. 0,1,2; "
-                f"got {args.local_ranks_filter!r}")
-    to_files = any(_streams(args.redirects, r) | _streams(args.tee, r)
-                   for r in range(args.nproc_per_node))
+        p.error(
+            "--local-ranks-filter must be a comma-separated list of integers, e.g. 0,1,2; "
+            f"got {args.local_ranks_filter!r}"
+        )
+    to_files = any(
+        _streams(args.redirects, r) | _streams(args.tee, r) for r in range(args.nproc_per_node)
+    )
     if to_files and not args.log_dir:
         # As torchrun: the files go to a new temporary folder.
         args.log_dir = tempfile.mkdtemp(prefix="c10drun_logs_")
@@ -186,8 +258,10 @@ def _endpoint(args):
         host = host or h
         if port is None:
             if pt is None and args.nnodes > 1 and not args.standalone:
-                raise SystemExit(f"c10drun: port is absent in --rdzv-endpoint "
-                                 f"{args.rdzv_endpoint!r}: give host:port or --master-port")
+                raise SystemExit(
+                    f"c10drun: port is absent in --rdzv-endpoint "
+                    f"{args.rdzv_endpoint!r}: give host:port or --master-port"
+                )
             port = pt
     host = host or "127.0.0.1"
     single = args.standalone or args.nnodes == 1
@@ -196,16 +270,17 @@ def _endpoint(args):
         # jobs on one host.
         port = _free_port(host) if single else 29500
     elif port == 0:
-        raise SystemExit("c10drun: port 0 (any free port) works for a single node only: the "
-                         "other nodes could not know which one was taken")
+        raise SystemExit(
+            "c10drun: port 0 (any free port) works for a single node only: the "
+            "other nodes could not know which one was taken"
+        )
     return host, port
 
 
 def _is_local(host: str) -> bool:
     """Whether `host` names an address of this machine (one can bind to it)."""
     try:
-        for family, kind, proto, _, address in socket.getaddrinfo(host, 0,
-                                                                   type=socket.SOCK_STREAM):
+        for family, kind, proto, _, address in socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM):
             with socket.socket(family, kind, proto) as s:
                 s.bind(address)
                 return True
@@ -229,8 +304,9 @@ def _dynamic_rendezvous(args):
     store = None
     if _is_local(host):
         try:
-            store = _C.TCPStore(host, port, world_size=None, is_master=True, timeout=timeout,
-                                wait_for_workers=False)
+            store = _C.TCPStore(
+                host, port, world_size=None, is_master=True, timeout=timeout, wait_for_workers=False
+            )
         except _C.DistNetworkError:  # another launcher on this host hosts it
             pass
     if store is not None:
@@ -246,12 +322,16 @@ def _dynamic_rendezvous(args):
         try:
             master_addr, master_port = store.get(prefix + "master").decode().split()
         except _C.DistStoreError as e:
-            raise SystemExit(f"c10drun: no launcher hosts rendezvous {args.rdzv_id!r} at "
-                             f"{args.rdzv_endpoint} (node 0 is the launcher on the host of that "
-                             f"address): {e}") from None
+            raise SystemExit(
+                f"c10drun: no launcher hosts rendezvous {args.rdzv_id!r} at "
+                f"{args.rdzv_endpoint} (node 0 is the launcher on the host of that "
+                f"address): {e}"
+            ) from None
     if node_rank >= args.nnodes:
-        raise SystemExit(f"c10drun: {node_rank + 1} nodes joined rendezvous {args.rdzv_id!r} "
-                         f"at {args.rdzv_endpoint} but --nnodes is {args.nnodes}")
+        raise SystemExit(
+            f"c10drun: {node_rank + 1} nodes joined rendezvous {args.rdzv_id!r} "
+            f"at {args.rdzv_endpoint} but --nnodes is {args.nnodes}"
+        )
     if node_rank == 0:
         deadline = time.monotonic() + timeout.total_seconds()
         enough_since = None  # when MIN nodes had joined
@@ -261,18 +341,23 @@ def _dynamic_rendezvous(args):
             if joined >= args.min_nodes and enough_since is None:
                 enough_since = now
             if joined >= args.nnodes or (
-                    enough_since is not None and now - enough_since >= args.last_call_timeout):
+                enough_since is not None and now - enough_since >= args.last_call_timeout
+            ):
                 break
             if enough_since is None and now > deadline:
-                raise SystemExit(f"c10drun: only {joined} of {args.min_nodes} nodes joined "
-                                 f"rendezvous {args.rdzv_id!r} at {args.rdzv_endpoint} within "
-                                 f"{timeout.total_seconds():g} s")
+                raise SystemExit(
+                    f"c10drun: only {joined} of {args.min_nodes} nodes joined "
+                    f"rendezvous {args.rdzv_id!r} at {args.rdzv_endpoint} within "
+                    f"{timeout.total_seconds():g} s"
+                )
             time.sleep(0.05)
         store.set(prefix + "nodes", str(min(joined, args.nnodes)))
     nodes = int(store.get(prefix + "nodes").decode())
     if node_rank >= nodes:
-        raise SystemExit(f"c10drun: this node joined rendezvous {args.rdzv_id!r} at "
-                         f"{args.rdzv_endpoint} after it closed with {nodes} nodes")
+        raise SystemExit(
+            f"c10drun: this node joined rendezvous {args.rdzv_id!r} at "
+            f"{args.rdzv_endpoint} after it closed with {nodes} nodes"
+        )
     # Nodes may run different numbers of workers (as with torchrun): ranks follow node order.
     store.set(prefix + f"nproc/{node_rank}", str(args.nproc_per_node))
     counts = [int(v) for v in store.multi_get([prefix + f"nproc/{n}" for n in range(nodes)])]
@@ -286,8 +371,15 @@ class _Worker:
     --log-dir goes only there; teed, to both. A rank --local-ranks-filter leaves out shows
     nothing on the console."""
 
-    def __init__(self, local_rank: int, rank: int, command: List[str], env: Dict[str, str],
-                 files: Dict[str, Optional[str]], console: Dict[str, bool]):
+    def __init__(
+        self,
+        local_rank: int,
+        rank: int,
+        command: List[str],
+        env: Dict[str, str],
+        files: Dict[str, Optional[str]],
+        console: Dict[str, bool],
+    ):
         self.local_rank = local_rank
         self.rank = rank
         self.error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
@@ -299,8 +391,9 @@ class _Worker:
         self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=stdout)
         self.readers = [threading.Thread(target=self._forward, args=("stderr",), daemon=True)]
         if pipe_out:
-            self.readers.append(threading.Thread(target=self._forward, args=("stdout",),
-                                                 daemon=True))
+            self.readers.append(
+                threading.Thread(target=self._forward, args=("stdout",), daemon=True)
+            )
         for t in self.readers:
             t.start()
 
@@ -355,19 +448,25 @@ def _start_group(args, command, base_env, attempt) -> List[_Worker]:
     for local_rank in range(args.nproc_per_node):
         rank = args.rank_offset + local_rank
         # Where a worker may record why it failed (torch's @record writes this JSON file).
-        error_file = os.path.join(base_env["C10DRUN_ERROR_DIR"], f"attempt_{attempt}",
-                                  str(local_rank), "error.json")
+        error_file = os.path.join(
+            base_env["C10DRUN_ERROR_DIR"], f"attempt_{attempt}", str(local_rank), "error.json"
+        )
         os.makedirs(os.path.dirname(error_file), exist_ok=True)
-        env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(local_rank), ROLE_RANK=str(rank),
-                   TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_ERROR_FILE=error_file)
+        env = dict(
+            base_env,
+            RANK=str(rank),
+            LOCAL_RANK=str(local_rank),
+            ROLE_RANK=str(rank),
+            TORCHELASTIC_RESTART_COUNT=str(attempt),
+            TORCHELASTIC_ERROR_FILE=error_file,
+        )
         env.pop("C10DRUN_ERROR_DIR")
         files: Dict[str, Optional[str]] = {"stdout": None, "stderr": None}
         shown = args.local_ranks_filter is None or local_rank in args.local_ranks_filter
         console = {"stdout": shown, "stderr": shown}
         to_file = _streams(args.redirects, local_rank) | _streams(args.tee, local_rank)
         if args.log_dir and to_file:
-            folder = os.path.join(args.log_dir, args.rdzv_id, f"attempt_{attempt}",
-                                  str(local_rank))
+            folder = os.path.join(args.log_dir, args.rdzv_id, f"attempt_{attempt}", str(local_rank))
             os.makedirs(folder, exist_ok=True)
             for bit, name in ((1, "stdout"), (2, "stderr")):
                 if to_file & bit:
@@ -413,19 +512,25 @@ def _recorded_error(path: str) -> Optional[str]:
 def _report(failed: _Worker, workers: List[_Worker], attempts: int) -> None:
     code = failed.proc.returncode
     print("=" * 72, file=sys.stderr)
-    print(f"c10drun: worker rank {failed.rank} (local_rank {failed.local_rank}, pid "
-          f"{failed.proc.pid}) failed: {_describe_exit(code)}"
-          + (f" (attempt {attempts} of {attempts}; no restarts left)" if attempts > 1 else ""),
-          file=sys.stderr)
+    print(
+        f"c10drun: worker rank {failed.rank} (local_rank {failed.local_rank}, pid "
+        f"{failed.proc.pid}) failed: {_describe_exit(code)}"
+        + (f" (attempt {attempts} of {attempts}; no restarts left)" if attempts > 1 else ""),
+        file=sys.stderr,
+    )
     others = [w for w in workers if w is not failed]
     if others:
-        print("c10drun: stopped the other workers: " + ", ".join(
-            f"rank {w.rank} ({_describe_exit(w.proc.returncode)})" for w in others),
-            file=sys.stderr)
+        print(
+            "c10drun: stopped the other workers: "
+            + ", ".join(f"rank {w.rank} ({_describe_exit(w.proc.returncode)})" for w in others),
+            file=sys.stderr,
+        )
     recorded = _recorded_error(failed.error_file)
     if recorded:
-        print(f"c10drun: rank {failed.rank} recorded its error (TORCHELASTIC_ERROR_FILE): "
-              f"{recorded}", file=sys.stderr)
+        print(
+            f"c10drun: rank {failed.rank} recorded its error (TORCHELASTIC_ERROR_FILE): {recorded}",
+            file=sys.stderr,
+        )
     if failed.tail:
         print(f"c10drun: last lines of rank {failed.rank}'s stderr:", file=sys.stderr)
         for line in failed.tail:
@@ -444,26 +549,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.world_size = args.nproc_per_node * args.nnodes
     world_size = args.world_size
     base_env = dict(os.environ)
-    base_env.update({
-        "MASTER_ADDR": host,
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(args.nproc_per_node),
-        "GROUP_RANK": str(args.node_rank),
-        "GROUP_WORLD_SIZE": str(args.nnodes),
-        "ROLE_NAME": args.role,
-        "ROLE_WORLD_SIZE": str(world_size),
-        "TORCHELASTIC_RUN_ID": args.rdzv_id,
-        "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
-        "TORCHELASTIC_USE_AGENT_STORE": "False",  # as torchrun: the workers' rank 0 serves
-    })
+    base_env.update(
+        {
+            "MASTER_ADDR": host,
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(args.nproc_per_node),
+            "GROUP_RANK": str(args.node_rank),
+            "GROUP_WORLD_SIZE": str(args.nnodes),
+            "ROLE_NAME": args.role,
+            "ROLE_WORLD_SIZE": str(world_size),
+            "TORCHELASTIC_RUN_ID": args.rdzv_id,
+            "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
+            "TORCHELASTIC_USE_AGENT_STORE": "False",  # as torchrun: the workers' rank 0 serves
+        }
+    )
     if args.nproc_per_node > 1 and "OMP_NUM_THREADS" not in base_env:
         # As torchrun: several workers with a thread per core each would oversubscribe.
         base_env["OMP_NUM_THREADS"] = "1"
     # Workers find this package the way the launcher did.
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     base_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [package_root, base_env.get("PYTHONPATH", "")] if p)
+        p for p in [package_root, base_env.get("PYTHONPATH", "")] if p
+    )
     if args.no_python:
         command = [args.training_script]
     elif args.module:
@@ -502,9 +610,12 @@ def _run_attempts(args, command, base_env, workers: List[_Worker]) -> int:
         if failed is None:
             return 0
         if attempt < args.max_restarts:
-            print(f"c10drun: worker rank {failed.rank} failed "
-                  f"({_describe_exit(failed.proc.returncode)}); restarting the workers "
-                  f"(restart {attempt + 1} of {args.max_restarts})", file=sys.stderr)
+            print(
+                f"c10drun: worker rank {failed.rank} failed "
+                f"({_describe_exit(failed.proc.returncode)}); restarting the workers "
+                f"(restart {attempt + 1} of {args.max_restarts})",
+                file=sys.stderr,
+            )
     _report(failed, workers, args.max_restarts + 1)
     code = failed.proc.returncode
     return code if code > 0 else 1

@@ -14,7 +14,7 @@ from . import _C
 def _dtype_name(dtype) -> str:
     text = str(dtype)
     if text.startswith("torch."):  # torch.float32 -> float32
-        return text[len("torch."):]
+        return text[len("torch.") :]
     try:
         import numpy as np
 
@@ -33,7 +33,8 @@ def shm_empty(shape: Union[int, Sequence[int]], dtype="float32", group: Optional
     pg = _resolve_group(group)
     backend = pg._get_backend("cpu")
     if not hasattr(_C, "ProcessGroupShm") or not isinstance(backend, _C.ProcessGroupShm):
-        raise ValueError(f"shm_empty needs a process group with the shm backend, got "
-                         f"{type(backend).__name__}")
+        raise ValueError(
+            f"shm_empty needs a process group with the shm backend, got {type(backend).__name__}"
+        )
     dims = [int(shape)] if isinstance(shape, int) else [int(s) for s in shape]
     return backend._empty(dims, _dtype_name(dtype))

@@ -17,24 +17,41 @@ from . import _C
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m c10d.store_server",
-                                     description="Serve a TCPStore until interrupted.")
-    parser.add_argument("--host", default="0.0.0.0",
-                        help="host name clients use; the server listens on every interface")
+    parser = argparse.ArgumentParser(
+        prog="python -m c10d.store_server", description="Serve a TCPStore until interrupted."
+    )
+    parser.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="host name clients use; the server listens on every interface",
+    )
     parser.add_argument("--port", type=int, default=29500, help="0 picks a free port")
-    parser.add_argument("--world-size", type=int, default=None,
-                        help="wait for this many members (the server included) to join")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds to wait for members and for each store operation")
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="wait for this many members (the server included) to join",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for members and for each store operation",
+    )
     args = parser.parse_args(argv)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
-    store = _C.TCPStore(args.host, args.port, world_size=args.world_size, is_master=True,
-                        timeout=timedelta(seconds=args.timeout),
-                        wait_for_workers=args.world_size is not None)
+    store = _C.TCPStore(
+        args.host,
+        args.port,
+        world_size=args.world_size,
+        is_master=True,
+        timeout=timedelta(seconds=args.timeout),
+        wait_for_workers=args.world_size is not None,
+    )
     print(f"port={store.port}", flush=True)
     while not stop.wait(0.5):
         pass

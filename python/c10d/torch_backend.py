@@ -70,8 +70,15 @@ def _torch_error_class(cls: type) -> type:
     return made
 
 
-for _cls in (_C.DistBackendError, _C.DistTimeoutError, _C.DistNetworkError, _C.DistStoreError,
-             _C.DistStoreTimeoutError, _C.DistQueueEmptyError, _C.DistError):
+for _cls in (
+    _C.DistBackendError,
+    _C.DistTimeoutError,
+    _C.DistNetworkError,
+    _C.DistStoreError,
+    _C.DistStoreTimeoutError,
+    _C.DistQueueEmptyError,
+    _C.DistError,
+):
     _torch_error_class(_cls)
 
 
@@ -385,8 +392,7 @@ class ProcessGroupC10d(tdist.ProcessGroup):
         return self._pg
 
     def __repr__(self):
-        return (f"<ProcessGroupC10d {self._backend_name} rank {self.rank()} of "
-                f"{self.size()}>")
+        return f"<ProcessGroupC10d {self._backend_name} rank {self.rank()} of {self.size()}>"
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -434,8 +440,9 @@ class ProcessGroupC10d(tdist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else tdist.AllreduceCoalescedOptions()
         copts = _options(_C.AllreduceCoalescedOptions, opts, reduceOp=_reduce_op(opts.reduceOp))
-        return self._run(self._pg.allreduce_coalesced, (_views(tensors),), copts, tensors,
-                         "allreduce_coalesced")
+        return self._run(
+            self._pg.allreduce_coalesced, (_views(tensors),), copts, tensors, "allreduce_coalesced"
+        )
 
     def broadcast(self, tensors, opts=None):
         if opts is None:
@@ -452,28 +459,44 @@ class ProcessGroupC10d(tdist.ProcessGroup):
                     raise _to_torch_error(e) from None
                 if done:
                     return _DONE
-        copts = _options(_C.BroadcastOptions, opts, rootRank=opts.rootRank,
-                         rootTensor=opts.rootTensor)
+        copts = _options(
+            _C.BroadcastOptions, opts, rootRank=opts.rootRank, rootTensor=opts.rootTensor
+        )
         return self._run(self._pg.broadcast, (_views(tensors),), copts, tensors, "broadcast")
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else tdist.ReduceOptions()
-        copts = _options(_C.ReduceOptions, opts, reduceOp=_reduce_op(opts.reduceOp),
-                         rootRank=opts.rootRank, rootTensor=opts.rootTensor)
+        copts = _options(
+            _C.ReduceOptions,
+            opts,
+            reduceOp=_reduce_op(opts.reduceOp),
+            rootRank=opts.rootRank,
+            rootTensor=opts.rootTensor,
+        )
         return self._run(self._pg.reduce, (_views(tensors),), copts, tensors, "reduce")
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else tdist.AllgatherOptions()
         copts = _options(_C.AllgatherOptions, opts)
         outputs = [_views(inner) for inner in output_tensors]
-        return self._run(self._pg.allgather, (outputs, _views(input_tensors)), copts,
-                         _flat(output_tensors), "allgather")
+        return self._run(
+            self._pg.allgather,
+            (outputs, _views(input_tensors)),
+            copts,
+            _flat(output_tensors),
+            "allgather",
+        )
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else tdist.AllgatherOptions()
         copts = _options(_C.AllgatherOptions, opts)
-        return self._run(self._pg._allgather_base, (_view(output), _view(input)), copts,
-                         [output], "_allgather_base")
+        return self._run(
+            self._pg._allgather_base,
+            (_view(output), _view(input)),
+            copts,
+            [output],
+            "_allgather_base",
+        )
 
     _allgather_base = all_gather_single
 
@@ -481,15 +504,24 @@ class ProcessGroupC10d(tdist.ProcessGroup):
         opts = opts if opts is not None else tdist.AllgatherOptions()
         copts = _options(_C.AllgatherOptions, opts)
         outputs = [_views(inner) for inner in output_lists]
-        return self._run(self._pg.allgather_coalesced, (outputs, _views(input_list)), copts,
-                         _flat(output_lists), "allgather_coalesced")
+        return self._run(
+            self._pg.allgather_coalesced,
+            (outputs, _views(input_list)),
+            copts,
+            _flat(output_lists),
+            "allgather_coalesced",
+        )
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else tdist.AllgatherOptions()
         copts = _options(_C.AllgatherOptions, opts)
-        return self._run(self._pg.allgather_into_tensor_coalesced,
-                         (_views(outputs), _views(inputs)), copts, list(outputs),
-                         "allgather_into_tensor_coalesced")
+        return self._run(
+            self._pg.allgather_into_tensor_coalesced,
+            (_views(outputs), _views(inputs)),
+            copts,
+            list(outputs),
+            "allgather_into_tensor_coalesced",
+        )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -497,55 +529,87 @@ class ProcessGroupC10d(tdist.ProcessGroup):
         opts = opts if opts is not None else tdist.GatherOptions()
         copts = _options(_C.GatherOptions, opts, rootRank=opts.rootRank)
         outputs = [_views(inner) for inner in output_tensors]
-        return self._run(self._pg.gather, (outputs, _views(input_tensors)), copts,
-                         _flat(output_tensors), "gather")
+        return self._run(
+            self._pg.gather,
+            (outputs, _views(input_tensors)),
+            copts,
+            _flat(output_tensors),
+            "gather",
+        )
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else tdist.ScatterOptions()
         copts = _options(_C.ScatterOptions, opts, rootRank=opts.rootRank)
         inputs = [_views(inner) for inner in input_tensors]
-        return self._run(self._pg.scatter, (_views(output_tensors), inputs), copts,
-                         list(output_tensors), "scatter")
+        return self._run(
+            self._pg.scatter,
+            (_views(output_tensors), inputs),
+            copts,
+            list(output_tensors),
+            "scatter",
+        )
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else tdist.ReduceScatterOptions()
         copts = _options(_C.ReduceScatterOptions, opts, reduceOp=_reduce_op(opts.reduceOp))
         inputs = [_views(inner) for inner in input_tensors]
-        return self._run(self._pg.reduce_scatter, (_views(output_tensors), inputs), copts,
-                         list(output_tensors), "reduce_scatter")
+        return self._run(
+            self._pg.reduce_scatter,
+            (_views(output_tensors), inputs),
+            copts,
+            list(output_tensors),
+            "reduce_scatter",
+        )
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else tdist.ReduceScatterOptions()
         copts = _options(_C.ReduceScatterOptions, opts, reduceOp=_reduce_op(opts.reduceOp))
-        return self._run(self._pg._reduce_scatter_base, (_view(output), _view(input)), copts,
-                         [output], "_reduce_scatter_base")
+        return self._run(
+            self._pg._reduce_scatter_base,
+            (_view(output), _view(input)),
+            copts,
+            [output],
+            "_reduce_scatter_base",
+        )
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else tdist.ReduceScatterOptions()
         copts = _options(_C.ReduceScatterOptions, opts, reduceOp=_reduce_op(opts.reduceOp))
-        return self._run(self._pg.reduce_scatter_tensor_coalesced,
-                         (_views(outputs), _views(inputs)), copts, list(outputs),
-                         "reduce_scatter_tensor_coalesced")
+        return self._run(
+            self._pg.reduce_scatter_tensor_coalesced,
+            (_views(outputs), _views(inputs)),
+            copts,
+            list(outputs),
+            "reduce_scatter_tensor_coalesced",
+        )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
-                          opts=None):
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else tdist.AllToAllOptions()
         copts = _options(_C.AllToAllOptions, opts)
-        return self._run(self._pg.alltoall_base,
-                         (_view(output), _view(input), list(output_split_sizes),
-                          list(input_split_sizes)), copts, [output], "alltoall_base")
+        return self._run(
+            self._pg.alltoall_base,
+            (_view(output), _view(input), list(output_split_sizes), list(input_split_sizes)),
+            copts,
+            [output],
+            "alltoall_base",
+        )
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else tdist.AllToAllOptions()
         copts = _options(_C.AllToAllOptions, opts)
-        return self._run(self._pg.alltoall, (_views(output_tensors), _views(input_tensors)),
-                         copts, list(output_tensors), "alltoall")
+        return self._run(
+            self._pg.alltoall,
+            (_views(output_tensors), _views(input_tensors)),
+            copts,
+            list(output_tensors),
+            "alltoall",
+        )
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else tdist.BarrierOptions()
@@ -577,8 +641,7 @@ class ProcessGroupC10d(tdist.ProcessGroup):
         return self._p2p(self._pg.recv, (_views(tensors), srcRank, tag), tensors, "recv")
 
     def recv_anysource(self, tensors, tag=0):
-        return self._p2p(self._pg.recv_anysource, (_views(tensors), tag), tensors,
-                         "recv_anysource")
+        return self._p2p(self._pg.recv_anysource, (_views(tensors), tag), tensors, "recv_anysource")
 
     # -- coalescing and lifetime ---------------------------------------------------------
 
@@ -634,8 +697,15 @@ def _make_backend(kind: str, store, rank: int, size: int, timeout: timedelta):
     return _C.ProcessGroupGloo(store, rank, size, timeout)
 
 
-def _make_c10d_group(kind: str, store, rank: int, size: int, timeout: timedelta,
-                     group_name: str = "", global_ranks=None):
+def _make_c10d_group(
+    kind: str,
+    store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    group_name: str = "",
+    global_ranks=None,
+):
     """A c10d ProcessGroup of backend `kind` (see _make_backend) on the c10d store `store`."""
     backend = _make_backend(kind, store, rank, size, timeout)
     pg = _C.ProcessGroup(store, rank, size, backend.name(), timeout)
@@ -665,9 +735,15 @@ def _creator(name: str):
         store = _StoreOverTorch(torch_store)
         kind = {"c10d_shm": "shm", "c10d_gloo": "gloo"}.get(name, "auto")
         try:
-            pg = _make_c10d_group(kind, store, rank, size, timeout,
-                                  str(getattr(common_opts, "group_id", "") or ""),
-                                  getattr(common_opts, "global_ranks_in_group", None))
+            pg = _make_c10d_group(
+                kind,
+                store,
+                rank,
+                size,
+                timeout,
+                str(getattr(common_opts, "group_id", "") or ""),
+                getattr(common_opts, "global_ranks_in_group", None),
+            )
         except Exception as e:
             raise _to_torch_error(e) from None
         group = ProcessGroupC10d(pg, name)
@@ -689,8 +765,9 @@ def register() -> None:
             return
         for name in BACKENDS:
             if name.upper() not in tdist.Backend._plugins:
-                tdist.Backend.register_backend(name, _creator(name), extended_api=True,
-                                               devices=["cpu"])
+                tdist.Backend.register_backend(
+                    name, _creator(name), extended_api=True, devices=["cpu"]
+                )
         _registered = True
 
 
@@ -705,8 +782,9 @@ _MIRROR_NAMES = {"shm": "c10d_shm", "gloo": "c10d_gloo"}
 _mirror_store: List[Any] = []
 
 
-def _mirror_default_group(pg, store, rank: int, world_size: int, backend: str,
-                          timeout: timedelta) -> None:
+def _mirror_default_group(
+    pg, store, rank: int, world_size: int, backend: str, timeout: timedelta
+) -> None:
     """Makes torch.distributed's default group c10d's default group `pg` (the same group, no
     new rendezvous), so torch utilities that ask torch for the world (DistributedSampler,
     ZeroRedundancyOptimizer, DDP) work in programs written against c10d. Nothing happens when
@@ -724,8 +802,9 @@ def _mirror_default_group(pg, store, rank: int, world_size: int, backend: str,
     with _lock:
         _pending_mirror.append(pg)
         try:
-            tdist.init_process_group(name, store=torch_store, rank=rank,
-                                     world_size=world_size, timeout=timeout)
+            tdist.init_process_group(
+                name, store=torch_store, rank=rank, world_size=world_size, timeout=timeout
+            )
         finally:
             _pending_mirror.clear()
 

@@ -47,6 +47,7 @@ class Dump:
 @dataclass
 class GroupView:
     """One group as one rank saw it: its record and its entries, split by kind."""
+
     info: dict
     collectives: Dict[int, dict] = field(default_factory=dict)  # seq -> entry
     p2p: List[dict] = field(default_factory=list)
@@ -64,8 +65,10 @@ def load_dumps(directory: str) -> Tuple[Dict[int, Dump], List[str]]:
             continue
         version = str(data.get("version", ""))
         if version.split(".")[0] != SUPPORTED_MAJOR:
-            warnings.append(f"{os.path.basename(path)}: format version {version!r} is not "
-                            f"supported (expected {SUPPORTED_MAJOR}.x)")
+            warnings.append(
+                f"{os.path.basename(path)}: format version {version!r} is not "
+                f"supported (expected {SUPPORTED_MAJOR}.x)"
+            )
             continue
         rank = data.get("rank")
         if not isinstance(rank, int) or rank < 0:
@@ -118,8 +121,9 @@ def seconds(ns: Optional[int]) -> str:
     return "?" if ns is None else f"{ns / 1e9:.1f} s"
 
 
-def describe_entry(e: dict, group_label: str, dump: Optional[Dump] = None,
-                   with_error: bool = True) -> str:
+def describe_entry(
+    e: dict, group_label: str, dump: Optional[Dump] = None, with_error: bool = True
+) -> str:
     kind = "p2p seq" if e.get("p2p") else "seq"
     text = f"{e['op']} {kind} {e['seq']} on {group_label}"
     if e.get("p2p") and e.get("peer") is not None:
@@ -159,6 +163,7 @@ class Analysis:
 
         def key(n: str):
             return (0, int(n), "") if n.isdigit() else (1, 0, n)
+
         return sorted(names, key=key)
 
     # -- what a rank is doing ---------------------------------------------------------------
@@ -177,8 +182,9 @@ class Analysis:
         active = self.in_flight(rank)
         if active:
             name, e = active[0]
-            text = f"rank {rank} is stuck in " + describe_entry(e, self.group_label(name),
-                                                               self.dumps[rank])
+            text = f"rank {rank} is stuck in " + describe_entry(
+                e, self.group_label(name), self.dumps[rank]
+            )
             if len(active) > 1:
                 text += f" (+{len(active) - 1} more in flight)"
             return text
@@ -189,8 +195,10 @@ class Analysis:
                     last = (name, e)
         if last is None:
             return f"rank {rank} has no c10d operation in flight (and none recorded)"
-        return (f"rank {rank} has no c10d operation in flight (busy elsewhere?); its last was "
-                + describe_entry(last[1], self.group_label(last[0]), with_error=False))
+        return (
+            f"rank {rank} has no c10d operation in flight (busy elsewhere?); its last was "
+            + describe_entry(last[1], self.group_label(last[0]), with_error=False)
+        )
 
     # -- collectives ------------------------------------------------------------------------
     def check_collectives(self, name: str) -> None:
@@ -215,8 +223,9 @@ class Analysis:
         joined = [r for r in present if enqueued[r] >= seq]
         never = [r for r in present if enqueued[r] < seq]
         no_dump = [r for r in members if r not in present]
-        sample = next((views[r].collectives[seq] for r in joined if seq in views[r].collectives),
-                      None)
+        sample = next(
+            (views[r].collectives[seq] for r in joined if seq in views[r].collectives), None
+        )
         op = sample["op"] if sample else "?"
         head = f"collective {seq} ({op}) on {self.group_label(name)}: "
         if never:
@@ -235,8 +244,10 @@ class Analysis:
             if e is None:
                 details.append(f"rank {r}: issued it (record overwritten)")
                 continue
-            details.append(f"rank {r}: {e['op']}({tensors_text(e['input_sizes'], e['input_dtypes'])})"
-                           f" {self.state_text(e, self.dumps[r])}")
+            details.append(
+                f"rank {r}: {e['op']}({tensors_text(e['input_sizes'], e['input_dtypes'])})"
+                f" {self.state_text(e, self.dumps[r])}"
+            )
         for r in never:
             last = enqueued[r]
             e = views[r].collectives.get(last)
@@ -262,8 +273,11 @@ class Analysis:
         for r, v in views.items():
             e = v.collectives.get(seq)
             if e is not None:
-                calls[r] = (e["op"], tensors_text(e["input_sizes"], e["input_dtypes"]),
-                            tensors_text(e["output_sizes"], e["output_dtypes"]))
+                calls[r] = (
+                    e["op"],
+                    tensors_text(e["input_sizes"], e["input_dtypes"]),
+                    tensors_text(e["output_sizes"], e["output_dtypes"]),
+                )
         if len(set(calls.values())) <= 1:
             return False
         lines = [f"collective {seq} on {self.group_label(name)}: ranks disagree on the call"]
@@ -286,19 +300,26 @@ class Analysis:
                 me = members.index(r)
                 receiving = e["op"].startswith("recv")
                 want = "send" if receiving else "recv"
-                line = (f"rank {r}: " + describe_entry(e, self.group_label(name), self.dumps[r]))
+                line = f"rank {r}: " + describe_entry(e, self.group_label(name), self.dumps[r])
                 detail = []
                 if peer is None or peer not in self.dumps or name not in self.views[peer]:
                     detail.append(f"rank {peer}: no dump")
                 else:
-                    mine = sum(1 for x in self.views[r][name].p2p
-                               if x["op"] == e["op"] and x.get("peer") == peer_group_rank)
-                    theirs = sum(1 for x in self.views[peer][name].p2p
-                                 if x["op"].startswith(want) and x.get("peer") == me)
+                    mine = sum(
+                        1
+                        for x in self.views[r][name].p2p
+                        if x["op"] == e["op"] and x.get("peer") == peer_group_rank
+                    )
+                    theirs = sum(
+                        1
+                        for x in self.views[peer][name].p2p
+                        if x["op"].startswith(want) and x.get("peer") == me
+                    )
                     if theirs < mine:
-                        detail.append(f"rank {peer} issued {theirs} {want}(s) to rank {r} on this "
-                                      f"group against {mine} {e['op']}(s) here; "
-                                      + self.doing(peer))
+                        detail.append(
+                            f"rank {peer} issued {theirs} {want}(s) to rank {r} on this "
+                            f"group against {mine} {e['op']}(s) here; " + self.doing(peer)
+                        )
                     else:
                         detail.append(f"rank {peer} issued the matching {want}")
                 self.problems.append([line] + detail)
@@ -311,8 +332,9 @@ class Analysis:
             for name, view in views.items():
                 for e in list(view.collectives.values()) + view.p2p:
                     if e.get("state") == "failed":
-                        self.problems.append([f"rank {r}: " + describe_entry(
-                            e, self.group_label(name))])
+                        self.problems.append(
+                            [f"rank {r}: " + describe_entry(e, self.group_label(name))]
+                        )
 
     def run(self) -> List[List[str]]:
         for name in self.all_group_names():
@@ -325,17 +347,22 @@ class Analysis:
 def report(directory: str, verbose: bool = False, out=sys.stdout) -> int:
     dumps, warnings = load_dumps(directory)
     if not dumps:
-        print(f"c10d.trace: no flight-recorder dumps (c10d_trace_*.json) in {directory}",
-              file=out)
+        print(f"c10d.trace: no flight-recorder dumps (c10d_trace_*.json) in {directory}", file=out)
         for w in warnings:
             print(f"  {w}", file=out)
         return 2
-    print(f"c10d flight recorder: {len(dumps)} dump(s) in {directory} "
-          f"(ranks {ranks_text(sorted(dumps))})", file=out)
+    print(
+        f"c10d flight recorder: {len(dumps)} dump(s) in {directory} "
+        f"(ranks {ranks_text(sorted(dumps))})",
+        file=out,
+    )
     for rank, d in sorted(dumps.items()):
-        print(f"  rank {rank}: pid {d.data.get('pid')} on {d.data.get('hostname')}, "
-              f"{len(d.data.get('entries', []))} entries; dumped because: "
-              f"{d.data.get('reason')}", file=out)
+        print(
+            f"  rank {rank}: pid {d.data.get('pid')} on {d.data.get('hostname')}, "
+            f"{len(d.data.get('entries', []))} entries; dumped because: "
+            f"{d.data.get('reason')}",
+            file=out,
+        )
     for w in warnings:
         print(f"  warning: {w}", file=out)
     analysis = Analysis(dumps)
@@ -350,9 +377,12 @@ def report(directory: str, verbose: bool = False, out=sys.stdout) -> int:
         for rank, d in sorted(dumps.items()):
             for name, view in sorted(analysis.views[rank].items()):
                 i = view.info
-                print(f"  rank {rank} {analysis.group_label(name)}: seq enqueued "
-                      f"{i.get('last_enqueued_seq')} started {i.get('last_started_seq')} "
-                      f"completed {i.get('last_completed_seq')}", file=out)
+                print(
+                    f"  rank {rank} {analysis.group_label(name)}: seq enqueued "
+                    f"{i.get('last_enqueued_seq')} started {i.get('last_started_seq')} "
+                    f"completed {i.get('last_completed_seq')}",
+                    file=out,
+                )
     if not problems:
         print("No problem found: every rank completed every operation it recorded.", file=out)
         return 0
@@ -365,13 +395,19 @@ def report(directory: str, verbose: bool = False, out=sys.stdout) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m c10d.trace",
-                                     description="Explain a hang or failure from the "
-                                                 "flight-recorder dumps of every rank.")
-    parser.add_argument("directory", help="where the c10d_trace_rank*.json files are "
-                                          "(C10D_TRACE_DUMP_DIR)")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also print every group's sequence numbers per rank")
+    parser = argparse.ArgumentParser(
+        prog="python -m c10d.trace",
+        description="Explain a hang or failure from the flight-recorder dumps of every rank.",
+    )
+    parser.add_argument(
+        "directory", help="where the c10d_trace_rank*.json files are (C10D_TRACE_DUMP_DIR)"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print every group's sequence numbers per rank",
+    )
     args = parser.parse_args(argv)
     return report(args.directory, args.verbose)
 

@@ -103,30 +103,73 @@ class Hosts:
         for i, ns in enumerate(self.names):
             _ip("netns", "add", ns)
             _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", self.switch, "link", "add", f"port{i}", "type", "veth", "peer", "name",
-                "eth0", "netns", ns)
+            _ip(
+                "-n",
+                self.switch,
+                "link",
+                "add",
+                f"port{i}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ns,
+            )
             _ip("-n", self.switch, "link", "set", f"port{i}", "master", "br0", "up")
             _ip("-n", ns, "addr", "add", f"{self.addresses[i]}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             if self.rate:
-                self.tc(i, "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", self.rate,
-                        "burst", "256kb", "latency", "50ms")
+                self.tc(
+                    i,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "eth0",
+                    "root",
+                    "tbf",
+                    "rate",
+                    self.rate,
+                    "burst",
+                    "256kb",
+                    "latency",
+                    "50ms",
+                )
             with open(os.path.join(self._dir, f"hosts{i}"), "w") as f:
                 f.write(f"127.0.0.1 localhost\n127.0.1.1 {self.hostnames[i]}\n")
 
     def tc(self, i: int, *args):
-        r = subprocess.run(["ip", "netns", "exec", self.names[i], "tc", *args],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["ip", "netns", "exec", self.names[i], "tc", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if r.returncode != 0:
             raise RuntimeError(f"tc {' '.join(args)} on host {i}: {r.stderr.strip()}")
 
     def command(self, i: int, argv: List[str]) -> List[str]:
         """argv as run on host i: its network, its hostname, its /etc/hosts."""
-        setup = (f"hostname {self.hostnames[i]} && "
-                 f"mount --bind {os.path.join(self._dir, f'hosts{i}')} /etc/hosts && "
-                 'exec "$@"')
-        return ["ip", "netns", "exec", self.names[i], "unshare", "--uts", "--mount", "sh",
-                "-c", setup, "sh", *argv]
+        setup = (
+            f"hostname {self.hostnames[i]} && "
+            f"mount --bind {os.path.join(self._dir, f'hosts{i}')} /etc/hosts && "
+            'exec "$@"'
+        )
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.names[i],
+            "unshare",
+            "--uts",
+            "--mount",
+            "sh",
+            "-c",
+            setup,
+            "sh",
+            *argv,
+        ]
 
     def popen(self, i: int, argv: List[str], **kwargs) -> subprocess.Popen:
         kwargs.setdefault("start_new_session", True)

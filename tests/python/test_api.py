@@ -20,8 +20,9 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 @pytest.fixture
 def world1():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=20))
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=20)
+    )
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -43,8 +44,9 @@ def test_argument_errors(monkeypatch):
     with pytest.raises(AssertionError):  # torch asserts here; ours is also a ValueError
         dist.init_process_group("gloo", store=dist.HashStore(), rank=-1, world_size=2)
     with pytest.raises(ValueError, match="init_method and store"):
-        dist.init_process_group("gloo", init_method="env://", store=dist.HashStore(),
-                                rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo", init_method="env://", store=dist.HashStore(), rank=0, world_size=1
+        )
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
@@ -53,8 +55,7 @@ def test_argument_errors(monkeypatch):
     with pytest.raises(ValueError, match="rank"):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", world_size=1)
     with pytest.raises(TypeError):
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=5)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=5)
     assert not dist.is_initialized()
 
 
@@ -84,18 +85,19 @@ def test_registry_tables_at_module_level_follow_the_world(world1):
     dist.destroy_process_group()
     assert dc._pg_map == {} and dc._default_pg is None
     with pytest.raises(AttributeError):
-        dc._no_such_table
+        _ = dc._no_such_table
 
 
 def test_file_and_tcp_init_methods(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rdzv", rank=0,
-                            world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rdzv", rank=0, world_size=1)
     t = np.ones(2)
     dist.all_reduce(t)
     dist.destroy_process_group()
     from dist.harness import free_port
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}?rank=0&"
-                            f"world_size=1")
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}?rank=0&world_size=1"
+    )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -139,8 +141,7 @@ class _EchoGroup(dist.ProcessGroup):
 
 
 def test_register_python_backend():
-    dist.Backend.register_backend("echo", lambda store, rank, size, timeout:
-                                  _EchoGroup(rank, size))
+    dist.Backend.register_backend("echo", lambda store, rank, size, timeout: _EchoGroup(rank, size))
     assert dist.is_backend_available("echo")
     dist.init_process_group("echo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -155,8 +156,9 @@ def test_register_python_backend():
     finally:
         dist.destroy_process_group()
     # Registering again replaces the creator, as in torch.
-    dist.Backend.register_backend("echo", lambda store, rank, size, timeout:
-                                  _EchoGroup(rank, size, factor=3))
+    dist.Backend.register_backend(
+        "echo", lambda store, rank, size, timeout: _EchoGroup(rank, size, factor=3)
+    )
     dist.init_process_group("echo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         t = np.ones(3)
@@ -206,9 +208,11 @@ def test_completion_hooks_and_coalescing(world1):
 
 def test_work_op_type_numbers_boxing_and_duration(world1):
     # torch's OpType numbers: ALLREDUCE 1, ALLGATHER 4, BARRIER 15, and so on.
-    works = [dist.all_reduce(np.ones(2), async_op=True),
-             dist.all_gather([np.zeros(1)], np.ones(1), async_op=True),
-             dist.barrier(async_op=True)]
+    works = [
+        dist.all_reduce(np.ones(2), async_op=True),
+        dist.all_gather([np.zeros(1)], np.ones(1), async_op=True),
+        dist.barrier(async_op=True),
+    ]
     for w in works:
         w.wait()
     assert [w._get_op_type() for w in works] == [1, 4, 15]
@@ -235,13 +239,18 @@ def _launch(script_text, nproc, tmp_path, *extra):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(script_text))
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    return subprocess.run([sys.executable, "-m", "c10d.run", "--nproc-per-node", str(nproc),
-                           *extra, str(script)], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "c10d.run", "--nproc-per-node", str(nproc), *extra, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_launcher_sets_environment_and_runs_collectives(tmp_path):
-    out = _launch("""
+    out = _launch(
+        """
         import os, numpy as np, c10d as dist
         dist.init_process_group("gloo")
         t = np.ones(1)
@@ -253,20 +262,27 @@ def test_launcher_sets_environment_and_runs_collectives(tmp_path):
                   env["LOCAL_WORLD_SIZE"], int(t[0]), dist.is_torchelastic_launched()]
         os.write(1, (" ".join(str(x) for x in fields) + chr(10)).encode())
         dist.destroy_process_group()
-    """, 3, tmp_path)
+    """,
+        3,
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     lines = sorted(l for l in out.stdout.splitlines() if l.startswith("RANK"))
     assert lines == [f"RANK {r} {r} 3 3 3 True" for r in range(3)]
 
 
 def test_launcher_stops_others_when_one_fails(tmp_path):
-    out = _launch("""
+    out = _launch(
+        """
         import os, sys, time
         if os.environ["RANK"] == "1":
             print("rank one gives up", file=sys.stderr)
             sys.exit(7)
         time.sleep(60)
-    """, 3, tmp_path)
+    """,
+        3,
+        tmp_path,
+    )
     assert out.returncode == 7
     assert "worker rank 1" in out.stderr and "exit code 7" in out.stderr
     assert "rank one gives up" in out.stderr
@@ -276,9 +292,26 @@ def test_launcher_stops_others_when_one_fails(tmp_path):
 def test_launcher_rendezvous_endpoint_port_0_takes_a_free_port(tmp_path):
     script = _launched_job(tmp_path, "SUM {int(t[0])}")
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    out = subprocess.run([sys.executable, "-m", "c10d.run", "--nnodes", "1", "--rdzv-backend",
-                          "c10d", "--rdzv-endpoint", "localhost:0", "--nproc-per-node", "2",
-                          str(script)], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "c10d.run",
+            "--nnodes",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "localhost:0",
+            "--nproc-per-node",
+            "2",
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SUM 2") == 2, out.stdout
 
@@ -293,9 +326,22 @@ def test_launcher_takes_an_ipv6_master_addr_in_brackets(tmp_path):
         pytest.skip("no IPv6 loopback")
     script = _launched_job(tmp_path, "SUM {int(t[0])} {os.environ['MASTER_ADDR']}")
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    out = subprocess.run([sys.executable, "-m", "c10d.run", "--nproc-per-node", "2",
-                          "--master-addr", "[::1]", str(script)], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "c10d.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "[::1]",
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SUM 2 ::1") == 2, out.stdout
 
@@ -304,7 +350,8 @@ def test_launcher_passes_sigint_on(tmp_path):
     """SIGINT reaches the workers as SIGINT (KeyboardInterrupt, so their cleanup runs), as
     torchrun passes it on, instead of a SIGTERM."""
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, time
         open(os.path.join({str(tmp_path)!r}, "up" + os.environ["RANK"]), "w").close()
         try:
@@ -312,11 +359,15 @@ def test_launcher_passes_sigint_on(tmp_path):
         except KeyboardInterrupt:
             open(os.path.join({str(tmp_path)!r}, "interrupted" + os.environ["RANK"]),
                  "w").close()
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    launcher = subprocess.Popen([sys.executable, "-m", "c10d.run", "--nproc-per-node", "2",
-                                 str(script)], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "c10d.run", "--nproc-per-node", "2", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"up{r}").exists() for r in range(2)):
         assert time.monotonic() < deadline and launcher.poll() is None, launcher.poll()
@@ -364,9 +415,14 @@ def test_argument_errors_are_also_runtime_errors(world1):
 
 def test_public_functions_keep_identity_and_signature():
     import inspect
+
     assert dist.isend is dist.distributed_c10d.isend
-    assert list(inspect.signature(dist.all_reduce).parameters) == ["tensor", "op", "group",
-                                                                   "async_op"]
+    assert list(inspect.signature(dist.all_reduce).parameters) == [
+        "tensor",
+        "op",
+        "group",
+        "async_op",
+    ]
     assert dist._all_gather_base is dist.distributed_c10d._all_gather_base
     assert dist._reduce_scatter_base is dist.distributed_c10d._reduce_scatter_base
 
@@ -402,8 +458,12 @@ def test_launcher_restarts_the_group_while_max_restarts_allows(tmp_path):
     out = _launch(script, 2, tmp_path, "--max-restarts", "2", "--role", "trainer")
     assert out.returncode == 0, out.stderr
     lines = sorted(l for l in out.stdout.splitlines() if l.startswith("ATTEMPT"))
-    assert lines == ["ATTEMPT 0 0 2 trainer 1", "ATTEMPT 0 1 2 trainer 1",
-                     "ATTEMPT 1 0 2 trainer 1", "ATTEMPT 1 1 2 trainer 1"], lines
+    assert lines == [
+        "ATTEMPT 0 0 2 trainer 1",
+        "ATTEMPT 0 1 2 trainer 1",
+        "ATTEMPT 1 0 2 trainer 1",
+        "ATTEMPT 1 1 2 trainer 1",
+    ], lines
     assert "restarting the workers (restart 1 of 2)" in out.stderr
     # Without restarts left the job fails and says so.
     counter.unlink()
@@ -412,7 +472,8 @@ def test_launcher_restarts_the_group_while_max_restarts_allows(tmp_path):
 
 
 def test_launcher_quotes_the_error_file_a_worker_recorded(tmp_path):
-    out = _launch("""
+    out = _launch(
+        """
         import json, os, sys
         assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "False"
         path = os.environ["TORCHELASTIC_ERROR_FILE"]
@@ -422,18 +483,33 @@ def test_launcher_quotes_the_error_file_a_worker_recorded(tmp_path):
                 json.dump({"message": {"message": "ValueError: bad batch 17",
                                        "extraInfo": {"py_callstack": "..."}}}, f)
             sys.exit(5)
-    """, 2, tmp_path)
+    """,
+        2,
+        tmp_path,
+    )
     assert out.returncode == 5, out.stderr
-    assert "rank 1 recorded its error (TORCHELASTIC_ERROR_FILE): ValueError: bad batch 17" \
-        in out.stderr, out.stderr
+    assert (
+        "rank 1 recorded its error (TORCHELASTIC_ERROR_FILE): ValueError: bad batch 17"
+        in out.stderr
+    ), out.stderr
 
 
 def test_launcher_writes_redirected_streams_to_the_log_dir(tmp_path):
-    out = _launch("""
+    out = _launch(
+        """
         import os, sys
         print("out of", os.environ["LOCAL_RANK"])
         print("err of", os.environ["LOCAL_RANK"], file=sys.stderr)
-    """, 2, tmp_path, "--log-dir", str(tmp_path / "logs"), "--redirects", "1", "--tee", "2")
+    """,
+        2,
+        tmp_path,
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--redirects",
+        "1",
+        "--tee",
+        "2",
+    )
     assert out.returncode == 0, out.stderr
     for r in range(2):
         folder = tmp_path / "logs" / "none" / "attempt_0" / str(r)
@@ -447,16 +523,35 @@ def test_launcher_local_ranks_filter_and_pet_environment(tmp_path):
     """--local-ranks-filter (here from PET_LOCAL_RANKS_FILTER, as torchrun reads PET_<OPTION>)
     shows only those ranks' output; the files of --tee still get every rank's."""
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys
         os.write(1, f"out of {os.environ['LOCAL_RANK']}\\n".encode())
         os.write(2, f"err of {os.environ['LOCAL_RANK']}\\n".encode())
-    """))
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), PET_NPROC_PER_NODE="3",
-               PET_LOCAL_RANKS_FILTER="0,2")
-    out = subprocess.run([sys.executable, "-m", "c10d.run", "--tee", "3", "--log-dir",
-                          str(tmp_path / "logs"), str(script)], env=env, capture_output=True,
-                         text=True, timeout=120)
+    """)
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.path.join(REPO, "python"),
+        PET_NPROC_PER_NODE="3",
+        PET_LOCAL_RANKS_FILTER="0,2",
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "c10d.run",
+            "--tee",
+            "3",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     for r in range(3):
         shown = r != 1
@@ -469,10 +564,16 @@ def test_launcher_local_ranks_filter_and_pet_environment(tmp_path):
 
 
 def test_launcher_redirects_without_log_dir_use_a_temporary_one(tmp_path):
-    out = _launch("""
+    out = _launch(
+        """
         import os
         print("out of", os.environ["LOCAL_RANK"])
-    """, 2, tmp_path, "--redirects", "1")
+    """,
+        2,
+        tmp_path,
+        "--redirects",
+        "1",
+    )
     assert out.returncode == 0, out.stderr
     folder = out.stderr.split("c10drun: worker logs go to ")[1].split()[0]
     try:
@@ -486,6 +587,7 @@ def test_launcher_redirects_without_log_dir_use_a_temporary_one(tmp_path):
 
 def test_launcher_endpoints():
     from c10d.run import _split_endpoint
+
     assert _split_endpoint("[::1]:29455", None) == ("::1", 29455)
     assert _split_endpoint("::1", 7) == ("::1", 7)
     assert _split_endpoint("node3:1234", None) == ("node3", 1234)
@@ -498,32 +600,57 @@ def _launched_job(tmp_path, line):
     """A worker script that sums ones over the world and writes `line` (an f-string body
     that may use os, dist and t, the sum)."""
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, numpy as np, c10d as dist
         dist.init_process_group("gloo")
         t = np.ones(1)
         dist.all_reduce(t)
         os.write(1, (f"{line}" + "\\n").encode())
         dist.destroy_process_group()
-    """))
+    """)
+    )
     return script
 
 
 def test_launchers_of_two_nodes_number_themselves_through_the_c10d_rendezvous(tmp_path):
-    script = _launched_job(tmp_path,
-                           "NODE {os.environ['GROUP_RANK']} RANK {dist.get_rank()} {t[0]}")
+    script = _launched_job(
+        tmp_path, "NODE {os.environ['GROUP_RANK']} RANK {dist.get_rank()} {t[0]}"
+    )
     from dist.harness import free_port
+
     endpoint = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     # Each launcher in a session of its own, so that a failure kills its workers too (an
     # orphaned worker keeps the pipe open and would hold the next test).
-    procs = [subprocess.Popen([sys.executable, "-m", "c10d.run", "--nnodes", "2",
-                               "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                               "--rdzv-endpoint", endpoint, "--rdzv-id", "job",
-                               "--rdzv-conf", "join_timeout=60", str(script)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "c10d.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                "job",
+                "--rdzv-conf",
+                "join_timeout=60",
+                str(script),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
     try:
         outs = [p.communicate(timeout=120) for p in procs]
     finally:
@@ -543,6 +670,7 @@ def test_a_node_that_reaches_the_rendezvous_store_before_its_host_counts_is_node
     import threading
     from c10d import run
     from dist.harness import free_port
+
     real_free_port = run._free_port
 
     def slow_free_port(host):  # only node 0 picks the workers' port: delay it past the other
@@ -550,9 +678,21 @@ def test_a_node_that_reaches_the_rendezvous_store_before_its_host_counts_is_node
         return real_free_port(host)
 
     monkeypatch.setattr(run, "_free_port", slow_free_port)
-    argv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "race",
-            "--rdzv-conf", "join_timeout=20", "job.py"]
+    argv = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--rdzv-id",
+        "race",
+        "--rdzv-conf",
+        "join_timeout=20",
+        "job.py",
+    ]
     results, errors = {}, []
 
     def node(name):
@@ -575,17 +715,41 @@ def test_a_node_that_reaches_the_rendezvous_store_before_its_host_counts_is_node
 
 def test_elastic_node_count_starts_with_min_nodes_after_the_last_call(tmp_path):
     # --nnodes MIN:MAX with one launcher: after last_call_timeout it runs with the one node.
-    script = _launched_job(tmp_path, "W {os.environ['WORLD_SIZE']} "
-                                     "G {os.environ['GROUP_WORLD_SIZE']} {t[0]}")
+    script = _launched_job(
+        tmp_path, "W {os.environ['WORLD_SIZE']} G {os.environ['GROUP_WORLD_SIZE']} {t[0]}"
+    )
     from dist.harness import free_port
+
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    out = subprocess.run([sys.executable, "-m", "c10d.run", "--nnodes", "1:2",
-                          "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                          "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-                          "--rdzv-conf", "join_timeout=30,last_call_timeout=1", str(script)],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "c10d.run",
+            "--nnodes",
+            "1:2",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{free_port()}",
+            "--rdzv-conf",
+            "join_timeout=30,last_call_timeout=1",
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out
     assert sorted(out.stdout.split("\n"))[-2:] == ["W 2 G 1 2.0"] * 2, out.stdout
-    bad = subprocess.run([sys.executable, "-m", "c10d.run", "--nnodes", "3:2", str(script)],
-                         env=env, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "c10d.run", "--nnodes", "3:2", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode != 0 and "MIN <= MAX" in bad.stderr, bad.stderr

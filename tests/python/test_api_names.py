@@ -19,10 +19,12 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import api_names  # noqa: E402
 
+
 @pytest.fixture
 def world1():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=20))
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=20)
+    )
     yield dist.group.WORLD
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -35,11 +37,17 @@ def world1():
 def test_no_name_the_table_lists_as_existing_has_disappeared():
     rows = api_names.read_table()
     assert len(rows) > 500, "docs/api-names.md lost its rows"
-    kept = [(source, name) for source, name, status, _ in rows
-            if status in ("present", "stub", "gpu-only")]
+    kept = [
+        (source, name)
+        for source, name, status, _ in rows
+        if status in ("present", "stub", "gpu-only")
+    ]
     assert len(kept) > 400
-    gone = [f"{source}: {name}" for source, name in kept
-            if not api_names.resolves(source, name) and not api_names.gpu_explained(name)]
+    gone = [
+        f"{source}: {name}"
+        for source, name in kept
+        if not api_names.resolves(source, name) and not api_names.gpu_explained(name)
+    ]
     assert not gone, f"names listed in docs/api-names.md no longer resolve: {gone}"
 
 
@@ -48,8 +56,9 @@ def test_table_is_what_the_script_writes():
     if not os.path.isdir(seeds):
         pytest.skip(f"no seed documents at {seeds}")
     written = open(api_names.DOC, encoding="utf-8").read()
-    assert written == api_names.render(api_names.inventory(seeds)), \
+    assert written == api_names.render(api_names.inventory(seeds)), (
         "docs/api-names.md is out of date: run PYTHONPATH=python python scripts/api_names.py"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,10 +69,12 @@ def test_functional_collectives_are_differentiable_on_one_rank(world1):
     torch = pytest.importorskip("torch")
     x = torch.arange(8.0).reshape(4, 2).requires_grad_(True)
     weight = torch.arange(1.0, 9.0).reshape(4, 2)
-    for fn in (lambda: funcol.all_gather_single_autograd(x, 0, world1),
-               lambda: funcol.reduce_scatter_single_autograd(x, "sum", 0, world1),
-               lambda: funcol.all_to_all_single_autograd(x, None, None, world1),
-               lambda: funcol.all_reduce(x, "sum", world1)):
+    for fn in (
+        lambda: funcol.all_gather_single_autograd(x, 0, world1),
+        lambda: funcol.reduce_scatter_single_autograd(x, "sum", 0, world1),
+        lambda: funcol.all_to_all_single_autograd(x, None, None, world1),
+        lambda: funcol.all_reduce(x, "sum", world1),
+    ):
         x.grad = None
         y = fn()
         assert y.requires_grad and y.grad_fn is not None
@@ -81,13 +92,17 @@ def test_functional_collectives_are_differentiable_on_one_rank(world1):
     assert "torch" in sys.modules  # (imported by this test, not by c10d)
 
 
-@pytest.mark.parametrize("case", ["functional_autograd_matches_torch",
-                                  "coalescing_fuses_all_reduces"])
+@pytest.mark.parametrize(
+    "case", ["functional_autograd_matches_torch", "coalescing_fuses_all_reduces"]
+)
 def test_two_ranks(case, tmp_path):
     if case == "functional_autograd_matches_torch":
         pytest.importorskip("torch")
-    harness.check_all_ok(harness.run(case, 2, "gloo", timeout=60,
-                                     env={"C10D_TEST_TORCH_STORE": str(tmp_path / "store")}))
+    harness.check_all_ok(
+        harness.run(
+            case, 2, "gloo", timeout=60, env={"C10D_TEST_TORCH_STORE": str(tmp_path / "store")}
+        )
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,7 +181,10 @@ def test_extended_api_creators_get_group_id_and_global_ranks():
 
 def test_op_type_values_and_work_info(world1):
     assert [(m.name, m.value) for m in dist.OpType][:3] == [
-        ("BROADCAST", 0), ("ALLREDUCE", 1), ("ALLREDUCE_COALESCED", 2)]
+        ("BROADCAST", 0),
+        ("ALLREDUCE", 1),
+        ("ALLREDUCE_COALESCED", 2),
+    ]
     assert dist.OpType.UNKNOWN.value == 100 and int(dist.OpType.BARRIER) == 15
     assert dist.OpType.ALLREDUCE != 1 and dist.OpType(1) is dist.OpType.ALLREDUCE
     seen = []
@@ -256,9 +274,12 @@ def test_reducer_prepare_for_forward_and_logger(world1):
     data = logger._get_ddp_logging_data()
     assert data["module_name"] == "Net" and data["iteration"] == 2, data
     assert data["comm_hook"] == "allreduce" and data["broadcast_buffers"] == 1
-    for setter, args in [("_set_sparse_metadata", ({},)), ("_delay_all_reduce", ()),
-                         ("_set_mixed_precision_param_dtype", ("float16",)),
-                         ("_set_optimizer_in_backward", ())]:
+    for setter, args in [
+        ("_set_sparse_metadata", ({},)),
+        ("_delay_all_reduce", ()),
+        ("_set_mixed_precision_param_dtype", ("float16",)),
+        ("_set_optimizer_in_backward", ()),
+    ]:
         getattr(reducer, setter)(*args)
     assert isinstance(dist.DDPLoggingData().strs_map, dict)
 
@@ -299,8 +320,7 @@ def test_gpu_only_names_say_what_is_missing():
 
 
 def test_cpu_gloo_cuda_nccl_backend_string_serves_cpu_tensors():
-    dist.init_process_group("cpu:gloo,cuda:nccl", store=dist.HashStore(), rank=0,
-                            world_size=1)
+    dist.init_process_group("cpu:gloo,cuda:nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         t = np.ones(3)
         dist.all_reduce(t)
@@ -314,6 +334,7 @@ def test_cpu_gloo_cuda_nccl_backend_string_serves_cpu_tensors():
 
 def test_importing_c10d_does_not_import_torch():
     import subprocess
+
     code = "import sys, c10d, c10d._functional_collectives; sys.exit('torch' in sys.modules)"
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     with warnings.catch_warnings():

@@ -16,7 +16,8 @@ REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 @pytest.fixture()
 def bench():
     spec = importlib.util.spec_from_file_location(
-        "collective_bench", os.path.join(REPO, "bench", "collective_bench.py"))
+        "collective_bench", os.path.join(REPO, "bench", "collective_bench.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -51,10 +52,11 @@ def test_a_launch_the_cpus_moved_far_apart_during_runs_again(bench, monkeypatch)
     launches = fake(bench, monkeypatch, [100, 110, 105, 100], during=[(3, 20), (2, 40)])
     ok, around = bench.launch_close("mpi", None, "out", "probe", [60.0], "mpi")
     assert ok and around == (105, 100, (2, 40)) and launches == ["mpi", "mpi"]
-    text = bench.placement_summary({"mpi": [(100, 110, (3, 20))],
-                                    "c10d-shm": [(100, 100, (1, 5))]})
-    assert ("far apart (>= 250 ns) while it ran around: mpi round 1 (100 -> 110 ns, far in 3 "
-            "of 20 checks while it ran)") in text, text
+    text = bench.placement_summary({"mpi": [(100, 110, (3, 20))], "c10d-shm": [(100, 100, (1, 5))]})
+    assert (
+        "far apart (>= 250 ns) while it ran around: mpi round 1 (100 -> 110 ns, far in 3 "
+        "of 20 checks while it ran)"
+    ) in text, text
     assert "c10d-shm" not in text, text
 
 
@@ -137,8 +139,9 @@ def test_the_watching_probe_leaves_the_cpus_to_the_launch():
     assert cpu_s < 0.05, f"the watching probe used {cpu_s:.3f} s of CPU in 1 s"
 
 
-def test_slow_launches_run_fewer_rounds_and_the_report_says_so(bench, monkeypatch, capsys,
-                                                               tmp_path):
+def test_slow_launches_run_fewer_rounds_and_the_report_says_so(
+    bench, monkeypatch, capsys, tmp_path
+):
     # c10d's gloo backend runs --slow-rounds rounds, shm --rounds; each row is the median of
     # the rounds an implementation ran, and the header names both counts.
     launched = []
@@ -152,9 +155,27 @@ def test_slow_launches_run_fewer_rounds_and_the_report_says_so(bench, monkeypatc
 
     monkeypatch.setattr(bench, "launch", launch)
     monkeypatch.setattr(bench, "python_overhead_us", lambda backend: 0.3)
-    assert bench.main(["--backend", "shm,gloo", "--rounds", "5", "--slow-rounds", "2",
-                       "--ops", "all_reduce", "--max-bytes", "4",
-                       "--placement-budget", "0", "--json", str(tmp_path / "r.json")]) == 0
+    assert (
+        bench.main(
+            [
+                "--backend",
+                "shm,gloo",
+                "--rounds",
+                "5",
+                "--slow-rounds",
+                "2",
+                "--ops",
+                "all_reduce",
+                "--max-bytes",
+                "4",
+                "--placement-budget",
+                "0",
+                "--json",
+                str(tmp_path / "r.json"),
+            ]
+        )
+        == 0
+    )
     assert launched.count(("shm", 5)) == 5 and launched.count(("gloo", 2)) == 2
     assert len(launched) == 7
     out = capsys.readouterr().out

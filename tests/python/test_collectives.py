@@ -5,16 +5,37 @@ import pytest
 from dist import harness
 
 BACKENDS = ["gloo", "shm", "hier"] + (["mpi"] if harness.mpi_available() else [])
-CASES = ["all_reduce", "inline_all_reduce", "inline_numpy_arrays", "all_reduce_errors",
-         "broadcast_reduce", "gathers", "reduce_scatters", "all_to_alls", "point_to_point", "barriers_and_async", "objects", "subgroups",
-         "state_queries", "torch_interop", "functional_collectives", "device_mesh",
-         "pg_overloads", "strided_arrays", "backend_object_checks"]
+CASES = [
+    "all_reduce",
+    "inline_all_reduce",
+    "inline_numpy_arrays",
+    "all_reduce_errors",
+    "broadcast_reduce",
+    "gathers",
+    "reduce_scatters",
+    "all_to_alls",
+    "point_to_point",
+    "barriers_and_async",
+    "objects",
+    "subgroups",
+    "state_queries",
+    "torch_interop",
+    "functional_collectives",
+    "device_mesh",
+    "pg_overloads",
+    "strided_arrays",
+    "backend_object_checks",
+]
 
 
 # hier at 3 and 4 ranks: 2+1 and 2+2 ranks on two hosts (at 1 and 2 it is one shm or one Gloo
 # group, which the other backends' runs cover).
-WORLDS = [(backend, world_size) for backend in BACKENDS for world_size in [1, 2, 3, 4]
-          if backend != "hier" or world_size >= 3]
+WORLDS = [
+    (backend, world_size)
+    for backend in BACKENDS
+    for world_size in [1, 2, 3, 4]
+    if backend != "hier" or world_size >= 3
+]
 
 
 @pytest.mark.parametrize("backend,world_size", WORLDS)
@@ -37,14 +58,20 @@ def test_barrier_waits_for_earlier_async_work(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_groups_rebuilt_on_one_store(backend, tmp_path):
-    harness.check_all_ok(harness.run("reinit_on_one_store", 3, backend, init=False,
-                                     env={"C10D_TEST_STORE_FILE": str(tmp_path / "store")}))
+    harness.check_all_ok(
+        harness.run(
+            "reinit_on_one_store",
+            3,
+            backend,
+            init=False,
+            env={"C10D_TEST_STORE_FILE": str(tmp_path / "store")},
+        )
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_recv_without_sender_times_out(backend):
-    results = harness.run("recv_timeout", 2, backend,
-                          env={"C10D_TEST_PG_TIMEOUT": "3"})
+    results = harness.run("recv_timeout", 2, backend, env={"C10D_TEST_PG_TIMEOUT": "3"})
     harness.check_all_ok(results)
     assert "RECV_TIMEOUT_OK" in results[1].stdout
 
@@ -93,8 +120,12 @@ def test_monitored_barrier_names_every_exited_rank(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_missing_rank_named_at_detail(backend):
-    results = harness.run("detail_missing_rank", 3, backend,
-                          env={"C10D_TEST_PG_TIMEOUT": "2", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    results = harness.run(
+        "detail_missing_rank",
+        3,
+        backend,
+        env={"C10D_TEST_PG_TIMEOUT": "2", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+    )
     harness.check_all_ok(results)
     for r in results[:2]:
         assert "DETAIL_MISSING_OK" in r.stdout, r.stdout
@@ -102,8 +133,7 @@ def test_missing_rank_named_at_detail(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_desync_detected_at_detail(backend):
-    results = harness.run("desync_detail", 2, backend,
-                          env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    results = harness.run("desync_detail", 2, backend, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     harness.check_all_ok(results)
     for r in results:
         assert "DESYNC_OK" in r.stdout

@@ -41,6 +41,7 @@ def run_ranks(world_size, fn):
 
 # --- StoreCollectives -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_every_collective(world_size):
     def fn(c):
@@ -92,6 +93,7 @@ def test_key_reuse_is_an_error():
 
 
 # --- handlers ---------------------------------------------------------------------------------
+
 
 class Request(c10d._C._Request):
     def __init__(self, body=b"", params=None):
@@ -169,6 +171,7 @@ def test_dump_trace_json_answers_503_or_json():
 
 # --- worker servers ---------------------------------------------------------------------------
 
+
 def test_unix_socket_server(tmp_path):
     store = c10d.HashStore()
     _register_once("py_echo", _echo)
@@ -244,14 +247,19 @@ server.shutdown()
 
 
 def test_query_all_across_processes(tmp_path):
-    store = c10d.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=30))
+    store = c10d.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.abspath(PYTHON_DIR) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("C10D_CONTROL_SECRET", None)
     args = [[], [str(tmp_path)]]  # rank 0 over TCP, rank 1 over a unix socket
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(store.port), str(rank)]
-                              + args[rank], env=env) for rank in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(store.port), str(rank)] + args[rank], env=env
+        )
+        for rank in range(2)
+    ]
     try:
         assert control.query_all(store, 2, "ping", timeout=20) == {0: "pong", 1: "pong"}
         traces = control.query_all(store, 2, "dump_traceback", timeout=20)

@@ -23,8 +23,22 @@ def test_numpy_zero_copy_and_info():
     assert a[0, 0] == 42
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "int16", "int32",
-                                   "int64", "uint8", "bool", "complex64", "complex128"])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "float32",
+        "float64",
+        "float16",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool",
+        "complex64",
+        "complex128",
+    ],
+)
 def test_dtypes_from_numpy(dtype):
     a = np.zeros(5, dtype=dtype)
     assert _C._tensor_info(a)["dtype"] == dtype
@@ -88,8 +102,12 @@ def test_torch_tensor_interop():
 
 def test_exception_hierarchy():
     assert issubclass(c10d.DistError, RuntimeError)
-    for cls in [c10d.DistStoreError, c10d.DistNetworkError, c10d.DistBackendError,
-                c10d.DistTimeoutError]:
+    for cls in [
+        c10d.DistStoreError,
+        c10d.DistNetworkError,
+        c10d.DistBackendError,
+        c10d.DistTimeoutError,
+    ]:
         assert issubclass(cls, c10d.DistError)
     assert issubclass(c10d.DistStoreTimeoutError, c10d.DistStoreError)
     assert issubclass(c10d.DistStoreTimeoutError, c10d.DistTimeoutError)
@@ -112,8 +130,10 @@ def test_future_then_and_errors():
     failing = g.then(lambda fut: 1 / 0)
     g.set_result(1)
     for _ in range(2):
-        with pytest.raises(RuntimeError, match="Got the following error when running the "
-                                               "callback: ZeroDivisionError") as info:
+        with pytest.raises(
+            RuntimeError,
+            match="Got the following error when running the callback: ZeroDivisionError",
+        ) as info:
             failing.wait()
         assert isinstance(info.value.__cause__, ZeroDivisionError)
 
@@ -138,11 +158,13 @@ def test_future_then_and_errors():
             fut.wait()
         except ValueError:
             return "handled"
+
     assert h.then(handle).wait() == "handled"
 
 
 def test_collect_all_and_wait_all():
     from c10d.futures import collect_all, wait_all
+
     a, b = c10d.Future(devices=[]), c10d.Future()
     both = collect_all([a, b])
     a.set_result(1)

@@ -6,10 +6,18 @@ import pytest
 import c10d as dist
 from dist import harness
 
-CASES = ["ddp_reducer", "ddp_unused_parameters", "ddp_comm_hooks", "ddp_startup",
-         "ddp_unused_without_detection",
-         "ddp_torch_params", "ddp_torch_module", "ddp_join", "ddp_sparse",
-         "ddp_logging_and_ignored"]
+CASES = [
+    "ddp_reducer",
+    "ddp_unused_parameters",
+    "ddp_comm_hooks",
+    "ddp_startup",
+    "ddp_unused_without_detection",
+    "ddp_torch_params",
+    "ddp_torch_module",
+    "ddp_join",
+    "ddp_sparse",
+    "ddp_logging_and_ignored",
+]
 
 
 @pytest.mark.parametrize("backend", ["gloo", "shm"])
@@ -42,9 +50,21 @@ def test_numpy_training_example_converges_in_lockstep():
 
     env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO, "python"))
     out = subprocess.run(
-        [sys.executable, "-m", "c10d.run", "--nproc-per-node", "2",
-         os.path.join(harness.REPO, "examples", "ddp_numpy.py"), "--steps", "60"],
-        env=env, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "c10d.run",
+            "--nproc-per-node",
+            "2",
+            os.path.join(harness.REPO, "examples", "ddp_numpy.py"),
+            "--steps",
+            "60",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     losses = [float(v) for v in re.findall(r"mean loss over ranks ([0-9.]+)", out.stdout)]
     assert len(losses) >= 2 and losses[-1] < losses[0] / 2, out.stdout

@@ -20,15 +20,30 @@ def test_init_names_missing_ranks():
     port = harness.free_port()
     procs = []
     for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="3", PYTHONPATH=os.path.join(REPO, "python"))
-        code = ("import c10d, datetime\n"
-                "try:\n"
-                "    c10d.init_process_group('gloo', timeout=datetime.timedelta(seconds=3))\n"
-                "except c10d.DistError as e:\n"
-                "    print('INIT_FAILED', e)\n")
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE="3",
+            PYTHONPATH=os.path.join(REPO, "python"),
+        )
+        code = (
+            "import c10d, datetime\n"
+            "try:\n"
+            "    c10d.init_process_group('gloo', timeout=datetime.timedelta(seconds=3))\n"
+            "except c10d.DistError as e:\n"
+            "    print('INIT_FAILED', e)\n"
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     start = time.monotonic()
     outs = [p.communicate(timeout=60) for p in procs]
     assert time.monotonic() - start < 30
@@ -46,15 +61,30 @@ def test_rank_whose_store_host_gave_up_names_who_joined():
     port = harness.free_port()
     procs = []
     for rank, seconds in ((0, 3), (1, 60)):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="3", PYTHONPATH=os.path.join(REPO, "python"))
-        code = ("import c10d, datetime\n"
-                "try:\n"
-                f"    c10d.init_process_group('gloo', timeout=datetime.timedelta(seconds={seconds}))\n"
-                "except c10d.DistError as e:\n"
-                "    print('INIT_FAILED', type(e).__name__, e)\n")
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE="3",
+            PYTHONPATH=os.path.join(REPO, "python"),
+        )
+        code = (
+            "import c10d, datetime\n"
+            "try:\n"
+            f"    c10d.init_process_group('gloo', timeout=datetime.timedelta(seconds={seconds}))\n"
+            "except c10d.DistError as e:\n"
+            "    print('INIT_FAILED', type(e).__name__, e)\n"
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
         time.sleep(0.3 if rank == 0 else 0)
     start = time.monotonic()
     outs = [p.communicate(timeout=90) for p in procs]
@@ -65,24 +95,32 @@ def test_rank_whose_store_host_gave_up_names_who_joined():
 
 
 def test_wrong_address_fails_within_timeout():
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(harness.free_port()),
-               RANK="1", WORLD_SIZE="2", PYTHONPATH=os.path.join(REPO, "python"))
-    code = ("import c10d, datetime\n"
-            "try:\n"
-            "    c10d.init_process_group('gloo', timeout=datetime.timedelta(seconds=2))\n"
-            "except c10d.DistError as e:\n"
-            "    print('CONNECT_FAILED', e)\n")
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(harness.free_port()),
+        RANK="1",
+        WORLD_SIZE="2",
+        PYTHONPATH=os.path.join(REPO, "python"),
+    )
+    code = (
+        "import c10d, datetime\n"
+        "try:\n"
+        "    c10d.init_process_group('gloo', timeout=datetime.timedelta(seconds=2))\n"
+        "except c10d.DistError as e:\n"
+        "    print('CONNECT_FAILED', e)\n"
+    )
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert time.monotonic() - start < 20
     assert "CONNECT_FAILED" in out.stdout, out.stderr
     assert "127.0.0.1" in out.stdout
 
 
 def test_dead_peer_is_named():
-    results = harness.run("dead_peer", 2, "gloo", env={"C10D_TEST_PG_TIMEOUT": "20"},
-                          timeout=60)
+    results = harness.run("dead_peer", 2, "gloo", env={"C10D_TEST_PG_TIMEOUT": "20"}, timeout=60)
     assert results[1].code == 17  # the victim's own exit
     assert results[0].code == 0, results[0].stderr
     assert "DEAD_PEER_OK" in results[0].stdout
@@ -92,9 +130,12 @@ def test_dead_peer_is_named():
 def test_dead_store_server_fails_fast():
     port = harness.free_port()
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    server = subprocess.Popen([sys.executable, "-m", "c10d.store_server", "--host", "127.0.0.1",
-                               "--port", str(port)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "c10d.store_server", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         client = c10d.TCPStore("127.0.0.1", port, timeout=timedelta(seconds=30))
         client.set("k", "v")

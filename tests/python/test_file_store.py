@@ -1,4 +1,5 @@
-"""FileStore shared by real processes: concurrent adds lose nothing, the last user removes the file."""
+"""FileStore shared by real processes: concurrent adds lose nothing, the last user removes the
+file."""
 
 import gc
 import os

@@ -27,12 +27,28 @@ def launch(hosts, backend, seconds=0.0, timeout=60.0, nproc=(2, 2)):
     env.pop("GLOO_SOCKET_IFNAME", None)
     procs = []
     for i in range(hosts.count):
-        argv = [sys.executable, "-m", "c10d.run", "--nnodes", str(hosts.count),
-                "--nproc-per-node", str(nproc[i]), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"{hosts.addresses[0]}:{PORT}", WORKER, backend,
-                str(seconds), str(timeout)]
-        procs.append(hosts.popen(i, argv, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True))
+        argv = [
+            sys.executable,
+            "-m",
+            "c10d.run",
+            "--nnodes",
+            str(hosts.count),
+            "--nproc-per-node",
+            str(nproc[i]),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{hosts.addresses[0]}:{PORT}",
+            WORKER,
+            backend,
+            str(seconds),
+            str(timeout),
+        ]
+        procs.append(
+            hosts.popen(
+                i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     return procs
 
 
@@ -46,6 +62,7 @@ def wait_for_lines(procs, pattern, count, timeout):
     """Reads the launchers' output until `count` lines match `pattern` (then returns what was
     read, per launcher), failing after `timeout` seconds."""
     import selectors
+
     seen = [""] * len(procs)
     sel = selectors.DefaultSelector()
     for i, p in enumerate(procs):
@@ -74,8 +91,7 @@ def test_gloo_across_two_hosts_finds_the_route_without_gloo_socket_ifname():
         assert ranks == [2 * i, 2 * i + 1], out
 
 
-@pytest.mark.parametrize("backend,nproc", [("hier", (2, 2)), ("default", (2, 2)),
-                                           ("hier", (2, 1))])
+@pytest.mark.parametrize("backend,nproc", [("hier", (2, 2)), ("default", (2, 2)), ("hier", (2, 1))])
 def test_hierarchical_backend_across_hosts(backend, nproc):
     # With no backend named, c10d picks hier when the ranks span hosts. Hosts with as many
     # ranks each split the network part among their ranks; (2, 1) takes the other path.
@@ -84,8 +100,12 @@ def test_hierarchical_backend_across_hosts(backend, nproc):
         outs = outputs(launch(hosts, backend, nproc=nproc), timeout=180)
     first = 0
     for i, out in enumerate(outs):
-        ranks = sorted(int(r) for r in re.findall(
-            rf"testhost{i} rank (\d) of {world}: ok \(hier, ProcessGroupHier\)", out))
+        ranks = sorted(
+            int(r)
+            for r in re.findall(
+                rf"testhost{i} rank (\d) of {world}: ok \(hier, ProcessGroupHier\)", out
+            )
+        )
         assert ranks == list(range(first, first + nproc[i])), out
         first += nproc[i]
 
@@ -110,8 +130,10 @@ def test_killed_host_is_named_by_the_survivors_and_the_launchers_stop():
     # address (the other may instead see that survivor leave first).
     lines = [re.search(rf"testhost0 rank {rank}: (\w+): (.*)", out) for rank in (0, 1)]
     assert all(lines), out
-    assert any(re.search(r"peer rank [23]\b", m.group(2)) and hosts.addresses[1] in m.group(2)
-               for m in lines), out
+    assert any(
+        re.search(r"peer rank [23]\b", m.group(2)) and hosts.addresses[1] in m.group(2)
+        for m in lines
+    ), out
 
 
 def test_losing_the_host_that_serves_the_store_fails_the_others_without_a_hang():
@@ -128,8 +150,9 @@ def test_losing_the_host_that_serves_the_store_fails_the_others_without_a_hang()
     for rank in (2, 3):
         line = re.search(rf"testhost1 rank {rank}: (\w+): (.*)", out)
         assert line, out
-        assert hosts.addresses[0] in line.group(2) or re.search(r"rank [01]\b", line.group(2)), \
+        assert hosts.addresses[0] in line.group(2) or re.search(r"rank [01]\b", line.group(2)), (
             line.group(0)
+        )
 
 
 def test_link_down_fails_every_rank_within_the_timeout_naming_the_far_host():

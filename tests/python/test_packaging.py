@@ -14,7 +14,8 @@ from dist import harness
 
 WHEELS = os.environ.get("C10D_WHEELS")
 pytestmark = pytest.mark.skipif(
-    not WHEELS, reason="needs the wheel `make test` builds (C10D_WHEELS=<dir>)")
+    not WHEELS, reason="needs the wheel `make test` builds (C10D_WHEELS=<dir>)"
+)
 
 PROGRAM = textwrap.dedent("""
     import sys
@@ -45,8 +46,14 @@ def run_installed(python, tmp_path):
     script.write_text(PROGRAM)
     launcher = os.path.join(os.path.dirname(python), "c10drun")
     assert os.access(launcher, os.X_OK), f"no console script {launcher}"
-    p = subprocess.run([launcher, "--nproc-per-node", "2", str(script)], cwd=tmp_path,
-                       env=clean_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [launcher, "--nproc-per-node", "2", str(script)],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     lines = [line for line in p.stdout.splitlines() if ": ok" in line]
     assert len(lines) == 2, p.stdout + p.stderr
@@ -66,9 +73,22 @@ def test_wheel_installs_into_a_fresh_venv_with_numpy_1_26(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
-    p = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "numpy==1.26.4", wheels[0]], capture_output=True, text=True,
-                       timeout=600, env=clean_env())
+    p = subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "numpy==1.26.4",
+            wheels[0],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=clean_env(),
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     lines = run_installed(python, tmp_path)
     assert all(line.split()[-1] == "1.26.4" for line in lines), lines

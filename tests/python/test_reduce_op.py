@@ -90,14 +90,18 @@ def test_hash_usable_as_dict_key():
 
 def test_copy_deepcopy_pickle_keep_factor():
     premul = _C._make_premul_sum(0.125)
-    for clone in (copy.copy(premul), copy.deepcopy(premul),
-                  pickle.loads(pickle.dumps(premul)),
-                  pickle.loads(pickle.dumps(premul, protocol=pickle.HIGHEST_PROTOCOL))):
+    for clone in (
+        copy.copy(premul),
+        copy.deepcopy(premul),
+        pickle.loads(pickle.dumps(premul)),
+        pickle.loads(pickle.dumps(premul, protocol=pickle.HIGHEST_PROTOCOL)),
+    ):
         assert clone is not premul
         assert clone == ReduceOp.PREMUL_SUM
         assert clone.premul_factor == 0.125
     # A bare PREMUL_SUM stays without a factor through pickling (collectives refuse it).
     import c10d as dist
+
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         bare = pickle.loads(pickle.dumps(ReduceOp(ReduceOp.PREMUL_SUM)))
@@ -154,6 +158,7 @@ def f32_to_bf16(values):
 def make_pair(dtype, n, rng):
     """Two arrays of `dtype` (bfloat16 as uint16 bit patterns) with values that exercise the
     ops: full-range integers (wrapping), mixed-sign floats, random finite halves."""
+
     def one():
         if dtype in INTS:
             info = np.iinfo(dtype)
@@ -179,13 +184,23 @@ def make_pair(dtype, n, rng):
 
 
 NUMPY_OPS = {
-    "SUM": np.add, "AVG": np.add, "PREMUL_SUM": np.add, "PRODUCT": np.multiply,
-    "MIN": np.minimum, "MAX": np.maximum,
-    "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor,
+    "SUM": np.add,
+    "AVG": np.add,
+    "PREMUL_SUM": np.add,
+    "PRODUCT": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+    "BAND": np.bitwise_and,
+    "BOR": np.bitwise_or,
+    "BXOR": np.bitwise_xor,
 }
 BOOL_OPS = {
-    "SUM": np.logical_or, "MAX": np.logical_or, "BOR": np.logical_or,
-    "PRODUCT": np.logical_and, "MIN": np.logical_and, "BAND": np.logical_and,
+    "SUM": np.logical_or,
+    "MAX": np.logical_or,
+    "BOR": np.logical_or,
+    "PRODUCT": np.logical_and,
+    "MIN": np.logical_and,
+    "BAND": np.logical_and,
     "BXOR": np.logical_xor,
 }
 
@@ -274,8 +289,10 @@ def test_min_max_order_signed_zeros_whatever_the_operand_order(dtype, n):
     """-0 < +0 for MIN and MAX, so every rank order (and backend) gives the same bits."""
     zeros = np.resize(np.array([-0.0, 0.0, -0.0], dtype=dtype), n)
     other = np.resize(np.array([0.0, -0.0, -0.0], dtype=dtype), n)
-    for op, want_negative in (("MIN", np.signbit(zeros) | np.signbit(other)),
-                              ("MAX", np.signbit(zeros) & np.signbit(other))):
+    for op, want_negative in (
+        ("MIN", np.signbit(zeros) | np.signbit(other)),
+        ("MAX", np.signbit(zeros) & np.signbit(other)),
+    ):
         for a, b in ((zeros, other), (other, zeros)):
             dst = a.copy()
             _C._reduce_buffers(dst, b, getattr(ReduceOp, op), dtype)
@@ -322,7 +339,9 @@ def test_scale_integers():
 def test_finalize_avg(dtype, world_size):
     a, _ = make_pair(dtype, 257, np.random.default_rng(world_size))
     if dtype in INTS:
-        want = np.array([(abs(int(x)) // world_size) * (1 if x >= 0 else -1) for x in a], dtype=dtype)
+        want = np.array(
+            [(abs(int(x)) // world_size) * (1 if x >= 0 else -1) for x in a], dtype=dtype
+        )
     elif dtype == "bfloat16":
         want = f32_to_bf16(bf16_to_f32(a) / np.float32(world_size))
     elif dtype in ("float16", "float32"):

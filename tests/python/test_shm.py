@@ -21,15 +21,20 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 def _run(case, world, timeout=60, env_for_rank=None, pg_timeout=30, script=__file__):
     """Runs `case` of `script` (whose main runs one rank of it) on `world` processes and returns
     each rank's (exit code, stdout, stderr)."""
-    results = harness.run_ranks([sys.executable, script, case], world, timeout,
-                                env={"C10D_TEST_PG_TIMEOUT": str(pg_timeout)},
-                                env_for_rank=env_for_rank)
+    results = harness.run_ranks(
+        [sys.executable, script, case],
+        world,
+        timeout,
+        env={"C10D_TEST_PG_TIMEOUT": str(pg_timeout)},
+        env_for_rank=env_for_rank,
+    )
     return [(r.code, r.stdout, r.stderr) for r in results]
 
 
 def _report(results):
-    return "\n".join(f"--- rank {r} exit {code}\n{out}\n{err}"
-                     for r, (code, out, err) in enumerate(results))
+    return "\n".join(
+        f"--- rank {r} exit {code}\n{out}\n{err}" for r, (code, out, err) in enumerate(results)
+    )
 
 
 def _all_ok(results):
@@ -66,14 +71,16 @@ def test_killed_rank_fails_survivors_fast_and_leaves_no_files():
 
 
 def test_host_mismatch_fails_at_init_with_advice():
-    results = _run("host_mismatch", 2, timeout=40,
-                   env_for_rank=lambda r: {"C10D_SHM_HOST_ID": f"host-{r}"})
+    results = _run(
+        "host_mismatch", 2, timeout=40, env_for_rank=lambda r: {"C10D_SHM_HOST_ID": f"host-{r}"}
+    )
     for code, out, err in results:
         assert code == 0, _report(results)
     # Rank 0 always explains; a rank that loses the race to rank 0's exit says the store closed.
     assert "HOST_MISMATCH_OK" in results[0][1], _report(results)
-    assert all("HOST_MISMATCH_OK" in out or "STORE_CLOSED" in out for _, out, _ in results), \
+    assert all("HOST_MISMATCH_OK" in out or "STORE_CLOSED" in out for _, out, _ in results), (
         _report(results)
+    )
 
 
 @pytest.mark.parametrize("setting", ["auto", "0", "prepinned"])
@@ -125,16 +132,34 @@ def test_rooted_operations_back_to_back_agree_with_numpy(world):
     _all_ok(_run("mixed_rooted", world, timeout=80))
 
 
-@pytest.mark.parametrize("variant", ["allreduce_count", "allreduce_dtype", "allreduce_large",
-                                     "allreduce_op", "broadcast_count", "allgather_count",
-                                     "allgather_dtype", "broadcast_roots", "scatter_roots"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "allreduce_count",
+        "allreduce_dtype",
+        "allreduce_large",
+        "allreduce_op",
+        "broadcast_count",
+        "allgather_count",
+        "allgather_dtype",
+        "broadcast_roots",
+        "scatter_roots",
+    ],
+)
 def test_ranks_disagreeing_on_shape_fail_instead_of_mixing_data(variant):
     # Every step carries a hash of the collective's shape (size, dtype, root, reduction), so
     # ranks that pass different ones fail naming both sides instead of returning wrong data.
     # The root of a small broadcast or scatter waits for nobody: with every rank its own root
     # they fail at the next collective.
-    _all_ok(_run("shape_mismatch", 2, timeout=40, pg_timeout=10,
-                 env_for_rank=lambda r: {"C10D_TEST_VARIANT": variant}))
+    _all_ok(
+        _run(
+            "shape_mismatch",
+            2,
+            timeout=40,
+            pg_timeout=10,
+            env_for_rank=lambda r: {"C10D_TEST_VARIANT": variant},
+        )
+    )
 
 
 def test_small_rooted_operations_run_ahead_through_the_ring():
@@ -162,8 +187,7 @@ def _thread_ranks(world, body):
         try:
             timeout = timedelta(seconds=20)
             pg = c10d.ProcessGroup(store, rank, world, "shm", timeout)
-            pg._register_backend("cpu", "shm",
-                                 c10d._C.ProcessGroupShm(store, rank, world, timeout))
+            pg._register_backend("cpu", "shm", c10d._C.ProcessGroupShm(store, rank, world, timeout))
             results[rank] = body(rank, pg._inline_ops())
         except BaseException as e:  # reported by the main thread
             errors.append(e)
@@ -320,8 +344,21 @@ def case_host_mismatch(dist):
 
 def _fuzz_sizes(world, rng):
     slot = (1 << 20) // 8  # float64 elements in one step slot of the backend
-    sizes = [0, 1, 3, 7, world + 1, 1001, 8191, 8193, 50001, slot - 1, slot + 5, 3 * slot + 17,
-             5 * slot + 3]
+    sizes = [
+        0,
+        1,
+        3,
+        7,
+        world + 1,
+        1001,
+        8191,
+        8193,
+        50001,
+        slot - 1,
+        slot + 5,
+        3 * slot + 17,
+        5 * slot + 3,
+    ]
     sizes += [int(x) for x in rng.integers(1, 400000, 3)]
     return sizes
 
@@ -330,8 +367,10 @@ def case_fuzz(dist):
     rank, world = _init(dist)
     rng = np.random.default_rng(1234)  # same sizes on every rank
     for n in _fuzz_sizes(world, rng):
-        inputs = [np.random.default_rng(1000 * r + n).integers(-50, 50, n).astype(np.float64)
-                  for r in range(world)]
+        inputs = [
+            np.random.default_rng(1000 * r + n).integers(-50, 50, n).astype(np.float64)
+            for r in range(world)
+        ]
         expect = np.sum(inputs, 0)
         # all_reduce on an ordinary array and on a shared-heap array (zero-copy path).
         t = inputs[rank].copy()
@@ -360,8 +399,7 @@ def case_fuzz(dist):
         s[:] = inputs[rank]
         flat = np.zeros(n * world)
         dist.all_gather_into_tensor(flat, s)
-        np.testing.assert_array_equal(flat, np.concatenate(inputs),
-                                      err_msg=f"shm all_gather n={n}")
+        np.testing.assert_array_equal(flat, np.concatenate(inputs), err_msg=f"shm all_gather n={n}")
         # all_gather / reduce_scatter_tensor / all_to_all_single.
         flat = np.zeros(n * world)
         dist.all_gather_into_tensor(flat, inputs[rank])
@@ -369,16 +407,18 @@ def case_fuzz(dist):
         big = [np.tile(x, world) + r for r, x in enumerate(inputs)]
         out = np.zeros(n)
         dist.reduce_scatter_tensor(out, big[rank].copy())
-        np.testing.assert_array_equal(out, np.sum(big, 0)[rank * n:(rank + 1) * n],
-                                      err_msg=f"reduce_scatter n={n}")
+        np.testing.assert_array_equal(
+            out, np.sum(big, 0)[rank * n : (rank + 1) * n], err_msg=f"reduce_scatter n={n}"
+        )
         splits = [n // 3 + (n + j) % 5 + j for j in range(world)]
         send = np.arange(sum(splits), dtype=np.int32) + 1000 * rank
         recv_splits = [n // 3 + (n + rank) % 5 + rank] * world
         recv = np.zeros(sum(recv_splits), np.int32)
         dist.all_to_all_single(recv, send, recv_splits, splits)
         start = sum(splits[:rank])
-        exp = np.concatenate([np.arange(start, start + splits[rank]) + 1000 * j
-                              for j in range(world)]).astype(np.int32)
+        exp = np.concatenate(
+            [np.arange(start, start + splits[rank]) + 1000 * j for j in range(world)]
+        ).astype(np.int32)
         np.testing.assert_array_equal(recv, exp, err_msg=f"all_to_all n={n}")
     dist.destroy_process_group()
 
@@ -398,7 +438,7 @@ def case_adopt(dist):
     # Every rank's array starts at a different offset into its owner, so the bytes before the
     # first page boundary differ between ranks (and the aliased parts do not line up).
     owner = np.zeros(n + 64)
-    t = owner[rank * 3 + 1:rank * 3 + 1 + n]
+    t = owner[rank * 3 + 1 : rank * 3 + 1 + n]
     for call in range(5):
         op = "max" if call == 3 else "sum"
         mine, want = expect(call, op)
@@ -526,13 +566,17 @@ def case_shape_mismatch(dist):
     rank, world = _init(dist)
     variant = os.environ["C10D_TEST_VARIANT"]
     dist.all_reduce(np.ones(4))  # agreed: passes
-    expect = {"allreduce_count": "elements of float64", "allreduce_dtype": "elements of float",
-              "allreduce_large": "elements of float32", "allreduce_op": "MAX",
-              "broadcast_count": "elements of float64, root 0",
-              "allgather_count": "elements of float64", "allgather_dtype": "elements of int32",
-              "broadcast_roots": f"root {1 - rank} at the step where this rank, as its root",
-              "scatter_roots": f"SCATTER (sequence 2) on 3 elements of float64, root {1 - rank}"}[
-                  variant]
+    expect = {
+        "allreduce_count": "elements of float64",
+        "allreduce_dtype": "elements of float",
+        "allreduce_large": "elements of float32",
+        "allreduce_op": "MAX",
+        "broadcast_count": "elements of float64, root 0",
+        "allgather_count": "elements of float64",
+        "allgather_dtype": "elements of int32",
+        "broadcast_roots": f"root {1 - rank} at the step where this rank, as its root",
+        "scatter_roots": f"SCATTER (sequence 2) on 3 elements of float64, root {1 - rank}",
+    }[variant]
     try:
         if variant == "allreduce_count":
             dist.all_reduce(np.ones(2 + rank))
@@ -600,10 +644,19 @@ def case_ring_run_ahead(dist):
         if rank == (root + 1 + block) % world:
             time.sleep(0.005)
         for i in range(20):
+
             def data(r):
                 return np.arange(n, dtype=np.int32) * (r + 1) + 100 * i + block
-            _rooted_op(dist, kind, root, rank, world, data,
-                       f"block {block} op {i} kind {kind} root {root} n {n}")
+
+            _rooted_op(
+                dist,
+                kind,
+                root,
+                rank,
+                world,
+                data,
+                f"block {block} op {i} kind {kind} root {root} n {n}",
+            )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -23,8 +23,14 @@ ADOPT_OFF = {"C10D_SHM_ADOPT_BYTES": "0"}
 
 
 def _launch(case, world, env=None, timeout=120, pg_timeout=30):
-    return _run(case, world, timeout=timeout, env_for_rank=lambda rank: dict(env or {}),
-                pg_timeout=pg_timeout, script=os.path.abspath(__file__))
+    return _run(
+        case,
+        world,
+        timeout=timeout,
+        env_for_rank=lambda rank: dict(env or {}),
+        pg_timeout=pg_timeout,
+        script=os.path.abspath(__file__),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,14 +56,16 @@ def test_memory_numpy_replaced_is_never_reduced_through_a_stale_record(world):
 
 @pytest.mark.parametrize("world,adopt", [(2, True), (2, False), (4, True)])
 def test_a_peer_resumed_after_a_timeout_never_writes_into_the_rank_that_gave_up(
-        world, adopt, tmp_path):
+    world, adopt, tmp_path
+):
     env = {"C10D_TEST_DIR": str(tmp_path), **({} if adopt else ADOPT_OFF)}
     results = _launch("resumed_peer", world, env=env, pg_timeout=3, timeout=90)
     # The stopped rank's own outcome does not matter (it may fail or even finish); the others
     # must see their new memory untouched.
     stopped = world - 1
-    assert all(code == 0 for r, (code, _, _) in enumerate(results) if r != stopped), \
-        _report(results)
+    assert all(code == 0 for r, (code, _, _) in enumerate(results) if r != stopped), _report(
+        results
+    )
     assert "untouched" in results[0][1], _report(results)
     assert "WRONG" not in results[stopped][1], _report(results)
 
@@ -123,8 +131,8 @@ def case_writer_outside_view(dist):
     head = (1 << 22) + 5  # written meanwhile; the view starts off a page boundary
     chunk = 1024
     owner = np.zeros(head + m + 7, np.float32)
-    view = owner[head:head + m]
-    before, after = owner[:head], owner[head + m:]
+    view = owner[head : head + m]
+    before, after = owner[:head], owner[head + m :]
     other = dist.new_group(backend="gloo")
     for it in range(4):
         view[:] = rank + it
@@ -161,8 +169,9 @@ def case_writer_outside_view(dist):
         work.wait()
         assert np.array_equal(view, np.full(m, _expect_sum(world, lambda r: r + it), np.float32))
         want = _expect_sum(world, lambda r: 10 * r + it)
-        assert np.array_equal(before, np.full(head, want, np.float32)), \
+        assert np.array_equal(before, np.full(head, want, np.float32)), (
             f"iteration {it}: the other group's"
+        )
     dist.destroy_process_group()
 
 
@@ -297,6 +306,7 @@ def case_join_tutorial(dist):
 def _ones():
     try:
         import torch  # the reported form: torch tensors, whose DLPack owner goes last
+
         return torch.ones(1)
     except ImportError:
         return np.ones(1, np.float32)

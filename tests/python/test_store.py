@@ -65,8 +65,9 @@ class DictStore(c10d.Store):
 
 
 def _tcp_server():
-    return c10d.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=10))
+    return c10d.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
 
 
 _servers = []  # keeps each test's server alive (a PrefixStore holds only the C++ client)
@@ -127,8 +128,7 @@ def test_add_on_a_value_that_is_not_a_counter(request, store):
 
 def test_num_keys_counts_only_user_keys_without_waiting_for_workers():
     # As in torch, only stores that wait for a world size register under init/.
-    server = c10d.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10),
-                           wait_for_workers=False)
+    server = c10d.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10), wait_for_workers=False)
     server.set("a", "1")
     assert server.num_keys() == 1
     client = c10d.TCPStore("127.0.0.1", server.port, 2, False, timedelta(seconds=10))
@@ -296,8 +296,11 @@ def test_gil_released_during_blocking_wait():
 
 def test_timeouts_say_timeout_and_name_the_keys(tmp_path):
     tcp = c10d.TCPStore("127.0.0.1", 0, 1, True)
-    for store, key in [(c10d.HashStore(), "bad_key"), (tcp, "/bad_key"),
-                       (c10d.FileStore(str(tmp_path / "f"), 1), "bad_key")]:
+    for store, key in [
+        (c10d.HashStore(), "bad_key"),
+        (tcp, "/bad_key"),
+        (c10d.FileStore(str(tmp_path / "f"), 1), "bad_key"),
+    ]:
         with pytest.raises(c10d.DistStoreError, match=f"wait timeout after 250ms, keys: {key}"):
             store.wait(["bad_key"], timedelta(seconds=0.25))
         store.set_timeout(timedelta(seconds=0.05))
@@ -336,8 +339,10 @@ def test_tcp_store_constructor_rules():
     assert not c10d.TCPStore("127.0.0.1", 0, 1, True, use_libuv=False).libuvBackend
     server = c10d.TCPStore("127.0.0.1", 0, 1, True)
     assert server.libuvBackend
-    with pytest.raises(c10d.DistNetworkError,
-                       match=f"^The server socket has failed to listen on any local .*{server.port}"):
+    with pytest.raises(
+        c10d.DistNetworkError,
+        match=f"^The server socket has failed to listen on any local .*{server.port}",
+    ):
         c10d.TCPStore("127.0.0.1", server.port, 1, True)
 
 

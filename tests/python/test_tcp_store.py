@@ -46,9 +46,13 @@ def _env():
 
 
 def _spawn_clients(port, world):
-    return [subprocess.Popen([sys.executable, "-c", CLIENT, str(port), str(rank), world,
-                              str(NUM_CLIENTS)], env=_env())
-            for rank in range(NUM_CLIENTS)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", CLIENT, str(port), str(rank), world, str(NUM_CLIENTS)],
+            env=_env(),
+        )
+        for rank in range(NUM_CLIENTS)
+    ]
 
 
 def _join(procs):
@@ -84,8 +88,14 @@ def test_master_waits_for_a_fixed_world_size():
     sock = _bound_socket()
     port = sock.getsockname()[1]
     procs = _spawn_clients(port, str(NUM_CLIENTS + 1))
-    server = c10d.TCPStore("127.0.0.1", port, world_size=NUM_CLIENTS + 1, is_master=True,
-                           timeout=TIMEOUT, master_listen_fd=sock.fileno())
+    server = c10d.TCPStore(
+        "127.0.0.1",
+        port,
+        world_size=NUM_CLIENTS + 1,
+        is_master=True,
+        timeout=TIMEOUT,
+        master_listen_fd=sock.fileno(),
+    )
     assert server.port == port
     assert server.libuvBackend
     assert _collect_done(server) == list(range(NUM_CLIENTS))
@@ -104,11 +114,19 @@ def test_missing_workers_time_out_with_a_count():
     worker = threading.Thread(target=one_worker)
     worker.start()
     # A DistStoreError, as torch raises, and a DistTimeoutError.
-    with pytest.raises(c10d.DistStoreError,
-                       match=r"Timed out after 2 seconds waiting for clients\. [12]/4 clients "
-                             r"joined\.") as raised:
-        c10d.TCPStore("127.0.0.1", port, world_size=4, is_master=True,
-                      timeout=timedelta(seconds=2), master_listen_fd=sock.fileno())
+    with pytest.raises(
+        c10d.DistStoreError,
+        match=r"Timed out after 2 seconds waiting for clients\. [12]/4 clients "
+        r"joined\.",
+    ) as raised:
+        c10d.TCPStore(
+            "127.0.0.1",
+            port,
+            world_size=4,
+            is_master=True,
+            timeout=timedelta(seconds=2),
+            master_listen_fd=sock.fileno(),
+        )
     assert isinstance(raised.value, c10d.DistTimeoutError)
     worker.join()
     sock.close()
@@ -118,9 +136,11 @@ def test_client_timeout_names_the_address():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     port = sock.getsockname()[1]
-    with pytest.raises(c10d.DistNetworkError,
-                       match=rf"timed out after 300ms while trying to connect to \(127\.0\.0\.1, "
-                             rf"{port}\)"):
+    with pytest.raises(
+        c10d.DistNetworkError,
+        match=rf"timed out after 300ms while trying to connect to \(127\.0\.0\.1, "
+        rf"{port}\)",
+    ):
         c10d.TCPStore("127.0.0.1", port, timeout=timedelta(milliseconds=300))
     sock.close()
 
@@ -142,8 +162,11 @@ def test_client_waits_out_a_server_that_drops_it_while_another_takes_the_port():
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         conn.close()  # a reset in the middle of the handshake
         listener.close()
-        servers.append(c10d.TCPStore("127.0.0.1", port, is_master=True,
-                                     wait_for_workers=False, timeout=TIMEOUT))
+        servers.append(
+            c10d.TCPStore(
+                "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=TIMEOUT
+            )
+        )
 
     thread = threading.Thread(target=drop_then_serve, daemon=True)
     thread.start()
@@ -155,8 +178,12 @@ def test_client_waits_out_a_server_that_drops_it_while_another_takes_the_port():
 
 
 def test_store_server_command_line():
-    proc = subprocess.Popen([sys.executable, "-m", "c10d.store_server", "--host", "127.0.0.1",
-                             "--port", "0"], stdout=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "c10d.store_server", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     try:
         line = proc.stdout.readline().strip()
         assert line.startswith("port="), line

@@ -8,14 +8,19 @@ import c10d
 
 
 def _server(secret):
-    return c10d.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=10), secret=secret)
+    return c10d.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=10),
+        secret=secret,
+    )
 
 
 def test_client_with_secret_is_served():
     server = _server("s3cret")
-    client = c10d.TCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=5),
-                           secret="s3cret")
+    client = c10d.TCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=5), secret="s3cret")
     client.set("k", "v")
     assert server.get("k") == b"v"
     assert client.clone().get("k") == b"v"  # clones authenticate too
@@ -44,7 +49,8 @@ def test_secret_from_environment(monkeypatch):
 
 def test_server_without_secret_accepts_clients_that_send_one():
     server = _server(None)
-    client = c10d.TCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=5),
-                           secret="anything")
+    client = c10d.TCPStore(
+        "127.0.0.1", server.port, timeout=timedelta(seconds=5), secret="anything"
+    )
     client.set("x", "y")
     assert server.get("x") == b"y"

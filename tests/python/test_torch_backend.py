@@ -24,15 +24,15 @@ import c10d.torch_backend as tb  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # torch's renamed collectives
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist",
-                      "torch_backend_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist", "torch_backend_worker.py")
 needs_shm = pytest.mark.skipif(not c10d.is_shm_available(), reason="c10d built without shm")
 
 
 def run_ranks(case, world, timeout=60):
     port = harness.free_port()
-    results = harness.run_script(WORKER, [[case, str(r), str(world), str(port)]
-                                          for r in range(world)], timeout=timeout)
+    results = harness.run_script(
+        WORKER, [[case, str(r), str(world), str(port)] for r in range(world)], timeout=timeout
+    )
     harness.check_all_ok(results)
     for r in results:
         assert f"OK {case}" in r.stdout, (r.rank, r.stdout, r.stderr)
@@ -44,10 +44,17 @@ def run_ranks(case, world, timeout=60):
 
 
 def test_importing_c10d_does_not_import_torch():
-    code = ("import sys, c10d; c10d.init_process_group('gloo', store=c10d.HashStore(), rank=0, "
-            "world_size=1); c10d.destroy_process_group(); assert 'torch' not in sys.modules")
-    out = subprocess.run([sys.executable, "-c", code], env=harness.package_env(),
-                         capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys, c10d; c10d.init_process_group('gloo', store=c10d.HashStore(), rank=0, "
+        "world_size=1); c10d.destroy_process_group(); assert 'torch' not in sys.modules"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=harness.package_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -62,10 +69,12 @@ def test_backends_are_registered_once():
 
 
 def test_errors_are_torch_and_c10d_classes():
-    for cls, torch_cls in ((c10d.DistBackendError, tdist.DistBackendError),
-                           (c10d.DistTimeoutError, tdist.DistBackendError),
-                           (c10d.DistNetworkError, tdist.DistNetworkError),
-                           (c10d.DistStoreError, tdist.DistStoreError)):
+    for cls, torch_cls in (
+        (c10d.DistBackendError, tdist.DistBackendError),
+        (c10d.DistTimeoutError, tdist.DistBackendError),
+        (c10d.DistNetworkError, tdist.DistNetworkError),
+        (c10d.DistStoreError, tdist.DistStoreError),
+    ):
         e = tb._to_torch_error(cls("boom"))
         assert isinstance(e, torch_cls) and isinstance(e, cls) and str(e) == "boom"
     plain = ValueError("bad argument")
@@ -84,8 +93,9 @@ def test_tensors_reach_c10d_without_copies():
 @needs_shm
 @pytest.mark.parametrize("backend", ["c10d_shm", "c10d_gloo", "c10d"])
 def test_single_rank_group(backend):
-    tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1,
-                             timeout=timedelta(seconds=10))
+    tdist.init_process_group(
+        backend, store=tdist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10)
+    )
     try:
         group = tdist.group.WORLD
         assert isinstance(group, tb.ProcessGroupC10d) and group.name() == backend
@@ -153,9 +163,22 @@ def test_ddp_and_fsdp2_match_torch_gloo():
 def test_c10d_program_uses_torch_utilities_under_torchrun():
     env = harness.package_env()
     out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", str(harness.free_port()), WORKER, "mirror"],
-        env=env, capture_output=True, text=True, timeout=90)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(harness.free_port()),
+            WORKER,
+            "mirror",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("OK mirror") == 2, out.stdout + out.stderr
 
@@ -168,7 +191,8 @@ def test_timeouts_and_bad_arguments_raise():
 @needs_shm
 def test_dead_peer_raises_instead_of_hanging():
     port = harness.free_port()
-    results = harness.run_script(WORKER, [["killed", str(r), "2", str(port)] for r in range(2)],
-                                 timeout=60)
+    results = harness.run_script(
+        WORKER, [["killed", str(r), "2", str(port)] for r in range(2)], timeout=60
+    )
     assert results[0].code == 0, results[0].stdout + results[0].stderr
     assert "OK killed" in results[0].stdout, results[0].stdout + results[0].stderr

@@ -22,8 +22,15 @@ SHORT = timedelta(milliseconds=300)
 def make_server(kind):
     """A TCPStore server of `kind` on a free port: c10d's, or torch's with or without libuv."""
     cls = c10d.TCPStore if kind == "c10d" else tdist.TCPStore
-    return cls("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False,
-               use_libuv=kind != "torch-legacy")
+    return cls(
+        "127.0.0.1",
+        0,
+        None,
+        True,
+        timedelta(seconds=30),
+        wait_for_workers=False,
+        use_libuv=kind != "torch-legacy",
+    )
 
 
 def make_client(kind, port):
@@ -114,12 +121,16 @@ def test_c10d_client_behaves_as_torchs_against_torchs_servers(server_kind):
             assert ALIASES.get(t[1][0], t[1][0]) in c[1], (name, t, c)
         # Against the non-libuv server, which has no queues, both clients fail the queue
         # operations (the connection is dropped), each with its own DistError.
-    expected_errors = {"get (missing, times out)", "wait (missing, times out)",
-                       "queue_pop (empty, not blocking)"}
+    expected_errors = {
+        "get (missing, times out)",
+        "wait (missing, times out)",
+        "queue_pop (empty, not blocking)",
+    }
     if server_kind == "torch-legacy":
         expected_errors |= {"queue_push", "queue_len", "queue_pop"}
-    assert {name for name, (kind, _) in torch_side.items() if kind == "raised"} == \
-        expected_errors, torch_side
+    assert {
+        name for name, (kind, _) in torch_side.items() if kind == "raised"
+    } == expected_errors, torch_side
 
 
 def test_torch_client_behaves_against_c10ds_server_as_against_its_own():
@@ -130,6 +141,7 @@ def test_get_waits_for_a_key_set_later_on_a_non_libuv_server():
     # c10d's get sends GET only once the key exists: this server drops a client that GETs a
     # missing key.
     import threading
+
     server = make_server("torch-legacy")
     client = make_client("c10d", server.port)
     setter = threading.Timer(0.2, lambda: make_client("torch", server.port).set("late", "x"))
@@ -145,8 +157,9 @@ def test_groups_rendezvous_through_each_others_stores_and_gloo_copies_coexist(tm
     # 2 ranks, each with a torch gloo group over c10d's TCPStore server and a c10d gloo group
     # over torch's, both all_reducing torch tensors (c10d also numpy arrays) in one process.
     script = os.path.join(HERE, "dist", "torch_interop.py")
-    results = harness.run_script(script, [[str(r), "2", str(tmp_path)] for r in range(2)],
-                                 timeout=180)
+    results = harness.run_script(
+        script, [[str(r), "2", str(tmp_path)] for r in range(2)], timeout=180
+    )
     for r in results:
         assert r.code == 0, f"rank {r.rank}:\n{r.stdout}\n{r.stderr}"
         assert "interop ok" in r.stdout, r.stdout

@@ -24,8 +24,13 @@ def _env(**extra):
 
 
 def _analyze(directory):
-    return subprocess.run([sys.executable, "-m", "c10d.trace", str(directory)],
-                          env=_env(), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "c10d.trace", str(directory)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _fake_group(name, world=1):
@@ -47,7 +52,9 @@ def test_dump_trace_json_on_demand():
     assert group["ranks"] == [0, 1] and group["last_completed_seq"] == 1
     mine = [e for e in dump["entries"] if e["group_uid"] == group["uid"]]
     assert [(e["op"], e["seq"], e["state"]) for e in mine] == [
-        ("allreduce", 1, "completed"), ("send", 1, "completed")]
+        ("allreduce", 1, "completed"),
+        ("send", 1, "completed"),
+    ]
     assert mine[0]["input_sizes"] == [[3]] and mine[0]["input_dtypes"] == ["float32"]
     assert mine[1]["peer"] == 1
     active = json.loads(c10d._dump_trace_json(include_completed=False))
@@ -70,8 +77,13 @@ def test_sigusr1_dumps_from_the_watcher_thread(tmp_path):
             time.sleep(0.02)
         print("DUMPED" if os.path.exists(path) else "MISSING")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=_env(C10D_TRACE_DUMP_DIR=str(tmp_path)), timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=_env(C10D_TRACE_DUMP_DIR=str(tmp_path)),
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "DUMPED" in proc.stdout, proc.stderr
     dump = json.loads((tmp_path / "c10d_trace_rank0.json").read_text())
@@ -84,13 +96,26 @@ def test_sigusr1_dumps_from_the_watcher_thread(tmp_path):
 
 
 def _entry(id, op, seq, state, sizes=((4,),), dtype="float32", p2p=False, peer=None):
-    e = {"id": id, "group": "0", "group_uid": 1, "op": op, "p2p": p2p, "seq": seq,
-         "pg_seq": id, "input_sizes": [list(s) for s in sizes],
-         "input_dtypes": [dtype] * len(sizes), "output_sizes": [list(s) for s in sizes],
-         "output_dtypes": [dtype] * len(sizes), "state": state, "error": None,
-         "time_enqueued_ns": 1, "time_started_ns": 1,
-         "time_completed_ns": 2 if state in ("completed", "failed") else None,
-         "duration_ns": 1 if state in ("completed", "failed") else None, "timeout_ms": 1000}
+    e = {
+        "id": id,
+        "group": "0",
+        "group_uid": 1,
+        "op": op,
+        "p2p": p2p,
+        "seq": seq,
+        "pg_seq": id,
+        "input_sizes": [list(s) for s in sizes],
+        "input_dtypes": [dtype] * len(sizes),
+        "output_sizes": [list(s) for s in sizes],
+        "output_dtypes": [dtype] * len(sizes),
+        "state": state,
+        "error": None,
+        "time_enqueued_ns": 1,
+        "time_started_ns": 1,
+        "time_completed_ns": 2 if state in ("completed", "failed") else None,
+        "duration_ns": 1 if state in ("completed", "failed") else None,
+        "timeout_ms": 1000,
+    }
     if p2p:
         e["peer"] = peer
         e["peer_global"] = peer
@@ -100,21 +125,42 @@ def _entry(id, op, seq, state, sizes=((4,),), dtype="float32", p2p=False, peer=N
 def _write_dump(directory, rank, entries, world=2):
     collectives = [e for e in entries if not e["p2p"]]
     done = [e["seq"] for e in collectives if e["state"] == "completed"]
-    data = {"version": "1.0", "pid": 100 + rank, "rank": rank, "hostname": "h",
-            "timestamp_ns": 10**10, "reason": "test", "entries": entries,
-            "groups": [{"name": "0", "uid": 1, "rank": rank, "size": world,
-                        "ranks": list(range(world)),
-                        "last_enqueued_seq": max([e["seq"] for e in collectives], default=0),
-                        "last_started_seq": max([e["seq"] for e in collectives], default=0),
-                        "last_completed_seq": max(done, default=0)}]}
+    data = {
+        "version": "1.0",
+        "pid": 100 + rank,
+        "rank": rank,
+        "hostname": "h",
+        "timestamp_ns": 10**10,
+        "reason": "test",
+        "entries": entries,
+        "groups": [
+            {
+                "name": "0",
+                "uid": 1,
+                "rank": rank,
+                "size": world,
+                "ranks": list(range(world)),
+                "last_enqueued_seq": max([e["seq"] for e in collectives], default=0),
+                "last_started_seq": max([e["seq"] for e in collectives], default=0),
+                "last_completed_seq": max(done, default=0),
+            }
+        ],
+    }
     (directory / f"c10d_trace_rank{rank}.json").write_text(json.dumps(data))
 
 
 def test_analyzer_reports_mismatched_calls(tmp_path):
-    _write_dump(tmp_path, 0, [_entry(1, "allreduce", 1, "completed"),
-                              _entry(2, "allreduce", 2, "started")])
-    _write_dump(tmp_path, 1, [_entry(1, "allreduce", 1, "completed"),
-                              _entry(2, "broadcast", 2, "started", sizes=((8,),))])
+    _write_dump(
+        tmp_path, 0, [_entry(1, "allreduce", 1, "completed"), _entry(2, "allreduce", 2, "started")]
+    )
+    _write_dump(
+        tmp_path,
+        1,
+        [
+            _entry(1, "allreduce", 1, "completed"),
+            _entry(2, "broadcast", 2, "started", sizes=((8,),)),
+        ],
+    )
     out = []
     code = trace.report(str(tmp_path), out=_Lines(out))
     text = "".join(out)
@@ -148,9 +194,13 @@ class _Lines:
 def test_induced_hang_is_explained(tmp_path, backend):
     if backend == "shm" and not c10d.is_shm_available():
         pytest.skip("shm backend not built")
-    results = harness.run("trace_hang", 2, backend, timeout=60,
-                          env={"C10D_TEST_PG_TIMEOUT": "3",
-                               "C10D_TRACE_DUMP_DIR": str(tmp_path)})
+    results = harness.run(
+        "trace_hang",
+        2,
+        backend,
+        timeout=60,
+        env={"C10D_TEST_PG_TIMEOUT": "3", "C10D_TRACE_DUMP_DIR": str(tmp_path)},
+    )
     harness.check_all_ok(results)
     assert "TRACE_HANG_TIMEOUT" in results[0].stdout, results[0].stdout
     dump0 = json.loads((tmp_path / "c10d_trace_rank0.json").read_text())
@@ -163,11 +213,12 @@ def test_induced_hang_is_explained(tmp_path, backend):
     result = _analyze(tmp_path)
     print(result.stdout)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert (f"collective {seq} (allreduce) on group 0 [ranks 0,1]: rank 1 never joined"
-            in result.stdout), result.stdout
-    assert "rank 1 is stuck in recv p2p seq 1 on group 1 [ranks 0,1] from rank 0" \
-        in result.stdout, result.stdout
-
+    assert (
+        f"collective {seq} (allreduce) on group 0 [ranks 0,1]: rank 1 never joined" in result.stdout
+    ), result.stdout
+    assert (
+        "rank 1 is stuck in recv p2p seq 1 on group 1 [ranks 0,1] from rank 0" in result.stdout
+    ), result.stdout
 
 
 class _Request(c10d._C._Request):

@@ -36,8 +36,7 @@ class _JoinConfig(NamedTuple):
 
     @staticmethod
     def construct_disabled_join_config() -> "_JoinConfig":
-        return _JoinConfig(enable=False, throw_on_early_termination=False,
-                           is_first_joinable=False)
+        return _JoinConfig(enable=False, throw_on_early_termination=False, is_first_joinable=False)
 
 
 class Joinable:
@@ -69,8 +68,13 @@ class Join:
     go to their ``join_hook``. With ``throw_on_early_termination`` the first rank to run
     out of inputs makes every rank raise instead."""
 
-    def __init__(self, joinables: List[Joinable], enable: bool = True,
-                 throw_on_early_termination: bool = False, **kwargs):
+    def __init__(
+        self,
+        joinables: List[Joinable],
+        enable: bool = True,
+        throw_on_early_termination: bool = False,
+        **kwargs,
+    ):
         if len(joinables) == 0:
             raise _dist._DistValueError("The join context manager requires at least one joinable")
         for j in joinables:
@@ -81,13 +85,16 @@ class Join:
         self._enable = enable
         self._throw_on_early_termination = throw_on_early_termination
         for i, j in enumerate(self._joinables):
-            j._join_config = _JoinConfig(enable=enable,
-                                         throw_on_early_termination=throw_on_early_termination,
-                                         is_first_joinable=i == 0)
+            j._join_config = _JoinConfig(
+                enable=enable,
+                throw_on_early_termination=throw_on_early_termination,
+                is_first_joinable=i == 0,
+            )
         groups = {id(j.join_process_group): j.join_process_group for j in self._joinables}
         if len(groups) > 1:
             raise _dist._DistValueError(
-                "Using join context manager with multiple process groups is not supported")
+                "Using join context manager with multiple process groups is not supported"
+            )
         self._process_group = next(iter(groups.values()))
         self._rank = _dist.get_rank(self._process_group)
 
@@ -122,7 +129,8 @@ class Join:
         config = getattr(joinable, "_join_config", None)
         if config is None:
             raise _dist._DistValueError(
-                f"{type(joinable).__name__}: call Joinable.__init__ in its constructor")
+                f"{type(joinable).__name__}: call Joinable.__init__ in its constructor"
+            )
         if not config.enable or not config.is_first_joinable:
             return None
         group = joinable.join_process_group
@@ -131,6 +139,7 @@ class Join:
             should_throw = _counter(0)
             _dist.all_reduce(should_throw, group=group)
             if should_throw[0] > 0:
-                raise RuntimeError("Detected at least one rank that exhausted inputs. "
-                                   "Throwing across all ranks.")
+                raise RuntimeError(
+                    "Detected at least one rank that exhausted inputs. Throwing across all ranks."
+                )
         return work
