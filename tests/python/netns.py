@@ -1,7 +1,9 @@
 """Test hosts on one machine: K network namespaces joined by veth pairs to a bridge that lives
 in a namespace of its own (nothing changes in the machine's own namespace), each host with
 its own address, hostname (UTS namespace) and /etc/hosts mapping that name to 127.0.1.1, as
-Debian's default does. Needs root and iproute2; traffic goes only to the addresses made here.
+Debian's default does (and the other hosts' names to their addresses). Needs root and iproute2;
+traffic goes only to the addresses made here. `hosts.agent` starts a command on a host by name,
+as ssh would (Open MPI's launch agent).
 
     with Hosts(2, rate="1gbit") as hosts:
         p = hosts.popen(0, [sys.executable, "-c", "..."])
@@ -12,6 +14,7 @@ run (their creator's pid is gone) are removed by the next Hosts().
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -60,12 +63,17 @@ def remove_stale():
         _ip("netns", "del", ns, check=False)
 
 
+def pids(ns) -> List[int]:
+    """The processes in network namespace ns."""
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split() if pid.isdigit()]
+
+
 def _kill_in(ns):
-    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
-    for pid in pids.split():
+    for pid in pids(ns):
         try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
 
 
@@ -81,6 +89,7 @@ class Hosts:
         self.subnet = f"10.231.{os.getpid() % 250}"
         self.addresses = [f"{self.subnet}.{i + 1}" for i in range(count)]
         self._dir = None
+        self.agent: Optional[str] = None  # see _write_agent
         self._procs: List[subprocess.Popen] = []
 
     def __enter__(self):
@@ -136,8 +145,37 @@ class Hosts:
                     "latency",
                     "50ms",
                 )
+        for i in range(self.count):
+            # Its own name on 127.0.1.1 (Gloo's route choice depends on it); the other hosts'
+            # names on their addresses, as DNS would give them (mpirun reaches hosts by name).
+            others = "".join(
+                f"{self.addresses[j]} {self.hostnames[j]}\n" for j in range(self.count) if j != i
+            )
             with open(os.path.join(self._dir, f"hosts{i}"), "w") as f:
-                f.write(f"127.0.0.1 localhost\n127.0.1.1 {self.hostnames[i]}\n")
+                f.write(f"127.0.0.1 localhost\n127.0.1.1 {self.hostnames[i]}\n{others}")
+        self._write_agent()
+
+    def _write_agent(self):
+        """A remote-launch agent in the manner of ssh (`agent <host> <command words...>`, the
+        words joined and run by sh): runs the command on the test host of that name or address,
+        as command() does. Open MPI's --mca plm_rsh_agent starts its daemons with it."""
+        cases = "".join(
+            f"{self.hostnames[i]}|{self.addresses[i]}) exec "
+            f'{shlex.join(self.command(i, ["sh", "-c"]))} "$*" ;;\n'
+            for i in range(self.count)
+        )
+        self.agent = os.path.join(self._dir, "agent")
+        with open(self.agent, "w") as f:
+            f.write(
+                "#!/bin/sh\n"
+                "host=$1\n"
+                "shift\n"
+                'case "$host" in\n'
+                f"{cases}"
+                '*) echo "netns agent: no test host $host" >&2; exit 255 ;;\n'
+                "esac\n"
+            )
+        os.chmod(self.agent, 0o755)
 
     def tc(self, i: int, *args):
         r = subprocess.run(

@@ -1,9 +1,12 @@
 """Several hosts on one machine (netns.Hosts: network namespaces, own hostnames, Debian's
 /etc/hosts mapping each name to 127.0.1.1): launchers that meet through a dynamic
-rendezvous, Gloo across hosts without GLOO_SOCKET_IFNAME, and network faults."""
+rendezvous, Gloo across hosts without GLOO_SOCKET_IFNAME, network faults, and MPI ranks that
+mpirun starts on both hosts."""
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -177,3 +180,78 @@ def test_link_down_fails_every_rank_within_the_timeout_naming_the_far_host():
             line = re.search(rf"testhost{i} rank {rank}: DistTimeoutError: (.*)", out)
             assert line, out
             assert f"unreachable: ranks {far_ranks} on host {far}" in line.group(1), line.group(0)
+
+
+def eth0_bytes(hosts, i):
+    """(received, sent) bytes on host i's eth0."""
+    stats = netns._ip("-n", hosts.names[i], "-s", "-j", "link", "show", "eth0").stdout
+    s = json.loads(stats)[0]["stats64"]
+    return s["rx"]["bytes"], s["tx"]["bytes"]
+
+
+def test_mpi_across_two_hosts_started_by_mpirun_through_a_launch_agent():
+    # mpirun on host 0 starts host 1's daemon (orted) through hosts.agent, as it would
+    # through ssh; the ranks of one host share memory (vader), those of different hosts use
+    # TCP on eth0 (the subnet of the test hosts).
+    if shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun")
+    if not harness.mpi_available():
+        pytest.skip("c10d built without its MPI backend")
+    env = harness.package_env(
+        {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    )
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "GLOO_SOCKET_IFNAME"):
+        env.pop(key, None)
+    with netns.Hosts(2) as hosts:
+        subnet = f"{hosts.subnet}.0/24"
+        argv = [
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--host",
+            "testhost0:2,testhost1:2",
+            "-np",
+            "4",
+            "--mca",
+            "plm_rsh_agent",
+            hosts.agent,
+            "--mca",
+            "plm_rsh_no_tree_spawn",
+            "1",
+            "--mca",
+            "oob_tcp_if_include",
+            subnet,
+            "--mca",
+            "btl_tcp_if_include",
+            subnet,
+            "--mca",
+            "btl",
+            "tcp,vader,self",
+            "-x",
+            "PYTHONPATH",
+            sys.executable,
+            WORKER,
+            "mpi",
+            "0",
+            "30",
+        ]
+        received = eth0_bytes(hosts, 1)[0]
+        proc = hosts.popen(
+            0, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        out = outputs([proc], timeout=60)[0]
+        received = eth0_bytes(hosts, 1)[0] - received
+        # Host 1's daemon and ranks end with the job (closing the hosts would kill them).
+        deadline = time.monotonic() + 10
+        while netns.pids(hosts.names[1]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = netns.pids(hosts.names[1])
+    assert proc.returncode == 0, out
+    assert not left, f"still running on testhost1 after mpirun: {left}"
+    for i in range(2):
+        ok = rf"testhost{i} rank (\d) of 4: ok \(mpi, ProcessGroupMPI\)"
+        assert sorted(int(r) for r in re.findall(ok, out)) == [2 * i, 2 * i + 1], out
+    # The 8 MiB all_reduces crossed the test network.
+    assert received > 8 << 20, (received, out)
