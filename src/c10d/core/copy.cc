@@ -87,12 +87,8 @@ bool aliased(const void* dst, const void* src) {
 // aliased()) and not, and takes `rep movsb` where its best time beats the loop's by 5%. A
 // timing copies a 256 KiB source (in L2) over a 2 MiB destination, which is mostly out of L2
 // by the time a piece is written again: the backends' copies land in slots and arrays other
-// cores or earlier steps touched, and in-cache copies do not tell the kernels apart (64 KiB
-// in L2: 590 ns against 580 on the Zen 5 guest below). CPUs differ a lot: on an EPYC Zen 4
-// guest the loop won (256 KiB: 57 GB/s against 54; aliased, rep movsb was 20x slower), on an
-// EPYC Zen 5 guest rep movsb won by 1.15-1.5x (one thread, 4 MiB in pieces of 16-512 KiB from
-// L3 to L2: 61-63 GB/s against 52-55; from L2 to L3: 76-78 against 52) and this timing found
-// it 2x faster (19.8 us against 39.8), but tied with the loop when aliased.
+// cores or earlier steps touched, and in-cache copies do not tell the kernels apart. Which
+// copy wins differs by CPU (measurements in docs/design/shm.md#copy-kernels).
 detail::CopyKernels time_copies() {
   constexpr size_t kPiece = size_t{256} << 10;
   constexpr size_t kSpan = size_t{2} << 20;

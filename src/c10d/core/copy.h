@@ -7,11 +7,8 @@
 // a large numpy array, whose data starts 16 bytes into its first page. Those copies take a
 // plain vector loop. From 16 KiB, on CPUs with AVX2, copies take either a 32-byte load/store
 // loop or `rep movsb`, whichever a timing of both at the first such copy found faster (for
-// aliased destinations and for the others; C10D_COPY forces one). On an EPYC Zen 4 guest the
-// loop won: one thread, 256 KiB, 57 GB/s against 54 for memcpy; 2-rank all_reduce of 4 MiB
-// (medians of 3 interleaved launches) 181-187 us against 189-196. On an EPYC Zen 5 guest
-// `rep movsb` wrote a 2 MiB span 2x faster (tied when aliased), and 2-rank all_reduce of
-// 1-16 MiB gained 5-10%.
+// aliased destinations and for the others; C10D_COPY forces one): which one wins differs by
+// CPU (measurements in docs/design/shm.md#copy-kernels).
 #pragma once
 
 #include <cstddef>

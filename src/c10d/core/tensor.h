@@ -87,6 +87,13 @@ class Tensor {
 // Copies the elements of `src` into `dst` (same dtype and sizes, any strides), in C order.
 void copy_elements(const Tensor& dst, const Tensor& src);
 
+// The tensor's data, or a few static bytes when it has none: zero-element tensors may have no
+// storage, and transports (Gloo, MPI) want a valid pointer all the same.
+inline void* data_or_dummy(const Tensor& tensor) {
+  static unsigned char dummy[16];
+  return tensor.data() != nullptr ? tensor.data() : dummy;
+}
+
 // The one check every collective runs on its tensors: on the CPU, dense and C-contiguous.
 // Throws InvalidArgument naming `what` (e.g. "all_reduce: input tensor 2").
 void check_dense_cpu(const Tensor& tensor, std::string_view what);

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "c10d/core/blocking.h"
+#include "c10d/core/clock.h"
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 #include "c10d/store/store.h"
@@ -25,6 +26,7 @@
 namespace c10d::pg {
 
 using core::OpType;
+using core::wall_ns;
 using nlohmann::json;
 
 namespace {
@@ -50,12 +52,6 @@ void install_signal_handler() {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &action, nullptr);
-}
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 int64_t steady_ns() {
@@ -194,14 +190,14 @@ bool invariant_tsc() {
 TraceClock::TraceClock()
     : tsc_(invariant_tsc()),
       origin_ticks_(now()),
-      origin_wall_ns_(now_ns()),
+      origin_wall_ns_(wall_ns()),
       origin_steady_ns_(steady_ns()) {}
 
 int64_t TraceClock::now() const {
 #if defined(__x86_64__)
   if (tsc_) return static_cast<int64_t>(__rdtsc());
 #endif
-  return now_ns();
+  return wall_ns();
 }
 
 TraceClock::Scale TraceClock::scale() const {
@@ -521,7 +517,7 @@ std::string FlightRecorder::dump_json_locked(bool include_completed, bool only_a
   out["pid"] = static_cast<int64_t>(getpid());
   out["rank"] = dump_rank_locked();
   out["hostname"] = hostname();
-  out["timestamp_ns"] = now_ns();
+  out["timestamp_ns"] = wall_ns();
   out["reason"] = reason;
   out["buffer_size"] = capacity_;
   out["entries_recorded"] = next_id_ - 1;

@@ -124,7 +124,7 @@ class GlooBackend : public pg::Backend {
   uint32_t next_sequence() const;
 
   // Everything an operation needs to run: its context, tag and timeout. Public for the
-  // helpers in gloo_backend.cc; not part of the API.
+  // helpers in collectives.cc; not part of the API.
   struct OpContext {
     std::shared_ptr<::gloo::Context> context;
     uint32_t tag = 0;
@@ -144,7 +144,7 @@ class GlooBackend : public pg::Backend {
   };
   // The queue, sequence counter and what error messages need, shared with the workers so that
   // a worker stuck in a Gloo call after shutdown() (which does not wait for it) never touches
-  // a destroyed backend. Defined in gloo_backend.cc.
+  // a destroyed backend. Defined in internal.h.
   struct Shared;
 
   // Runs `body` inline (async == false) or on the workers; the Work completes with `outputs`.

@@ -3,12 +3,12 @@
 // is needed; each group gets its own communicator, duplicated from MPI_COMM_WORLD or created
 // among the group's members.
 //
-// Threads. One engine thread per process makes every MPI call (MPI is initialised there with
+// Threads. One progress thread per process makes every MPI call (MPI is initialised there with
 // MPI_THREAD_SERIALIZED, or used as it is when the application initialised it, e.g. through
 // mpi4py). Operations are posted as non-blocking MPI calls in the order they were submitted,
-// which every rank must keep (the usual process-group contract), and the engine completes
-// their Works as MPI reports them done. Because nothing blocks inside MPI, every operation has
-// a deadline: an operation that does not complete within its timeout fails with
+// which every rank must keep (the usual process-group contract), and the progress thread
+// completes their Works as MPI reports them done. Because nothing blocks inside MPI, every
+// operation has a deadline: an operation that does not complete within its timeout fails with
 // DistTimeoutError naming it, its sequence number and this rank. A collective cannot be
 // withdrawn from MPI once posted, so its communicator is then broken and later operations on
 // the group fail at once, naming the one that timed out. A rank that dies is mpirun's to
@@ -39,8 +39,8 @@ class MpiBackend : public pg::Backend {
                                             pg::Millis timeout = pg::kDefaultPgTimeout);
   // This process's rank in MPI_COMM_WORLD and the world's size (initialising MPI).
   static std::pair<int, int> world();
-  // Lets the engine finish what was submitted (at most `grace`), then finalises MPI if c10d
-  // initialised it. Later operations fail. Called at interpreter exit; idempotent.
+  // Lets the progress thread finish what was submitted (at most `grace`), then finalises MPI
+  // if c10d initialised it. Later operations fail. Called at interpreter exit; idempotent.
   static void finalize(pg::Millis grace);
 
   ~MpiBackend() override;
@@ -84,7 +84,7 @@ class MpiBackend : public pg::Backend {
   void shutdown() override;
 
   // The group's communicators and state, shared with operations in flight. Defined in
-  // mpi_backend.cc.
+  // progress_thread.h.
   struct Group;
 
   MpiBackend(std::shared_ptr<Group> group, int rank, int size, pg::Millis timeout);

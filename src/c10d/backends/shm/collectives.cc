@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "c10d/core/clock.h"
 #include "c10d/core/env.h"
 #include "c10d/core/reduce.h"
 #include "c10d/pg/backend.h"
@@ -22,10 +23,10 @@ using core::DistTimeoutError;
 using core::DType;
 using core::ReduceOp;
 using core::detail::str_cat;
+using core::now_ns;
 using detail::ceil_div;
 using detail::kBroadcastMidEndBytes;
 using detail::copy;
-using detail::now_ns;
 using detail::kModeLargeChunks;
 using detail::kOneShotBytes;
 using detail::kPathProbeBytes;

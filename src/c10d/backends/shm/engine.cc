@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "c10d/core/blocking.h"
+#include "c10d/core/clock.h"
 #include "c10d/core/env.h"
 #include "c10d/pg/backend.h"
 
@@ -23,6 +24,7 @@ using core::DType;
 using core::OpType;
 using core::ReduceOp;
 using core::detail::str_cat;
+using core::now_ns;
 using detail::cpu_relax;
 using detail::futex_wait;
 using detail::kCalibrationBytes;
@@ -36,7 +38,6 @@ using detail::kPlacementGiveUpNs;
 using detail::kPlacementPeriodNs;
 using detail::kPlacementTrips;
 using detail::kSleepNs;
-using detail::now_ns;
 using detail::post;
 using detail::prefetch_for_write;
 using detail::reached;

@@ -1,5 +1,5 @@
-// Wait primitives of the shm backend: the clock, spin hints, shared futexes on the FutexWords of
-// the segment headers, and how a blocked rank waits (WaitPolicy).
+// Wait primitives of the shm backend: spin hints, shared futexes on the FutexWords of the
+// segment headers, and how a blocked rank waits (WaitPolicy). The clock is core::now_ns.
 #pragma once
 
 #include <linux/futex.h>
@@ -20,12 +20,6 @@
 #endif
 
 namespace c10d::backends::shm::detail {
-
-inline int64_t now_ns() {
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)

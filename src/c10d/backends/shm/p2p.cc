@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "c10d/backends/shm/engine.h"
+#include "c10d/core/clock.h"
 #include "c10d/core/exception.h"
 #include "c10d/pg/backend.h"
 
@@ -14,12 +15,12 @@ namespace c10d::backends::shm {
 using core::DistBackendError;
 using core::DistTimeoutError;
 using core::detail::str_cat;
+using core::now_ns;
 using detail::copy;
 using detail::cpu_relax;
 using detail::futex_wait;
 using detail::kCheckNs;
 using detail::kSleepNs;
-using detail::now_ns;
 using detail::ring;
 using pg::Millis;
 

@@ -7,6 +7,7 @@
 
 #include "c10d/backends/shm/futex.h"
 #include "c10d/backends/shm/tuning.h"
+#include "c10d/core/clock.h"
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 
@@ -14,6 +15,7 @@ namespace c10d::backends::shm::detail {
 
 using core::OpType;
 using core::detail::str_cat;
+using core::now_ns;
 
 SharedWriter::SharedWriter(bool may_adapt, bool leader, bool choose_chunks)
     : leader_(leader), choose_chunks_(choose_chunks) {

@@ -1,0 +1,414 @@
+// ProgressThread (see progress_thread.h): MPI's start and end, the loop that posts and tests
+// every operation's requests, and how it waits between tests (Poller).
+#include "c10d/backends/mpi/progress_thread.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "c10d/backends/mpi/datatypes.h"
+#include "c10d/backends/mpi/internal.h"
+#include "c10d/backends/mpi/nbc_algorithms.h"
+#include "c10d/core/blocking.h"
+#include "c10d/core/env.h"
+
+namespace c10d::backends::mpi::detail {
+
+using core::DistBackendError;
+using core::DistTimeoutError;
+using core::OpType;
+using core::Tensor;
+using core::detail::str_cat;
+using pg::Millis;
+using pg::WorkPtr;
+
+namespace {
+
+// How a thread waits for posted requests. MPI moves them on only inside MPI_Test (libnbc runs
+// a collective's schedule a round per call, vader completes large transfers there), so
+// sleeping between tests stretches every round of a long operation (see
+// docs/design/mpi.md#waiting-for-requests). The poller tests back to back at first, then
+// yields the core after every empty round (a rank sharing it runs; that is how Open MPI's
+// blocking calls wait when oversubscribed), and only once nothing finished for kYieldTime does
+// it sleep between rounds, for 1% of the wait so far, 10 us to 1 ms: a peer that is seconds
+// late costs little CPU.
+class Poller {
+ public:
+  // After a round of tests that finished nothing: how long to sleep before the next (zero:
+  // test again now).
+  std::chrono::microseconds idle_round() {
+    using std::chrono::microseconds;
+    if (++idle_ <= kSpins) return microseconds(0);
+    const auto now = std::chrono::steady_clock::now();
+    if (idle_ == kSpins + 1) since_ = now;
+    const auto waited = std::chrono::duration_cast<microseconds>(now - since_);
+    if (waited < kYieldTime) {
+      std::this_thread::yield();
+      return microseconds(0);
+    }
+    return std::clamp(waited / 100, microseconds(10), microseconds(1000));
+  }
+
+  // Something finished: the next wait starts from the beginning.
+  void reset() { idle_ = 0; }
+
+ private:
+  // Empty rounds tested back to back before the poller yields.
+  static constexpr int kSpins = 200;
+  // No sleeps before this: operations shorter than it (all but the largest) never sleep.
+  static constexpr std::chrono::milliseconds kYieldTime{50};
+  int idle_ = 0;
+  std::chrono::steady_clock::time_point since_;
+};
+
+// Drops the Works that completed or are gone. Those still referenced elsewhere go into
+// `last`, so that a last reference (and the arrays it holds) is released where the caller
+// holds no lock.
+void drop_finished(std::vector<std::weak_ptr<core::Work>>& works,
+                   std::vector<std::shared_ptr<core::Work>>& last) {
+  std::erase_if(works, [&](const std::weak_ptr<core::Work>& w) {
+    auto work = w.lock();
+    if (work && !work->is_completed()) return false;
+    if (work) last.push_back(std::move(work));
+    return true;
+  });
+}
+
+}  // namespace
+
+std::atomic<ProgressThread*>& ProgressThread::started_instance() {
+  static std::atomic<ProgressThread*> progress{nullptr};
+  return progress;
+}
+
+void ProgressThread::later(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;
+    calls_.push_back(std::move(fn));
+  }
+  wake_.notify_one();
+}
+
+WorkPtr ProgressThread::submit(OpPtr op, bool async) {
+  WorkPtr work = op->work;
+  std::vector<WorkPtr> finished;  // released after the lock
+  std::string refusal;
+  bool here = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_ || stopping_) {
+      refusal = "MPI was finalized";
+    } else if (op->group->shut_down) {
+      refusal = "the process group was shut down";
+    } else if (!op->group->broken.empty()) {
+      refusal = op->group->broken;
+    } else {
+      ++op->group->outstanding;
+      auto& unfinished = op->group->unfinished;
+      drop_finished(unfinished, finished);
+      if (op->waits_prior) op->prior = unfinished;
+      if (op->collective) unfinished.push_back(op->work);  // as torch, not sends and receives
+      here = !async && !busy_ && !inline_ && queue_.empty() && calls_.empty();
+      if (here) {
+        inline_ = true;
+      } else {
+        queue_.push_back(op);
+      }
+    }
+  }
+  if (!refusal.empty()) {
+    work->finish_with_error(std::make_exception_ptr(
+        DistBackendError(str_cat("MPI ", work->description(), ": ", refusal))));
+    return work;
+  }
+  if (!here) {
+    wake_.notify_one();
+    return work;
+  }
+  if (post(*op)) {
+    core::before_blocking();  // the peers may be late: let go of the caller's GIL
+    Poller poller;  // as the progress thread polls
+    while (!progress(*op)) {
+      const std::chrono::microseconds pause = poller.idle_round();
+      if (pause.count() > 0) std::this_thread::sleep_for(pause);
+    }
+  }
+  bool held_back;  // work submitted meanwhile waits for the progress thread
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inline_ = false;
+    held_back = stopping_ || !queue_.empty() || !calls_.empty();
+  }
+  if (held_back) wake_.notify_one();
+  settled_.notify_all();
+  return work;
+}
+
+void ProgressThread::finalize(Millis grace) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (stopped_ || stopping_) return;
+    settled_.wait_for(lock, grace,
+                      [&] { return queue_.empty() && active_ == 0 && !inline_; });
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  // MPI_Finalize waits for every rank to finalise; a peer that hangs must not hang this
+  // process's exit too.
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (settled_.wait_for(lock, kFinalizeWait, [&] { return exited_; })) {
+    lock.unlock();
+    thread_.join();
+    return;
+  }
+  core::log(core::LogLevel::kWarning,
+            str_cat("MPI rank ", world_rank_, ": MPI_Finalize did not return within ",
+                    core::format_timeout(kFinalizeWait), " (a peer is not finalising); "
+                    "exiting without it"));
+  thread_.detach();
+}
+
+ProgressThread::ProgressThread() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void ProgressThread::initialise() {
+  int initialised = 0;
+  check(MPI_Initialized(&initialised), "MPI_Initialized");
+  if (!initialised) {
+    int provided = MPI_THREAD_SINGLE;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided),
+          "MPI_Init_thread");
+    owns_mpi_ = true;
+    if (provided < MPI_THREAD_SERIALIZED) {
+      throw DistBackendError("MPI backend: the MPI library does not support "
+                             "MPI_THREAD_SERIALIZED, which its engine thread needs");
+    }
+  } else {
+    int provided = MPI_THREAD_SINGLE;
+    check(MPI_Query_thread(&provided), "MPI_Query_thread");
+    if (provided < MPI_THREAD_SERIALIZED) {
+      throw DistBackendError("MPI backend: MPI was initialised by the application with a "
+                             "thread level below MPI_THREAD_SERIALIZED; initialise it with "
+                             "MPI_THREAD_MULTIPLE (mpi4py's default) or let c10d do it");
+    }
+  }
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank");
+  check(MPI_Comm_size(MPI_COMM_WORLD, &world_size_), "MPI_Comm_size");
+  set_up_types_and_limits();
+  nbc_algorithms.set_up();
+  // Programs that never call finalize() (C++ ones) still finalise MPI before exiting, as
+  // mpirun expects of every rank.
+  std::atexit([] { MpiBackend::finalize(std::chrono::seconds(10)); });
+}
+
+void ProgressThread::run() {
+  try {
+    initialise();
+  } catch (const std::exception& e) {
+    init_error_ = e.what();
+    stopped_ = true;
+    started_.count_down();
+    return;
+  }
+  started_.count_down();
+  std::vector<OpPtr> active;
+  Poller poller;
+  std::chrono::microseconds pause{0};
+  bool stopping = false;
+  for (;;) {
+    std::deque<std::function<void()>> calls;
+    std::deque<OpPtr> fresh;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      // Nothing is taken while a caller runs an operation itself (submit).
+      auto has_news = [&] {
+        return !inline_ && (stopping_ || !queue_.empty() || !calls_.empty());
+      };
+      if (active.empty()) {
+        wake_.wait(lock, has_news);
+      } else if (pause.count() > 0) {
+        // Nothing finished for a while: poll less often, but wake for new work at once.
+        wake_.wait_for(lock, pause, has_news);
+      }
+      if (inline_) continue;  // woken by the time limit while a caller runs one
+      calls.swap(calls_);
+      fresh.swap(queue_);
+      busy_ = !active.empty() || !calls.empty() || !fresh.empty();
+      stopping = stopping_;
+      if (stopping && active.empty() && fresh.empty() && calls.empty()) break;
+    }
+    bool moved = !calls.empty() || !fresh.empty();
+    for (auto& call : calls) call();
+    for (OpPtr& op : fresh) {
+      if (post(*op)) {
+        active.push_back(std::move(op));
+      }
+    }
+    set_active(active.size());
+    for (size_t i = 0; i < active.size();) {
+      if (progress(*active[i])) {
+        active[i] = std::move(active.back());
+        active.pop_back();
+        moved = true;
+      } else {
+        ++i;
+      }
+    }
+    set_active(active.size());
+    if (moved) poller.reset();
+    pause = moved ? std::chrono::microseconds(0) : poller.idle_round();
+    if (stopping && !active.empty()) {
+      // finalize() gave up waiting: fail what is left and leave MPI alone.
+      for (OpPtr& op : active) fail(*op, "MPI was finalized while it ran", false);
+      active.clear();
+      owns_mpi_ = false;  // finalising with requests pending would hang or abort
+    }
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  stopped_ = true;
+  const bool finalise = owns_mpi_;
+  lock.unlock();
+  nbc_algorithms.tear_down();
+  if (finalise) MPI_Finalize();
+  lock.lock();
+  exited_ = true;
+  settled_.notify_all();
+}
+
+void ProgressThread::set_active(size_t n) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    active_ = n;
+    if (n == 0) busy_ = false;
+  }
+  settled_.notify_all();
+}
+
+bool ProgressThread::post(Op& op) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!op.group->broken.empty()) {
+      // An earlier operation timed out after this one was queued.
+      std::string why = op.group->broken;
+      --op.group->outstanding;
+      settled_.notify_all();
+      op.work->finish_with_error(std::make_exception_ptr(
+          DistBackendError(str_cat("MPI ", op.what, ": ", why))));
+      return false;
+    }
+  }
+  try {
+    op.start(op.requests);
+  } catch (...) {
+    complete(op, std::current_exception());
+    return false;
+  }
+  return !progress(op);
+}
+
+bool ProgressThread::progress(Op& op) {
+  int flag = 0;
+  MPI_Status status{};
+  std::exception_ptr error;
+  try {
+    if (op.requests.size() == 1) {
+      check(MPI_Test(op.requests.data(), &flag, &status), "MPI_Test");
+    } else {
+      std::vector<MPI_Status> statuses(op.requests.size());
+      check(MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &flag,
+                        statuses.data()),
+            "MPI_Testall");
+      if (flag && !statuses.empty()) status = statuses.front();
+    }
+    if (flag && !op.prior.empty()) {
+      std::vector<WorkPtr> finished;
+      drop_finished(op.prior, finished);
+      flag = op.prior.empty();
+    }
+    if (!flag) {
+      if (!op.deadline.expired()) return false;
+      // torch's wording, which its users match: " Timed out ".
+      fail(op, str_cat("failed: Timed out after ", core::format_timeout(op.timeout),
+                       !op.prior.empty() ? str_cat(" waiting for ", op.prior.size(),
+                                                   " earlier collective(s) of the group")
+                       : op.collective   ? std::string(" waiting for the group's other ranks")
+                                         : std::string(" waiting for the peer")),
+           true);
+      return true;
+    }
+    if (op.done) op.done(status);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  complete(op, error);
+  return true;
+}
+
+void ProgressThread::fail(Op& op, const std::string& why, bool timeout) {
+  const std::string message = str_cat("MPI ", op.what, " ", why);
+  if (!op.collective) {
+    for (MPI_Request& request : op.requests) {
+      if (request == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&request);
+      MPI_Request_free(&request);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (op.collective && op.group->broken.empty()) {
+      op.group->broken = str_cat("the group is unusable since ", op.what, " ", why);
+    }
+    leaked_.push_back(op.shared_from_this());
+  }
+  complete(op, timeout ? std::make_exception_ptr(DistTimeoutError(message))
+                       : std::make_exception_ptr(DistBackendError(message)));
+}
+
+void ProgressThread::complete(Op& op, std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --op.group->outstanding;
+  }
+  settled_.notify_all();
+  try {
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const core::DistError&) {
+        op.work->finish_with_error(error);
+      } catch (const core::InvalidArgument&) {
+        op.work->finish_with_error(error);
+      } catch (const std::exception& e) {
+        op.work->finish_with_error(std::make_exception_ptr(
+            DistBackendError(str_cat("MPI ", op.what, ": ", e.what()))));
+      }
+    } else {
+      op.work->finish(std::move(op.outputs));
+    }
+  } catch (...) {
+    // The Work was completed already (shutdown failed it).
+  }
+}
+
+OpPtr make_op(const std::shared_ptr<MpiBackend::Group>& group, OpType type, const char* name,
+              Millis timeout, std::vector<Tensor> outputs, bool collective) {
+  auto op = std::make_shared<Op>();
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(ProgressThread::instance().mutex());
+    seq = group->next_seq++;
+  }
+  op->what = str_cat(name, " (sequence ", seq, ", rank ", group->rank, " of ", group->size,
+                     ")");
+  op->work = std::make_shared<core::Work>(type, str_cat("mpi:", name, "#", seq));
+  op->group = group;
+  op->timeout = timeout;
+  op->deadline = core::Deadline(timeout);
+  op->collective = collective;
+  op->outputs = std::move(outputs);
+  return op;
+}
+
+}  // namespace c10d::backends::mpi::detail

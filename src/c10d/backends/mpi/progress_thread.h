@@ -1,0 +1,170 @@
+// ProgressThread: the one thread that makes every MPI call of the process (MPI_THREAD_SERIALIZED),
+// posting operations as non-blocking calls in submission order and completing their Works; and
+// Op and MpiBackend::Group, the operations it runs and the group state it guards.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <latch>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "c10d/backends/mpi/mpi_backend.h"
+#include "c10d/core/exception.h"
+
+namespace c10d::backends::mpi {
+
+struct MpiBackend::Group {
+  MPI_Comm comm = MPI_COMM_NULL;      // the user's collectives and messages
+  MPI_Comm control = MPI_COMM_NULL;   // monitored_barrier's messages
+  int rank = 0;
+  int size = 1;
+  // Guarded by the progress thread's mutex.
+  uint64_t next_seq = 0;
+  std::string broken;  // why the group can no longer run operations (empty: it can)
+  bool shut_down = false;
+  // Operations submitted and not yet completed (finish_pending waits for 0).
+  int outstanding = 0;
+  // The Works of its collectives (and some completed ones, pruned at each submission), for
+  // barriers.
+  std::vector<std::weak_ptr<core::Work>> unfinished;
+};
+
+namespace detail {
+
+// One operation: `start` posts its non-blocking calls (their requests go into `requests`),
+// `done` runs once all completed (copies out of scratch, AVG's division, ...).
+struct Op : std::enable_shared_from_this<Op> {
+  std::shared_ptr<core::Work> work;
+  std::string what;  // "allreduce (sequence 3, rank 0 of 2)"
+  std::shared_ptr<MpiBackend::Group> group;
+  pg::Millis timeout{0};
+  core::Deadline deadline{pg::Millis(0)};
+  bool collective = true;
+  std::function<void(std::vector<MPI_Request>&)> start;
+  std::function<void(const MPI_Status&)> done;
+  std::vector<core::Tensor> outputs;
+  std::vector<MPI_Request> requests;
+  // A barrier completes only once the group's collectives submitted before it did, as torch's
+  // does (the progress thread runs them concurrently): filled by submit when `waits_prior`.
+  bool waits_prior = false;
+  std::vector<std::weak_ptr<core::Work>> prior;
+};
+using OpPtr = std::shared_ptr<Op>;
+
+// Builds an Op for `group` with the next sequence number.
+OpPtr make_op(const std::shared_ptr<MpiBackend::Group>& group, core::OpType type,
+              const char* name, pg::Millis timeout, std::vector<core::Tensor> outputs,
+              bool collective = true);
+
+class ProgressThread {
+ public:
+  // Starts the thread and MPI the first time; throws DistBackendError if MPI failed to start.
+  static ProgressThread& instance() {
+    static ProgressThread* progress = [] {
+      ProgressThread* p = new ProgressThread();  // never destroyed: finalize() stops the thread
+      started_instance().store(p);
+      return p;
+    }();
+    progress->started_.wait();
+    if (!progress->init_error_.empty()) throw core::DistBackendError(progress->init_error_);
+    return *progress;
+  }
+
+  // The progress thread if MPI was started, else null.
+  static std::atomic<ProgressThread*>& started_instance();
+
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+
+  // Runs `fn` on the progress thread and returns its result (or rethrows its exception). A
+  // call that does not finish within `timeout` throws DistTimeoutError naming `what` (fn
+  // keeps running, so it must own what it uses).
+  template <typename Fn>
+  auto call(Fn fn, pg::Millis timeout, const std::string& what) -> decltype(fn()) {
+    using R = decltype(fn());
+    auto task = std::make_shared<std::packaged_task<R()>>(std::move(fn));
+    std::future<R> result = task->get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopped_) throw core::DistBackendError("MPI backend: MPI was finalized");
+      calls_.push_back([task] { (*task)(); });
+    }
+    wake_.notify_one();
+    if (timeout > pg::Millis::zero() && result.wait_for(timeout) != std::future_status::ready) {
+      throw core::DistTimeoutError(core::detail::str_cat(
+          "MPI backend: ", what, " did not finish within ", core::format_timeout(timeout)));
+    }
+    return result.get();
+  }
+
+  // Runs `fn` on the progress thread later, without waiting (for destructors, which may hold
+  // the GIL that the progress thread needs to release Python-owned buffers).
+  void later(std::function<void()> fn);
+
+  // Queues `op` behind every operation submitted before it; its Work completes on the progress
+  // thread. A synchronous one (`async` false) that finds the progress thread idle runs on the
+  // calling thread instead, and is complete on return: handing it to the progress thread and
+  // back cost two thread wake-ups a call. MPI_THREAD_SERIALIZED allows that as long as the two
+  // threads never call MPI at once: while it runs (inline_) the progress thread takes no work,
+  // and it starts only while the progress thread has nothing queued or in flight (busy_).
+  pg::WorkPtr submit(OpPtr op, bool async = true);
+
+  std::mutex& mutex() { return mutex_; }
+  std::condition_variable& settled() { return settled_; }
+
+  // Lets the thread finish what was submitted (at most `grace`), then stops it and finalises
+  // MPI if c10d initialised it.
+  void finalize(pg::Millis grace);
+
+ private:
+  ProgressThread();
+
+  void initialise();
+  void run();
+  void set_active(size_t n);
+  // Posts the operation's calls; false when it already finished (or failed).
+  bool post(Op& op);
+  // Tests the operation's requests; true when it is over (completed, failed or timed out).
+  bool progress(Op& op);
+  // Fails an operation that is still posted. A send or receive is cancelled; a collective
+  // cannot be withdrawn, so the group is broken (its peers may be anywhere in it). The
+  // operation and its buffers are kept until the process ends, in case MPI still uses them.
+  void fail(Op& op, const std::string& why, bool timeout);
+  void complete(Op& op, std::exception_ptr error);
+
+  // How long finalize() waits for MPI_Finalize.
+  static constexpr pg::Millis kFinalizeWait{30000};
+
+  std::thread thread_;
+  std::latch started_{1};  // opened once MPI is initialised (or failed to be)
+  std::string init_error_;
+  bool owns_mpi_ = false;
+  int world_rank_ = 0;
+  int world_size_ = 1;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;     // work submitted or stopping
+  std::condition_variable settled_;  // an operation finished
+  std::deque<OpPtr> queue_;                      // guarded by mutex_
+  std::deque<std::function<void()>> calls_;      // guarded by mutex_
+  size_t active_ = 0;                            // guarded by mutex_
+  bool busy_ = false;    // the thread took work it has not finished; guarded by mutex_
+  bool inline_ = false;  // a caller runs an operation itself (submit); guarded by mutex_
+  bool stopping_ = false;                        // guarded by mutex_
+  bool stopped_ = false;                         // guarded by mutex_
+  bool exited_ = false;                          // guarded by mutex_: MPI finalised
+  std::vector<OpPtr> leaked_;                    // guarded by mutex_
+};
+
+}  // namespace detail
+}  // namespace c10d::backends::mpi
