@@ -44,8 +44,6 @@ STUBS: Dict[str, str] = {
     "ProcessGroup.unbox": "returns the group boxed() returned",
     "Work._get_duration": "raises, as torch does without NCCL timing",
     "ProcessGroup._enable_collectives_timing": "accepted; no backend records timings",
-    "ProcessGroupGloo._set_default_timeout":
-        "recorded in .options; the running backend keeps its timeout (needs the extension)",
     "Reducer._set_sparse_metadata": "recorded only",
     "Reducer._set_mixed_precision_param_dtype": "recorded only",
     "Reducer._delay_all_reduce": "recorded only: gradients are still reduced in backward",
@@ -79,8 +77,10 @@ NOT_APPLICABLE: Dict[str, str] = {
 META_KERNEL = re.compile(r"_meta$")
 
 # Words that mark a name as needing a GPU library.
-GPU_WORDS = re.compile(r"NCCL|UCC|XCCL|CUDA|Symmetric|IntraNode|(?:^|[._])(?:nccl|ucc|xccl|cuda|"
-                       r"symmetric|intra_node)")
+GPU_WORDS = re.compile(
+    r"NCCL|UCC|XCCL|CUDA|Symmetric|IntraNode|(?:^|[._])(?:nccl|ucc|xccl|cuda|"
+    r"symmetric|intra_node)"
+)
 GPU_MACROS = ("USE_C10D_NCCL", "USE_C10D_UCC", "USE_C10D_XCCL", "USE_CUDA", "NCCL_HAS")
 
 
@@ -104,18 +104,20 @@ def _gpu_lines(code: str) -> List[bool]:
 
 def _blanked(code: str) -> str:
     """`code` with raw strings (docstrings) and // comments blanked out, lines kept."""
-    code = re.sub(r'R"\((.*?)\)"', lambda m: '""' + "\n" * m.group(0).count("\n"), code,
-                  flags=re.S)
+    code = re.sub(r'R"\((.*?)\)"', lambda m: '""' + "\n" * m.group(0).count("\n"), code, flags=re.S)
     return re.sub(r"(?m)^\s*//.*$", "", code)
 
 
 CLASS_DECL = re.compile(
-    r'(?:py::class_|py::enum_|shared_ptr_class_|intrusive_ptr_class_|'
+    r"(?:py::class_|py::enum_|shared_ptr_class_|intrusive_ptr_class_|"
     r'intrusive_ptr_no_gil_destructor_class_)\s*<[^;]*?>\s*(\w*)\s*\(\s*(\w+)\s*,\s*"(\w+)"',
-    re.S)
-MEMBER = re.compile(r'(\w*)\s*\.(def|def_static|def_readwrite|def_readonly|def_property|'
-                    r'def_property_readonly|def_property_readonly_static|value|attr)'
-                    r'\(\s*"(\w+)"')
+    re.S,
+)
+MEMBER = re.compile(
+    r"(\w*)\s*\.(def|def_static|def_readwrite|def_readonly|def_property|"
+    r"def_property_readonly|def_property_readonly_static|value|attr)"
+    r'\(\s*"(\w+)"'
+)
 ASSIGNED = re.compile(r"(?:auto|py::object|py::module)\s+(\w+)\s*=\s*$")
 
 
@@ -135,7 +137,7 @@ def binding_names(path: str) -> List[Tuple[str, bool]]:
             declared_as, parent, name = m.groups()
             parent = variables.get(parent, parent)
             owner = f"{parent}.{name}" if parent else name
-            assigned = ASSIGNED.search(code[max(0, pos - 80):pos])
+            assigned = ASSIGNED.search(code[max(0, pos - 80) : pos])
             if assigned:
                 variables[assigned.group(1)] = owner
             if declared_as:  # py::class_<T> variable(module, "Name", ...)
@@ -184,9 +186,12 @@ def distributed_names(seeds: str) -> List[str]:
     names += re.findall(r'"(\w+)"', match.group(1)) if match else []
     # The older release (HTML) adds the collectives the recent listing's cut leaves out.
     html = open(os.path.join(seeds, DISTRIBUTED_OLD), encoding="utf-8").read()
-    for name in re.findall(r'^<div class="viewcode-block" id="(\w+)">|'
-                           r'^<span class="k">def</span> <span class="nf">(\w+)</span>', html,
-                           re.M):
+    for name in re.findall(
+        r'^<div class="viewcode-block" id="(\w+)">|'
+        r'^<span class="k">def</span> <span class="nf">(\w+)</span>',
+        html,
+        re.M,
+    ):
         names.append(name[0] or name[1])
     return sorted(set(names))
 
@@ -216,6 +221,7 @@ def _modules(source: str):
     import c10d
     import c10d._functional_collectives as funcol
     import c10d.distributed_c10d as dc
+
     if source == "bindings":
         return [c10d, c10d._C, dc]
     if source == "distributed_c10d":
@@ -242,6 +248,7 @@ def gpu_explained(name: str) -> bool:
     """Whether looking `name` up on c10d raises an AttributeError that names the missing GPU
     support (for GPU-only names absent from torch's CPU builds too)."""
     import c10d
+
     try:
         getattr(c10d, name.split(".")[0])
     except AttributeError as e:
@@ -260,16 +267,24 @@ def inventory(seeds: str) -> List[Tuple[str, str, str, str]]:
     for source, name, gpu in entries:
         gpu = gpu or bool(GPU_WORDS.search(name))
         exists = resolves(source, name)
-        if name.split(".")[0] in NOT_APPLICABLE or (source == "_functional_collectives" and
-                                      META_KERNEL.search(name)):
+        if name.split(".")[0] in NOT_APPLICABLE or (
+            source == "_functional_collectives" and META_KERNEL.search(name)
+        ):
             status, note = "n/a", NOT_APPLICABLE.get(name.split(".")[0], "meta kernel for tracing")
         elif gpu:
             if exists:
-                status, note = ("gpu-only",
-                                "present; using it raises, naming the missing GPU support")
+                status, note = (
+                    "gpu-only",
+                    "present; using it raises, naming the missing GPU support",
+                )
             elif gpu_explained(name):
-                status, note = "gpu-only", ("absent as in torch's CPU builds; the AttributeError "
-                                            "names the missing GPU support")
+                status, note = (
+                    "gpu-only",
+                    (
+                        "absent as in torch's CPU builds; the AttributeError "
+                        "names the missing GPU support"
+                    ),
+                )
             else:
                 status, note = "missing", "GPU-only"
         elif exists and name in STUBS:
@@ -304,8 +319,7 @@ def render(rows) -> str:
     ]
     lines += [f"| {s} | {counts.get(s, 0)} |" for s in order]
     lines += ["", "| source | name | status | note |", "| --- | --- | --- | --- |"]
-    lines += [f"| {source} | `{name}` | {status} | {note} |"
-              for source, name, status, note in rows]
+    lines += [f"| {source} | `{name}` | {status} | {note} |" for source, name, status, note in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -321,10 +335,15 @@ def read_table(path: str = DOC) -> List[Tuple[str, str, str, str]]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", default=os.environ.get(
-        "C10D_SEEDS", os.path.join(os.path.dirname(ROOT), "shared", "seeds")))
-    parser.add_argument("--check", action="store_true",
-                        help="fail when docs/api-names.md is not up to date")
+    parser.add_argument(
+        "--seeds",
+        default=os.environ.get(
+            "C10D_SEEDS", os.path.join(os.path.dirname(ROOT), "shared", "seeds")
+        ),
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="fail when docs/api-names.md is not up to date"
+    )
     args = parser.parse_args(argv)
     text = render(inventory(args.seeds))
     if args.check:

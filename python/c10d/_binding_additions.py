@@ -207,8 +207,8 @@ def _gloo_options(self):
 
 
 def _gloo_set_default_timeout(self, timeout: timedelta) -> None:
-    # Recorded in .options; the running backend keeps the timeout it was built with (changing
-    # it needs the extension).
+    # The running backend's, and what .options reports, as torch's Gloo does.
+    _C._Backend._set_default_timeout(self, timeout)
     _gloo_options(self)._timeout = timeout
 
 

@@ -77,6 +77,13 @@ def test_recv_without_sender_times_out(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_shortened_default_timeout_applies_to_the_next_operation(backend):
+    results = harness.run("default_timeout_change", 2, backend, env={"C10D_TEST_PG_TIMEOUT": "30"})
+    harness.check_all_ok(results)
+    assert "DEFAULT_TIMEOUT_OK" in results[0].stdout, results[0].stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_destroy_lets_submitted_work_finish(backend):
     harness.check_all_ok(harness.run("destroy_with_pending", 3, backend))
 

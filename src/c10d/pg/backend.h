@@ -9,6 +9,7 @@
 // core::NotSupported("Backend <name> does not support <op>").
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,17 +76,23 @@ std::string join_ranks(const std::vector<int>& ranks);
 class Backend : public std::enable_shared_from_this<Backend> {
  public:
   Backend(int rank, int size, Millis timeout = kDefaultPgTimeout)
-      : rank_(rank), size_(size), timeout_(timeout) {}
+      : rank_(rank), size_(size), timeout_ms_(timeout.count()) {}
   virtual ~Backend() = default;
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  Millis timeout() const { return timeout_; }
+  Millis timeout() const { return Millis(timeout_ms_.load(std::memory_order_relaxed)); }
+  // The timeout operations submitted from now on use when they set none (torch's
+  // _set_default_timeout); operations already submitted keep theirs. Backends built on others
+  // pass it on.
+  virtual void set_timeout(Millis timeout) {
+    timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
+  }
   // The timeout an operation should use: its own if set, else the backend's.
   Millis effective_timeout(Millis op_timeout) const {
-    return op_timeout == kUnsetTimeout ? timeout_ : op_timeout;
+    return op_timeout == kUnsetTimeout ? timeout() : op_timeout;
   }
   virtual std::string name() const = 0;
 
@@ -165,7 +172,7 @@ class Backend : public std::enable_shared_from_this<Backend> {
  private:
   const int rank_;
   const int size_;
-  const Millis timeout_;
+  std::atomic<Millis::rep> timeout_ms_;
 };
 
 }  // namespace c10d::pg

@@ -60,6 +60,10 @@ class WrapperBackend : public Backend {
   void monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks) override;
   void finish_pending(Millis timeout) override;
   void shutdown() override;
+  void set_timeout(Millis timeout) override {
+    Backend::set_timeout(timeout);
+    wrapped_->set_timeout(timeout);
+  }
 
   // "all_reduce(float32[4], op=SUM)": how a call is named in mismatch reports.
   static std::string describe_call(std::string_view op, const std::vector<Tensor>& tensors,

@@ -462,7 +462,9 @@ void init_pg(py::module_& m) {
   backend.def("rank", &Backend::rank)
       .def("size", &Backend::size)
       .def("name", &Backend::name)
-      .def_property_readonly("options_timeout", &Backend::timeout);
+      .def_property_readonly("options_timeout", &Backend::timeout)
+      .def("_set_default_timeout", &Backend::set_timeout, py::arg("timeout"),
+           "The timeout of the operations submitted from now on that set none.");
   bind_collectives<Backend>(backend);
 
   py::class_<pg::FakeBackend, Backend, std::shared_ptr<pg::FakeBackend>>(

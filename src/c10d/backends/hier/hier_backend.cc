@@ -164,6 +164,13 @@ void HierBackend::worker_loop() {
   }
 }
 
+void HierBackend::set_timeout(pg::Millis timeout) {
+  pg::Backend::set_timeout(timeout);
+  for (const auto& b : {local_, cross_, world_}) {
+    if (b) b->set_timeout(timeout);
+  }
+}
+
 void HierBackend::finish_pending(Millis timeout) {
   {
     std::unique_lock<std::mutex> lock(mutex_);

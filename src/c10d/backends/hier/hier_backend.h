@@ -85,6 +85,8 @@ class HierBackend : public pg::Backend {
 
   void finish_pending(pg::Millis timeout) override;
   void shutdown() override;
+  // Also the shm and Gloo groups' timeouts, which bound each step.
+  void set_timeout(pg::Millis timeout) override;
 
  private:
   struct Task {

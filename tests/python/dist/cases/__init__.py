@@ -14,7 +14,7 @@ from .groups import (  # noqa: F401
 )
 from .interop import torch_interop, functional_collectives  # noqa: F401
 from .failures import (  # noqa: F401
-    recv_timeout, p2p_size_mismatch, destroy_with_pending, barrier_timeout_words,
+    recv_timeout, default_timeout_change, p2p_size_mismatch, destroy_with_pending, barrier_timeout_words,
     detail_missing_rank, monitored_barrier_reports, monitored_barrier_late_ranks,
     monitored_barrier_exits, desync_detail, dead_peer, trace_hang,
 )

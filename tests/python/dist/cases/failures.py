@@ -31,6 +31,31 @@ def recv_timeout(dist, backend):
     time.sleep(10)
 
 
+def default_timeout_change(dist, backend):
+    """Rank 0 shortens its backend's timeout (_set_pg_timeout, torch's _set_default_timeout)
+    from the group's 30 s to 2 s; its next all_reduce, which rank 1 never joins, fails within
+    that."""
+    from datetime import timedelta
+
+    from c10d import distributed_c10d as c
+
+    if dist.get_rank() == 1:
+        time.sleep(12)
+        return
+    c._set_pg_timeout(timedelta(seconds=2))
+    backend_object = c._get_default_group()._get_backend("cpu")
+    assert backend_object.options_timeout == timedelta(seconds=2), backend_object.options_timeout
+    start = time.monotonic()
+    try:
+        dist.all_reduce(np.ones(4))
+    except RuntimeError as e:
+        elapsed = time.monotonic() - start
+        assert elapsed < 8, (elapsed, e)
+        print(f"DEFAULT_TIMEOUT_OK {elapsed:.1f}s: {e}")
+        return
+    raise AssertionError("all_reduce without rank 1 returned")
+
+
 def p2p_size_mismatch(dist, backend):
     """Rank 0 sends 16 bytes, rank 1 receives 8: both raise (shm names the sizes, gloo times
     out) instead of gloo's network thread terminating the process."""
