@@ -14,7 +14,7 @@ NPROC ?= 2
 BACKEND ?= shm,shm-zc,gloo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps venv venv-bench configure build wheel test test-cpp test-python test-cpp-consumer stress exit-soak run run-multihost demo bench fuzz fuzz-build fuzz-smoke clean
+.PHONY: all deps venv venv-bench configure build wheel format format-check test test-cpp test-python test-cpp-consumer stress exit-soak run run-multihost demo bench fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -55,8 +55,21 @@ wheel: venv
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
 	  $(WHEELS)/c10d-*.whl
 
+# C++ through .clang-format, Python through ruff (pyproject.toml), over every tracked file.
+CXX_SOURCES = git ls-files '*.cc' '*.h' '*.cpp'
+PY_SOURCES = python tests scripts bench examples fuzz
+format: venv
+	@$(CXX_SOURCES) | xargs clang-format -i
+	@$(PYTHON) -m ruff format -q $(PY_SOURCES)
+	@$(PYTHON) -m ruff check -q --fix $(PY_SOURCES)
+
+format-check: venv
+	@$(CXX_SOURCES) | xargs clang-format --dry-run -Werror
+	@$(PYTHON) -m ruff format -q --check $(PY_SOURCES)
+	@$(PYTHON) -m ruff check -q $(PY_SOURCES)
+
 test: build wheel
-	@$(MAKE) --no-print-directory test-cpp test-python test-cpp-consumer fuzz-smoke
+	@$(MAKE) --no-print-directory format-check test-cpp test-python test-cpp-consumer fuzz-smoke
 
 test-cpp:
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300

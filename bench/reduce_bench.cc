@@ -38,12 +38,33 @@ std::vector<unsigned char> make_buffer(DType dtype, size_t bytes) {
   const size_t n = bytes / c10d::core::element_size(dtype);
   for (size_t i = 0; i < n; ++i) {
     switch (dtype) {
-      case DType::kFloat32: { float v = 1.0f; std::memcpy(&buf[i * 4], &v, 4); break; }
-      case DType::kFloat64: { double v = 1.0; std::memcpy(&buf[i * 8], &v, 8); break; }
-      case DType::kFloat16: { uint16_t v = 0x3C00; std::memcpy(&buf[i * 2], &v, 2); break; }
-      case DType::kBFloat16: { uint16_t v = 0x3F80; std::memcpy(&buf[i * 2], &v, 2); break; }
-      case DType::kInt64: { int64_t v = 1; std::memcpy(&buf[i * 8], &v, 8); break; }
-      default: break;
+      case DType::kFloat32: {
+        float v = 1.0f;
+        std::memcpy(&buf[i * 4], &v, 4);
+        break;
+      }
+      case DType::kFloat64: {
+        double v = 1.0;
+        std::memcpy(&buf[i * 8], &v, 8);
+        break;
+      }
+      case DType::kFloat16: {
+        uint16_t v = 0x3C00;
+        std::memcpy(&buf[i * 2], &v, 2);
+        break;
+      }
+      case DType::kBFloat16: {
+        uint16_t v = 0x3F80;
+        std::memcpy(&buf[i * 2], &v, 2);
+        break;
+      }
+      case DType::kInt64: {
+        int64_t v = 1;
+        std::memcpy(&buf[i * 8], &v, 8);
+        break;
+      }
+      default:
+        break;
     }
   }
   return buf;

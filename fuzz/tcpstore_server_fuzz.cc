@@ -74,8 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Half the inputs start with a valid handshake, so the fuzzer reaches the query handlers.
   if (size > 0 && (data[0] & 1)) {
     c10d::store::wire::Encoder hello;
-    hello.query(c10d::store::wire::QueryType::kValidate)
-        .u32(c10d::store::wire::kValidationMagic);
+    hello.query(c10d::store::wire::QueryType::kValidate).u32(c10d::store::wire::kValidationMagic);
     const auto& bytes = hello.buffer();
     ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     ++data;

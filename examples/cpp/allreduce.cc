@@ -59,14 +59,18 @@ int main(int argc, char** argv) {
     auto base = std::make_shared<store::FileStore>(argv[1], world);
     bool ok = true;
 #if C10D_WITH_GLOO
-    ok = check("gloo", base, rank, world, [&](auto st) {
-      return std::make_shared<backends::gloo::GlooBackend>(st, rank, world);
-    }) && ok;
+    ok = check("gloo", base, rank, world,
+               [&](auto st) {
+                 return std::make_shared<backends::gloo::GlooBackend>(st, rank, world);
+               }) &&
+         ok;
 #endif
 #if C10D_WITH_SHM
-    ok = check("shm", base, rank, world, [&](auto st) {
-      return std::make_shared<backends::shm::ShmBackend>(st, rank, world);
-    }) && ok;
+    ok = check("shm", base, rank, world,
+               [&](auto st) {
+                 return std::make_shared<backends::shm::ShmBackend>(st, rank, world);
+               }) &&
+         ok;
 #endif
     return ok ? 0 : 1;
   } catch (const std::exception& e) {

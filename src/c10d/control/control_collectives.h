@@ -35,8 +35,7 @@ class ControlCollectives {
   // One rank sends, every other rank receives the same bytes.
   virtual void broadcast_send(const std::string& key, const Bytes& data,
                               Millis timeout = kDefaultControlTimeout) = 0;
-  virtual Bytes broadcast_recv(const std::string& key,
-                               Millis timeout = kDefaultControlTimeout) = 0;
+  virtual Bytes broadcast_recv(const std::string& key, Millis timeout = kDefaultControlTimeout) = 0;
   // Every rank but one sends; the receiver gets all ranks' data in rank order, its own
   // (`data`) included.
   virtual void gather_send(const std::string& key, const Bytes& data,

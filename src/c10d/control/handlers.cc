@@ -80,12 +80,13 @@ void register_handler(const std::string& name, HandlerFunc handler) {
   C10D_CHECK_ARG(!name.empty(), "register_handler: the handler name must not be empty");
   C10D_CHECK_ARG(name.find('/') == std::string::npos, "register_handler: handler name '", name,
                  "' must not contain '/'");
-  C10D_CHECK_ARG(static_cast<bool>(handler), "register_handler: handler '", name,
-                 "' is empty");
+  C10D_CHECK_ARG(static_cast<bool>(handler), "register_handler: handler '", name, "' is empty");
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  C10D_CHECK_ARG(r.handlers.emplace(name, std::move(handler)).second, "register_handler: a "
-                 "handler named '", name, "' is already registered");
+  C10D_CHECK_ARG(r.handlers.emplace(name, std::move(handler)).second,
+                 "register_handler: a "
+                 "handler named '",
+                 name, "' is already registered");
 }
 
 HandlerFunc find_handler(const std::string& name) {

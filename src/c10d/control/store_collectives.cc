@@ -48,10 +48,9 @@ std::string StoreCollectives::rank_key(const std::string& key, int rank) const {
 
 void StoreCollectives::throw_timeout(const char* op, const std::string& key, Millis timeout,
                                      const std::string& what) const {
-  throw core::DistStoreTimeoutError(str_cat("StoreCollectives.", op, "(key='", key,
-                                            "') on rank ", rank_, " of ", world_size_,
-                                            " timed out after ", core::format_timeout(timeout),
-                                            " on ", store_->describe(), ": ", what));
+  throw core::DistStoreTimeoutError(str_cat(
+      "StoreCollectives.", op, "(key='", key, "') on rank ", rank_, " of ", world_size_,
+      " timed out after ", core::format_timeout(timeout), " on ", store_->describe(), ": ", what));
 }
 
 void StoreCollectives::wait_ranks(const char* op, const std::string& key,
@@ -67,14 +66,12 @@ void StoreCollectives::wait_ranks(const char* op, const std::string& key,
     for (size_t i = 0; i < keys.size(); ++i) {
       if (!store_->check({keys[i]})) missing.push_back(ranks[i]);
     }
-    throw_timeout(op, key, timeout,
-                  str_cat("rank(s) ", format_ranks(missing), " did not arrive"));
+    throw_timeout(op, key, timeout, str_cat("rank(s) ", format_ranks(missing), " did not arrive"));
   }
 }
 
 void StoreCollectives::wait_sender(const char* op, const std::string& key,
-                                   const std::string& store_key, const char* who,
-                                   Millis timeout) {
+                                   const std::string& store_key, const char* who, Millis timeout) {
   try {
     store_->wait({store_key}, timeout);
   } catch (const core::DistStoreTimeoutError&) {
@@ -90,8 +87,7 @@ void StoreCollectives::arrive(const std::string& key) {
   }
 }
 
-void StoreCollectives::wait_all_arrived(const char* op, const std::string& key,
-                                        Millis timeout) {
+void StoreCollectives::wait_all_arrived(const char* op, const std::string& key, Millis timeout) {
   try {
     store_->wait({key + "/done"}, timeout);
   } catch (const core::DistStoreTimeoutError&) {
@@ -99,8 +95,7 @@ void StoreCollectives::wait_all_arrived(const char* op, const std::string& key,
     for (int r = 0; r < world_size_; ++r) {
       if (!store_->check({rank_key(key, r)})) missing.push_back(r);
     }
-    throw_timeout(op, key, timeout,
-                  str_cat("rank(s) ", format_ranks(missing), " did not arrive"));
+    throw_timeout(op, key, timeout, str_cat("rank(s) ", format_ranks(missing), " did not arrive"));
   }
 }
 

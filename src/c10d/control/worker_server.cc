@@ -98,15 +98,17 @@ WorkerServer::WorkerServer(const std::string& host_or_file, int port)
 WorkerServer::WorkerServer(WorkerServerOptions options)
     : impl_(std::make_unique<Impl>()), store_(options.store) {
   secret_ = options.secret ? *options.secret : core::env_string(core::kEnvControlSecret);
-  C10D_CHECK_ARG(options.port >= -1 && options.port <= 65535, "WorkerServer: port ",
-                 options.port, " is invalid (use -1 for a unix socket, 0 for any free port)");
+  C10D_CHECK_ARG(options.port >= -1 && options.port <= 65535, "WorkerServer: port ", options.port,
+                 " is invalid (use -1 for a unix socket, 0 for any free port)");
   // httplib's default also sets SO_REUSEPORT, which would let a second server (or another
   // process of this user) bind the same port silently; only SO_REUSEADDR is wanted.
   impl_->server.set_socket_options([](socket_t sock) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
-  impl_->server.new_task_queue = [] { return new httplib::ThreadPool(kHandlerThreads); };
+  impl_->server.new_task_queue = [] {
+    return new httplib::ThreadPool(kHandlerThreads);
+  };
   install_routes();
   bind(options);
   thread_ = std::thread([this] {
@@ -163,21 +165,21 @@ void WorkerServer::bind(const WorkerServerOptions& options) {
 
 void WorkerServer::install_routes() {
   auto& server = impl_->server;
-  server.set_pre_routing_handler([this](const httplib::Request& request,
-                                        httplib::Response& response) {
-    if (secret_.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string expected = "Bearer " + secret_;
-    if (same_secret(request.get_header_value("Authorization"), expected)) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    response.set_header("WWW-Authenticate", "Bearer");
-    reply(response, 401,
-          request.has_header("Authorization")
-              ? "c10d worker server: wrong secret in the Authorization header"
-              : "c10d worker server: authentication required; send the header "
-                "'Authorization: Bearer <secret>' with the secret from C10D_CONTROL_SECRET");
-    return httplib::Server::HandlerResponse::Handled;
-  });
+  server.set_pre_routing_handler(
+      [this](const httplib::Request& request, httplib::Response& response) {
+        if (secret_.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        const std::string expected = "Bearer " + secret_;
+        if (same_secret(request.get_header_value("Authorization"), expected)) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
+        response.set_header("WWW-Authenticate", "Bearer");
+        reply(response, 401,
+              request.has_header("Authorization")
+                  ? "c10d worker server: wrong secret in the Authorization header"
+                  : "c10d worker server: authentication required; send the header "
+                    "'Authorization: Bearer <secret>' with the secret from C10D_CONTROL_SECRET");
+        return httplib::Server::HandlerResponse::Handled;
+      });
 
   // An index page at the root, as torch's WorkerServer serves.
   server.Get("/", [](const httplib::Request&, httplib::Response& response) {
@@ -198,8 +200,9 @@ void WorkerServer::install_routes() {
     if (!handler) {
       std::string names;
       for (const auto& n : get_handler_names()) names += (names.empty() ? "" : ", ") + n;
-      reply(response, 404, str_cat("c10d worker server: no handler named '", name,
-                                   "'; registered: [", names, "]"));
+      reply(
+          response, 404,
+          str_cat("c10d worker server: no handler named '", name, "'; registered: [", names, "]"));
       return;
     }
     HttpRequest req(request, store_);
@@ -216,8 +219,9 @@ void WorkerServer::install_routes() {
   server.set_error_handler([](const httplib::Request& request, httplib::Response& response) {
     if (!response.body.empty()) return;  // a route already explained itself
     if (response.status == 404) {
-      reply(response, 404, str_cat("c10d worker server: no route for ", request.method, " ",
-                                   request.path, "; use GET /handler/ or POST /handler/<name>"));
+      reply(response, 404,
+            str_cat("c10d worker server: no route for ", request.method, " ", request.path,
+                    "; use GET /handler/ or POST /handler/<name>"));
     }
   });
 }

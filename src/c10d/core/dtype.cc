@@ -50,8 +50,8 @@ std::optional<DType> dtype_from_name(std::string_view name) {
     DType dtype;
   };
   static constexpr Alias kAliases[] = {
-      {"float", DType::kFloat32},   {"double", DType::kFloat64},  {"half", DType::kFloat16},
-      {"short", DType::kInt16},     {"int", DType::kInt32},       {"long", DType::kInt64},
+      {"float", DType::kFloat32},    {"double", DType::kFloat64},     {"half", DType::kFloat16},
+      {"short", DType::kInt16},      {"int", DType::kInt32},          {"long", DType::kInt64},
       {"cfloat", DType::kComplex64}, {"cdouble", DType::kComplex128}, {"bool_", DType::kBool},
   };
   for (const auto& alias : kAliases) {
@@ -109,21 +109,39 @@ std::optional<DType> from_buffer_format(std::string_view format, size_t itemsize
   // Integer codes whose width depends on the platform are resolved by itemsize.
   auto signed_int = [&]() -> std::optional<DType> {
     switch (itemsize) {
-      case 1: return DType::kInt8;
-      case 2: return DType::kInt16;
-      case 4: return DType::kInt32;
-      case 8: return DType::kInt64;
-      default: return std::nullopt;
+      case 1:
+        return DType::kInt8;
+      case 2:
+        return DType::kInt16;
+      case 4:
+        return DType::kInt32;
+      case 8:
+        return DType::kInt64;
+      default:
+        return std::nullopt;
     }
   };
   switch (format[0]) {
-    case 'f': return DType::kFloat32;
-    case 'd': return DType::kFloat64;
-    case 'e': return DType::kFloat16;
-    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': return signed_int();
-    case 'B': case 'c': return itemsize == 1 ? std::optional(DType::kUInt8) : std::nullopt;
-    case '?': return DType::kBool;
-    default: return std::nullopt;
+    case 'f':
+      return DType::kFloat32;
+    case 'd':
+      return DType::kFloat64;
+    case 'e':
+      return DType::kFloat16;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
+    case 'n':
+      return signed_int();
+    case 'B':
+    case 'c':
+      return itemsize == 1 ? std::optional(DType::kUInt8) : std::nullopt;
+    case '?':
+      return DType::kBool;
+    default:
+      return std::nullopt;
   }
 }
 

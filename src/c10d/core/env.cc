@@ -105,9 +105,12 @@ void set_debug_level_from_env() { set_debug_level(parse_debug_level(env_string(k
 
 std::string_view debug_level_name(DebugLevel level) {
   switch (level) {
-    case DebugLevel::kOff: return "OFF";
-    case DebugLevel::kInfo: return "INFO";
-    case DebugLevel::kDetail: return "DETAIL";
+    case DebugLevel::kOff:
+      return "OFF";
+    case DebugLevel::kInfo:
+      return "INFO";
+    case DebugLevel::kDetail:
+      return "DETAIL";
   }
   return "OFF";
 }

@@ -20,58 +20,58 @@ struct EnvVar {
 // X(identifier, "NAME", "default", "documentation")
 #define C10D_ENV_VARS(X)                                                                       \
   X(kEnvDebug, "TORCH_DISTRIBUTED_DEBUG", "OFF",                                               \
-    "Debug level: OFF, INFO (log collectives and init) or DETAIL (also check collectives "    \
+    "Debug level: OFF, INFO (log collectives and init) or DETAIL (also check collectives "     \
     "match across ranks).")                                                                    \
   X(kEnvMasterAddr, "MASTER_ADDR", "", "Host of the rank-0 TCPStore for env:// rendezvous.")   \
   X(kEnvMasterPort, "MASTER_PORT", "", "Port of the rank-0 TCPStore for env:// rendezvous.")   \
   X(kEnvRank, "RANK", "", "This process's global rank for env:// rendezvous.")                 \
   X(kEnvWorldSize, "WORLD_SIZE", "", "Number of processes for env:// rendezvous.")             \
   X(kEnvLocalRank, "LOCAL_RANK", "", "This process's rank on its node (set by the launcher).") \
-  X(kEnvTraceBufferSize, "C10D_TRACE_BUFFER_SIZE", "2000",                                   \
-    "Operations the flight recorder keeps (a ring buffer per process); 0 turns it off.")      \
-  X(kEnvTraceDumpDir, "C10D_TRACE_DUMP_DIR", "/tmp",                                            \
+  X(kEnvTraceBufferSize, "C10D_TRACE_BUFFER_SIZE", "2000",                                     \
+    "Operations the flight recorder keeps (a ring buffer per process); 0 turns it off.")       \
+  X(kEnvTraceDumpDir, "C10D_TRACE_DUMP_DIR", "/tmp",                                           \
     "Directory the flight recorder writes c10d_trace_rank<rank>.json to.")                     \
-  X(kEnvStoreMaxKeyBytes, "C10D_STORE_MAX_KEY_BYTES", "8192",                                 \
-    "Largest key the TCPStore server accepts; longer keys drop the client.")                  \
-  X(kEnvStoreMaxValueBytes, "C10D_STORE_MAX_VALUE_BYTES", "8388608",                          \
-    "Largest value the TCPStore server accepts; larger values drop the client.")              \
+  X(kEnvStoreMaxKeyBytes, "C10D_STORE_MAX_KEY_BYTES", "8192",                                  \
+    "Largest key the TCPStore server accepts; longer keys drop the client.")                   \
+  X(kEnvStoreMaxValueBytes, "C10D_STORE_MAX_VALUE_BYTES", "8388608",                           \
+    "Largest value the TCPStore server accepts; larger values drop the client.")               \
   X(kEnvStoreSecret, "C10D_STORE_SECRET", "",                                                  \
-    "Shared secret of TCPStore connections: a server with one refuses clients without it.")   \
-  X(kEnvStoreUseLibuv, "USE_LIBUV", "1",                                                        \
-    "Accepted for compatibility with torch; the TCPStore server always runs on libuv.")       \
-  X(kEnvLogLevel, "C10D_LOG_LEVEL", "WARNING",                                                  \
-    "Least severe log message printed to stderr: DEBUG, INFO, WARNING or ERROR.")             \
-  X(kEnvControlSecret, "C10D_CONTROL_SECRET", "",                                            \
+    "Shared secret of TCPStore connections: a server with one refuses clients without it.")    \
+  X(kEnvStoreUseLibuv, "USE_LIBUV", "1",                                                       \
+    "Accepted for compatibility with torch; the TCPStore server always runs on libuv.")        \
+  X(kEnvLogLevel, "C10D_LOG_LEVEL", "WARNING",                                                 \
+    "Least severe log message printed to stderr: DEBUG, INFO, WARNING or ERROR.")              \
+  X(kEnvControlSecret, "C10D_CONTROL_SECRET", "",                                              \
     "Shared secret of the control plane: worker servers refuse requests without the header "   \
-    "'Authorization: Bearer <secret>'; empty means no authentication.")                      \
-  X(kEnvGlooSocketIfname, "GLOO_SOCKET_IFNAME", "",                                           \
-    "Comma-separated network interfaces the Gloo backend binds to (one device each); unset "  \
-    "means the address the hostname resolves to, else loopback.")                          \
-  X(kEnvCopy, "C10D_COPY", "auto",                                                            \
+    "'Authorization: Bearer <secret>'; empty means no authentication.")                        \
+  X(kEnvGlooSocketIfname, "GLOO_SOCKET_IFNAME", "",                                            \
+    "Comma-separated network interfaces the Gloo backend binds to (one device each); unset "   \
+    "means the address the hostname resolves to, else loopback.")                              \
+  X(kEnvCopy, "C10D_COPY", "auto",                                                             \
     "How copies from 16 KiB run on AVX2 CPUs: vector = a 32-byte load/store loop, string = "   \
-    "rep movsb, auto = whichever a timing of both finds faster here (once per process).")     \
-  X(kEnvShmHostId, "C10D_SHM_HOST_ID", "",                                                    \
-    "Overrides this machine's identity (hostname/boot id) in the shm backend's same-host "    \
+    "rep movsb, auto = whichever a timing of both finds faster here (once per process).")      \
+  X(kEnvShmHostId, "C10D_SHM_HOST_ID", "",                                                     \
+    "Overrides this machine's identity (hostname/boot id) in the shm backend's same-host "     \
     "check; for tests.")                                                                       \
-  X(kEnvShmHeapBytes, "C10D_SHM_HEAP_BYTES", "1073741824",                                    \
-    "Bytes of shared heap per rank and shm process group for shm_empty() tensors (reserved "  \
-    "address space; pages are used only when touched).")                                    \
-  X(kEnvShmCma, "C10D_SHM_CMA", "1",                                                          \
-    "Whether the shm backend copies large messages straight between the ranks' own memory "   \
-    "(process_vm_readv/writev, one copy per byte) when every rank may; 0 = always through "   \
-    "the shared slots.")                                                                      \
-  X(kEnvShmBind, "C10D_SHM_BIND", "auto",                                                     \
+  X(kEnvShmHeapBytes, "C10D_SHM_HEAP_BYTES", "1073741824",                                     \
+    "Bytes of shared heap per rank and shm process group for shm_empty() tensors (reserved "   \
+    "address space; pages are used only when touched).")                                       \
+  X(kEnvShmCma, "C10D_SHM_CMA", "1",                                                           \
+    "Whether the shm backend copies large messages straight between the ranks' own memory "    \
+    "(process_vm_readv/writev, one copy per byte) when every rank may; 0 = always through "    \
+    "the shared slots.")                                                                       \
+  X(kEnvShmBind, "C10D_SHM_BIND", "auto",                                                      \
     "Whether each shm rank pins itself to one CPU when its process group starts: auto = when " \
     "the ranks outnumber the CPUs they may run on and none is pinned already, 1 = also with "  \
-    "a CPU per rank, 0 = never. Rank r takes the (r mod CPUs)-th CPU of the ranks' masks.")   \
-  X(kEnvShmAdoptBytes, "C10D_SHM_ADOPT_BYTES", "262144",                                     \
+    "a CPU per rank, 0 = never. Rank r takes the (r mod CPUs)-th CPU of the ranks' masks.")    \
+  X(kEnvShmAdoptBytes, "C10D_SHM_ADOPT_BYTES", "262144",                                       \
     "From this size, a numpy array that the shm backend all_reduces a second time moves its "  \
-    "whole pages into the rank's shared heap (same addresses and contents), so later "        \
-    "all_reduces on it read and write the peers' arrays in place; 0 = never.")               \
-  X(kEnvShmStream, "C10D_SHM_STREAM", "auto",                                                 \
+    "whole pages into the rank's shared heap (same addresses and contents), so later "         \
+    "all_reduces on it read and write the peers' arrays in place; 0 = never.")                 \
+  X(kEnvShmStream, "C10D_SHM_STREAM", "auto",                                                  \
     "How the shm backend writes large blocks into the shared slots: 1 = non-temporal stores, " \
-    "0 = plain stores, auto = whichever makes whole operations faster (timed as it runs).") \
-  X(kEnvShmFarTripNs, "C10D_SHM_FAR_TRIP_NS", "250",                                          \
+    "0 = plain stores, auto = whichever makes whole operations faster (timed as it runs).")    \
+  X(kEnvShmFarTripNs, "C10D_SHM_FAR_TRIP_NS", "250",                                           \
     "With C10D_SHM_STREAM=auto: the median cache-line round trip between ranks 0 and 1, in "   \
     "ns, from which the shm backend counts their CPUs as far apart (then streaming stores "    \
     "win) when it times one, a few times a second; 0 = always far apart.")

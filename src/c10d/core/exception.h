@@ -77,26 +77,25 @@ std::string str_cat(Args&&... args) {
 }  // namespace c10d::core
 
 // C10D_CHECK(cond, message parts...): throws `Error` with the parts concatenated.
-#define C10D_CHECK_T(Error, cond, ...)                                              \
-  do {                                                                              \
-    if (!(cond)) [[unlikely]] {                                                     \
-      throw Error(::c10d::core::detail::str_cat(__VA_ARGS__));                      \
-    }                                                                               \
+#define C10D_CHECK_T(Error, cond, ...)                         \
+  do {                                                         \
+    if (!(cond)) [[unlikely]] {                                \
+      throw Error(::c10d::core::detail::str_cat(__VA_ARGS__)); \
+    }                                                          \
   } while (0)
 
 #define C10D_CHECK(cond, ...) C10D_CHECK_T(::c10d::core::DistError, cond, __VA_ARGS__)
 #define C10D_CHECK_ARG(cond, ...) C10D_CHECK_T(::c10d::core::InvalidArgument, cond, __VA_ARGS__)
 
 // C10D_CHECK_EQ(a, b, context...): prints both operands when they differ.
-#define C10D_CHECK_EQ_T(Error, a, b, ...)                                           \
-  do {                                                                              \
-    const auto& c10d_lhs_ = (a);                                                    \
-    const auto& c10d_rhs_ = (b);                                                    \
-    if (!(c10d_lhs_ == c10d_rhs_)) [[unlikely]] {                                   \
-      throw Error(::c10d::core::detail::str_cat(                                    \
-          __VA_ARGS__, " (expected " #a " == " #b ", got ", c10d_lhs_, " vs ",      \
-          c10d_rhs_, ")"));                                                         \
-    }                                                                               \
+#define C10D_CHECK_EQ_T(Error, a, b, ...)                                                         \
+  do {                                                                                            \
+    const auto& c10d_lhs_ = (a);                                                                  \
+    const auto& c10d_rhs_ = (b);                                                                  \
+    if (!(c10d_lhs_ == c10d_rhs_)) [[unlikely]] {                                                 \
+      throw Error(::c10d::core::detail::str_cat(__VA_ARGS__, " (expected " #a " == " #b ", got ", \
+                                                c10d_lhs_, " vs ", c10d_rhs_, ")"));              \
+    }                                                                                             \
   } while (0)
 
 #define C10D_CHECK_EQ(a, b, ...) C10D_CHECK_EQ_T(::c10d::core::DistError, a, b, __VA_ARGS__)

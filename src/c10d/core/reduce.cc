@@ -52,7 +52,8 @@ C10D_INLINE float half_to_float_impl(uint16_t h) {
   const uint32_t special = (magnitude << 13) | 0x7F800000u;
   // Zero or subnormal: mantissa * 2^-24, exact in float32 and a normal float32 there, so
   // flush-to-zero modes cannot eat it.
-  const uint32_t tiny = std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(magnitude)) * 0x1p-24f);
+  const uint32_t tiny =
+      std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(magnitude)) * 0x1p-24f);
   const uint32_t bits = magnitude >= 0x7C00u ? special : (magnitude < 0x0400u ? tiny : normal);
   return std::bit_cast<float>(sign | bits);
 }
@@ -141,7 +142,8 @@ static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
 // Integer arithmetic in an unsigned type at least as wide as `unsigned`, so overflow wraps
 // instead of being undefined (uint16 * uint16 would otherwise promote to signed int).
 template <typename T>
-using WrapType = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+using WrapType =
+    std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
 
 // ---------------------------------------------------------------------------------------------
 // Element operations. `apply` combines two scalars of the compute type; `vec` combines eight
@@ -186,7 +188,8 @@ struct Min {
     }
   }
   C10D_TARGET_AVX2 C10D_INLINE static __m256 vec(__m256 a, __m256 b) {
-    __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_LT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    __m256 take_a =
+        _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_LT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
     take_a = _mm256_or_ps(take_a, _mm256_and_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ), a));
     return _mm256_blendv_ps(b, a, take_a);
   }
@@ -202,7 +205,8 @@ struct Max {
     }
   }
   C10D_TARGET_AVX2 C10D_INLINE static __m256 vec(__m256 a, __m256 b) {
-    __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    __m256 take_a =
+        _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
     take_a = _mm256_or_ps(take_a, _mm256_andnot_ps(a, _mm256_cmp_ps(a, b, _CMP_EQ_OQ)));
     return _mm256_blendv_ps(b, a, take_a);
   }
@@ -210,15 +214,21 @@ struct Max {
 
 struct BitAnd {
   template <typename T>
-  C10D_INLINE static T apply(T a, T b) { return static_cast<T>(a & b); }
+  C10D_INLINE static T apply(T a, T b) {
+    return static_cast<T>(a & b);
+  }
 };
 struct BitOr {
   template <typename T>
-  C10D_INLINE static T apply(T a, T b) { return static_cast<T>(a | b); }
+  C10D_INLINE static T apply(T a, T b) {
+    return static_cast<T>(a | b);
+  }
 };
 struct BitXor {
   template <typename T>
-  C10D_INLINE static T apply(T a, T b) { return static_cast<T>(a ^ b); }
+  C10D_INLINE static T apply(T a, T b) {
+    return static_cast<T>(a ^ b);
+  }
 };
 
 // bool buffers are bytes; any nonzero byte is true and results are normalised to 0 or 1.
@@ -252,7 +262,8 @@ struct HalfFormat {
   }
   C10D_TARGET_AVX2 C10D_INLINE static void store16(uint16_t* p, Float32x16 v) {
     constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    const __m256i packed = _mm256_set_m128i(_mm256_cvtps_ph(v.hi, kRound), _mm256_cvtps_ph(v.lo, kRound));
+    const __m256i packed =
+        _mm256_set_m128i(_mm256_cvtps_ph(v.hi, kRound), _mm256_cvtps_ph(v.lo, kRound));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
   }
 };
@@ -323,8 +334,8 @@ C10D_INLINE void combine_half_portable(uint16_t* out, const uint16_t* a, const u
 // a zero-padded remainder, so every element goes through the same vector arithmetic. All
 // loads of a step happen before its stores, which keeps exact aliasing safe.
 template <typename Format, typename Fn>
-C10D_TARGET_AVX2 C10D_INLINE void map_half_avx2(uint16_t* out, const uint16_t* a,
-                                                 const uint16_t* b, size_t n, Fn fn) {
+C10D_TARGET_AVX2 C10D_INLINE void map_half_avx2(uint16_t* out, const uint16_t* a, const uint16_t* b,
+                                                size_t n, Fn fn) {
   auto step = [fn](uint16_t* o, const uint16_t* x, const uint16_t* y) C10D_TARGET_AVX2_LAMBDA {
     const Float32x16 u = Format::load16(x), v = Format::load16(y);
     Format::store16(o, {fn(u.lo, v.lo), fn(u.hi, v.hi)});
@@ -371,24 +382,24 @@ using CombineFn = void (*)(void* out, const void* a, const void* b, size_t n);
 template <typename T, typename Op>
 void combine_portable(void* out, const void* a, const void* b, size_t n) {
   if constexpr (kIsHalf<T>) {
-    combine_half_portable<typename FormatOf<T>::type, Op>(
-        static_cast<uint16_t*>(out), static_cast<const uint16_t*>(a),
-        static_cast<const uint16_t*>(b), n);
+    combine_half_portable<typename FormatOf<T>::type, Op>(static_cast<uint16_t*>(out),
+                                                          static_cast<const uint16_t*>(a),
+                                                          static_cast<const uint16_t*>(b), n);
   } else {
-    combine_loop<T, Op>(static_cast<T*>(out), static_cast<const T*>(a),
-                        static_cast<const T*>(b), n);
+    combine_loop<T, Op>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b),
+                        n);
   }
 }
 
 template <typename T, typename Op>
 C10D_TARGET_AVX2 void combine_avx2(void* out, const void* a, const void* b, size_t n) {
   if constexpr (kIsHalf<T>) {
-    map_half_avx2<typename FormatOf<T>::type>(
-        static_cast<uint16_t*>(out), static_cast<const uint16_t*>(a),
-        static_cast<const uint16_t*>(b), n, VecBinary<Op>{});
+    map_half_avx2<typename FormatOf<T>::type>(static_cast<uint16_t*>(out),
+                                              static_cast<const uint16_t*>(a),
+                                              static_cast<const uint16_t*>(b), n, VecBinary<Op>{});
   } else {
-    combine_loop<T, Op>(static_cast<T*>(out), static_cast<const T*>(a),
-                        static_cast<const T*>(b), n);
+    combine_loop<T, Op>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b),
+                        n);
   }
 }
 
@@ -451,18 +462,30 @@ CombineFn pick_bool(ReduceOp::Kind kind) {
 template <bool kAvx2>
 CombineFn pick_combine(DType dtype, ReduceOp::Kind kind) {
   switch (dtype) {
-    case DType::kFloat32: return pick_numeric<kAvx2, float>(kind);
-    case DType::kFloat64: return pick_numeric<kAvx2, double>(kind);
-    case DType::kFloat16: return pick_numeric<kAvx2, Half>(kind);
-    case DType::kBFloat16: return pick_numeric<kAvx2, BFloat16>(kind);
-    case DType::kInt8: return pick_numeric<kAvx2, int8_t>(kind);
-    case DType::kInt16: return pick_numeric<kAvx2, int16_t>(kind);
-    case DType::kInt32: return pick_numeric<kAvx2, int32_t>(kind);
-    case DType::kInt64: return pick_numeric<kAvx2, int64_t>(kind);
-    case DType::kUInt8: return pick_numeric<kAvx2, uint8_t>(kind);
-    case DType::kBool: return pick_bool<kAvx2>(kind);
-    case DType::kComplex64: return pick_numeric<kAvx2, float>(kind);
-    case DType::kComplex128: return pick_numeric<kAvx2, double>(kind);
+    case DType::kFloat32:
+      return pick_numeric<kAvx2, float>(kind);
+    case DType::kFloat64:
+      return pick_numeric<kAvx2, double>(kind);
+    case DType::kFloat16:
+      return pick_numeric<kAvx2, Half>(kind);
+    case DType::kBFloat16:
+      return pick_numeric<kAvx2, BFloat16>(kind);
+    case DType::kInt8:
+      return pick_numeric<kAvx2, int8_t>(kind);
+    case DType::kInt16:
+      return pick_numeric<kAvx2, int16_t>(kind);
+    case DType::kInt32:
+      return pick_numeric<kAvx2, int32_t>(kind);
+    case DType::kInt64:
+      return pick_numeric<kAvx2, int64_t>(kind);
+    case DType::kUInt8:
+      return pick_numeric<kAvx2, uint8_t>(kind);
+    case DType::kBool:
+      return pick_bool<kAvx2>(kind);
+    case DType::kComplex64:
+      return pick_numeric<kAvx2, float>(kind);
+    case DType::kComplex128:
+      return pick_numeric<kAvx2, double>(kind);
   }
   return nullptr;
 }
@@ -512,12 +535,14 @@ C10D_TARGET_AVX2 void float_unary_avx2(void* data, size_t n, DType dtype, double
   switch (dtype) {
     case DType::kFloat32:
     case DType::kComplex64:
-      return float_unary_loop<float, kKind>(static_cast<float*>(data), n, static_cast<float>(operand));
+      return float_unary_loop<float, kKind>(static_cast<float*>(data), n,
+                                            static_cast<float>(operand));
     case DType::kFloat64:
     case DType::kComplex128:
       return float_unary_loop<double, kKind>(static_cast<double*>(data), n, operand);
     case DType::kFloat16:
-      return half_unary_avx2<HalfFormat, kKind>(static_cast<uint16_t*>(data), n, static_cast<float>(operand));
+      return half_unary_avx2<HalfFormat, kKind>(static_cast<uint16_t*>(data), n,
+                                                static_cast<float>(operand));
     case DType::kBFloat16:
       return half_unary_avx2<BFloat16Format, kKind>(static_cast<uint16_t*>(data), n,
                                                     static_cast<float>(operand));
@@ -531,7 +556,8 @@ void float_unary_portable(void* data, size_t n, DType dtype, double operand) {
   switch (dtype) {
     case DType::kFloat32:
     case DType::kComplex64:
-      return float_unary_loop<float, kKind>(static_cast<float*>(data), n, static_cast<float>(operand));
+      return float_unary_loop<float, kKind>(static_cast<float*>(data), n,
+                                            static_cast<float>(operand));
     case DType::kFloat64:
     case DType::kComplex128:
       return float_unary_loop<double, kKind>(static_cast<double*>(data), n, operand);
@@ -564,7 +590,8 @@ void int_scale(T* data, size_t n, double factor) {
     for (size_t i = 0; i < n; ++i) data[i] = static_cast<T>(static_cast<WrapType<T>>(data[i]) * f);
     return;
   }
-  for (size_t i = 0; i < n; ++i) data[i] = saturating_trunc<T>(static_cast<double>(data[i]) * factor);
+  for (size_t i = 0; i < n; ++i)
+    data[i] = saturating_trunc<T>(static_cast<double>(data[i]) * factor);
 }
 
 template <typename T>
@@ -585,12 +612,18 @@ void int_divide(T* data, size_t n, int divisor) {
 template <typename Fn>
 void visit_int(DType dtype, void* data, Fn&& fn) {
   switch (dtype) {
-    case DType::kInt8: return fn(static_cast<int8_t*>(data));
-    case DType::kInt16: return fn(static_cast<int16_t*>(data));
-    case DType::kInt32: return fn(static_cast<int32_t*>(data));
-    case DType::kInt64: return fn(static_cast<int64_t*>(data));
-    case DType::kUInt8: return fn(static_cast<uint8_t*>(data));
-    default: C10D_CHECK_ARG(false, "not an integer dtype: ", dtype_name(dtype));
+    case DType::kInt8:
+      return fn(static_cast<int8_t*>(data));
+    case DType::kInt16:
+      return fn(static_cast<int16_t*>(data));
+    case DType::kInt32:
+      return fn(static_cast<int32_t*>(data));
+    case DType::kInt64:
+      return fn(static_cast<int64_t*>(data));
+    case DType::kUInt8:
+      return fn(static_cast<uint8_t*>(data));
+    default:
+      C10D_CHECK_ARG(false, "not an integer dtype: ", dtype_name(dtype));
   }
 }
 
@@ -625,7 +658,8 @@ template <typename Step>
 bool unary_misaligned(void* data, size_t count, DType dtype, Step&& step) {
   const size_t elem = element_size(dtype);
   const size_t align = is_complex(dtype) ? elem / 2 : elem;
-  if ((reinterpret_cast<uintptr_t>(data) & (align - 1)) == 0) [[likely]] return false;
+  if ((reinterpret_cast<uintptr_t>(data) & (align - 1)) == 0) [[likely]]
+    return false;
   constexpr size_t kChunkBytes = 4096;
   alignas(64) unsigned char scratch[kChunkBytes];
   const size_t per_chunk = kChunkBytes / elem;
@@ -710,12 +744,10 @@ void scale(void* data, size_t count, DType dtype, double factor) {
 
 void finalize_avg(void* data, size_t count, DType dtype, int world_size) {
   C10D_CHECK_ARG(dtype != DType::kBool, "ReduceOp AVG is not supported for bool");
-  C10D_CHECK_ARG(world_size >= 1, "finalize_avg: world_size must be at least 1, got ",
-                 world_size);
+  C10D_CHECK_ARG(world_size >= 1, "finalize_avg: world_size must be at least 1, got ", world_size);
   if (count == 0 || world_size == 1) return;
-  if (unary_misaligned(data, count, dtype, [&](void* chunk, size_t n) {
-        finalize_avg(chunk, n, dtype, world_size);
-      })) {
+  if (unary_misaligned(data, count, dtype,
+                       [&](void* chunk, size_t n) { finalize_avg(chunk, n, dtype, world_size); })) {
     return;
   }
   if (is_floating(dtype) || is_complex(dtype)) {

@@ -52,8 +52,8 @@ bool is_valid_reduce_op(DType dtype, const ReduceOp& op) {
 void check_reduce_op(DType dtype, const ReduceOp& op) {
   C10D_CHECK_ARG(static_cast<int>(op.kind) < ReduceOp::kNumKinds, "invalid ReduceOp code ",
                  static_cast<int>(op.kind));
-  C10D_CHECK_ARG(is_valid_reduce_op(dtype, op), "ReduceOp ", op.name(),
-                 " is not supported for ", dtype_name(dtype));
+  C10D_CHECK_ARG(is_valid_reduce_op(dtype, op), "ReduceOp ", op.name(), " is not supported for ",
+                 dtype_name(dtype));
 }
 
 }  // namespace c10d::core

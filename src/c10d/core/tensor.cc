@@ -33,20 +33,19 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
 
 std::string Device::str() const {
   switch (type) {
-    case DeviceType::kCPU: return "cpu";
-    case DeviceType::kCUDA: return "cuda:" + std::to_string(index);
-    default: return "device(" + std::to_string(index) + ")";
+    case DeviceType::kCPU:
+      return "cpu";
+    case DeviceType::kCUDA:
+      return "cuda:" + std::to_string(index);
+    default:
+      return "device(" + std::to_string(index) + ")";
   }
 }
 
 Tensor::Tensor(void* data, DType dtype, std::vector<int64_t> sizes, std::vector<int64_t> strides,
                std::shared_ptr<void> owner, Device device)
-    : data_(data),
-      dtype_(dtype),
-      sizes_(std::move(sizes)),
-      strides_(std::move(strides)),
-      owner_(std::move(owner)),
-      device_(device) {
+    : data_(data), dtype_(dtype), sizes_(std::move(sizes)), strides_(std::move(strides)),
+      owner_(std::move(owner)), device_(device) {
   for (int64_t s : sizes_) C10D_CHECK_ARG(s >= 0, "tensor sizes must be non-negative, got ", s);
   if (strides_.empty()) strides_ = contiguous_strides(sizes_);
   C10D_CHECK_ARG_EQ(strides_.size(), sizes_.size(), "tensor strides and sizes differ in rank");
@@ -231,8 +230,8 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
 }
 
 void check_dense_cpu(const Tensor& tensor, std::string_view what) {
-  C10D_CHECK_ARG(tensor.device().type == DeviceType::kCPU, what, ": tensors must be on the CPU, got ",
-                 tensor.str());
+  C10D_CHECK_ARG(tensor.device().type == DeviceType::kCPU, what,
+                 ": tensors must be on the CPU, got ", tensor.str());
   // Collectives stage other layouts before this check; sends and receives (as in torch, whose
   // wording this is) and direct C++ callers reach it.
   C10D_CHECK_ARG(tensor.is_contiguous(), what,
@@ -245,8 +244,7 @@ void check_dense_cpu(const Tensor& tensor, std::string_view what) {
 void check_same_dtype(const std::vector<Tensor>& tensors, std::string_view what) {
   for (size_t i = 1; i < tensors.size(); ++i) {
     C10D_CHECK_ARG(tensors[i].dtype() == tensors[0].dtype(), what, ": ", kDifferentDtypes,
-                   ": tensor ", i, " is ",
-                   dtype_name(tensors[i].dtype()), " but tensor 0 is ",
+                   ": tensor ", i, " is ", dtype_name(tensors[i].dtype()), " but tensor 0 is ",
                    dtype_name(tensors[0].dtype()), "; all tensors must share one dtype");
   }
 }
@@ -254,8 +252,7 @@ void check_same_dtype(const std::vector<Tensor>& tensors, std::string_view what)
 void check_same_sizes(const std::vector<Tensor>& tensors, std::string_view what) {
   for (size_t i = 1; i < tensors.size(); ++i) {
     C10D_CHECK_ARG(tensors[i].sizes() == tensors[0].sizes(), what, ": invalid tensor size: tensor ",
-                   i, " is ",
-                   tensors[i].str(), " but tensor 0 is ", tensors[0].str(),
+                   i, " is ", tensors[i].str(), " but tensor 0 is ", tensors[0].str(),
                    "; all tensors must have the same shape");
   }
 }

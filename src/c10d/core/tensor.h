@@ -46,7 +46,9 @@ class Tensor {
   bool defined() const { return data_ != nullptr || numel() == 0; }
   void* data() const { return data_; }
   template <typename T>
-  T* data_as() const { return static_cast<T*>(data_); }
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& sizes() const { return sizes_; }
   const std::vector<int64_t>& strides() const { return strides_; }

@@ -26,8 +26,8 @@ void Future::wait(Millis timeout, std::string_view what) const {
   if (deadline.infinite()) {
     done_cv_.wait(lock, [&] { return completed_; });
   } else if (!done_cv_.wait_until(lock, deadline.time_point(), [&] { return completed_; })) {
-    throw DistTimeoutError(detail::str_cat("Timed out after ", format_timeout(timeout),
-                                           " waiting for ", what));
+    throw DistTimeoutError(
+        detail::str_cat("Timed out after ", format_timeout(timeout), " waiting for ", what));
   }
   if (error_) std::rethrow_exception(error_);
 }
@@ -118,11 +118,26 @@ std::shared_ptr<Future> Future::then(std::function<FutureValue(Future&)> fn) {
 
 std::string_view op_type_name(OpType op) {
   static constexpr std::string_view kNames[] = {
-      "BROADCAST",     "ALLREDUCE", "ALLREDUCE_COALESCED", "REDUCE",
-      "ALLGATHER",     "_ALLGATHER_BASE", "ALLGATHER_COALESCED", "GATHER",
-      "SCATTER",       "REDUCE_SCATTER", "ALLTOALL_BASE", "ALLTOALL",
-      "SEND",          "RECV",      "RECVANYSOURCE", "BARRIER",
-      "_REDUCE_SCATTER_BASE", "COALESCED", "_ALLREDUCE_SPARSE", "UNKNOWN",
+      "BROADCAST",
+      "ALLREDUCE",
+      "ALLREDUCE_COALESCED",
+      "REDUCE",
+      "ALLGATHER",
+      "_ALLGATHER_BASE",
+      "ALLGATHER_COALESCED",
+      "GATHER",
+      "SCATTER",
+      "REDUCE_SCATTER",
+      "ALLTOALL_BASE",
+      "ALLTOALL",
+      "SEND",
+      "RECV",
+      "RECVANYSOURCE",
+      "BARRIER",
+      "_REDUCE_SCATTER_BASE",
+      "COALESCED",
+      "_ALLREDUCE_SPARSE",
+      "UNKNOWN",
   };
   auto index = static_cast<size_t>(op);
   return index < std::size(kNames) ? kNames[index] : "UNKNOWN";
@@ -148,7 +163,8 @@ std::shared_ptr<Future> Work::future_of(const std::shared_ptr<Work>& work) {
   C10D_CHECK_ARG(work != nullptr, "Work::future_of: no work");
   if (work->progresses_in_wait() && !work->is_completed()) {
     throw NotSupported(detail::str_cat(
-        "get_future() of ", work->description(), ", which advances only in wait(): call "
+        "get_future() of ", work->description(),
+        ", which advances only in wait(): call "
         "wait() first (torch.distributed does not support get_future for point-to-point "
         "operations either)"));
   }
@@ -159,8 +175,7 @@ int Work::source_rank() const {
   std::lock_guard lock(mutex_);
   // A receive from any source knows its sender once it completed: -1 until then, as in torch.
   if (op_ == OpType::kRecvAnySource) return source_rank_;
-  C10D_CHECK(source_rank_ >= 0, "source_rank is only available for receives (",
-             description_, ")");
+  C10D_CHECK(source_rank_ >= 0, "source_rank is only available for receives (", description_, ")");
   return source_rank_;
 }
 
@@ -175,9 +190,10 @@ bool Work::wait(Millis timeout) {
   } catch (const DistTimeoutError& e) {
     // Finished meanwhile (or failed with its own timeout): its outcome, not the wait's.
     if (future_->completed()) return future_->wait(), true;
-    throw DistTimeoutError(detail::str_cat(
-        e.what(), " (the operation is still running and may still write into its outputs; "
-                  "wait again before reusing them)"));
+    throw DistTimeoutError(
+        detail::str_cat(e.what(),
+                        " (the operation is still running and may still write into its outputs; "
+                        "wait again before reusing them)"));
   }
   return true;
 }

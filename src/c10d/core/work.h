@@ -64,13 +64,13 @@ class Future : public std::enable_shared_from_this<Future> {
 
   mutable std::mutex mutex_;
   mutable std::condition_variable done_cv_;
-  bool completed_ = false;                 // guarded by mutex_
-  FutureValue value_;                      // written once before completed_ is set
-  std::exception_ptr error_;               // written once before completed_ is set
-  std::vector<Callback> callbacks_;        // guarded by mutex_
+  bool completed_ = false;           // guarded by mutex_
+  FutureValue value_;                // written once before completed_ is set
+  std::exception_ptr error_;         // written once before completed_ is set
+  std::vector<Callback> callbacks_;  // guarded by mutex_
   std::vector<std::function<void(std::exception_ptr)>> observers_;  // guarded by mutex_
-  bool finishing_ = false;                 // guarded by mutex_: outcome set, observers run
-  std::function<void(Millis)> driver_;     // set before sharing (set_driver)
+  bool finishing_ = false;              // guarded by mutex_: outcome set, observers run
+  std::function<void(Millis)> driver_;  // set before sharing (set_driver)
 };
 
 // The kinds of operation a Work can stand for (names as in torch's OpType).
@@ -102,8 +102,7 @@ std::string_view op_type_name(OpType op);  // "ALLREDUCE", "_ALLGATHER_BASE", ..
 // callbacks all see the same outcome.
 class Work {
  public:
-  explicit Work(OpType op = OpType::kUnknown, std::string description = {},
-                int source_rank = -1);
+  explicit Work(OpType op = OpType::kUnknown, std::string description = {}, int source_rank = -1);
   virtual ~Work() = default;
 
   static std::shared_ptr<Work> from_future(std::shared_ptr<Future> future,

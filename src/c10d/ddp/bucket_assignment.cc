@@ -36,9 +36,10 @@ BucketAssignment compute_bucket_assignment_by_size(const std::vector<core::Tenso
     const core::Tensor& t = tensors[i];
     size_t index = i;
     if (!tensor_indices.empty()) {
-      C10D_CHECK_ARG(tensor_indices[i] >= 0 && static_cast<size_t>(tensor_indices[i]) < tensors.size(),
-                     "compute_bucket_assignment_by_size: tensor_indices[", i, "] = ",
-                     tensor_indices[i], " is not in [0, ", tensors.size(), ")");
+      C10D_CHECK_ARG(
+          tensor_indices[i] >= 0 && static_cast<size_t>(tensor_indices[i]) < tensors.size(),
+          "compute_bucket_assignment_by_size: tensor_indices[", i, "] = ", tensor_indices[i],
+          " is not in [0, ", tensors.size(), ")");
       index = static_cast<size_t>(tensor_indices[i]);
     }
     if (!expect_sparse_gradient.empty() && expect_sparse_gradient[index]) {

@@ -45,14 +45,13 @@ std::string list(const int64_t* v, int64_t n) {
 
 // The first way this rank's parameters differ from rank 0's, or "". `n` holds every rank's
 // parameter count and description length; `theirs` is rank 0's description.
-std::string compare_with_rank0(const std::vector<Tensor>& params,
-                               const std::vector<int64_t>& mine, const Tensor& theirs,
-                               const int64_t* n, int rank, int size) {
+std::string compare_with_rank0(const std::vector<Tensor>& params, const std::vector<int64_t>& mine,
+                               const Tensor& theirs, const int64_t* n, int rank, int size) {
   const std::string lead = "DDP expects the same model on every rank, but ";
   for (int r = 0; r < size; ++r) {
     if (n[2 * r] != static_cast<int64_t>(params.size())) {
-      return str_cat(lead, "rank ", r, " has ", n[2 * r], " parameters while rank ", rank,
-                     " has ", params.size());
+      return str_cat(lead, "rank ", r, " has ", n[2 * r], " parameters while rank ", rank, " has ",
+                     params.size());
     }
   }
   // Rank 0's parameter i starts where ours does as long as every earlier one matched.
@@ -61,8 +60,8 @@ std::string compare_with_rank0(const std::vector<Tensor>& params,
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t dim = own[1];
     if (ref[1] != dim || !std::equal(own + 2, own + 2 + dim, ref + 2)) {
-      return str_cat(lead, "parameter ", i, " on rank ", rank, " has sizes ",
-                     list(own + 2, dim), " while on rank 0 it has sizes ", list(ref + 2, ref[1]));
+      return str_cat(lead, "parameter ", i, " on rank ", rank, " has sizes ", list(own + 2, dim),
+                     " while on rank 0 it has sizes ", list(ref + 2, ref[1]));
     }
     if (own[0] != ref[0]) {
       return str_cat(lead, "parameter ", i, " on rank ", rank, " is ",
@@ -79,7 +78,6 @@ std::string compare_with_rank0(const std::vector<Tensor>& params,
   }
   return "";
 }
-
 
 }  // namespace
 
@@ -154,9 +152,10 @@ void verify_params_across_processes(const std::shared_ptr<pg::ProcessGroup>& gro
   finish(*group, group->allgather_base(flags, flag, gather_opts));
   C10D_CHECK(problem.empty(), problem);
   for (int r = 0; r < size; ++r) {
-    C10D_CHECK(flags.data_as<int32_t>()[r] == 0, "DDP expects the same model on every rank, "
-               "but rank ", r, "'s parameters differ from rank 0's (rank ", r,
-               "'s error says how)");
+    C10D_CHECK(flags.data_as<int32_t>()[r] == 0,
+               "DDP expects the same model on every rank, "
+               "but rank ",
+               r, "'s parameters differ from rank 0's (rank ", r, "'s error says how)");
   }
 }
 

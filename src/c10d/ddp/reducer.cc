@@ -34,17 +34,14 @@ std::shared_ptr<Future> allreduce_async(pg::ProcessGroup& group, Tensor buffer) 
 
 GradBucket::GradBucket(size_t index, size_t bucket_count, Tensor buffer,
                        std::vector<size_t> offsets, std::vector<Tensor> parameters)
-    : index_(index),
-      count_(bucket_count),
-      buffer_(std::move(buffer)),
-      offsets_(std::move(offsets)),
+    : index_(index), count_(bucket_count), buffer_(std::move(buffer)), offsets_(std::move(offsets)),
       parameters_(std::move(parameters)) {}
 
 void GradBucket::set_buffer(Tensor buffer) {
   C10D_CHECK_ARG(buffer.dtype() == buffer_.dtype() && buffer.numel() == buffer_.numel() &&
                      buffer.is_contiguous(),
-                 "GradBucket.set_buffer: bucket ", index_, " holds ", buffer_.str(),
-                 "; got ", buffer.str(), buffer.is_contiguous() ? "" : " (not contiguous)");
+                 "GradBucket.set_buffer: bucket ", index_, " holds ", buffer_.str(), "; got ",
+                 buffer.str(), buffer.is_contiguous() ? "" : " (not contiguous)");
   buffer_ = std::move(buffer);
 }
 
@@ -59,33 +56,30 @@ std::vector<Tensor> GradBucket::gradients() const {
 Reducer::Reducer(std::vector<Tensor> params, std::vector<std::vector<size_t>> bucket_indices,
                  std::vector<size_t> per_bucket_size_limits,
                  std::shared_ptr<pg::ProcessGroup> group, ReducerOptions options)
-    : params_(std::move(params)),
-      bucket_params_(std::move(bucket_indices)),
-      size_limits_(std::move(per_bucket_size_limits)),
-      group_(std::move(group)),
+    : params_(std::move(params)), bucket_params_(std::move(bucket_indices)),
+      size_limits_(std::move(per_bucket_size_limits)), group_(std::move(group)),
       options_(std::move(options)) {
   C10D_CHECK_ARG(group_ != nullptr, "Reducer: no process group");
   const size_t n = params_.size();
   if (size_limits_.empty()) {
     size_limits_.assign(bucket_params_.size(), static_cast<size_t>(options_.bucket_bytes_cap));
   }
-  C10D_CHECK_ARG(size_limits_.size() == bucket_params_.size(), "Reducer: ",
-                 size_limits_.size(), " bucket size limits for ", bucket_params_.size(),
-                 " buckets");
+  C10D_CHECK_ARG(size_limits_.size() == bucket_params_.size(), "Reducer: ", size_limits_.size(),
+                 " bucket size limits for ", bucket_params_.size(), " buckets");
   C10D_CHECK_ARG(options_.param_is_gradient.empty() || options_.param_is_gradient.size() == n,
                  "Reducer: param_is_gradient has ", options_.param_is_gradient.size(),
                  " entries for ", n, " parameters");
-  C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() ||
-                     options_.expect_sparse_gradients.size() == n,
-                 "Reducer: expect_sparse_gradients has ",
-                 options_.expect_sparse_gradients.size(), " entries for ", n, " parameters");
+  C10D_CHECK_ARG(
+      options_.expect_sparse_gradients.empty() || options_.expect_sparse_gradients.size() == n,
+      "Reducer: expect_sparse_gradients has ", options_.expect_sparse_gradients.size(),
+      " entries for ", n, " parameters");
   for (size_t i = 0; i < n; ++i) {
-    C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() ||
-                       !options_.expect_sparse_gradients[i],
-                   "Reducer: parameter ", i, " expects a sparse gradient; only dense gradients "
+    C10D_CHECK_ARG(options_.expect_sparse_gradients.empty() || !options_.expect_sparse_gradients[i],
+                   "Reducer: parameter ", i,
+                   " expects a sparse gradient; only dense gradients "
                    "are supported");
-    C10D_CHECK_ARG(params_[i].is_contiguous(), "Reducer: parameter ", i, " (",
-                   params_[i].str(), ") is not contiguous");
+    C10D_CHECK_ARG(params_[i].is_contiguous(), "Reducer: parameter ", i, " (", params_[i].str(),
+                   ") is not contiguous");
   }
   init_buckets();
   ready_.assign(n, false);
@@ -106,12 +100,12 @@ void Reducer::init_buckets() {
     for (size_t k = 0; k < members.size(); ++k) {
       const size_t i = members[k];
       C10D_CHECK_ARG(i < n, "Reducer: bucket ", b, " names parameter ", i, " of ", n);
-      C10D_CHECK_ARG(where_[i].first == SIZE_MAX, "Reducer: parameter ", i,
-                     " is in bucket ", where_[i].first, " and in bucket ", b);
+      C10D_CHECK_ARG(where_[i].first == SIZE_MAX, "Reducer: parameter ", i, " is in bucket ",
+                     where_[i].first, " and in bucket ", b);
       C10D_CHECK_ARG(params_[i].dtype() == params_[members[0]].dtype(), "Reducer: bucket ", b,
                      " mixes ", core::dtype_name(params_[members[0]].dtype()), " (parameter ",
-                     members[0], ") and ", core::dtype_name(params_[i].dtype()),
-                     " (parameter ", i, ")");
+                     members[0], ") and ", core::dtype_name(params_[i].dtype()), " (parameter ", i,
+                     ")");
       where_[i] = {b, k};
       bucket.offsets.push_back(elements);
       elements += static_cast<size_t>(params_[i].numel());
@@ -218,8 +212,7 @@ void Reducer::mark_ready(size_t index, std::optional<Tensor> grad) {
 GradBucket Reducer::make_grad_bucket(size_t b, Tensor buffer) const {
   std::vector<Tensor> members;
   for (size_t i : buckets_[b].params) members.push_back(params_[i]);
-  return GradBucket(b, buckets_.size(), std::move(buffer), buckets_[b].offsets,
-                    std::move(members));
+  return GradBucket(b, buckets_.size(), std::move(buffer), buckets_[b].offsets, std::move(members));
 }
 
 void Reducer::launch_ready_buckets() {
@@ -276,8 +269,8 @@ void Reducer::finalize_backward() {
   if (!in_backward_) return;
   try {
     if (next_bucket_ < buckets_.size()) {
-      C10D_CHECK(options_.find_unused_parameters,
-                 "Reducer: finalize_backward with parameters ", unready_parameters(),
+      C10D_CHECK(options_.find_unused_parameters, "Reducer: finalize_backward with parameters ",
+                 unready_parameters(),
                  " not marked ready. If they did not take part in computing the loss, "
                  "construct the reducer with find_unused_parameters=True");
       // Unused parameters contribute zeros; every rank then launches the remaining buckets
@@ -285,8 +278,7 @@ void Reducer::finalize_backward() {
       for (size_t i = 0; i < params_.size(); ++i) {
         if (ready_[i]) continue;
         const auto [b, k] = where_[i];
-        std::memset(element(buckets_[b].buffer, buckets_[b].offsets[k]), 0,
-                    params_[i].nbytes());
+        std::memset(element(buckets_[b].buffer, buckets_[b].offsets[k]), 0, params_[i].nbytes());
         ready_[i] = true;
         --buckets_[b].pending;
       }
@@ -298,8 +290,8 @@ void Reducer::finalize_backward() {
     if (options_.find_unused_parameters) {
       Tensor map = Tensor::empty({static_cast<int64_t>(params_.size())}, DType::kInt32);
       for (size_t i = 0; i < params_.size(); ++i) map.data_as<int32_t>()[i] = used_[i];
-      allreduce_async(*group_, map)->wait(group_->options().timeout,
-                                           "the allreduce of the used-parameter map");
+      allreduce_async(*group_, map)
+          ->wait(group_->options().timeout, "the allreduce of the used-parameter map");
       for (size_t i = 0; i < params_.size(); ++i) used_anywhere_[i] = map.data_as<int32_t>()[i];
     }
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -371,8 +363,7 @@ bool Reducer::rebuild_buckets() {
   }
   std::vector<Tensor> tensors{plan};
   group_->broadcast(tensors)->get_future()->wait(
-      group_->options().timeout,
-      "the broadcast of rank 0's rebuilt gradient buckets");
+      group_->options().timeout, "the broadcast of rank 0's rebuilt gradient buckets");
   const auto count = static_cast<size_t>(p[0]);
   C10D_CHECK(count >= 1 && count <= n, "Reducer: rank 0 sent ", count, " buckets for ", n,
              " parameters");
@@ -396,7 +387,8 @@ void Reducer::reset_state() { abandon_pass(); }
 
 void Reducer::register_comm_hook(CommHook hook) {
   C10D_CHECK_ARG(hook != nullptr, "Reducer.register_comm_hook: no hook");
-  C10D_CHECK(!custom_hook_, "Reducer: a comm hook is already registered; register_comm_hook "
+  C10D_CHECK(!custom_hook_,
+             "Reducer: a comm hook is already registered; register_comm_hook "
              "and register_builtin_comm_hook can be called only once");
   C10D_CHECK(iterations_ == 0 && !in_backward_,
              "Reducer: register the comm hook before the first backward pass");
@@ -435,8 +427,8 @@ std::shared_ptr<Future> Reducer::run_fp16_compress_hook(GradBucket& bucket) {
   const double scale = 1.0 / group_->size();
   uint16_t* h = half.data_as<uint16_t>();
   for (size_t i = 0; i < n; ++i) {
-    const double v = dtype == DType::kFloat32 ? buffer.data_as<float>()[i]
-                                              : buffer.data_as<double>()[i];
+    const double v =
+        dtype == DType::kFloat32 ? buffer.data_as<float>()[i] : buffer.data_as<double>()[i];
     h[i] = core::float_to_half(static_cast<float>(v * scale));
   }
   return allreduce_async(*group_, half)->then([buffer, half, dtype, n](Future&) {

@@ -155,12 +155,12 @@ class Reducer {
 
  private:
   struct Bucket {
-    Tensor buffer;                  // flat, the bucket's parameters one after another
-    std::vector<size_t> params;     // parameter indices
-    std::vector<size_t> offsets;    // element offset of each in `buffer`
-    size_t pending = 0;             // parameters not yet marked ready in this pass
-    std::shared_ptr<Future> future; // the launched reduction
-    std::optional<GradBucket> view; // what the hook saw (its buffer may be replaced)
+    Tensor buffer;                   // flat, the bucket's parameters one after another
+    std::vector<size_t> params;      // parameter indices
+    std::vector<size_t> offsets;     // element offset of each in `buffer`
+    size_t pending = 0;              // parameters not yet marked ready in this pass
+    std::shared_ptr<Future> future;  // the launched reduction
+    std::optional<GradBucket> view;  // what the hook saw (its buffer may be replaced)
   };
 
   // Builds buckets_ and where_ from bucket_params_ (checked).
@@ -180,7 +180,7 @@ class Reducer {
   std::string unready_parameters() const;
 
   std::vector<Tensor> params_;
-  std::vector<Tensor> grads_;  // where each gradient is read from and written to
+  std::vector<Tensor> grads_;   // where each gradient is read from and written to
   std::vector<bool> has_grad_;  // whether grads_[i] is known in this pass
   std::vector<std::vector<size_t>> bucket_params_;
   std::vector<size_t> size_limits_;
@@ -193,7 +193,7 @@ class Reducer {
 
   bool in_backward_ = false;
   bool any_marked_ = false;  // a gradient was marked ready in this pass
-  size_t next_bucket_ = 0;  // the first bucket not launched yet in this pass
+  size_t next_bucket_ = 0;   // the first bucket not launched yet in this pass
   std::vector<bool> ready_;
   std::vector<bool> used_;
   std::vector<bool> used_anywhere_;

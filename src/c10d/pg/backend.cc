@@ -56,8 +56,8 @@ WorkPtr Backend::allreduce_coalesced(std::vector<Tensor>& tensors,
 WorkPtr Backend::reduce(std::vector<Tensor>&, const ReduceOptions&) {
   throw_not_supported("reduce");
 }
-WorkPtr Backend::allgather(std::vector<std::vector<Tensor>>& outputs,
-                           std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
+WorkPtr Backend::allgather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                           const AllgatherOptions& opts) {
   // allgather_coalesced with the output lists indexed [rank][input] instead of [input][rank].
   std::vector<std::vector<Tensor>> by_rank(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) {
@@ -77,11 +77,10 @@ WorkPtr Backend::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
   for (const auto& t : inputs) total += t.nbytes();
   // One input is sent as it is (which keeps a backend's zero-copy path for it); several are
   // packed first.
-  Tensor packed =
-      inputs.size() == 1
-          ? Tensor(inputs[0].data(), core::DType::kUInt8, {static_cast<int64_t>(total)}, {},
-                   inputs[0].owner(), inputs[0].device())
-          : Tensor::empty({static_cast<int64_t>(total)}, core::DType::kUInt8);
+  Tensor packed = inputs.size() == 1
+                      ? Tensor(inputs[0].data(), core::DType::kUInt8, {static_cast<int64_t>(total)},
+                               {}, inputs[0].owner(), inputs[0].device())
+                      : Tensor::empty({static_cast<int64_t>(total)}, core::DType::kUInt8);
   if (inputs.size() != 1) pack(inputs, packed);
   Tensor gathered = Tensor::empty({static_cast<int64_t>(total) * size_}, core::DType::kUInt8);
   WorkPtr work = allgather_base(gathered, packed, opts);
@@ -133,7 +132,8 @@ WorkPtr Backend::recv_anysource(std::vector<Tensor>&, int) {
 }
 WorkPtr Backend::barrier(const BarrierOptions&) { throw_not_supported("barrier"); }
 std::string monitored_barrier_failure_on(int rank) {
-  return core::detail::str_cat("Rank ", rank, " successfully reached monitoredBarrier, but "
+  return core::detail::str_cat("Rank ", rank,
+                               " successfully reached monitoredBarrier, but "
                                "received errors while waiting for send/recv from rank 0. Please "
                                "check rank 0 logs for faulty rank.");
 }

@@ -103,8 +103,8 @@ class Backend : public std::enable_shared_from_this<Backend> {
                                       const AllreduceCoalescedOptions& opts);
   virtual WorkPtr reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts);
   // Default: allgather_coalesced of the inputs (outputs[k][r] gets rank r's inputs[k]).
-  virtual WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs,
-                            std::vector<Tensor>& inputs, const AllgatherOptions& opts);
+  virtual WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                            const AllgatherOptions& opts);
   virtual WorkPtr allgather_base(Tensor& output, Tensor& input, const AllgatherOptions& opts);
   // Default: one allgather_base of all inputs packed together.
   virtual WorkPtr allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,

@@ -56,7 +56,8 @@ class FakeBackend : public Backend {
                         const AllToAllOptions&) override {
     return done({out});
   }
-  WorkPtr alltoall(std::vector<Tensor>& out, std::vector<Tensor>&, const AllToAllOptions&) override {
+  WorkPtr alltoall(std::vector<Tensor>& out, std::vector<Tensor>&,
+                   const AllToAllOptions&) override {
     return done(out);
   }
   WorkPtr send(std::vector<Tensor>& t, int, int) override { return done(t); }

@@ -55,8 +55,7 @@ void install_signal_handler() {
 }
 
 int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             core::Clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(core::Clock::now().time_since_epoch())
       .count();
 }
 
@@ -158,10 +157,14 @@ json time_or_null(int64_t ns) { return ns == 0 ? json(nullptr) : json(ns); }
 
 std::string_view trace_state_name(FlightRecorder::State state) {
   switch (state) {
-    case FlightRecorder::State::kScheduled: return "scheduled";
-    case FlightRecorder::State::kStarted: return "started";
-    case FlightRecorder::State::kCompleted: return "completed";
-    case FlightRecorder::State::kFailed: return "failed";
+    case FlightRecorder::State::kScheduled:
+      return "scheduled";
+    case FlightRecorder::State::kStarted:
+      return "started";
+    case FlightRecorder::State::kCompleted:
+      return "completed";
+    case FlightRecorder::State::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -188,9 +191,7 @@ bool invariant_tsc() {
 }  // namespace
 
 TraceClock::TraceClock()
-    : tsc_(invariant_tsc()),
-      origin_ticks_(now()),
-      origin_wall_ns_(wall_ns()),
+    : tsc_(invariant_tsc()), origin_ticks_(now()), origin_wall_ns_(wall_ns()),
       origin_steady_ns_(steady_ns()) {}
 
 int64_t TraceClock::now() const {
@@ -360,10 +361,10 @@ void FlightRecorder::record_finished(const TraceHandle& handle, std::exception_p
     }
     worth_a_dump = worth_a_dump && !g.closing && !auto_dumped_.load();
     if (worth_a_dump) {
-      reason = core::detail::str_cat(
-          "rank ", dump_rank_locked(), ": ", e ? trace_op_name(e->op) : std::string("operation"),
-          handle.p2p ? " p2p seq " : " seq ", handle.seq, " on group '", g.name,
-          "' failed: ", message);
+      reason = core::detail::str_cat("rank ", dump_rank_locked(), ": ",
+                                     e ? trace_op_name(e->op) : std::string("operation"),
+                                     handle.p2p ? " p2p seq " : " seq ", handle.seq, " on group '",
+                                     g.name, "' failed: ", message);
     }
   }
   if (worth_a_dump) auto_dump(reason);
@@ -585,8 +586,8 @@ std::string FlightRecorder::dump_json_locked(bool include_completed, bool only_a
     }
     j["input_sizes"] = sizes_json(e.input_dims, e.input_sizes);
     j["input_dtypes"] = dtypes_json(e.input_dtypes);
-    j["output_sizes"] = e.outputs_are_inputs ? j["input_sizes"]
-                                             : sizes_json(e.output_dims, e.output_sizes);
+    j["output_sizes"] =
+        e.outputs_are_inputs ? j["input_sizes"] : sizes_json(e.output_dims, e.output_sizes);
     j["output_dtypes"] = e.outputs_are_inputs ? j["input_dtypes"] : dtypes_json(e.output_dtypes);
     j["state"] = trace_state_name(e.state);
     j["error"] = e.state == State::kFailed ? json(e.error) : json(nullptr);
@@ -595,8 +596,7 @@ std::string FlightRecorder::dump_json_locked(bool include_completed, bool only_a
     j["time_enqueued_ns"] = to_ns(e.enqueued_at);
     j["time_started_ns"] = time_or_null(started);
     j["time_completed_ns"] = time_or_null(completed);
-    j["duration_ns"] = (completed != 0 && started != 0) ? json(completed - started)
-                                                        : json(nullptr);
+    j["duration_ns"] = (completed != 0 && started != 0) ? json(completed - started) : json(nullptr);
     j["timeout_ms"] = e.timeout_ms;
     entries.push_back(std::move(j));
   }

@@ -110,14 +110,14 @@ struct TraceGroup {
   // may send while its peer does not; the seqs of matching collectives agree across ranks.
   uint64_t collective_seq = 0;
   uint64_t p2p_seq = 0;
-  uint64_t last_enqueued = 0;   // collective seqs
+  uint64_t last_enqueued = 0;  // collective seqs
   uint64_t last_started = 0;
   uint64_t last_completed = 0;  // completed or failed
   uint64_t last_enqueued_p2p = 0;
   uint64_t last_started_p2p = 0;
   uint64_t last_completed_p2p = 0;
-  int64_t in_flight = 0;  // operations recorded and not finished
-  int64_t dump_requests_seen = 0;  // kDumpRequestKey's counter when last looked at
+  int64_t in_flight = 0;             // operations recorded and not finished
+  int64_t dump_requests_seen = 0;    // kDumpRequestKey's counter when last looked at
   int64_t poll_paused_until_ns = 0;  // after a store error, the watcher leaves it alone a while
 };
 
@@ -189,8 +189,7 @@ class FlightRecorder {
   // Registers a group; nullptr when disabled. On the process recorder the first registration
   // starts the watcher thread and installs the SIGUSR1 handler (unless one is installed).
   std::shared_ptr<TraceGroup> register_group(std::shared_ptr<store::Store> store, int rank,
-                                             int size, const std::string& backend,
-                                             Millis timeout);
+                                             int size, const std::string& backend, Millis timeout);
   void set_group_name(TraceGroup& group, const std::string& name);
   void set_group_desc(TraceGroup& group, const std::string& desc);
   void set_global_ranks(TraceGroup& group, std::vector<int> ranks);
@@ -236,10 +235,10 @@ class FlightRecorder {
  private:
   struct Entry;
 
-  Entry* find(uint64_t id);  // expects lock_ held
+  Entry* find(uint64_t id);      // expects lock_ held
   int dump_rank_locked() const;  // expects lock_ held
-  std::string dump_json_locked(bool include_completed, bool only_active,
-                               const std::string& reason, int indent) const;  // lock_ held
+  std::string dump_json_locked(bool include_completed, bool only_active, const std::string& reason,
+                               int indent) const;  // lock_ held
   void start_watcher();
   void watch();
 
@@ -248,11 +247,11 @@ class FlightRecorder {
   bool process_recorder_ = false;  // instance(): owns the watcher thread and SIGUSR1 handler
 
   mutable core::SpinLock lock_;
-  std::vector<Entry> ring_;                          // guarded by lock_; grows to capacity_
-  uint64_t next_id_ = 1;                             // guarded by lock_
-  uint64_t next_group_uid_ = 1;                      // guarded by lock_
-  std::vector<std::weak_ptr<TraceGroup>> groups_;    // guarded by lock_, registration order
-  int64_t in_flight_ = 0;                            // guarded by lock_
+  std::vector<Entry> ring_;                        // guarded by lock_; grows to capacity_
+  uint64_t next_id_ = 1;                           // guarded by lock_
+  uint64_t next_group_uid_ = 1;                    // guarded by lock_
+  std::vector<std::weak_ptr<TraceGroup>> groups_;  // guarded by lock_, registration order
+  int64_t in_flight_ = 0;                          // guarded by lock_
 
   std::atomic<bool> auto_dumped_{false};
 

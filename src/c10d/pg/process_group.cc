@@ -16,12 +16,8 @@ namespace c10d::pg {
 using core::DeviceType;
 using core::OpType;
 
-ProcessGroup::ProcessGroup(std::shared_ptr<store::Store> store, int rank, int size,
-                           Options options)
-    : store_(std::move(store)),
-      rank_(rank),
-      size_(size),
-      options_(std::move(options)),
+ProcessGroup::ProcessGroup(std::shared_ptr<store::Store> store, int rank, int size, Options options)
+    : store_(std::move(store)), rank_(rank), size_(size), options_(std::move(options)),
       trace_(FlightRecorder::instance().register_group(store_, rank_, size_, options_.backend,
                                                        options_.timeout)) {
   C10D_CHECK_ARG(size_ > 0, "ProcessGroup: world size must be positive, got ", size_);
@@ -182,8 +178,7 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
         try {
           hook(info);
         } catch (const std::exception& e) {
-          core::log(core::LogLevel::kWarning,
-                    std::string("a completion hook raised: ") + e.what());
+          core::log(core::LogLevel::kWarning, std::string("a completion hook raised: ") + e.what());
         }
       }
     });
@@ -193,7 +188,7 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
 
 WorkPtr ProcessGroup::broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts) {
   if (auto w = Staging::run_in_place("broadcast", tensors,
-                                      [&](auto& t) { return broadcast(t, opts); })) {
+                                     [&](auto& t) { return broadcast(t, opts); })) {
     return *w;
   }
   check_rank("broadcast", "root rank", opts.root_rank, size_);
@@ -201,23 +196,21 @@ WorkPtr ProcessGroup::broadcast(std::vector<Tensor>& tensors, const BroadcastOpt
                  "broadcast: invalid root tensor index ", opts.root_tensor, " (the list holds ",
                  tensors.size(), " tensors)");
   check_tensor_list("broadcast", tensors);
-  return dispatch({.op = OpType::kBroadcast, .inputs = tensors, .outputs = tensors,
-                   .timeout = opts.timeout},
-                  device_of(tensors),
-                  [&](Backend& b) { return b.broadcast(tensors, opts); });
+  return dispatch(
+      {.op = OpType::kBroadcast, .inputs = tensors, .outputs = tensors, .timeout = opts.timeout},
+      device_of(tensors), [&](Backend& b) { return b.broadcast(tensors, opts); });
 }
 
 WorkPtr ProcessGroup::allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts) {
   if (auto w = Staging::run_in_place("allreduce", tensors,
-                                      [&](auto& t) { return allreduce(t, opts); })) {
+                                     [&](auto& t) { return allreduce(t, opts); })) {
     return *w;
   }
   check_tensor_list("allreduce", tensors);
   check_reduce("allreduce", tensors.front(), opts.reduce_op);
-  return dispatch({.op = OpType::kAllreduce, .inputs = tensors, .outputs = tensors,
-                   .timeout = opts.timeout},
-                  device_of(tensors),
-                  [&](Backend& b) { return b.allreduce(tensors, opts); });
+  return dispatch(
+      {.op = OpType::kAllreduce, .inputs = tensors, .outputs = tensors, .timeout = opts.timeout},
+      device_of(tensors), [&](Backend& b) { return b.allreduce(tensors, opts); });
 }
 
 namespace {
@@ -245,8 +238,7 @@ bool well_formed(const InlineOp& op, int rank, int size) {
     case OpType::kAlltoallBase:
       // Equal splits of dimension 0 on both sides.
       return same_dtype_and_numel(op.output, op.input) && op.input.ndim >= 1 &&
-             op.output.ndim >= 1 && op.input.sizes[0] % size == 0 &&
-             op.output.sizes[0] % size == 0;
+             op.output.ndim >= 1 && op.input.sizes[0] % size == 0 && op.output.sizes[0] % size == 0;
     case OpType::kGather:
     case OpType::kScatter: {
       if (!root_ok) return false;
@@ -315,7 +307,9 @@ namespace {
 bool mixes_complex_and_real(const std::vector<std::vector<Tensor>>& outputs,
                             const std::vector<Tensor>& inputs) {
   bool complex = false, real = false;
-  auto see = [&](const Tensor& t) { (core::is_complex(t.dtype()) ? complex : real) = true; };
+  auto see = [&](const Tensor& t) {
+    (core::is_complex(t.dtype()) ? complex : real) = true;
+  };
   for (const auto& list : outputs) std::for_each(list.begin(), list.end(), see);
   std::for_each(inputs.begin(), inputs.end(), see);
   return complex && real;
@@ -341,7 +335,7 @@ std::vector<std::vector<Tensor>> as_reals(const std::vector<std::vector<Tensor>>
 WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
                                           const AllreduceCoalescedOptions& opts) {
   if (auto w = Staging::run_in_place("allreduce_coalesced", tensors,
-                                      [&](auto& t) { return allreduce_coalesced(t, opts); })) {
+                                     [&](auto& t) { return allreduce_coalesced(t, opts); })) {
     return *w;
   }
   if (mixes_complex_and_real({}, tensors)) {
@@ -351,15 +345,16 @@ WorkPtr ProcessGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
   }
   check_tensor_list("allreduce_coalesced", tensors, /*same_shape=*/false);
   check_reduce("allreduce_coalesced", tensors.front(), opts.reduce_op);
-  return dispatch({.op = OpType::kAllreduceCoalesced, .inputs = tensors, .outputs = tensors,
+  return dispatch({.op = OpType::kAllreduceCoalesced,
+                   .inputs = tensors,
+                   .outputs = tensors,
                    .timeout = opts.timeout},
                   device_of(tensors),
                   [&](Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
 
 WorkPtr ProcessGroup::reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts) {
-  if (auto w = Staging::run_in_place("reduce", tensors,
-                                      [&](auto& t) { return reduce(t, opts); })) {
+  if (auto w = Staging::run_in_place("reduce", tensors, [&](auto& t) { return reduce(t, opts); })) {
     return *w;
   }
   check_tensor_list("reduce", tensors);
@@ -369,10 +364,9 @@ WorkPtr ProcessGroup::reduce(std::vector<Tensor>& tensors, const ReduceOptions& 
                  " (the list holds 1 tensor)");
   check_rank("reduce", "root rank", opts.root_rank, size_);
   check_reduce("reduce", tensors.front(), opts.reduce_op);
-  return dispatch({.op = OpType::kReduce, .inputs = tensors, .outputs = tensors,
-                   .timeout = opts.timeout},
-                  device_of(tensors),
-                  [&](Backend& b) { return b.reduce(tensors, opts); });
+  return dispatch(
+      {.op = OpType::kReduce, .inputs = tensors, .outputs = tensors, .timeout = opts.timeout},
+      device_of(tensors), [&](Backend& b) { return b.reduce(tensors, opts); });
 }
 
 namespace {
@@ -394,19 +388,17 @@ void check_gathered(std::string_view op, std::string_view side,
     } else {
       check_same_dtype(op, singles[i], lists[i].front());
     }
-    C10D_CHECK_ARG(lists[i].front().numel() == singles[i].numel(), op, ": invalid tensor size: ",
-                   side, " tensors ", lists[i].front().str(), " must have as many elements as ",
-                   singles[i].str());
+    C10D_CHECK_ARG(lists[i].front().numel() == singles[i].numel(), op,
+                   ": invalid tensor size: ", side, " tensors ", lists[i].front().str(),
+                   " must have as many elements as ", singles[i].str());
   }
 }
 }  // namespace
 
-
 WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
                                 std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
-  if (auto w = Staging::run("allgather", outputs, inputs, [&](auto& o, auto& i) {
-        return allgather(o, i, opts);
-      })) {
+  if (auto w = Staging::run("allgather", outputs, inputs,
+                            [&](auto& o, auto& i) { return allgather(o, i, opts); })) {
     return *w;
   }
   if (mixes_complex_and_real(outputs, inputs)) {
@@ -425,10 +417,9 @@ WorkPtr ProcessGroup::allgather(std::vector<std::vector<Tensor>>& outputs,
                  outputs.size(), " output lists for ", inputs.size(), " input tensors");
   check_tensor_list("allgather", inputs);
   check_gathered("allgather", "output", outputs, inputs, size_);
-  return dispatch({.op = OpType::kAllgather, .inputs = inputs, .outputs = outputs,
-                   .timeout = opts.timeout},
-                  device_of(inputs),
-                  [&](Backend& b) { return b.allgather(outputs, inputs, opts); });
+  return dispatch(
+      {.op = OpType::kAllgather, .inputs = inputs, .outputs = outputs, .timeout = opts.timeout},
+      device_of(inputs), [&](Backend& b) { return b.allgather(outputs, inputs, opts); });
 }
 
 // Every rank contributes its input padded to the largest output through one allgather_base,
@@ -466,8 +457,8 @@ WorkPtr ProcessGroup::allgather_uneven(std::vector<Tensor>& outputs, const Tenso
   for (int q = 0; q < size_; ++q) {
     for (int r = 0; r < size_; ++r) {
       C10D_CHECK_ARG(v[q * row + 1 + r] == v[r * row], op, ": invalid tensor size: rank ", q,
-                     "'s output tensor ", r, " holds ", v[q * row + 1 + r],
-                     " elements, but rank ", r, " sends ", v[r * row]);
+                     "'s output tensor ", r, " holds ", v[q * row + 1 + r], " elements, but rank ",
+                     r, " sends ", v[r * row]);
     }
   }
   Tensor padded = Tensor::empty({largest}, input.dtype());
@@ -479,37 +470,34 @@ WorkPtr ProcessGroup::allgather_uneven(std::vector<Tensor>& outputs, const Tenso
   auto placed = work->get_future()->then([outputs, gathered, padded, largest](core::Future&) {
     for (size_t r = 0; r < outputs.size(); ++r) {
       const Tensor& out = outputs[r];
-      core::copy_elements(out, gathered.flat_slice(static_cast<int64_t>(r) * largest,
-                                                   out.numel()).reshape(out.sizes()));
+      core::copy_elements(
+          out,
+          gathered.flat_slice(static_cast<int64_t>(r) * largest, out.numel()).reshape(out.sizes()));
     }
     return core::FutureValue{outputs, nullptr};
   });
   return Work::from_future(std::move(placed), OpType::kAllgather, work->description());
 }
 
-WorkPtr ProcessGroup::allgather_base(Tensor& output, Tensor& input,
-                                     const AllgatherOptions& opts) {
-  if (auto w = Staging::run("_allgather_base", output, input, [&](auto& o, auto& i) {
-        return allgather_base(o, i, opts);
-      })) {
+WorkPtr ProcessGroup::allgather_base(Tensor& output, Tensor& input, const AllgatherOptions& opts) {
+  if (auto w = Staging::run("_allgather_base", output, input,
+                            [&](auto& o, auto& i) { return allgather_base(o, i, opts); })) {
     return *w;
   }
   check_tensor("_allgather_base", output);
   check_tensor("_allgather_base", input);
   check_same_dtype("_allgather_base", output, input);
   check_numel_ratio("_allgather_base", output, input, size_);
-  return dispatch({.op = OpType::kAllgatherBase, .inputs = input, .outputs = output,
-                   .timeout = opts.timeout},
-                  input.device().type,
-                  [&](Backend& b) { return b.allgather_base(output, input, opts); });
+  return dispatch(
+      {.op = OpType::kAllgatherBase, .inputs = input, .outputs = output, .timeout = opts.timeout},
+      input.device().type, [&](Backend& b) { return b.allgather_base(output, input, opts); });
 }
 
 WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
                                           std::vector<Tensor>& inputs,
                                           const AllgatherOptions& opts) {
-  if (auto w = Staging::run("allgather_coalesced", outputs, inputs, [&](auto& o, auto& i) {
-        return allgather_coalesced(o, i, opts);
-      })) {
+  if (auto w = Staging::run("allgather_coalesced", outputs, inputs,
+                            [&](auto& o, auto& i) { return allgather_coalesced(o, i, opts); })) {
     return *w;
   }
   if (mixes_complex_and_real(outputs, inputs)) {
@@ -521,9 +509,10 @@ WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outp
   // Dtypes first, as torch checks them before the lists' lengths.
   for (const auto& per_rank : outputs) {
     for (size_t i = 0; i < per_rank.size() && i < inputs.size(); ++i) {
-      C10D_CHECK_ARG(per_rank[i].dtype() == inputs[i].dtype(), "allgather_coalesced: ",
-                     core::kDifferentDtypes, ": invalid tensor type at index ", i,
-                     ": output is ", core::dtype_name(per_rank[i].dtype()), " but input is ",
+      C10D_CHECK_ARG(per_rank[i].dtype() == inputs[i].dtype(),
+                     "allgather_coalesced: ", core::kDifferentDtypes,
+                     ": invalid tensor type at index ", i, ": output is ",
+                     core::dtype_name(per_rank[i].dtype()), " but input is ",
                      core::dtype_name(inputs[i].dtype()));
     }
   }
@@ -540,7 +529,9 @@ WorkPtr ProcessGroup::allgather_coalesced(std::vector<std::vector<Tensor>>& outp
                      per_rank[i].str(), " for an input ", inputs[i].str());
     }
   }
-  return dispatch({.op = OpType::kAllgatherCoalesced, .inputs = inputs, .outputs = outputs,
+  return dispatch({.op = OpType::kAllgatherCoalesced,
+                   .inputs = inputs,
+                   .outputs = outputs,
                    .timeout = opts.timeout},
                   device_of(inputs),
                   [&](Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
@@ -569,26 +560,26 @@ void check_tensor_pairs(std::string_view op, std::vector<Tensor>& outputs,
 WorkPtr ProcessGroup::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
                                                       std::vector<Tensor>& inputs,
                                                       const AllgatherOptions& opts) {
-  if (auto w = Staging::run("allgather_into_tensor_coalesced", outputs, inputs,
-                            [&](auto& o, auto& i) {
-        return allgather_into_tensor_coalesced(o, i, opts);
-      })) {
+  if (auto w = Staging::run(
+          "allgather_into_tensor_coalesced", outputs, inputs,
+          [&](auto& o, auto& i) { return allgather_into_tensor_coalesced(o, i, opts); })) {
     return *w;
   }
   check_tensor_pairs("allgather_into_tensor_coalesced", outputs, inputs, size_,
                      /*output_larger=*/true);
-  return dispatch({.op = OpType::kAllgatherCoalesced, .inputs = inputs, .outputs = outputs,
+  return dispatch({.op = OpType::kAllgatherCoalesced,
+                   .inputs = inputs,
+                   .outputs = outputs,
                    .timeout = opts.timeout},
                   device_of(inputs), [&](Backend& b) {
-    return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
-  });
+                    return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
+                  });
 }
 
-WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs,
-                             std::vector<Tensor>& inputs, const GatherOptions& opts) {
-  if (auto w = Staging::run("gather", outputs, inputs, [&](auto& o, auto& i) {
-        return gather(o, i, opts);
-      })) {
+WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                             const GatherOptions& opts) {
+  if (auto w = Staging::run("gather", outputs, inputs,
+                            [&](auto& o, auto& i) { return gather(o, i, opts); })) {
     return *w;
   }
   check_rank("gather", "root rank", opts.root_rank, size_);
@@ -601,18 +592,16 @@ WorkPtr ProcessGroup::gather(std::vector<std::vector<Tensor>>& outputs,
                    "gather: requires empty output on non-root: only the root rank (",
                    opts.root_rank, ") may pass output tensors; rank ", rank_, " passed some");
   }
-  return dispatch({.op = OpType::kGather, .inputs = inputs, .outputs = outputs,
-                   .timeout = opts.timeout},
-                  inputs[0].device().type,
-                  [&](Backend& b) { return b.gather(outputs, inputs, opts); });
+  return dispatch(
+      {.op = OpType::kGather, .inputs = inputs, .outputs = outputs, .timeout = opts.timeout},
+      inputs[0].device().type, [&](Backend& b) { return b.gather(outputs, inputs, opts); });
 }
 
 WorkPtr ProcessGroup::scatter(std::vector<Tensor>& outputs,
                               std::vector<std::vector<Tensor>>& inputs,
                               const ScatterOptions& opts) {
-  if (auto w = Staging::run("scatter", outputs, inputs, [&](auto& o, auto& i) {
-        return scatter(o, i, opts);
-      })) {
+  if (auto w = Staging::run("scatter", outputs, inputs,
+                            [&](auto& o, auto& i) { return scatter(o, i, opts); })) {
     return *w;
   }
   check_rank("scatter", "root rank", opts.root_rank, size_);
@@ -625,34 +614,30 @@ WorkPtr ProcessGroup::scatter(std::vector<Tensor>& outputs,
                    "scatter: requires empty input on non-root: only the root rank (",
                    opts.root_rank, ") may pass input tensors; rank ", rank_, " passed some");
   }
-  return dispatch({.op = OpType::kScatter, .inputs = inputs, .outputs = outputs,
-                   .timeout = opts.timeout},
-                  outputs[0].device().type,
-                  [&](Backend& b) { return b.scatter(outputs, inputs, opts); });
+  return dispatch(
+      {.op = OpType::kScatter, .inputs = inputs, .outputs = outputs, .timeout = opts.timeout},
+      outputs[0].device().type, [&](Backend& b) { return b.scatter(outputs, inputs, opts); });
 }
 
 WorkPtr ProcessGroup::reduce_scatter(std::vector<Tensor>& outputs,
                                      std::vector<std::vector<Tensor>>& inputs,
                                      const ReduceScatterOptions& opts) {
-  if (auto w = Staging::run("reduce_scatter", outputs, inputs, [&](auto& o, auto& i) {
-        return reduce_scatter(o, i, opts);
-      })) {
+  if (auto w = Staging::run("reduce_scatter", outputs, inputs,
+                            [&](auto& o, auto& i) { return reduce_scatter(o, i, opts); })) {
     return *w;
   }
   check_tensor_list("reduce_scatter", outputs);
   check_reduce("reduce_scatter", outputs.front(), opts.reduce_op);
   check_gathered("reduce_scatter", "input", inputs, outputs, size_);
-  return dispatch({.op = OpType::kReduceScatter, .inputs = inputs, .outputs = outputs,
-                   .timeout = opts.timeout},
-                  device_of(outputs),
-                  [&](Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
+  return dispatch(
+      {.op = OpType::kReduceScatter, .inputs = inputs, .outputs = outputs, .timeout = opts.timeout},
+      device_of(outputs), [&](Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
 }
 
 WorkPtr ProcessGroup::reduce_scatter_base(Tensor& output, Tensor& input,
                                           const ReduceScatterOptions& opts) {
-  if (auto w = Staging::run("_reduce_scatter_base", output, input, [&](auto& o, auto& i) {
-        return reduce_scatter_base(o, i, opts);
-      })) {
+  if (auto w = Staging::run("_reduce_scatter_base", output, input,
+                            [&](auto& o, auto& i) { return reduce_scatter_base(o, i, opts); })) {
     return *w;
   }
   check_tensor("_reduce_scatter_base", output);
@@ -660,7 +645,9 @@ WorkPtr ProcessGroup::reduce_scatter_base(Tensor& output, Tensor& input,
   check_same_dtype("_reduce_scatter_base", output, input);
   check_numel_ratio("_reduce_scatter_base", input, output, size_);
   check_reduce("_reduce_scatter_base", output, opts.reduce_op);
-  return dispatch({.op = OpType::kReduceScatterBase, .inputs = input, .outputs = output,
+  return dispatch({.op = OpType::kReduceScatterBase,
+                   .inputs = input,
+                   .outputs = output,
                    .timeout = opts.timeout},
                   input.device().type,
                   [&](Backend& b) { return b.reduce_scatter_base(output, input, opts); });
@@ -669,10 +656,9 @@ WorkPtr ProcessGroup::reduce_scatter_base(Tensor& output, Tensor& input,
 WorkPtr ProcessGroup::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
                                                       std::vector<Tensor>& inputs,
                                                       const ReduceScatterOptions& opts) {
-  if (auto w = Staging::run("reduce_scatter_tensor_coalesced", outputs, inputs,
-                            [&](auto& o, auto& i) {
-        return reduce_scatter_tensor_coalesced(o, i, opts);
-      })) {
+  if (auto w = Staging::run(
+          "reduce_scatter_tensor_coalesced", outputs, inputs,
+          [&](auto& o, auto& i) { return reduce_scatter_tensor_coalesced(o, i, opts); })) {
     return *w;
   }
   check_tensor_pairs("reduce_scatter_tensor_coalesced", outputs, inputs, size_,
@@ -680,11 +666,13 @@ WorkPtr ProcessGroup::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outpu
   for (const auto& out : outputs) {
     check_reduce("reduce_scatter_tensor_coalesced", out, opts.reduce_op);
   }
-  return dispatch({.op = OpType::kReduceScatterBase, .inputs = inputs, .outputs = outputs,
+  return dispatch({.op = OpType::kReduceScatterBase,
+                   .inputs = inputs,
+                   .outputs = outputs,
                    .timeout = opts.timeout},
                   device_of(inputs), [&](Backend& b) {
-    return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  });
+                    return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+                  });
 }
 
 WorkPtr ProcessGroup::alltoall_base(Tensor& output, Tensor& input,
@@ -701,18 +689,17 @@ WorkPtr ProcessGroup::alltoall_base(Tensor& output, Tensor& input,
   check_same_dtype("alltoall_base", output, input);
   check_splits("alltoall_base", "output split sizes", output, output_split_sizes, size_);
   check_splits("alltoall_base", "input split sizes", input, input_split_sizes, size_);
-  return dispatch({.op = OpType::kAlltoallBase, .inputs = input, .outputs = output,
-                   .timeout = opts.timeout},
-                  input.device().type, [&](Backend& b) {
-    return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
-  });
+  return dispatch(
+      {.op = OpType::kAlltoallBase, .inputs = input, .outputs = output, .timeout = opts.timeout},
+      input.device().type, [&](Backend& b) {
+        return b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+      });
 }
 
 WorkPtr ProcessGroup::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                                const AllToAllOptions& opts) {
-  if (auto w = Staging::run("alltoall", outputs, inputs, [&](auto& o, auto& i) {
-        return alltoall(o, i, opts);
-      })) {
+  if (auto w = Staging::run("alltoall", outputs, inputs,
+                            [&](auto& o, auto& i) { return alltoall(o, i, opts); })) {
     return *w;
   }
   check_list_length("alltoall", "output tensor list (one tensor per rank)", outputs.size(),
@@ -722,10 +709,9 @@ WorkPtr ProcessGroup::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>
   check_tensor_list("alltoall", outputs, /*same_shape=*/false);
   check_tensor_list("alltoall", inputs, /*same_shape=*/false);
   check_same_dtype("alltoall", outputs.front(), inputs.front());
-  return dispatch({.op = OpType::kAlltoall, .inputs = inputs, .outputs = outputs,
-                   .timeout = opts.timeout},
-                  device_of(inputs),
-                  [&](Backend& b) { return b.alltoall(outputs, inputs, opts); });
+  return dispatch(
+      {.op = OpType::kAlltoall, .inputs = inputs, .outputs = outputs, .timeout = opts.timeout},
+      device_of(inputs), [&](Backend& b) { return b.alltoall(outputs, inputs, opts); });
 }
 
 WorkPtr ProcessGroup::send(std::vector<Tensor>& tensors, int dst_rank, int tag) {
@@ -733,8 +719,7 @@ WorkPtr ProcessGroup::send(std::vector<Tensor>& tensors, int dst_rank, int tag) 
   check_rank("send", "destination rank", dst_rank, size_);
   C10D_CHECK_ARG(dst_rank != rank_, "send: rank ", rank_,
                  " cannot send to itself (destination rank == own rank)");
-  return dispatch({.op = OpType::kSend, .inputs = tensors, .peer = dst_rank},
-                  device_of(tensors),
+  return dispatch({.op = OpType::kSend, .inputs = tensors, .peer = dst_rank}, device_of(tensors),
                   [&](Backend& b) { return b.send(tensors, dst_rank, tag); });
 }
 
@@ -743,8 +728,7 @@ WorkPtr ProcessGroup::recv(std::vector<Tensor>& tensors, int src_rank, int tag) 
   check_rank("recv", "source rank", src_rank, size_);
   C10D_CHECK_ARG(src_rank != rank_, "recv: rank ", rank_,
                  " cannot receive from itself (source rank == own rank)");
-  return dispatch({.op = OpType::kRecv, .outputs = tensors, .peer = src_rank},
-                  device_of(tensors),
+  return dispatch({.op = OpType::kRecv, .outputs = tensors, .peer = src_rank}, device_of(tensors),
                   [&](Backend& b) { return b.recv(tensors, src_rank, tag); });
 }
 
@@ -763,11 +747,10 @@ WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
 void ProcessGroup::monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks) {
   // Through dispatch like every operation, so that it takes a sequence number (the backends
   // count it too) and shows in the flight recorder.
-  dispatch({.op = OpType::kBarrier, .timeout = opts.timeout}, DeviceType::kCPU,
-           [&](Backend& b) {
-             b.monitored_barrier(opts, wait_all_ranks);
-             return WorkPtr();
-           });
+  dispatch({.op = OpType::kBarrier, .timeout = opts.timeout}, DeviceType::kCPU, [&](Backend& b) {
+    b.monitored_barrier(opts, wait_all_ranks);
+    return WorkPtr();
+  });
 }
 
 void ProcessGroup::start_coalescing() {
@@ -782,8 +765,7 @@ WorkPtr ProcessGroup::end_coalescing() {
   std::vector<WorkPtr> works;
   {
     std::lock_guard lock(mutex_);
-    C10D_CHECK(coalescing_, "end_coalescing without start_coalescing on group '", group_name_,
-               "'");
+    C10D_CHECK(coalescing_, "end_coalescing without start_coalescing on group '", group_name_, "'");
     coalescing_ = false;
     any_coalescing_.store(false, std::memory_order_release);
     works.swap(coalesced_);

@@ -86,8 +86,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   WorkPtr allgather_base(Tensor& output, Tensor& input, const AllgatherOptions& opts = {});
   WorkPtr allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
                               std::vector<Tensor>& inputs, const AllgatherOptions& opts = {});
-  WorkPtr allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
-                                          std::vector<Tensor>& inputs,
+  WorkPtr allgather_into_tensor_coalesced(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                                           const AllgatherOptions& opts = {});
   WorkPtr gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
                  const GatherOptions& opts = {});
@@ -95,14 +94,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
                   const ScatterOptions& opts = {});
   WorkPtr reduce_scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
                          const ReduceScatterOptions& opts = {});
-  WorkPtr reduce_scatter_base(Tensor& output, Tensor& input,
-                              const ReduceScatterOptions& opts = {});
-  WorkPtr reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
-                                          std::vector<Tensor>& inputs,
+  WorkPtr reduce_scatter_base(Tensor& output, Tensor& input, const ReduceScatterOptions& opts = {});
+  WorkPtr reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                                           const ReduceScatterOptions& opts = {});
   WorkPtr alltoall_base(Tensor& output, Tensor& input, std::vector<int64_t>& output_split_sizes,
-                        std::vector<int64_t>& input_split_sizes,
-                        const AllToAllOptions& opts = {});
+                        std::vector<int64_t>& input_split_sizes, const AllToAllOptions& opts = {});
   WorkPtr alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                    const AllToAllOptions& opts = {});
   WorkPtr send(std::vector<Tensor>& tensors, int dst_rank, int tag = 0);
@@ -143,17 +139,17 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // The CPU backend, read without the lock by run_inline. A CPU backend that another one
   // replaces stays alive in replaced_ as long as the group, so the pointer never dangles.
   std::atomic<Backend*> cpu_backend_{nullptr};
-  std::vector<std::shared_ptr<Backend>> replaced_;                 // guarded by mutex_
-  std::vector<Hook> hooks_;                                        // guarded by mutex_
+  std::vector<std::shared_ptr<Backend>> replaced_;  // guarded by mutex_
+  std::vector<Hook> hooks_;                         // guarded by mutex_
   // Mirrors of "hooks_ non-empty" and coalescing_, read without the lock on every operation
   // so the common case (no hooks, not coalescing) takes no lock.
   std::atomic<bool> any_hooks_{false};
   std::atomic<bool> any_coalescing_{false};
-  std::string group_name_;                                         // guarded by mutex_
-  std::string group_desc_;                                         // guarded by mutex_
-  std::optional<std::vector<int>> global_ranks_;                   // guarded by mutex_
-  bool coalescing_ = false;                                        // guarded by mutex_
-  std::vector<WorkPtr> coalesced_;                                 // guarded by mutex_
+  std::string group_name_;                        // guarded by mutex_
+  std::string group_desc_;                        // guarded by mutex_
+  std::optional<std::vector<int>> global_ranks_;  // guarded by mutex_
+  bool coalescing_ = false;                       // guarded by mutex_
+  std::vector<WorkPtr> coalesced_;                // guarded by mutex_
 };
 
 }  // namespace c10d::pg

@@ -36,8 +36,7 @@ std::shared_ptr<ProcessGroup> resolve_process_group(const std::string& name) {
     std::string known;
     for (const auto& [n, g] : r.groups) known += (known.empty() ? "'" : ", '") + n + "'";
     throw core::InvalidArgument("Could not resolve the process group registered under the name '" +
-                                name + "' (registered: " + (known.empty() ? "none" : known) +
-                                ")");
+                                name + "' (registered: " + (known.empty() ? "none" : known) + ")");
   }
   return it->second;
 }

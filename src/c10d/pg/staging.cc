@@ -11,8 +11,7 @@ bool Staging::needed(const Tensor& tensor) {
 }
 
 bool Staging::needed(const std::vector<Tensor>& tensors) {
-  return std::any_of(tensors.begin(), tensors.end(),
-                     [](const Tensor& t) { return needed(t); });
+  return std::any_of(tensors.begin(), tensors.end(), [](const Tensor& t) { return needed(t); });
 }
 
 bool Staging::needed(const std::vector<std::vector<Tensor>>& lists) {
@@ -43,8 +42,8 @@ Tensor Staging::outputs(const Tensor& tensor, bool in_place) {
   if (!needed(tensor)) return tensor;
   C10D_CHECK_ARG(!tensor.elements_overlap(), op_, ": the output tensor ", tensor.str(),
                  " has elements that share memory (a stride of 0?), so it cannot hold a result");
-  Tensor stand_in = in_place ? tensor.contiguous_copy() : Tensor::empty(tensor.sizes(),
-                                                                        tensor.dtype());
+  Tensor stand_in =
+      in_place ? tensor.contiguous_copy() : Tensor::empty(tensor.sizes(), tensor.dtype());
   outputs_.emplace_back(tensor, stand_in);
   return stand_in;
 }

@@ -13,12 +13,9 @@ void check_rank(std::string_view op, std::string_view what, int64_t rank, int si
                  " (the group has ranks 0..", size - 1, ")");
 }
 
-void check_tensor(std::string_view op, const Tensor& tensor) {
-  core::check_dense_cpu(tensor, op);
-}
+void check_tensor(std::string_view op, const Tensor& tensor) { core::check_dense_cpu(tensor, op); }
 
-void check_tensor_list(std::string_view op, const std::vector<Tensor>& tensors,
-                       bool same_shape) {
+void check_tensor_list(std::string_view op, const std::vector<Tensor>& tensors, bool same_shape) {
   C10D_CHECK_ARG(!tensors.empty(), op, ": requires non-empty tensor list");
   for (const auto& t : tensors) check_tensor(op, t);
   core::check_same_dtype(tensors, op);
@@ -64,8 +61,7 @@ void check_reduce(std::string_view op, core::DType dtype, const core::ReduceOp& 
   }
 }
 
-void check_list_length(std::string_view op, std::string_view what, size_t actual,
-                       size_t expected) {
+void check_list_length(std::string_view op, std::string_view what, size_t actual, size_t expected) {
   if (expected == 1) {
     C10D_CHECK_ARG(actual == 1, op, ": requires a single-element ", what, ", got ", actual,
                    " entries");

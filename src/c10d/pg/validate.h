@@ -33,14 +33,12 @@ inline void check_reduce(std::string_view op, const Tensor& tensor,
 }
 // A list (named `what`, e.g. "output tensor list (one tensor per rank)") must hold exactly
 // `expected` entries.
-void check_list_length(std::string_view op, std::string_view what, size_t actual,
-                       size_t expected);
+void check_list_length(std::string_view op, std::string_view what, size_t actual, size_t expected);
 // output and input share a dtype.
 void check_same_dtype(std::string_view op, const Tensor& output, const Tensor& input);
 // output.numel() == input.numel() * factor (allgather_base: factor = size; reduce_scatter_base:
 // input = output * size).
-void check_numel_ratio(std::string_view op, const Tensor& big, const Tensor& small,
-                       int64_t factor);
+void check_numel_ratio(std::string_view op, const Tensor& big, const Tensor& small, int64_t factor);
 // Split sizes for alltoall_base: empty (even split of dim 0, which must divide by size) or
 // `size` non-negative entries summing to dim 0.
 void check_splits(std::string_view op, std::string_view what, const Tensor& tensor,

@@ -12,8 +12,7 @@ using core::DType;
 WrapperBackend::WrapperBackend(std::shared_ptr<Backend> wrapped, std::shared_ptr<Backend> checker)
     : Backend(wrapped ? wrapped->rank() : 0, wrapped ? wrapped->size() : 1,
               wrapped ? wrapped->timeout() : kDefaultPgTimeout),
-      wrapped_(std::move(wrapped)),
-      checker_(std::move(checker)) {
+      wrapped_(std::move(wrapped)), checker_(std::move(checker)) {
   C10D_CHECK_ARG(wrapped_ != nullptr && checker_ != nullptr,
                  "WrapperBackend needs a backend to wrap and one to check with");
   C10D_CHECK_ARG(wrapped_->size() == checker_->size() && wrapped_->rank() == checker_->rank(),

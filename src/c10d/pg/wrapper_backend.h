@@ -34,8 +34,7 @@ class WrapperBackend : public Backend {
   WorkPtr allgather_base(Tensor& output, Tensor& input, const AllgatherOptions& opts) override;
   WorkPtr allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
                               std::vector<Tensor>& inputs, const AllgatherOptions& opts) override;
-  WorkPtr allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
-                                          std::vector<Tensor>& inputs,
+  WorkPtr allgather_into_tensor_coalesced(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                                           const AllgatherOptions& opts) override;
   WorkPtr gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
                  const GatherOptions& opts) override;
@@ -45,8 +44,7 @@ class WrapperBackend : public Backend {
                          const ReduceScatterOptions& opts) override;
   WorkPtr reduce_scatter_base(Tensor& output, Tensor& input,
                               const ReduceScatterOptions& opts) override;
-  WorkPtr reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
-                                          std::vector<Tensor>& inputs,
+  WorkPtr reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                                           const ReduceScatterOptions& opts) override;
   WorkPtr alltoall_base(Tensor& output, Tensor& input, std::vector<int64_t>& output_split_sizes,
                         std::vector<int64_t>& input_split_sizes,

@@ -13,9 +13,10 @@ class ProcessGroup;
 
 namespace c10d::python {
 
-void init_core(pybind11::module_& m);       // core_bindings.cc: errors, dtypes, Tensor, Work
-void init_reduce(pybind11::module_& m);     // reduce_bindings.cc: ReduceOp, reduction kernels
-void init_store(pybind11::module_& m);      // store_bindings.cc: Store, HashStore, FileStore, PrefixStore
+void init_core(pybind11::module_& m);    // core_bindings.cc: errors, dtypes, Tensor, Work
+void init_reduce(pybind11::module_& m);  // reduce_bindings.cc: ReduceOp, reduction kernels
+void init_store(
+    pybind11::module_& m);  // store_bindings.cc: Store, HashStore, FileStore, PrefixStore
 void init_tcp_store(pybind11::module_& m);  // tcp_store_bindings.cc: TCPStore
 void init_pg(pybind11::module_& m);         // pg_bindings.cc: options, Backend, ProcessGroup
 void init_gloo(pybind11::module_& m);       // gloo_bindings.cc: ProcessGroupGloo (C10D_WITH_GLOO)

@@ -21,8 +21,8 @@ namespace {
 using control::ControlCollectives;
 using control::Request;
 using control::Response;
-using store::Bytes;
 using std::chrono::milliseconds;
+using store::Bytes;
 
 constexpr milliseconds kDefaultTimeout = control::kDefaultControlTimeout;
 
@@ -94,8 +94,7 @@ void init_collectives(py::module_& m) {
            "Sums an integer over every rank; every rank gets the total.")
       .def(
           "broadcast_send",
-          [](ControlCollectives& c, const std::string& key, py::handle data,
-             milliseconds timeout) {
+          [](ControlCollectives& c, const std::string& key, py::handle data, milliseconds timeout) {
             Bytes bytes = bytes_from_python(data);
             py::gil_scoped_release release;
             c.broadcast_send(key, bytes, timeout);
@@ -116,8 +115,7 @@ void init_collectives(py::module_& m) {
           "Receives what one rank sent with broadcast_send.")
       .def(
           "gather_send",
-          [](ControlCollectives& c, const std::string& key, py::handle data,
-             milliseconds timeout) {
+          [](ControlCollectives& c, const std::string& key, py::handle data, milliseconds timeout) {
             Bytes bytes = bytes_from_python(data);
             py::gil_scoped_release release;
             c.gather_send(key, bytes, timeout);
@@ -126,8 +124,7 @@ void init_collectives(py::module_& m) {
           "Sends data to the rank calling gather_recv.")
       .def(
           "gather_recv",
-          [](ControlCollectives& c, const std::string& key, py::handle data,
-             milliseconds timeout) {
+          [](ControlCollectives& c, const std::string& key, py::handle data, milliseconds timeout) {
             Bytes bytes = bytes_from_python(data);
             std::vector<Bytes> out;
             {
@@ -168,8 +165,7 @@ void init_collectives(py::module_& m) {
           "Receives this rank's entry of a scatter_send.")
       .def(
           "all_gather",
-          [](ControlCollectives& c, const std::string& key, py::handle data,
-             milliseconds timeout) {
+          [](ControlCollectives& c, const std::string& key, py::handle data, milliseconds timeout) {
             Bytes bytes = bytes_from_python(data);
             std::vector<Bytes> out;
             {
@@ -251,18 +247,16 @@ void init_worker_server(py::module_& m) {
            }),
            py::arg("host_or_file"), py::arg("port") = -1, py::arg("store") = nullptr,
            py::arg("secret") = py::none())
-      .def("shutdown", &control::WorkerServer::shutdown,
-           py::call_guard<py::gil_scoped_release>())
+      .def("shutdown", &control::WorkerServer::shutdown, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &control::WorkerServer::port)
       .def_property_readonly("socket_path", &control::WorkerServer::socket_path)
       .def_property_readonly("address", &control::WorkerServer::address)
       .def_property_readonly("requires_auth", &control::WorkerServer::requires_auth)
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__",
-           [](control::WorkerServer& s, py::args) {
-             py::gil_scoped_release release;
-             s.shutdown();
-           });
+      .def("__exit__", [](control::WorkerServer& s, py::args) {
+        py::gil_scoped_release release;
+        s.shutdown();
+      });
 
   m.def(
       "_register_handler",
@@ -275,12 +269,12 @@ void init_worker_server(py::module_& m) {
   m.def(
       "_get_handler",
       [](const std::string& name) {
-        return py::cpp_function(control::get_handler(name), py::arg("request"),
-                                py::arg("response"), py::call_guard<py::gil_scoped_release>());
+        return py::cpp_function(control::get_handler(name), py::arg("request"), py::arg("response"),
+                                py::call_guard<py::gil_scoped_release>());
       },
       py::arg("name"), "The handler registered under name, callable as f(request, response).");
-  m.def("_get_handler_names", &control::get_handler_names,
-        py::call_guard<py::gil_scoped_release>(), "The names of every registered handler.");
+  m.def("_get_handler_names", &control::get_handler_names, py::call_guard<py::gil_scoped_release>(),
+        "The names of every registered handler.");
 }
 
 }  // namespace

@@ -56,8 +56,8 @@ void register_exceptions(py::module_& m) {
                                   "A connection failed, was reset, or a peer went away.");
   g_backend_error = new_exception(m, "DistBackendError", g_dist_error,
                                   "A collective or point-to-point operation failed.");
-  g_timeout_error = new_exception(m, "DistTimeoutError", g_dist_error,
-                                  "A blocking call reached its timeout.");
+  g_timeout_error =
+      new_exception(m, "DistTimeoutError", g_dist_error, "A blocking call reached its timeout.");
   py::tuple store_timeout_bases =
       py::make_tuple(py::handle(g_store_error), py::handle(g_timeout_error));
   g_store_timeout_error =
@@ -69,12 +69,12 @@ void register_exceptions(py::module_& m) {
   // Bad arguments. torch.distributed raises RuntimeError for the checks its C++ layer makes
   // (and older releases for most Python ones) and ValueError/TypeError for others, so c10d's
   // are both: code written for either catches them.
-  py::tuple value_bases = py::make_tuple(py::handle(PyExc_ValueError),
-                                         py::handle(PyExc_RuntimeError));
+  py::tuple value_bases =
+      py::make_tuple(py::handle(PyExc_ValueError), py::handle(PyExc_RuntimeError));
   g_argument_value_error = new_exception(m, "_ArgumentValueError", value_bases.ptr(),
                                          "A bad argument (a ValueError and a RuntimeError).");
-  py::tuple type_bases = py::make_tuple(py::handle(PyExc_TypeError),
-                                        py::handle(PyExc_RuntimeError));
+  py::tuple type_bases =
+      py::make_tuple(py::handle(PyExc_TypeError), py::handle(PyExc_RuntimeError));
   g_argument_type_error = new_exception(m, "_ArgumentTypeError", type_bases.ptr(),
                                         "An argument of the wrong type (a TypeError and a "
                                         "RuntimeError).");
@@ -262,9 +262,8 @@ void init_core(py::module_& m) {
 
   py::class_<Future, std::shared_ptr<Future>>(m, "Future",
                                               "The eventual result of an asynchronous operation.")
-      .def(py::init([](const py::object& /*devices: CPU only*/) {
-             return std::make_shared<Future>();
-           }),
+      .def(py::init(
+               [](const py::object& /*devices: CPU only*/) { return std::make_shared<Future>(); }),
            py::arg("devices") = py::none())
       .def("done", &Future::completed, "True once the future has a result or an error.")
       .def(
@@ -281,16 +280,18 @@ void init_core(py::module_& m) {
           "value", [](Future& f) { return value_to_python(f.value_now()); },
           "The value of a completed future (raises its error, or if not done).")
       .def(
-          "set_result", [](Future& f, py::object value) { f.mark_completed(value_from_python(value)); },
+          "set_result",
+          [](Future& f, py::object value) { f.mark_completed(value_from_python(value)); },
           py::arg("result"))
       .def(
           "set_exception",
           [](Future& f, py::object exc) {
             if (!PyExceptionInstance_Check(exc.ptr())) {
-              PyErr_SetString(PyExc_AssertionError,
-                              (py::repr(exc).cast<std::string>() + " is of type " +
-                               py::str(py::type::of(exc)).cast<std::string>() +
-                               ", not an Exception.").c_str());
+              PyErr_SetString(
+                  PyExc_AssertionError,
+                  (py::repr(exc).cast<std::string>() + " is of type " +
+                   py::str(py::type::of(exc)).cast<std::string>() + ", not an Exception.")
+                      .c_str());
               throw py::error_already_set();
             }
             f.set_error(std::make_exception_ptr(PythonException(exc)));
@@ -307,8 +308,8 @@ void init_core(py::module_& m) {
               {
                 GilGuard gil;
                 if (!gil) {
-                  child->set_error(std::make_exception_ptr(std::runtime_error(
-                      "Future.then: the Python interpreter is shutting down")));
+                  child->set_error(std::make_exception_ptr(
+                      std::runtime_error("Future.then: the Python interpreter is shutting down")));
                   return;
                 }
                 try {
@@ -396,17 +397,18 @@ void init_core(py::module_& m) {
            "DistTimeoutError if it has not finished by then; the operation then goes on and "
            "may still write into its outputs.")
       .def("abort", &Work::abort)
-      .def("get_future",
-           [](const std::shared_ptr<Work>& w) {
-             if (dynamic_cast<const BareWork*>(w.get()) != nullptr) {
-               throw std::runtime_error("Work::getFuture not implemented.");
-             }
-             return Work::future_of(w);
-           },
-           "A Future completed when this operation is (with its output tensors). A send or "
-           "receive advances only in wait(): until it completed, this raises.")
-      .def_property_readonly("op_type",
-                             [](const Work& w) { return std::string(core::op_type_name(w.op_type())); })
+      .def(
+          "get_future",
+          [](const std::shared_ptr<Work>& w) {
+            if (dynamic_cast<const BareWork*>(w.get()) != nullptr) {
+              throw std::runtime_error("Work::getFuture not implemented.");
+            }
+            return Work::future_of(w);
+          },
+          "A Future completed when this operation is (with its output tensors). A send or "
+          "receive advances only in wait(): until it completed, this raises.")
+      .def_property_readonly(
+          "op_type", [](const Work& w) { return std::string(core::op_type_name(w.op_type())); })
       .def("_get_op_type",
            [](const Work& w) {
              // torch's OpType numbers: the operations in this order, then UNKNOWN = 100.
@@ -432,8 +434,9 @@ void init_core(py::module_& m) {
                (w.is_completed() ? (w.is_success() ? " completed>" : " failed>") : " pending>");
       });
   m.def(
-      "_create_work_from_future", [](std::shared_ptr<Future> f) { return Work::from_future(std::move(f)); },
-      py::arg("future"), "A Work that completes when the future does.");
+      "_create_work_from_future",
+      [](std::shared_ptr<Future> f) { return Work::from_future(std::move(f)); }, py::arg("future"),
+      "A Work that completes when the future does.");
 }
 
 }  // namespace c10d::python

@@ -119,19 +119,23 @@ void init_ddp(py::module_& m) {
       "A bucket of gradients as a comm hook receives it: one flat buffer holding the gradients "
       "of its parameters one after another.")
       .def("index", &GradBucket::index, "The bucket's index (0 is reduced first).")
-      .def("buffer", [](const GradBucket& b) { return to_python(b.buffer()); },
-           "The flat buffer (reduce it in place, or return a new one from the hook's future).")
-      .def("gradients", [](const GradBucket& b) { return python_list(b.gradients()); },
-           "Views of the buffer, one per parameter, shaped like the parameters.")
-      .def("parameters", [](const GradBucket& b) { return python_list(b.parameters()); },
-           "The bucket's parameters.")
+      .def(
+          "buffer", [](const GradBucket& b) { return to_python(b.buffer()); },
+          "The flat buffer (reduce it in place, or return a new one from the hook's future).")
+      .def(
+          "gradients", [](const GradBucket& b) { return python_list(b.gradients()); },
+          "Views of the buffer, one per parameter, shaped like the parameters.")
+      .def(
+          "parameters", [](const GradBucket& b) { return python_list(b.parameters()); },
+          "The bucket's parameters.")
       .def("is_last", &GradBucket::is_last,
            "Whether this is the last bucket reduced in a backward pass.")
-      .def("set_buffer",
-           [](GradBucket& b, py::object buffer) {
-             b.set_buffer(to_tensor(buffer, true, "GradBucket.set_buffer: buffer"));
-           },
-           py::arg("buffer"), "Replaces the buffer (same dtype and number of elements).");
+      .def(
+          "set_buffer",
+          [](GradBucket& b, py::object buffer) {
+            b.set_buffer(to_tensor(buffer, true, "GradBucket.set_buffer: buffer"));
+          },
+          py::arg("buffer"), "Replaces the buffer (same dtype and number of elements).");
 
   py::class_<PyReducer>(
       m, "Reducer",
@@ -168,47 +172,54 @@ void init_ddp(py::module_& m) {
            py::arg("find_unused_parameters") = false, py::arg("gradient_as_bucket_view") = false,
            py::arg("param_to_name_mapping") = py::dict(),
            py::arg("first_bucket_bytes_cap") = static_cast<int64_t>(ddp::kDefaultFirstBucketBytes))
-      .def("prepare_for_forward", [](PyReducer&) {}, "Nothing to do without autograd.")
-      .def("prepare_for_backward",
-           [](PyReducer& self, py::object /*outputs*/) { self.reducer->prepare_for_backward(); },
-           py::arg("outputs") = py::none(),
-           "Starts a backward pass (DistError if the previous one was not finished).")
-      .def("_autograd_hook",
-           [](PyReducer& self, size_t index, py::object grad) {
-             if (!self.reducer->in_backward()) {  // ignored, before .grad is looked at
-               self.reducer->mark_ready(index);
-               return;
-             }
-             std::optional<Tensor> g = gradient_of(self, index, grad);
-             py::gil_scoped_release release;
-             self.reducer->mark_ready(index, std::move(g));
-           },
-           py::arg("index"), py::arg("grad") = py::none(),
-           "Parameter `index`'s gradient is final for this backward pass.")
-      .def("finalize_backward",
-           [](PyReducer& self) {
-             const bool was_open = self.reducer->in_backward();
-             {
-               py::gil_scoped_release release;
-               self.reducer->finalize_backward();
-             }
-             if (was_open) give_averages_to_unused(self);
-           },
-           "Reduces what is pending, waits, and writes the averages into the gradients.")
+      .def(
+          "prepare_for_forward", [](PyReducer&) {}, "Nothing to do without autograd.")
+      .def(
+          "prepare_for_backward",
+          [](PyReducer& self, py::object /*outputs*/) { self.reducer->prepare_for_backward(); },
+          py::arg("outputs") = py::none(),
+          "Starts a backward pass (DistError if the previous one was not finished).")
+      .def(
+          "_autograd_hook",
+          [](PyReducer& self, size_t index, py::object grad) {
+            if (!self.reducer->in_backward()) {  // ignored, before .grad is looked at
+              self.reducer->mark_ready(index);
+              return;
+            }
+            std::optional<Tensor> g = gradient_of(self, index, grad);
+            py::gil_scoped_release release;
+            self.reducer->mark_ready(index, std::move(g));
+          },
+          py::arg("index"), py::arg("grad") = py::none(),
+          "Parameter `index`'s gradient is final for this backward pass.")
+      .def(
+          "finalize_backward",
+          [](PyReducer& self) {
+            const bool was_open = self.reducer->in_backward();
+            {
+              py::gil_scoped_release release;
+              self.reducer->finalize_backward();
+            }
+            if (was_open) give_averages_to_unused(self);
+          },
+          "Reduces what is pending, waits, and writes the averages into the gradients.")
       .def("_check_reducer_finalized", [](PyReducer& self) { self.reducer->check_finalized(); })
       .def("_reset_state",
            [](PyReducer& self) {
              py::gil_scoped_release release;
              self.reducer->reset_state();
            })
-      .def("get_backward_stats", [](PyReducer& self) { return self.reducer->backward_stats(); },
-           "Nanoseconds from prepare_for_backward to each parameter's gradient being ready.")
-      .def("_get_local_used_map",
-           [](PyReducer& self) { return used_map(self.reducer->local_used_map()); },
-           "Per parameter, 1 if this rank marked it ready in the last pass (int32 array).")
-      .def("_get_global_used_map",
-           [](PyReducer& self) { return used_map(self.reducer->global_used_map()); },
-           "Per parameter: whether any rank used it in the last finished pass.")
+      .def(
+          "get_backward_stats", [](PyReducer& self) { return self.reducer->backward_stats(); },
+          "Nanoseconds from prepare_for_backward to each parameter's gradient being ready.")
+      .def(
+          "_get_local_used_map",
+          [](PyReducer& self) { return used_map(self.reducer->local_used_map()); },
+          "Per parameter, 1 if this rank marked it ready in the last pass (int32 array).")
+      .def(
+          "_get_global_used_map",
+          [](PyReducer& self) { return used_map(self.reducer->global_used_map()); },
+          "Per parameter: whether any rank used it in the last finished pass.")
       .def("_get_zeros_like_grad_buckets",
            [](PyReducer& self) {
              std::vector<std::shared_ptr<GradBucket>> out;
@@ -217,43 +228,48 @@ void init_ddp(py::module_& m) {
              }
              return out;
            })
-      .def("_run_comm_hook",
-           [](PyReducer& self, GradBucket& bucket) {
-             return tensor_future(self.reducer->run_comm_hook(bucket));
-           },
-           py::arg("bucket"))
-      .def("_run_allreduce_hook",
-           [](PyReducer& self, GradBucket& bucket) {
-             return self.reducer->run_allreduce_hook(bucket);
-           },
-           py::arg("bucket"))
-      .def("_bucket_view",
-           [](PyReducer& self, size_t index) { return to_python(self.reducer->bucket_view(index)); },
-           py::arg("index"), "Where parameter `index`'s gradient sits in its bucket.")
+      .def(
+          "_run_comm_hook",
+          [](PyReducer& self, GradBucket& bucket) {
+            return tensor_future(self.reducer->run_comm_hook(bucket));
+          },
+          py::arg("bucket"))
+      .def(
+          "_run_allreduce_hook",
+          [](PyReducer& self, GradBucket& bucket) {
+            return self.reducer->run_allreduce_hook(bucket);
+          },
+          py::arg("bucket"))
+      .def(
+          "_bucket_view",
+          [](PyReducer& self, size_t index) { return to_python(self.reducer->bucket_view(index)); },
+          py::arg("index"), "Where parameter `index`'s gradient sits in its bucket.")
       .def_property_readonly("bucket_indices",
                              [](PyReducer& self) { return self.reducer->bucket_indices(); })
-      .def_property_readonly(
-          "per_bucket_size_limits",
-          [](PyReducer& self) { return self.reducer->per_bucket_size_limits(); })
-      .def("_rebuild_buckets",
-           [](PyReducer& self) {
-             py::gil_scoped_release release;
-             return self.reducer->rebuild_buckets();
-           },
-           "Regroups the buckets in the order the last full backward pass marked gradients "
-           "ready (rank 0's grouping, broadcast); once per reducer. Returns whether it did. "
-           "Bucket views taken before are no longer the buckets.")
-      .def("_push_all_rebuilt_params",
-           [](PyReducer& self) { self.reducer->push_all_rebuilt_params(); },
-           "Takes the parameters in index order as the order for _rebuild_buckets.")
-      .def("_update_process_group",
-           [](PyReducer& self, std::shared_ptr<ProcessGroup> group) {
-             py::gil_scoped_release release;
-             self.reducer->update_process_group(std::move(group));
-           },
-           py::arg("new_process_group"),
-           "Reduces over new_process_group from now on (not during a backward pass); the "
-           "buckets may be rebuilt again after the next full pass.")
+      .def_property_readonly("per_bucket_size_limits",
+                             [](PyReducer& self) { return self.reducer->per_bucket_size_limits(); })
+      .def(
+          "_rebuild_buckets",
+          [](PyReducer& self) {
+            py::gil_scoped_release release;
+            return self.reducer->rebuild_buckets();
+          },
+          "Regroups the buckets in the order the last full backward pass marked gradients "
+          "ready (rank 0's grouping, broadcast); once per reducer. Returns whether it did. "
+          "Bucket views taken before are no longer the buckets.")
+      .def(
+          "_push_all_rebuilt_params",
+          [](PyReducer& self) { self.reducer->push_all_rebuilt_params(); },
+          "Takes the parameters in index order as the order for _rebuild_buckets.")
+      .def(
+          "_update_process_group",
+          [](PyReducer& self, std::shared_ptr<ProcessGroup> group) {
+            py::gil_scoped_release release;
+            self.reducer->update_process_group(std::move(group));
+          },
+          py::arg("new_process_group"),
+          "Reduces over new_process_group from now on (not during a backward pass); the "
+          "buckets may be rebuilt again after the next full pass.")
       .def("_has_rebuilt_buckets",
            [](PyReducer& self) { return self.reducer->has_rebuilt_buckets(); })
       .def("_set_static_graph", [](PyReducer& self) { self.reducer->set_static_graph(); })

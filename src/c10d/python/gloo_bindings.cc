@@ -29,17 +29,16 @@ void init_gloo(py::module_& m) {
       .def_readwrite("_timeout", &GlooOptions::timeout);
   gloo.attr("Options") = gloo.attr("_Options");
 
-  gloo.def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
-                       core::Millis timeout) {
-             GlooOptions opts;
-             opts.timeout = timeout;
-             py::gil_scoped_release release;  // not call_guard (bindings.h)
-             return std::make_shared<GlooBackend>(std::move(store), rank, size, opts);
-           }),
+  gloo.def(py::init(
+               [](std::shared_ptr<store::Store> store, int rank, int size, core::Millis timeout) {
+                 GlooOptions opts;
+                 opts.timeout = timeout;
+                 py::gil_scoped_release release;  // not call_guard (bindings.h)
+                 return std::make_shared<GlooBackend>(std::move(store), rank, size, opts);
+               }),
            py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout") = pg::kDefaultPgTimeout)
-      .def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
-                       GlooOptions opts) {
+      .def(py::init([](std::shared_ptr<store::Store> store, int rank, int size, GlooOptions opts) {
              py::gil_scoped_release release;
              return std::make_shared<GlooBackend>(std::move(store), rank, size, opts);
            }),

@@ -20,14 +20,14 @@ void init_hier(py::module_& m) {
                        core::Millis timeout) {
              py::gil_scoped_release release;  // not call_guard (bindings.h)
              auto topology = backends::hier::discover_topology(*store, rank, size, "hier/host/");
-             return std::make_shared<HierBackend>(std::move(store), rank, size,
-                                                  std::move(topology), timeout);
+             return std::make_shared<HierBackend>(std::move(store), rank, size, std::move(topology),
+                                                  timeout);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout") = pg::kDefaultPgTimeout)
-      .def_property_readonly("hosts", [](const HierBackend& self) {
-        return self.topology().hosts;
-      }, "The ranks of each host (hosts in order of their lowest rank).");
+      .def_property_readonly(
+          "hosts", [](const HierBackend& self) { return self.topology().hosts; },
+          "The ranks of each host (hosts in order of their lowest rank).");
   m.def(
       "_create_auto_backend",
       [](std::shared_ptr<store::Store> store, int rank, int size, core::Millis timeout) {

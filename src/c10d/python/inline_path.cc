@@ -158,12 +158,12 @@ struct Tracked {
   PyObject* owner = nullptr;  // borrowed: only a key of g_ref_of, dropped when it goes
   void* data = nullptr;       // the owner's memory when first seen
   size_t bytes = 0;
-  int uses = 0;  // all_reduces counted so far; negative after a refusal (tried again at 2)
+  int uses = 0;          // all_reduces counted so far; negative after a refusal (tried again at 2)
   bool adopted = false;  // some buffer inside [data, data + bytes) was
 };
 // A refused adoption is tried again after this many more all_reduces of the array.
 constexpr int kRetryUses = 64;
-auto& g_tracked = *new std::unordered_map<PyObject*, Tracked>;  // by weak reference
+auto& g_tracked = *new std::unordered_map<PyObject*, Tracked>;   // by weak reference
 auto& g_ref_of = *new std::unordered_map<PyObject*, PyObject*>;  // owner -> weak reference
 
 // The memory `t` recorded is no longer its owner's (ndarray.data assigned, __setstate__):
@@ -395,9 +395,7 @@ size_t total_bytes(const InlineOp& op) {
   return bytes;
 }
 
-void release_gil(void* saved) {
-  *static_cast<PyThreadState**>(saved) = PyEval_SaveThread();
-}
+void release_gil(void* saved) { *static_cast<PyThreadState**>(saved) = PyEval_SaveThread(); }
 
 // Runs `op` without holding the GIL while it waits: True if it ran, False if the inline path
 // did not apply, NULL with the Python error set if it failed.
@@ -477,8 +475,7 @@ PyObject* all_gather_into_tensor(PyObject* self, PyObject* const* args, Py_ssize
 }
 
 PyObject* reduce_scatter_tensor(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return output_input(self, args, nargs, OpType::kReduceScatterBase, "reduce_scatter_tensor",
-                      true);
+  return output_input(self, args, nargs, OpType::kReduceScatterBase, "reduce_scatter_tensor", true);
 }
 
 PyObject* all_to_all_single(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -495,8 +492,7 @@ PyObject* rooted_list(PyObject* self, PyObject* const* args, Py_ssize_t nargs, O
   BufferList list;
   InlineOp op;
   op.type = type;
-  if (!int_arg(args[2], op.root) ||
-      !dense(args[0], !gather, mine, gather ? op.input : op.output) ||
+  if (!int_arg(args[2], op.root) || !dense(args[0], !gather, mine, gather ? op.input : op.output) ||
       !dense_list(args[1], gather, list)) {
     Py_RETURN_FALSE;
   }

@@ -185,10 +185,8 @@ py::object reduce_scatter_with(Class& self, py::handle outputs, py::handle input
 // Binds one collective of a class (ProcessGroup or Backend) that share the signatures.
 template <typename Class, typename PyClass>
 void bind_collectives(PyClass& cls) {
-  cls.def(
-         "broadcast",
-         &broadcast_with<Class>,
-         py::arg("tensors"), py::arg("opts") = pg::BroadcastOptions())
+  cls.def("broadcast", &broadcast_with<Class>, py::arg("tensors"),
+          py::arg("opts") = pg::BroadcastOptions())
       .def(
           "broadcast",
           [](Class& self, py::handle tensor, int64_t root) {
@@ -197,10 +195,8 @@ void bind_collectives(PyClass& cls) {
             return broadcast_with(self, tensor, opts);
           },
           py::arg("tensor"), py::arg("root"))
-      .def(
-          "allreduce",
-          &allreduce_with<Class>,
-          py::arg("tensors"), py::arg("opts") = pg::AllreduceOptions())
+      .def("allreduce", &allreduce_with<Class>, py::arg("tensors"),
+           py::arg("opts") = pg::AllreduceOptions())
       .def(
           "allreduce",
           [](Class& self, py::handle tensors, const core::ReduceOp& op) {
@@ -216,10 +212,7 @@ void bind_collectives(PyClass& cls) {
             return run_released(opts, [&] { return target(self).allreduce_coalesced(ts, opts); });
           },
           py::arg("tensors"), py::arg("opts") = pg::AllreduceCoalescedOptions())
-      .def(
-          "reduce",
-          &reduce_with<Class>,
-          py::arg("tensors"), py::arg("opts") = pg::ReduceOptions())
+      .def("reduce", &reduce_with<Class>, py::arg("tensors"), py::arg("opts") = pg::ReduceOptions())
       .def(
           "reduce",
           [](Class& self, py::handle tensor, int64_t root, const core::ReduceOp& op) {
@@ -233,8 +226,7 @@ void bind_collectives(PyClass& cls) {
           "allgather",
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto in = tensor_or_list(inputs, false, "allgather input");
-            TensorLists out = lists_beside(outputs, inputs, true,
-                                            "allgather output");
+            TensorLists out = lists_beside(outputs, inputs, true, "allgather output");
             return run_released(opts, [&] { return target(self).allgather(out, in, opts); });
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
@@ -252,9 +244,8 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto out = tensor_lists(outputs, true, "allgather_coalesced output");
             auto in = to_tensors(inputs, false, "allgather_coalesced input");
-            return run_released(opts, [&] {
-              return target(self).allgather_coalesced(out, in, opts);
-            });
+            return run_released(opts,
+                                [&] { return target(self).allgather_coalesced(out, in, opts); });
           },
           py::arg("output_lists"), py::arg("input_list"), py::arg("opts") = pg::AllgatherOptions())
       .def(
@@ -262,16 +253,12 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto out = to_tensors(outputs, true, "allgather_into_tensor_coalesced output");
             auto in = to_tensors(inputs, false, "allgather_into_tensor_coalesced input");
-            return run_released(opts, [&] {
-              return target(self).allgather_into_tensor_coalesced(out, in, opts);
-            });
+            return run_released(
+                opts, [&] { return target(self).allgather_into_tensor_coalesced(out, in, opts); });
           },
           py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::AllgatherOptions())
-      .def(
-          "gather",
-          &gather_with<Class>,
-          py::arg("output_tensors"), py::arg("input_tensors"),
-          py::arg("opts") = pg::GatherOptions())
+      .def("gather", &gather_with<Class>, py::arg("output_tensors"), py::arg("input_tensors"),
+           py::arg("opts") = pg::GatherOptions())
       .def(
           "gather",
           [](Class& self, py::handle outputs, py::handle input, int64_t root) {
@@ -280,11 +267,8 @@ void bind_collectives(PyClass& cls) {
             return gather_with(self, outputs, input, opts);
           },
           py::arg("output_tensors"), py::arg("input_tensor"), py::arg("root"))
-      .def(
-          "scatter",
-          &scatter_with<Class>,
-          py::arg("output_tensors"), py::arg("input_tensors"),
-          py::arg("opts") = pg::ScatterOptions())
+      .def("scatter", &scatter_with<Class>, py::arg("output_tensors"), py::arg("input_tensors"),
+           py::arg("opts") = pg::ScatterOptions())
       .def(
           "scatter",
           [](Class& self, py::handle output, py::handle inputs, int64_t root) {
@@ -293,11 +277,8 @@ void bind_collectives(PyClass& cls) {
             return scatter_with(self, output, inputs, opts);
           },
           py::arg("output_tensor"), py::arg("input_tensors"), py::arg("root"))
-      .def(
-          "reduce_scatter",
-          &reduce_scatter_with<Class>,
-          py::arg("output_tensors"), py::arg("input_tensors"),
-          py::arg("opts") = pg::ReduceScatterOptions())
+      .def("reduce_scatter", &reduce_scatter_with<Class>, py::arg("output_tensors"),
+           py::arg("input_tensors"), py::arg("opts") = pg::ReduceScatterOptions())
       .def(
           "reduce_scatter",
           [](Class& self, py::handle output, py::handle inputs, const core::ReduceOp& op) {
@@ -312,9 +293,8 @@ void bind_collectives(PyClass& cls) {
              const pg::ReduceScatterOptions& opts) {
             Tensor out = to_tensor(output, true, "_reduce_scatter_base output");
             Tensor in = to_tensor(input, false, "_reduce_scatter_base input");
-            return run_released(opts, [&] {
-              return target(self).reduce_scatter_base(out, in, opts);
-            });
+            return run_released(opts,
+                                [&] { return target(self).reduce_scatter_base(out, in, opts); });
           },
           py::arg("outputTensor"), py::arg("inputTensor"),
           py::arg("opts") = pg::ReduceScatterOptions())
@@ -324,9 +304,8 @@ void bind_collectives(PyClass& cls) {
              const pg::ReduceScatterOptions& opts) {
             auto out = to_tensors(outputs, true, "reduce_scatter_tensor_coalesced output");
             auto in = to_tensors(inputs, false, "reduce_scatter_tensor_coalesced input");
-            return run_released(opts, [&] {
-              return target(self).reduce_scatter_tensor_coalesced(out, in, opts);
-            });
+            return run_released(
+                opts, [&] { return target(self).reduce_scatter_tensor_coalesced(out, in, opts); });
           },
           py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::ReduceScatterOptions())
       .def(
@@ -448,13 +427,14 @@ void init_pg(py::module_& m) {
       .def_readwrite("asyncOp", &pg::BarrierOptions::async_op);
 
   py::class_<pg::WorkInfo, std::shared_ptr<pg::WorkInfo>>(m, "WorkInfo")
-      .def_property_readonly("op_type",
-                             [](const pg::WorkInfo& w) { return std::string(core::op_type_name(w.op_type)); })
+      .def_property_readonly(
+          "op_type",
+          [](const pg::WorkInfo& w) { return std::string(core::op_type_name(w.op_type)); })
       .def_readonly("seq", &pg::WorkInfo::seq)
-      .def_property_readonly("time_started",
-                             [](const pg::WorkInfo& w) { return w.time_started.time_since_epoch(); })
-      .def_property_readonly("time_finished",
-                             [](const pg::WorkInfo& w) { return w.time_finished.time_since_epoch(); })
+      .def_property_readonly(
+          "time_started", [](const pg::WorkInfo& w) { return w.time_started.time_since_epoch(); })
+      .def_property_readonly(
+          "time_finished", [](const pg::WorkInfo& w) { return w.time_finished.time_since_epoch(); })
       .def_readonly("active_duration", &pg::WorkInfo::active_duration);
 
   py::class_<Backend, std::shared_ptr<Backend>> backend(
@@ -491,7 +471,8 @@ void init_pg(py::module_& m) {
       .def_readwrite("_timeout", &pg::ProcessGroupOptions::timeout);
 
   py::class_<ProcessGroup, std::shared_ptr<ProcessGroup>> group(
-      m, "ProcessGroup", "A set of ranks running collectives together, with one backend per device.");
+      m, "ProcessGroup",
+      "A set of ranks running collectives together, with one backend per device.");
   group.attr("Options") = m.attr("_ProcessGroupOptions");
   // torch's names for the kinds of backend, as _register_backend takes them (c10d keys its
   // backends by device and ignores the kind).

@@ -40,7 +40,8 @@ py::object equal(py::handle self, py::handle other, bool negate) {
 
 std::string repr(const ReduceOp& op) {
   std::string out = "ReduceOp(" + std::string(op.name());
-  if (op.kind == ReduceOp::PREMUL_SUM) out += ", factor=" + py::repr(py::float_(op.premul_factor)).cast<std::string>();
+  if (op.kind == ReduceOp::PREMUL_SUM)
+    out += ", factor=" + py::repr(py::float_(op.premul_factor)).cast<std::string>();
   return out + ")";
 }
 
@@ -84,7 +85,8 @@ class ReduceOpMeta(base):
 }  // namespace
 
 void init_reduce(py::module_& m) {
-  py::class_<ReduceOp> cls(m, "ReduceOp", py::metaclass(reduce_op_metaclass()), R"(How a reducing collective combines the ranks' values.
+  py::class_<ReduceOp> cls(m, "ReduceOp", py::metaclass(reduce_op_metaclass()),
+                           R"(How a reducing collective combines the ranks' values.
 
 The values are ``ReduceOp.SUM``, ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``, ``BAND``, ``BOR``,
 ``BXOR``, ``PREMUL_SUM`` and ``UNUSED``, each a ``ReduceOp.RedOpType`` accepted wherever a
@@ -98,25 +100,29 @@ The values are ``ReduceOp.SUM``, ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``, ``BAND`
   kinds.export_values();
   // pybind11's enum equality answers False for any other type; replace it so that
   // ReduceOp.SUM == ReduceOp(ReduceOp.SUM) holds in both directions.
-  kinds.attr("__eq__") = py::cpp_function(
-      [](py::handle self, py::handle other) { return equal(self, other, false); },
-      py::is_method(kinds), py::name("__eq__"));
-  kinds.attr("__ne__") = py::cpp_function(
-      [](py::handle self, py::handle other) { return equal(self, other, true); },
-      py::is_method(kinds), py::name("__ne__"));
+  kinds.attr("__eq__") =
+      py::cpp_function([](py::handle self, py::handle other) { return equal(self, other, false); },
+                       py::is_method(kinds), py::name("__eq__"));
+  kinds.attr("__ne__") =
+      py::cpp_function([](py::handle self, py::handle other) { return equal(self, other, true); },
+                       py::is_method(kinds), py::name("__ne__"));
 
   cls.def(py::init<>(), "ReduceOp.SUM.")
       .def(py::init<ReduceOp::Kind>(), py::arg("op"))
-      .def("__eq__", [](py::handle self, py::handle other) { return equal(self, other, false); },
-           py::is_operator())
-      .def("__ne__", [](py::handle self, py::handle other) { return equal(self, other, true); },
-           py::is_operator())
+      .def(
+          "__eq__", [](py::handle self, py::handle other) { return equal(self, other, false); },
+          py::is_operator())
+      .def(
+          "__ne__", [](py::handle self, py::handle other) { return equal(self, other, true); },
+          py::is_operator())
       // Hash of the kind, so equal objects (including a RedOpType) hash alike.
-      .def("__hash__", [](const ReduceOp& self) { return py::hash(py::int_(static_cast<int>(self.kind))); })
+      .def("__hash__",
+           [](const ReduceOp& self) { return py::hash(py::int_(static_cast<int>(self.kind))); })
       .def("__repr__", &repr)
       .def("__copy__", [](const ReduceOp& self) { return ReduceOp(self); })
-      .def("__deepcopy__", [](const ReduceOp& self, py::dict) { return ReduceOp(self); },
-           py::arg("memo"))
+      .def(
+          "__deepcopy__", [](const ReduceOp& self, py::dict) { return ReduceOp(self); },
+          py::arg("memo"))
       .def(py::pickle(
           [](const ReduceOp& self) {
             // None for a PREMUL_SUM without a factor.
@@ -136,23 +142,28 @@ The values are ``ReduceOp.SUM``, ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``, ``BAND`
             }
             return op;
           }))
-      .def_property_readonly("op", [](const ReduceOp& self) { return self.kind; },
-                             "The RedOpType of this op.")
-      .def_property_readonly("premul_factor", [](const ReduceOp& self) { return self.premul_factor; },
-                             "The factor of a PREMUL_SUM (1.0 for other ops).")
+      .def_property_readonly(
+          "op", [](const ReduceOp& self) { return self.kind; }, "The RedOpType of this op.")
+      .def_property_readonly(
+          "premul_factor", [](const ReduceOp& self) { return self.premul_factor; },
+          "The factor of a PREMUL_SUM (1.0 for other ops).")
       .def_property_readonly("name", [](const ReduceOp& self) { return std::string(self.name()); });
   cls.attr("__members__") = kinds.attr("__members__");
 
   py::implicitly_convertible<ReduceOp::Kind, ReduceOp>();
 
-  const char* premul_doc = "A PREMUL_SUM ReduceOp: every input is multiplied by `factor` before summing.";
+  const char* premul_doc =
+      "A PREMUL_SUM ReduceOp: every input is multiplied by `factor` before summing.";
   m.def("_make_premul_sum", &ReduceOp::premul_sum, py::arg("factor"), premul_doc);
   m.def("_make_nccl_premul_sum", &ReduceOp::premul_sum, py::arg("factor"), premul_doc);
 
-  m.def("_check_reduce_op",
-        [](const ReduceOp& op, const std::string& dtype) { core::check_reduce_op(parse_dtype(dtype), op); },
-        py::arg("op"), py::arg("dtype"),
-        "Raises ValueError unless `op` can reduce elements of the dtype named `dtype`.");
+  m.def(
+      "_check_reduce_op",
+      [](const ReduceOp& op, const std::string& dtype) {
+        core::check_reduce_op(parse_dtype(dtype), op);
+      },
+      py::arg("op"), py::arg("dtype"),
+      "Raises ValueError unless `op` can reduce elements of the dtype named `dtype`.");
 
   // Test helpers: the kernels applied in place to contiguous buffers (numpy arrays). The dtype
   // is named explicitly so that bfloat16 can travel as a uint16 view.

@@ -18,13 +18,13 @@ void init_shm(py::module_& m) {
 
   py::class_<ShmBackend, pg::Backend, std::shared_ptr<ShmBackend>>(
       m, "ProcessGroupShm", "Collectives between the processes of one host through shared memory.")
-      .def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
-                       core::Millis timeout) {
-             ShmOptions opts;
-             opts.timeout = timeout;
-             py::gil_scoped_release release;  // not call_guard (bindings.h)
-             return std::make_shared<ShmBackend>(std::move(store), rank, size, opts);
-           }),
+      .def(py::init(
+               [](std::shared_ptr<store::Store> store, int rank, int size, core::Millis timeout) {
+                 ShmOptions opts;
+                 opts.timeout = timeout;
+                 py::gil_scoped_release release;  // not call_guard (bindings.h)
+                 return std::make_shared<ShmBackend>(std::move(store), rank, size, opts);
+               }),
            py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout") = pg::kDefaultPgTimeout)
       .def(

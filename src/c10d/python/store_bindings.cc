@@ -109,8 +109,7 @@ class PyStore : public Store {
     GilGuard gil;
     if (!gil) return "PythonStore";
     py::object self = py::cast(this);
-    return "PythonStore(" + py::str(py::type::of(self).attr("__name__")).cast<std::string>() +
-           ")";
+    return "PythonStore(" + py::str(py::type::of(self).attr("__name__")).cast<std::string>() + ")";
   }
 
  private:
@@ -213,8 +212,7 @@ void init_store(py::module_& m) {
       .def("num_keys", &Store::num_keys, py::call_guard<py::gil_scoped_release>(),
            "Number of keys in the store.")
       .def("set_timeout", &Store::set_timeout, py::arg("timeout"),
-           py::call_guard<py::gil_scoped_release>(),
-           "Sets the default timeout of get and wait.")
+           py::call_guard<py::gil_scoped_release>(), "Sets the default timeout of get and wait.")
       .def_property_readonly("timeout", &Store::timeout)
       .def(
           "wait", [](Store& s, const std::vector<std::string>& keys) { s.wait(keys); },
@@ -279,8 +277,7 @@ void init_store(py::module_& m) {
           py::arg("key"), py::arg("block") = true,
           "Removes and returns the oldest value of the queue (waiting up to the timeout when "
           "block is true, else raising DistQueueEmptyError when empty).")
-      .def("queue_len", &Store::queue_len, py::arg("key"),
-           py::call_guard<py::gil_scoped_release>())
+      .def("queue_len", &Store::queue_len, py::arg("key"), py::call_guard<py::gil_scoped_release>())
       .def("list_keys", &Store::list_keys, py::call_guard<py::gil_scoped_release>())
       .def("clone", &Store::clone, py::call_guard<py::gil_scoped_release>(),
            "An independent handle on the same data (a new connection for network stores).")

@@ -24,9 +24,9 @@ inline store::Bytes bytes_from_python(pybind11::handle value) {
     const auto* data = static_cast<const uint8_t*>(info.ptr);
     return store::Bytes(data, data + info.size * info.itemsize);
   }
-  throw pybind11::type_error("store values must be str or bytes, got " +
-                             pybind11::str(pybind11::type::of(value).attr("__name__"))
-                                 .cast<std::string>());
+  throw pybind11::type_error(
+      "store values must be str or bytes, got " +
+      pybind11::str(pybind11::type::of(value).attr("__name__")).cast<std::string>());
 }
 
 inline pybind11::bytes to_pybytes(const store::Bytes& value) {

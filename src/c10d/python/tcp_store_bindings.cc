@@ -37,9 +37,8 @@ void init_tcp_store(py::module_& m) {
       "Store served over TCP, wire-compatible with torch.distributed.TCPStore. The master "
       "(is_master=True) runs the server in this process; everyone connects to host_name:port. "
       "Port 0 lets the master pick a free port (see .port).")
-      .def(py::init([](const std::string& host_name, uint16_t port,
-                       std::optional<int> world_size, bool is_master,
-                       std::chrono::milliseconds timeout, bool wait_for_workers,
+      .def(py::init([](const std::string& host_name, uint16_t port, std::optional<int> world_size,
+                       bool is_master, std::chrono::milliseconds timeout, bool wait_for_workers,
                        bool multi_tenant, std::optional<int> master_listen_fd,
                        std::optional<bool> use_libuv, std::optional<std::string> secret) {
              if (world_size && *world_size == 0) {

@@ -43,10 +43,9 @@ struct DeletePythonSource {
 };
 
 core::Tensor with_source(const core::Tensor& t, py::handle obj) {
-  std::shared_ptr<void> owner(
-      new PythonSource{hold_python(py::reinterpret_borrow<py::object>(obj)), t.owner(),
-                       t.data(), t.sizes()},
-      DeletePythonSource{});
+  std::shared_ptr<void> owner(new PythonSource{hold_python(py::reinterpret_borrow<py::object>(obj)),
+                                               t.owner(), t.data(), t.sizes()},
+                              DeletePythonSource{});
   return core::Tensor(t.data(), t.dtype(), t.sizes(), t.strides(), std::move(owner), t.device());
 }
 
@@ -123,7 +122,8 @@ core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
     const py::object layout = py::getattr(source, "layout", py::none());
     const std::string kind = layout.is_none() ? "" : py::str(layout).cast<std::string>();
     if (!kind.empty() && kind != "torch.strided") {
-      throw py::type_error(str_cat(what, ": tensors of layout ", kind, " are not supported, only "
+      throw py::type_error(str_cat(what, ": tensors of layout ", kind,
+                                   " are not supported, only "
                                    "dense (strided) ones; all_reduce (SUM) also takes sparse "
                                    "COO tensors"));
     }
@@ -171,8 +171,7 @@ constexpr std::string_view kInvalidArgument = "Invalid function argument. ";
 
 core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
   if (obj.is_none()) {
-    throw py::type_error(str_cat(kInvalidArgument, what,
-                                 ": expected a tensor, got None"));
+    throw py::type_error(str_cat(kInvalidArgument, what, ": expected a tensor, got None"));
   }
   // numpy arrays answer both protocols; the buffer protocol also covers read-only arrays and
   // bool, so it goes first. Torch tensors have only __dlpack__.
@@ -181,8 +180,10 @@ core::Tensor to_tensor(py::handle obj, bool writable, std::string_view what) {
   }
   // The tensor keeps `obj` too, so that results hand the caller's object back (to_python).
   if (py::hasattr(obj, "__dlpack__")) return with_source(from_dlpack_object(obj, what), obj);
-  throw py::type_error(str_cat(kInvalidArgument, what, ": expected a tensor (numpy "
-                               "array, buffer or object with __dlpack__), got ", type_name(obj)));
+  throw py::type_error(str_cat(kInvalidArgument, what,
+                               ": expected a tensor (numpy "
+                               "array, buffer or object with __dlpack__), got ",
+                               type_name(obj)));
 }
 
 std::vector<core::Tensor> to_tensors(py::handle seq, bool writable, std::string_view what) {
@@ -228,8 +229,7 @@ py::capsule to_dlpack_capsule(const core::Tensor& tensor) {
 }
 
 py::object from_tensor(const core::Tensor& tensor) {
-  if (tensor.dtype() == core::DType::kBFloat16 ||
-      tensor.device().type != core::DeviceType::kCPU) {
+  if (tensor.dtype() == core::DType::kBFloat16 || tensor.device().type != core::DeviceType::kCPU) {
     return to_dlpack_capsule(tensor);
   }
   const size_t elem = tensor.element_size();
@@ -276,8 +276,7 @@ void init_tensor(py::module_& m) {
       },
       py::arg("tensor"), "Describes how c10d sees a tensor-like object (for tests).");
   m.def(
-      "_as_numpy",
-      [](py::handle obj) { return from_tensor(to_tensor(obj, false, "_as_numpy")); },
+      "_as_numpy", [](py::handle obj) { return from_tensor(to_tensor(obj, false, "_as_numpy")); },
       py::arg("tensor"), "A zero-copy numpy (or DLPack) view of a tensor-like object.");
   m.def(
       "_to_dlpack",

@@ -143,7 +143,8 @@ FileStore::~FileStore() {
       if (nobody_left && all_finished) {
         // Remove the name only if it still points at our file. Holding the lock while
         // unlinking makes a concurrent opener notice (link count 0) and start a new file.
-        struct stat own {}, named {};
+        struct stat own {
+        }, named{};
         if (::fstat(fd_, &own) == 0 && ::stat(path_.c_str(), &named) == 0 &&
             own.st_ino == named.st_ino && own.st_dev == named.st_dev &&
             ::unlink(path_.c_str()) != 0) {
@@ -172,7 +173,8 @@ void FileStore::open_and_join() {
 
     {
       FileLock lock(*this, /*exclusive=*/true);
-      struct stat own {}, named {};
+      struct stat own {
+      }, named{};
       if (::fstat(fd_, &own) != 0) throw_errno("fstat", errno);
       bool same_file = false;
       if (::stat(path_.c_str(), &named) == 0) {
@@ -246,8 +248,8 @@ void FileStore::sync(bool exclusive) {
   if (pos_ == 0) {
     const size_t have = std::min(got, static_cast<size_t>(kMagicSize));
     if (std::memcmp(buf.data(), kMagic, have) != 0) {
-      throw core::DistStoreError(str_cat(describe(), ": '", path_,
-                                         "' exists but is not a FileStore file"));
+      throw core::DistStoreError(
+          str_cat(describe(), ": '", path_, "' exists but is not a FileStore file"));
     }
     if (have < static_cast<size_t>(kMagicSize)) {
       torn = true;
@@ -297,8 +299,8 @@ void FileStore::write_records(const std::vector<Record>& records) {
   Bytes buf;
   for (const auto& r : records) {
     constexpr size_t kMax = std::numeric_limits<uint32_t>::max();
-    C10D_CHECK_T(core::InvalidArgument, r.key.size() <= kMax && r.value.size() <= kMax,
-                 describe(), ": key '", r.key.substr(0, 64), "' or its value exceeds 4 GiB");
+    C10D_CHECK_T(core::InvalidArgument, r.key.size() <= kMax && r.value.size() <= kMax, describe(),
+                 ": key '", r.key.substr(0, 64), "' or its value exceeds 4 GiB");
     buf.push_back(r.op);
     put_u32(buf, static_cast<uint32_t>(r.key.size()));
     put_u32(buf, static_cast<uint32_t>(r.value.size()));
@@ -307,12 +309,14 @@ void FileStore::write_records(const std::vector<Record>& records) {
   }
   size_t done = 0;
   while (done < buf.size()) {
-    ssize_t n = ::pwrite(fd_, buf.data() + done, buf.size() - done, pos_ + static_cast<off_t>(done));
+    ssize_t n =
+        ::pwrite(fd_, buf.data() + done, buf.size() - done, pos_ + static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int err = errno;
       // Leave no torn record behind for the next writer (best effort: it also cuts them).
-      if (::ftruncate(fd_, pos_) != 0) { /* the next exclusive sync trims it */ }
+      if (::ftruncate(fd_, pos_) != 0) { /* the next exclusive sync trims it */
+      }
       throw_errno("write", err);
     }
     done += static_cast<size_t>(n);
@@ -392,8 +396,7 @@ void FileStore::set(const std::string& key, const Bytes& value) {
   write_records({Record{kSet, key, value}});
 }
 
-Bytes FileStore::compare_set(const std::string& key, const Bytes& expected,
-                             const Bytes& desired) {
+Bytes FileStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   check_owner();
   std::lock_guard<std::mutex> guard(mutex_);
   FileLock lock(*this, true);

@@ -38,8 +38,7 @@ class FileStore : public Store {
   // Opens (creating if needed) the store file. Throws DistStoreError naming the path and the
   // errno text when the file cannot be opened, locked or read, when it is not a FileStore file,
   // or when num_workers > 0 workers have already joined it.
-  explicit FileStore(std::string path, int num_workers = -1,
-                     Millis timeout = kDefaultStoreTimeout);
+  explicit FileStore(std::string path, int num_workers = -1, Millis timeout = kDefaultStoreTimeout);
   // Records this user's leave and removes the file when it was the last one and num_workers
   // workers have left (see above).
   // Never throws; a failure is reported on stderr.

@@ -43,7 +43,8 @@ class HashStore : public Store {
     std::unordered_map<std::string, Bytes> map;
     std::unordered_map<std::string, std::deque<Bytes>> queues;
   };
-  HashStore(std::shared_ptr<State> state, Millis timeout) : Store(timeout), state_(std::move(state)) {}
+  HashStore(std::shared_ptr<State> state, Millis timeout)
+      : Store(timeout), state_(std::move(state)) {}
 
   // Both expect mutex_ held.
   bool present_locked(const std::string& key) const;
@@ -52,9 +53,9 @@ class HashStore : public Store {
 
   std::shared_ptr<State> state_ = std::make_shared<State>();
   std::mutex& mutex_ = state_->mutex;
-  std::condition_variable& changed_ = state_->changed;  // notified on every write; waiters
-                                                        // re-check their keys
-  std::unordered_map<std::string, Bytes>& map_ = state_->map;                 // under mutex_
+  std::condition_variable& changed_ = state_->changed;         // notified on every write; waiters
+                                                               // re-check their keys
+  std::unordered_map<std::string, Bytes>& map_ = state_->map;  // under mutex_
   std::unordered_map<std::string, std::deque<Bytes>>& queues_ = state_->queues;  // under mutex_
 };
 

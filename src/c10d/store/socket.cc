@@ -55,8 +55,7 @@ std::string host_port(const std::string& host, uint16_t port) {
 }
 
 Status connect_one(const addrinfo* ai, const core::Deadline& deadline, int& out_fd) {
-  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    ai->ai_protocol);
+  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
   if (fd < 0) return {errno, errno_text(errno)};
   auto fail = [&](int err) {
     ::close(fd);
@@ -153,8 +152,8 @@ void Socket::send_all(const void* data, size_t size, const core::Deadline& deadl
     }
     int err = n < 0 ? errno : EPIPE;
     if (err == EPIPE || err == ECONNRESET) {
-      throw core::DistNetworkError(str_cat(peer_, " closed the connection (", errno_text(err),
-                                           ")"));
+      throw core::DistNetworkError(
+          str_cat(peer_, " closed the connection (", errno_text(err), ")"));
     }
     throw core::DistNetworkError(str_cat("send to ", peer_, " failed: ", errno_text(err)));
   }
@@ -186,11 +185,10 @@ void Socket::fill(const core::Deadline& deadline) {
     if (n == 0) throw core::DistNetworkError(str_cat(peer_, " closed the connection"));
     if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
     if (errno == ECONNRESET) {
-      throw core::DistNetworkError(str_cat(peer_, " closed the connection (",
-                                           errno_text(errno), ")"));
+      throw core::DistNetworkError(
+          str_cat(peer_, " closed the connection (", errno_text(errno), ")"));
     }
-    throw core::DistNetworkError(str_cat("receive from ", peer_, " failed: ",
-                                         errno_text(errno)));
+    throw core::DistNetworkError(str_cat("receive from ", peer_, " failed: ", errno_text(errno)));
   }
 }
 

@@ -65,7 +65,7 @@ class Socket {
   int fd_ = -1;
   std::string peer_;
   std::unique_ptr<char[]> rbuf_;  // kReadChunk bytes, allocated on first read
-  size_t rpos_ = 0;                // unconsumed received bytes are [rpos_, rend_)
+  size_t rpos_ = 0;               // unconsumed received bytes are [rpos_, rend_)
   size_t rend_ = 0;
 };
 

@@ -74,8 +74,8 @@ void throw_wait_timeout(const std::string& store, const std::vector<std::string>
   const std::string after = timeout < Millis::zero()
                                 ? str_cat("a negative timeout (", timeout.count(), "ms)")
                                 : core::format_timeout(timeout);
-  throw core::DistStoreTimeoutError(str_cat(store, ": wait timeout after ", after, ", keys: ",
-                                            list));
+  throw core::DistStoreTimeoutError(
+      str_cat(store, ": wait timeout after ", after, ", keys: ", list));
 }
 
 int64_t parse_counter(const std::string& key, const Bytes& value) {
@@ -86,8 +86,7 @@ int64_t parse_counter(const std::string& key, const Bytes& value) {
   if (ec != std::errc() || ptr != last || value.empty()) {
     // A ValueError in Python, as torch's stores raise here.
     throw core::InvalidArgument(str_cat("add: the value of key '", key,
-                                        "' is not an integer counter (", value.size(),
-                                        " bytes)"));
+                                        "' is not an integer counter (", value.size(), " bytes)"));
   }
   return result;
 }

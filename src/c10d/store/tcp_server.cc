@@ -104,7 +104,7 @@ class TCPServer::Impl {
     bool validated = false;
     bool authenticated = false;
     bool closing = false;
-    std::string out;  // replies not yet handed to libuv
+    std::string out;                                  // replies not yet handed to libuv
     std::unordered_map<uint64_t, PendingWait> waits;  // by wait id
     std::vector<std::string> barrier_keys;            // keys with a BARRIER of ours pending
   };
@@ -172,8 +172,8 @@ class TCPServer::Impl {
 
 TCPServer::Impl::Impl(const TCPServerOptions& options) : secret_(options.secret) {
   int rc = uv_loop_init(&loop_);
-  C10D_CHECK_T(core::DistNetworkError, rc == 0, "TCPServer: uv_loop_init failed: ",
-               uv_error_text(rc));
+  C10D_CHECK_T(core::DistNetworkError, rc == 0,
+               "TCPServer: uv_loop_init failed: ", uv_error_text(rc));
   loop_.data = this;
   uv_async_init(&loop_, &stop_, &Impl::on_stop);
   stop_.data = this;
@@ -186,10 +186,10 @@ TCPServer::Impl::Impl(const TCPServerOptions& options) : secret_(options.secret)
   } else if (options.host && !options.host->empty()) {
     where = str_cat(*options.host, ":", options.port);
     sockaddr_storage addr{};
-    if (uv_ip4_addr(options.host->c_str(), options.port,
-                    reinterpret_cast<sockaddr_in*>(&addr)) == 0 ||
-        uv_ip6_addr(options.host->c_str(), options.port,
-                    reinterpret_cast<sockaddr_in6*>(&addr)) == 0) {
+    if (uv_ip4_addr(options.host->c_str(), options.port, reinterpret_cast<sockaddr_in*>(&addr)) ==
+            0 ||
+        uv_ip6_addr(options.host->c_str(), options.port, reinterpret_cast<sockaddr_in6*>(&addr)) ==
+            0) {
       rc = try_listen(reinterpret_cast<sockaddr*>(&addr), backlog);
     } else {
       addrinfo hints{};
@@ -230,15 +230,15 @@ TCPServer::Impl::Impl(const TCPServerOptions& options) : secret_(options.secret)
     uv_loop_close(&loop_);
     throw core::DistNetworkError(
         str_cat("The server socket has failed to listen on any local network address: "
-                "TCPServer cannot listen on ", where, ": ", uv_error_text(rc)));
+                "TCPServer cannot listen on ",
+                where, ": ", uv_error_text(rc)));
   }
 
   sockaddr_storage bound{};
   int len = sizeof bound;
   uv_tcp_getsockname(&listener_, reinterpret_cast<sockaddr*>(&bound), &len);
-  port_ = bound.ss_family == AF_INET6
-              ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                      : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
 
   // The handles are set up; from here on only the loop thread touches them.
   thread_ = std::thread([this] { run(); });
@@ -265,8 +265,8 @@ int TCPServer::Impl::try_listen(const sockaddr* addr, int backlog) {
     uv_tcp_init(&loop_, &listener_);
     listener_.data = this;
     int rc = uv_tcp_bind(&listener_, addr, 0);
-    if (rc == 0) rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), backlog,
-                                &Impl::on_connection);
+    if (rc == 0)
+      rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener_), backlog, &Impl::on_connection);
     if (rc == 0) return 0;
     uv_close(reinterpret_cast<uv_handle_t*>(&listener_), nullptr);
     uv_run(&loop_, UV_RUN_NOWAIT);  // completes the close so the handle can be reused
@@ -653,8 +653,8 @@ bool TCPServer::Impl::handle(Client* c, Request& r) {
     case QueryType::kCheck: {
       bool ready = std::all_of(r.keys.begin(), r.keys.end(),
                                [&](const std::string& k) { return present(k); });
-      reply.u8(static_cast<uint8_t>(ready ? wire::CheckReply::kReady
-                                          : wire::CheckReply::kNotReady));
+      reply.u8(
+          static_cast<uint8_t>(ready ? wire::CheckReply::kReady : wire::CheckReply::kNotReady));
       break;
     }
     case QueryType::kWait:
@@ -738,8 +738,7 @@ bool TCPServer::Impl::handle(Client* c, Request& r) {
   return true;
 }
 
-TCPServer::TCPServer(const TCPServerOptions& options)
-    : impl_(std::make_unique<Impl>(options)) {}
+TCPServer::TCPServer(const TCPServerOptions& options) : impl_(std::make_unique<Impl>(options)) {}
 
 TCPServer::~TCPServer() = default;
 

@@ -95,9 +95,8 @@ std::string wire_key(const std::string& context, const std::string& user_key) {
 std::vector<std::string> wire_keys(const std::string& context,
                                    const std::vector<std::string>& user_keys) {
   if (user_keys.size() > wire::kMaxKeysPerOp) {
-    throw core::InvalidArgument(str_cat(context, user_keys.size(),
-                                        " keys exceed the limit of ", wire::kMaxKeysPerOp,
-                                        " keys per operation"));
+    throw core::InvalidArgument(str_cat(context, user_keys.size(), " keys exceed the limit of ",
+                                        wire::kMaxKeysPerOp, " keys per operation"));
   }
   std::vector<std::string> keys;
   keys.reserve(user_keys.size());
@@ -158,9 +157,8 @@ class TCPStore::Call {
   }
 
   void send() {
-    guarded([&] {
-      socket_->send_all(request_.buffer().data(), request_.buffer().size(), deadline_);
-    });
+    guarded(
+        [&] { socket_->send_all(request_.buffer().data(), request_.buffer().size(), deadline_); });
     request_.clear();
   }
 
@@ -259,11 +257,8 @@ class TCPStore::Call {
 };
 
 TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
-    : Store(options.timeout),
-      host_(std::move(host)),
-      port_(options.port),
-      secret_(options.secret ? options.secret : default_secret()),
-      use_libuv_(options.use_libuv) {
+    : Store(options.timeout), host_(std::move(host)), port_(options.port),
+      secret_(options.secret ? options.secret : default_secret()), use_libuv_(options.use_libuv) {
   if (options.is_server) {
     server_ = start_server(host_, options);
     port_ = server_->port();
@@ -349,10 +344,9 @@ net::Socket TCPStore::open_connection(bool retry) {
               secret_ ? "it rejected this client's shared secret, or speaks another protocol"
                       : "it may require a shared secret (set C10D_STORE_SECRET or pass "
                         "secret=), or speak another protocol (PyTorch before 2.4)";
-          throw core::DistNetworkError(str_cat(describe(), ": the store server at ",
-                                               endpoint(host_, port_),
-                                               " closed the connection during the handshake; ",
-                                               why, " (", e.what(), ")"));
+          throw core::DistNetworkError(
+              str_cat(describe(), ": the store server at ", endpoint(host_, port_),
+                      " closed the connection during the handshake; ", why, " (", e.what(), ")"));
         }
         last_error = e.what();  // tried again after the usual pause
       } catch (const core::DistError& e) {
@@ -371,10 +365,9 @@ net::Socket TCPStore::open_connection(bool retry) {
       throw core::DistNetworkError(str_cat(describe(), ": ", why));
     }
     if (deadline.expired()) {
-      throw core::DistNetworkError(str_cat(describe(), ": the client socket has timed out after ",
-                                           core::format_timeout(timeout),
-                                           " while trying to connect to (", host_, ", ", port_,
-                                           "): ", last_error));
+      throw core::DistNetworkError(str_cat(
+          describe(), ": the client socket has timed out after ", core::format_timeout(timeout),
+          " while trying to connect to (", host_, ", ", port_, "): ", last_error));
     }
     auto pause = Millis(static_cast<int64_t>(backoff.count() * jitter(rng)));
     std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
@@ -428,10 +421,9 @@ void TCPStore::wait_for_workers(int num_workers) {
   call.send();
   int64_t joined = call.i64();
   // A store error, as torch raises here, that is also a timeout in Python.
-  throw core::DistStoreTimeoutError(str_cat(describe(), ": Timed out after ",
-                                            seconds_text(timeout()),
-                                            " seconds waiting for clients. ", joined, "/",
-                                            num_workers, " clients joined."));
+  throw core::DistStoreTimeoutError(
+      str_cat(describe(), ": Timed out after ", seconds_text(timeout()),
+              " seconds waiting for clients. ", joined, "/", num_workers, " clients joined."));
 }
 
 void TCPStore::set(const std::string& key, const Bytes& value) {
@@ -441,8 +433,7 @@ void TCPStore::set(const std::string& key, const Bytes& value) {
   call.send();
 }
 
-Bytes TCPStore::compare_set(const std::string& key, const Bytes& expected,
-                            const Bytes& desired) {
+Bytes TCPStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   Call call(*this, "compare_set");
   call.check_value(expected);
   call.check_value(desired);

@@ -62,8 +62,7 @@ class TCPStore : public Store {
   bool libuv_backend() const { return use_libuv_; }
 
   void set(const std::string& key, const Bytes& value) override;
-  Bytes compare_set(const std::string& key, const Bytes& expected,
-                    const Bytes& desired) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool delete_key(const std::string& key) override;

@@ -6,10 +6,9 @@ namespace c10d::store::wire {
 
 std::string query_name(uint8_t type) {
   static constexpr const char* kNames[kNumQueryTypes] = {
-      "VALIDATE",   "SET",         "COMPARE_SET", "GET",        "ADD",
-      "CHECK",      "WAIT",        "GETNUMKEYS",  "DELETE_KEY", "APPEND",
-      "MULTI_GET",  "MULTI_SET",   "CANCEL_WAIT", "PING",       "QUEUE_PUSH",
-      "QUEUE_POP",  "QUEUE_LEN",   "LIST_KEYS",   "BARRIER"};
+      "VALIDATE",   "SET",        "COMPARE_SET", "GET",       "ADD",       "CHECK",       "WAIT",
+      "GETNUMKEYS", "DELETE_KEY", "APPEND",      "MULTI_GET", "MULTI_SET", "CANCEL_WAIT", "PING",
+      "QUEUE_PUSH", "QUEUE_POP",  "QUEUE_LEN",   "LIST_KEYS", "BARRIER"};
   if (type < kNumQueryTypes) return kNames[type];
   if (type == static_cast<uint8_t>(QueryType::kAuth)) return "AUTH";
   return "UNKNOWN(" + std::to_string(type) + ")";
@@ -145,8 +144,8 @@ RequestParser::Status RequestParser::next(Request& out) {
           if (length_ > limit) {
             return fail(query_name(static_cast<uint8_t>(current_.type)) + ": " +
                         (field == Field::kKey ? "key" : "value") + " length " +
-                        std::to_string(length_) + " exceeds the limit of " +
-                        std::to_string(limit) + " bytes");
+                        std::to_string(length_) + " exceeds the limit of " + std::to_string(limit) +
+                        " bytes");
           }
           have_length_ = true;
           break;  // loop round: the body may already be here

@@ -78,19 +78,32 @@ void fill(Tensor& t, int rank, int seed = 0) {
   for (int64_t i = 0; i < n; ++i) {
     const double v = value_at(rank + seed, i);
     switch (t.dtype()) {
-      case DType::kFloat32: t.data_as<float>()[i] = static_cast<float>(v); break;
-      case DType::kFloat64: t.data_as<double>()[i] = v; break;
-      case DType::kFloat16: t.data_as<uint16_t>()[i] = core::float_to_half(static_cast<float>(v)); break;
+      case DType::kFloat32:
+        t.data_as<float>()[i] = static_cast<float>(v);
+        break;
+      case DType::kFloat64:
+        t.data_as<double>()[i] = v;
+        break;
+      case DType::kFloat16:
+        t.data_as<uint16_t>()[i] = core::float_to_half(static_cast<float>(v));
+        break;
       case DType::kBFloat16:
         t.data_as<uint16_t>()[i] = core::float_to_bfloat16(static_cast<float>(v));
         break;
-      case DType::kInt32: t.data_as<int32_t>()[i] = static_cast<int32_t>(v); break;
-      case DType::kInt64: t.data_as<int64_t>()[i] = static_cast<int64_t>(v); break;
-      case DType::kUInt8: t.data_as<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+      case DType::kInt32:
+        t.data_as<int32_t>()[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kInt64:
+        t.data_as<int64_t>()[i] = static_cast<int64_t>(v);
+        break;
+      case DType::kUInt8:
+        t.data_as<uint8_t>()[i] = static_cast<uint8_t>(v);
+        break;
       case DType::kComplex64:
         t.data_as<std::complex<float>>()[i] = {static_cast<float>(v), static_cast<float>(-v)};
         break;
-      default: FAIL() << "fill: unhandled dtype";
+      default:
+        FAIL() << "fill: unhandled dtype";
     }
   }
 }
@@ -115,7 +128,8 @@ Tensor reference(DType dtype, int64_t n, int size, const ReduceOp& op) {
 }
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
+  return a.nbytes() == b.nbytes() &&
+         (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
 }
 
 const int64_t kCounts[] = {0, 1, 7, 1000};
@@ -159,8 +173,8 @@ TEST(GlooBackend, AllreduceManyAsyncInFlight) {
     for (size_t i = 0; i < works.size(); ++i) {
       works[i]->wait();
       EXPECT_TRUE(works[i]->is_success());
-      EXPECT_TRUE(same_bytes(tensors[i][0],
-                             reference(DType::kFloat32, 1 + i % 5, 3, ReduceOp::SUM)));
+      EXPECT_TRUE(
+          same_bytes(tensors[i][0], reference(DType::kFloat32, 1 + i % 5, 3, ReduceOp::SUM)));
     }
     EXPECT_EQ(backend.next_sequence(), 40u);
   });
@@ -297,7 +311,8 @@ TEST(GlooBackend, GatherAndScatterEachRoot) {
           std::vector<Tensor> inputs{make(DType::kFloat16, n, rank)};
           std::vector<std::vector<Tensor>> outputs(1);
           if (rank == root) {
-            for (int r = 0; r < size; ++r) outputs[0].push_back(Tensor::empty({n}, DType::kFloat16));
+            for (int r = 0; r < size; ++r)
+              outputs[0].push_back(Tensor::empty({n}, DType::kFloat16));
           }
           pg::GatherOptions gopts;
           gopts.root_rank = root;
@@ -343,7 +358,8 @@ TEST(GlooBackend, ReduceScatterBothForms) {
           EXPECT_TRUE(same_bytes(input, input_copy)) << "input modified";
 
           std::vector<std::vector<Tensor>> pieces(1);
-          for (int r = 0; r < size; ++r) pieces[0].push_back(input.flat_slice(r * n, n).contiguous_copy());
+          for (int r = 0; r < size; ++r)
+            pieces[0].push_back(input.flat_slice(r * n, n).contiguous_copy());
           std::vector<Tensor> outputs{Tensor::empty({n}, DType::kFloat32)};
           backend.reduce_scatter(outputs, pieces, pg::ReduceScatterOptions{op})->wait();
           EXPECT_TRUE(same_bytes(outputs[0], mine_ref)) << op.name() << " n " << n;
@@ -378,7 +394,8 @@ TEST(GlooBackend, AlltoallBaseEvenAndUneven) {
       Tensor uin = Tensor::empty({in_rows, 3}, DType::kInt64);
       int64_t row = 0;
       for (int d = 0; d < size; ++d) {
-        for (int64_t k = 0; k < in_splits[d] * 3; ++k) uin.data_as<int64_t>()[row * 3 + k] = 100 * rank + d;
+        for (int64_t k = 0; k < in_splits[d] * 3; ++k)
+          uin.data_as<int64_t>()[row * 3 + k] = 100 * rank + d;
         row += in_splits[d];
       }
       Tensor uout = Tensor::empty({out_rows, 3}, DType::kInt64);
@@ -616,9 +633,10 @@ TEST(GlooBackend, AllreduceLatency) {
         if (k >= 0 && rank == 0) inline_[k] = t;
       }
     });
-    std::printf("[ perf ] allreduce %7lld bytes, 2 ranks, median us: gloo %.1f, "
-                "backend async %.1f, backend inline %.1f\n",
-                static_cast<long long>(bytes), median(raw), median(async), median(inline_));
+    std::printf(
+        "[ perf ] allreduce %7lld bytes, 2 ranks, median us: gloo %.1f, "
+        "backend async %.1f, backend inline %.1f\n",
+        static_cast<long long>(bytes), median(raw), median(async), median(inline_));
   }
 }
 

@@ -21,29 +21,34 @@ ModeProbe::Config quick() { return {/*samples=*/3, /*hold_ops=*/10, /*hold_ns=*/
 
 // A first probe (3 operations in mode 0, 4 in mode 1) that finds mode 1 faster.
 bool settle_on_mode_1(ModeProbe& probe, int64_t& now) {
-  run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
+  run(
+      probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
   return probe.mode() == 1;
 }
 
 TEST(ModeProbe, SwitchesToTheFasterModeAndHoldsIt) {
   ModeProbe probe(quick());
   int64_t now = 0;
-  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
+  auto modes = run(
+      probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
   // Three timed in the first mode, then four in the other (the first not judged).
   EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true}));
   EXPECT_TRUE(probe.mode());
-  modes = run(probe, 10, [](bool m) { return m ? 1.0 : 1.25; }, now);
+  modes = run(
+      probe, 10, [](bool m) { return m ? 1.0 : 1.25; }, now);
   EXPECT_EQ(modes, std::vector<bool>(10, true));
 }
 
 TEST(ModeProbe, ReturnsWhenTheTrialLoses) {
   ModeProbe probe(quick());
   int64_t now = 0;
-  run(probe, 7, [](bool m) { return m ? 2.5 : 2.0; }, now);
+  run(
+      probe, 7, [](bool m) { return m ? 2.5 : 2.0; }, now);
   EXPECT_FALSE(probe.mode());
   // A tie keeps the held mode too.
   ModeProbe tie(quick());
-  run(tie, 7, [](bool) { return 1.0; }, now);
+  run(
+      tie, 7, [](bool) { return 1.0; }, now);
   EXPECT_FALSE(tie.mode());
 }
 
@@ -51,10 +56,13 @@ TEST(ModeProbe, TheFirstOperationAfterASwitchIsNotJudged) {
   ModeProbe probe(quick());
   int64_t now = 0;
   int trial_ops = 0;
-  run(probe, 7, [&](bool m) {
-    if (!m) return 2.0;
-    return ++trial_ops == 1 ? 0.5 : 3.0;  // only the unjudged one is cheap
-  }, now);
+  run(
+      probe, 7,
+      [&](bool m) {
+        if (!m) return 2.0;
+        return ++trial_ops == 1 ? 0.5 : 3.0;  // only the unjudged one is cheap
+      },
+      now);
   EXPECT_FALSE(probe.mode());
 }
 
@@ -67,14 +75,17 @@ TEST(ModeProbe, SettleOpsAfterASwitchAreNotJudged) {
     ModeProbe probe(config);
     int64_t now = 0;
     int trial_ops = 0;
-    const auto modes = run(probe, 3 + 3 + settle, [&](bool m) {
-      if (!m) return 2.0;
-      return ++trial_ops <= 3 ? 4.0 : 1.0;
-    }, now);
+    const auto modes = run(
+        probe, 3 + 3 + settle,
+        [&](bool m) {
+          if (!m) return 2.0;
+          return ++trial_ops <= 3 ? 4.0 : 1.0;
+        },
+        now);
     EXPECT_EQ(probe.mode(), settle == 3) << "settle_ops " << settle;
     if (settle == 3) {  // three operations in mode 0, then 3 unjudged and 3 judged in mode 1
-      EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true, true,
-                                          true}));
+      EXPECT_EQ(modes,
+                (std::vector<bool>{false, false, false, true, true, true, true, true, true}));
     }
   }
 }
@@ -85,7 +96,8 @@ TEST(ModeProbe, ProbesAgainAfterTheHoldAndFollowsAChange) {
   ASSERT_TRUE(settle_on_mode_1(probe, now));
   // Now the first mode is the faster one: after the hold (10 operations) the next probe
   // (3 in the held mode, 4 in the other) finds it.
-  auto modes = run(probe, 17, [](bool m) { return m ? 1.25 : 1.0; }, now);
+  auto modes = run(
+      probe, 17, [](bool m) { return m ? 1.25 : 1.0; }, now);
   EXPECT_EQ(std::count(modes.begin(), modes.begin() + 13, true), 13);
   EXPECT_FALSE(probe.mode());
 }
@@ -95,10 +107,12 @@ TEST(ModeProbe, HoldsForAtLeastItsTime) {
   int64_t now = 0;
   ASSERT_TRUE(settle_on_mode_1(probe, now));
   // Far more operations than hold_ops, all within hold_ns: no probe, so no switch.
-  auto modes = run(probe, 500, [](bool m) { return m ? 1.25 : 1.0; }, now);
+  auto modes = run(
+      probe, 500, [](bool m) { return m ? 1.25 : 1.0; }, now);
   EXPECT_EQ(modes, std::vector<bool>(500, true));
   now += 1000;
-  run(probe, 8, [](bool m) { return m ? 1.25 : 1.0; }, now);
+  run(
+      probe, 8, [](bool m) { return m ? 1.25 : 1.0; }, now);
   EXPECT_FALSE(probe.mode());
 }
 
@@ -136,7 +150,8 @@ TEST(ModeProbe, TheFirstOperationsOfAKindAreNotJudged) {
   }
   ASSERT_TRUE(probe.wants_time());
   probe.record(50.0, ++now);  // the eighth ends the first hold
-  auto modes = run(probe, 7, [](bool m) { return m ? 1.25 : 1.0; }, now);
+  auto modes = run(
+      probe, 7, [](bool m) { return m ? 1.25 : 1.0; }, now);
   EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true}));
   EXPECT_FALSE(probe.mode());
 }
@@ -150,7 +165,8 @@ TEST(ModeProbe, HoldKeepsAModeUntilTheNextProbe) {
   probe.hold(0);
   EXPECT_EQ(probe.held(), 0);
   // 10 held operations in mode 0, then a probe (3 in mode 0, 4 in mode 1) finds mode 1 again.
-  auto modes = run(probe, 17, [](bool m) { return m ? 1.0 : 1.25; }, now);
+  auto modes = run(
+      probe, 17, [](bool m) { return m ? 1.0 : 1.25; }, now);
   EXPECT_EQ(std::count(modes.begin(), modes.begin() + 13, false), 13);
   EXPECT_TRUE(probe.mode());
   probe.hold(5);  // no such mode
@@ -250,7 +266,8 @@ TEST(ModeProbe, AnUntriedProbeStartsFromAnAdoptedMode) {
   for (int i = 0; i < 7; ++i) probe.skip();
   probe.record(1.0, ++now);
   // Its probe starts from mode 1 and keeps it when mode 0 is slower.
-  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
+  auto modes = run(
+      probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
   EXPECT_EQ(modes, (std::vector<bool>{true, true, true, false, false, false, false}));
   EXPECT_EQ(probe.mode(), 1);
   EXPECT_FALSE(probe.untried());
@@ -290,7 +307,8 @@ TEST(ModeProbe, AKindIsFirstProbedOnlyOnceItsOperationsTookTheFirstHoldInAll) {
     ASSERT_TRUE(i == 7 || i == 15) << i;  // held operations read no clock
     probe.record(1.0, now += 100, 0, -1, 100);
   }
-  auto modes = run(probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
+  auto modes = run(
+      probe, 7, [](bool m) { return m ? 1.0 : 1.25; }, now);
   EXPECT_EQ(modes, (std::vector<bool>{false, false, false, true, true, true, true}));
   EXPECT_EQ(probe.mode(), 1);
   EXPECT_FALSE(probe.untried());

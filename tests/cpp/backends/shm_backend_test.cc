@@ -13,9 +13,9 @@
 #include <ctime>
 #include <thread>
 
+#include "c10d/backends/shm/segment.h"
 #include "c10d/core/exception.h"
 #include "c10d/core/reduce.h"
-#include "c10d/backends/shm/segment.h"
 #include "c10d/store/hash_store.h"
 
 namespace c10d::backends::shm {
@@ -52,7 +52,6 @@ void pin_to(int cpu) {
   ASSERT_EQ(::pthread_setaffinity_np(::pthread_self(), sizeof set, &set), 0);
 }
 
-
 template <typename Fn>
 void run_ranks(const RankRun& run, Fn fn) {
   auto store = std::make_shared<store::HashStore>(10s);
@@ -85,18 +84,35 @@ double value_at(int rank, int64_t i) { return static_cast<double>((rank + i) % 3
 
 void set_value(Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
-    case DType::kFloat32: t.data_as<float>()[i] = static_cast<float>(v); break;
-    case DType::kFloat64: t.data_as<double>()[i] = v; break;
-    case DType::kInt32: t.data_as<int32_t>()[i] = static_cast<int32_t>(v); break;
-    case DType::kInt64: t.data_as<int64_t>()[i] = static_cast<int64_t>(v); break;
-    case DType::kUInt8: t.data_as<uint8_t>()[i] = static_cast<uint8_t>(v); break;
-    case DType::kInt8: t.data_as<int8_t>()[i] = static_cast<int8_t>(v); break;
-    case DType::kBool: t.data_as<uint8_t>()[i] = static_cast<int64_t>(v) % 2; break;
-    case DType::kFloat16: t.data_as<uint16_t>()[i] = core::float_to_half(static_cast<float>(v)); break;
+    case DType::kFloat32:
+      t.data_as<float>()[i] = static_cast<float>(v);
+      break;
+    case DType::kFloat64:
+      t.data_as<double>()[i] = v;
+      break;
+    case DType::kInt32:
+      t.data_as<int32_t>()[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kInt64:
+      t.data_as<int64_t>()[i] = static_cast<int64_t>(v);
+      break;
+    case DType::kUInt8:
+      t.data_as<uint8_t>()[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::kInt8:
+      t.data_as<int8_t>()[i] = static_cast<int8_t>(v);
+      break;
+    case DType::kBool:
+      t.data_as<uint8_t>()[i] = static_cast<int64_t>(v) % 2;
+      break;
+    case DType::kFloat16:
+      t.data_as<uint16_t>()[i] = core::float_to_half(static_cast<float>(v));
+      break;
     case DType::kBFloat16:
       t.data_as<uint16_t>()[i] = core::float_to_bfloat16(static_cast<float>(v));
       break;
-    default: FAIL() << "unsupported dtype in test";
+    default:
+      FAIL() << "unsupported dtype in test";
   }
 }
 
@@ -135,8 +151,9 @@ TEST(ShmBackend, AllreduceDtypesOpsAndSizes) {
   for (int size : {1, 2, 3}) {
     run_ranks(size, [size](int rank, ShmBackend& b) {
       const std::vector<std::pair<DType, std::vector<ReduceOp>>> cases = {
-          {DType::kFloat32, {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX, ReduceOp::PRODUCT,
-                             ReduceOp::premul_sum(2.0)}},
+          {DType::kFloat32,
+           {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX, ReduceOp::PRODUCT,
+            ReduceOp::premul_sum(2.0)}},
           {DType::kInt32, {ReduceOp::SUM, ReduceOp::MIN, ReduceOp::BXOR, ReduceOp::AVG}},
           {DType::kBFloat16, {ReduceOp::SUM, ReduceOp::MAX}},
           {DType::kBool, {ReduceOp::SUM, ReduceOp::PRODUCT}},
@@ -156,9 +173,8 @@ TEST(ShmBackend, AllreduceDtypesOpsAndSizes) {
             opts.async_op = (n % 2) == 1;
             b.allreduce(ts, opts)->wait();
             expect_same(t, expected_reduce(n, dtype, size, op),
-                        "allreduce n=" + std::to_string(n) + " " + std::string(op.name()) +
-                            " " + std::string(core::dtype_name(dtype)) + " size " +
-                            std::to_string(size));
+                        "allreduce n=" + std::to_string(n) + " " + std::string(op.name()) + " " +
+                            std::string(core::dtype_name(dtype)) + " size " + std::to_string(size));
           }
         }
       }
@@ -232,8 +248,9 @@ TEST(ShmBackend, BroadcastReduceEachRoot) {
         ro.root_rank = root;
         ro.reduce_op = ReduceOp::MAX;
         b.reduce(rs, ro)->wait();
-        expect_same(r, rank == root ? expected_reduce(n, DType::kInt32, 3, ReduceOp::MAX)
-                                    : filled(n, DType::kInt32, rank),
+        expect_same(r,
+                    rank == root ? expected_reduce(n, DType::kInt32, 3, ReduceOp::MAX)
+                                 : filled(n, DType::kInt32, rank),
                     "reduce");
       }
     }
@@ -288,10 +305,12 @@ TEST(ShmBackend, GathersScatterReduceScatterAlltoall) {
         std::vector<std::vector<Tensor>> outs(1);
         for (int r = 0; r < size; ++r) outs[0].push_back(Tensor::empty({n}, DType::kInt32));
         b.allgather(outs, ins, {})->wait();
-        for (int r = 0; r < size; ++r) expect_same(outs[0][r], filled(n, DType::kInt32, r), "allgather");
+        for (int r = 0; r < size; ++r)
+          expect_same(outs[0][r], filled(n, DType::kInt32, r), "allgather");
         Tensor flat = Tensor::empty({n * size}, DType::kInt32);
         b.allgather_base(flat, in, {})->wait();
-        for (int r = 0; r < size; ++r) expect_same(flat.flat_slice(r * n, n), filled(n, DType::kInt32, r), "allgather_base");
+        for (int r = 0; r < size; ++r)
+          expect_same(flat.flat_slice(r * n, n), filled(n, DType::kInt32, r), "allgather_base");
         pg::GatherOptions go;
         go.root_rank = size - 1;
         std::vector<std::vector<Tensor>> gouts(1);
@@ -299,7 +318,8 @@ TEST(ShmBackend, GathersScatterReduceScatterAlltoall) {
         for (auto& t : outs[0]) std::memset(t.data(), 0, t.nbytes());
         b.gather(gouts, ins, go)->wait();
         if (rank == size - 1) {
-          for (int r = 0; r < size; ++r) expect_same(gouts[0][r], filled(n, DType::kInt32, r), "gather");
+          for (int r = 0; r < size; ++r)
+            expect_same(gouts[0][r], filled(n, DType::kInt32, r), "gather");
         }
         pg::ScatterOptions so;
         so.root_rank = 1;
@@ -353,8 +373,7 @@ TEST(ShmBackend, LargeMessagesDirectAndThroughSlots) {
     ::setenv("C10D_SHM_CMA", cma, 1);
     ::setenv("C10D_SHM_STREAM", stream, 1);
     run_ranks(3, [cma = cma, stream = stream](int rank, ShmBackend& b) {
-      const std::string mode =
-          std::string(" C10D_SHM_CMA=") + cma + " C10D_SHM_STREAM=" + stream;
+      const std::string mode = std::string(" C10D_SHM_CMA=") + cma + " C10D_SHM_STREAM=" + stream;
       const int64_t n = (int64_t{9} << 20) / 4 + 5;
       // Allreduce goes direct from 96 MiB when ranks outnumber cores (3 ranks here) and from
       // 64 MiB with a core per rank: 97 MiB is past both (only where the kernel path is on).
@@ -561,8 +580,8 @@ TEST(ShmBackend, RanksWaitingForEachOtherInDifferentOperationsFail) {
   for (int64_t n : {int64_t{4}, int64_t{100000}}) {
     const auto start = std::chrono::steady_clock::now();
     run_ranks(2, [n](int rank, ShmBackend& b) {
-      std::vector<std::vector<Tensor>> outs{{Tensor::empty({n}, DType::kInt32),
-                                             Tensor::empty({n}, DType::kInt32)}};
+      std::vector<std::vector<Tensor>> outs{
+          {Tensor::empty({n}, DType::kInt32), Tensor::empty({n}, DType::kInt32)}};
       std::vector<Tensor> ins{filled(n, DType::kInt32, rank)};
       pg::GatherOptions opts;
       opts.root_rank = rank;
@@ -571,16 +590,15 @@ TEST(ShmBackend, RanksWaitingForEachOtherInDifferentOperationsFail) {
         b.gather(outs, ins, opts)->wait();
         ADD_FAILURE() << "gathers to two roots passed, n " << n;
       } catch (const core::DistBackendError& e) {
-        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(1 - rank) +
-                                              " waits in GATHER"),
-                  std::string::npos)
+        EXPECT_NE(
+            std::string(e.what()).find("rank " + std::to_string(1 - rank) + " waits in GATHER"),
+            std::string::npos)
             << e.what();
       }
     });
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << n;
   }
 }
-
 
 // The root of a one-sided broadcast or scatter waits for nobody, so ranks that each name
 // themselves as root pass the operation itself; they fail at the next wait that sees the peer
@@ -946,11 +964,11 @@ TEST(ShmBackend, AllreduceLatency) {
         for (int i = 0; i < iters; ++i) b.allreduce(ts, opts);
         const double us =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-                .count() / iters;
+                .count() /
+            iters;
         if (rank == 0) {
           std::printf("[shm] allreduce %d ranks %8zu bytes: %8.2f us (busbw %.2f GB/s)\n", size,
-                      static_cast<size_t>(n * 4), us,
-                      n * 4 / us / 1e3 * 2.0 * (size - 1) / size);
+                      static_cast<size_t>(n * 4), us, n * 4 / us / 1e3 * 2.0 * (size - 1) / size);
         }
       }
     });

@@ -72,7 +72,8 @@ TEST_P(StoreCollectivesTest, GatherIncludesOwnDataInRankOrder) {
     if (c.rank() == 0) {
       auto all = c.gather_recv("g", mine, kTimeout);
       ASSERT_EQ(all.size(), static_cast<size_t>(c.world_size()));
-      for (int r = 0; r < c.world_size(); ++r) EXPECT_EQ(to_string(all[r]), "r" + std::to_string(r));
+      for (int r = 0; r < c.world_size(); ++r)
+        EXPECT_EQ(to_string(all[r]), "r" + std::to_string(r));
     } else {
       c.gather_send("g", mine, kTimeout);
     }
@@ -112,7 +113,8 @@ void expect_timeout(Fn fn, const std::vector<std::string>& fragments) {
     fn();
     FAIL() << "expected a timeout";
   } catch (const core::DistStoreTimeoutError& e) {
-    for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    for (const auto& f : fragments)
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
   }
 }
 

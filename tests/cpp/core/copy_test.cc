@@ -24,8 +24,9 @@ void expect_exact_copies(CopyFn copy) {
     for (size_t shift : {size_t{0}, size_t{1}, size_t{16}, size_t{63}, size_t{64}, size_t{4080}}) {
       std::fill(dst.begin(), dst.end(), 0xAB);
       // dst + shift is `shift` bytes past src modulo 4 KiB when both buffers share a page offset.
-      const size_t base = (reinterpret_cast<uintptr_t>(src.data()) -
-                           reinterpret_cast<uintptr_t>(dst.data())) & 4095;
+      const size_t base =
+          (reinterpret_cast<uintptr_t>(src.data()) - reinterpret_cast<uintptr_t>(dst.data())) &
+          4095;
       unsigned char* d = dst.data() + base + shift;
       copy(d, src.data(), n);
       ASSERT_EQ(std::memcmp(d, src.data(), n), 0) << "n " << n << " shift " << shift;
@@ -43,7 +44,8 @@ TEST(CopyBytes, CopiesExactlyAtEveryDistance) {
   const detail::CopyKernels saved = detail::copy_kernels();
   for (bool plain : {false, true}) {
     for (bool aliased : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "rep movsb for plain " << plain << ", aliased " << aliased);
+      SCOPED_TRACE(testing::Message()
+                   << "rep movsb for plain " << plain << ", aliased " << aliased);
       detail::set_copy_kernels({plain, aliased});
       expect_exact_copies(copy_bytes);
     }

@@ -26,8 +26,8 @@ namespace {
 using detail::KernelIsa;
 
 constexpr DType kAllDTypes[] = {
-    DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
-    DType::kInt8,    DType::kInt16,   DType::kInt32,   DType::kInt64,
+    DType::kFloat32, DType::kFloat64, DType::kFloat16,   DType::kBFloat16,
+    DType::kInt8,    DType::kInt16,   DType::kInt32,     DType::kInt64,
     DType::kUInt8,   DType::kBool,    DType::kComplex64, DType::kComplex128,
 };
 
@@ -40,9 +40,8 @@ constexpr size_t kLengths[] = {0, 1, 7, 8, 15, 16, 17, 33, 1031};
 
 // The validity table, written out independently of check_reduce_op.
 bool expected_valid(DType dtype, ReduceOp::Kind kind) {
-  const bool integer = dtype == DType::kInt8 || dtype == DType::kInt16 ||
-                       dtype == DType::kInt32 || dtype == DType::kInt64 ||
-                       dtype == DType::kUInt8;
+  const bool integer = dtype == DType::kInt8 || dtype == DType::kInt16 || dtype == DType::kInt32 ||
+                       dtype == DType::kInt64 || dtype == DType::kUInt8;
   const bool floating = dtype == DType::kFloat32 || dtype == DType::kFloat64 ||
                         dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   const bool complex = dtype == DType::kComplex64 || dtype == DType::kComplex128;
@@ -141,14 +140,29 @@ T ref_int_op(ReduceOp::Kind kind, T a, T b) {
   switch (kind) {
     case ReduceOp::SUM:
     case ReduceOp::AVG:
-    case ReduceOp::PREMUL_SUM: r = x + y; break;
-    case ReduceOp::PRODUCT: r = x * y; break;
-    case ReduceOp::MIN: r = std::min(x, y); break;
-    case ReduceOp::MAX: r = std::max(x, y); break;
-    case ReduceOp::BAND: r = x & y; break;
-    case ReduceOp::BOR: r = x | y; break;
-    case ReduceOp::BXOR: r = x ^ y; break;
-    default: ADD_FAILURE() << "no int reference for kind " << int(kind);
+    case ReduceOp::PREMUL_SUM:
+      r = x + y;
+      break;
+    case ReduceOp::PRODUCT:
+      r = x * y;
+      break;
+    case ReduceOp::MIN:
+      r = std::min(x, y);
+      break;
+    case ReduceOp::MAX:
+      r = std::max(x, y);
+      break;
+    case ReduceOp::BAND:
+      r = x & y;
+      break;
+    case ReduceOp::BOR:
+      r = x | y;
+      break;
+    case ReduceOp::BXOR:
+      r = x ^ y;
+      break;
+    default:
+      ADD_FAILURE() << "no int reference for kind " << int(kind);
   }
   return static_cast<T>(static_cast<std::make_unsigned_t<T>>(static_cast<unsigned __int128>(r)));
 }
@@ -158,12 +172,17 @@ uint8_t ref_bool_op(ReduceOp::Kind kind, uint8_t a, uint8_t b) {
   switch (kind) {
     case ReduceOp::SUM:
     case ReduceOp::MAX:
-    case ReduceOp::BOR: return x || y;
+    case ReduceOp::BOR:
+      return x || y;
     case ReduceOp::PRODUCT:
     case ReduceOp::MIN:
-    case ReduceOp::BAND: return x && y;
-    case ReduceOp::BXOR: return x != y;
-    default: ADD_FAILURE() << "no bool reference for kind " << int(kind); return 0;
+    case ReduceOp::BAND:
+      return x && y;
+    case ReduceOp::BXOR:
+      return x != y;
+    default:
+      ADD_FAILURE() << "no bool reference for kind " << int(kind);
+      return 0;
   }
 }
 
@@ -183,22 +202,40 @@ void reference(DType dtype, ReduceOp::Kind kind, const unsigned char* a, const u
                unsigned char* out, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     switch (dtype) {
-      case DType::kFloat32: store(out, i, ref_float_op(kind, load<float>(a, i), load<float>(b, i))); break;
-      case DType::kFloat64: store(out, i, ref_float_op(kind, load<double>(a, i), load<double>(b, i))); break;
+      case DType::kFloat32:
+        store(out, i, ref_float_op(kind, load<float>(a, i), load<float>(b, i)));
+        break;
+      case DType::kFloat64:
+        store(out, i, ref_float_op(kind, load<double>(a, i), load<double>(b, i)));
+        break;
       case DType::kFloat16:
-        store(out, i, ref_to_half(ref_float_op(kind, ref_from_half(load<uint16_t>(a, i)),
-                                               ref_from_half(load<uint16_t>(b, i)))));
+        store(out, i,
+              ref_to_half(ref_float_op(kind, ref_from_half(load<uint16_t>(a, i)),
+                                       ref_from_half(load<uint16_t>(b, i)))));
         break;
       case DType::kBFloat16:
-        store(out, i, ref_to_bf16(ref_float_op(kind, ref_from_bf16(load<uint16_t>(a, i)),
-                                               ref_from_bf16(load<uint16_t>(b, i)))));
+        store(out, i,
+              ref_to_bf16(ref_float_op(kind, ref_from_bf16(load<uint16_t>(a, i)),
+                                       ref_from_bf16(load<uint16_t>(b, i)))));
         break;
-      case DType::kInt8: store(out, i, ref_int_op(kind, load<int8_t>(a, i), load<int8_t>(b, i))); break;
-      case DType::kInt16: store(out, i, ref_int_op(kind, load<int16_t>(a, i), load<int16_t>(b, i))); break;
-      case DType::kInt32: store(out, i, ref_int_op(kind, load<int32_t>(a, i), load<int32_t>(b, i))); break;
-      case DType::kInt64: store(out, i, ref_int_op(kind, load<int64_t>(a, i), load<int64_t>(b, i))); break;
-      case DType::kUInt8: store(out, i, ref_int_op(kind, load<uint8_t>(a, i), load<uint8_t>(b, i))); break;
-      case DType::kBool: store(out, i, ref_bool_op(kind, load<uint8_t>(a, i), load<uint8_t>(b, i))); break;
+      case DType::kInt8:
+        store(out, i, ref_int_op(kind, load<int8_t>(a, i), load<int8_t>(b, i)));
+        break;
+      case DType::kInt16:
+        store(out, i, ref_int_op(kind, load<int16_t>(a, i), load<int16_t>(b, i)));
+        break;
+      case DType::kInt32:
+        store(out, i, ref_int_op(kind, load<int32_t>(a, i), load<int32_t>(b, i)));
+        break;
+      case DType::kInt64:
+        store(out, i, ref_int_op(kind, load<int64_t>(a, i), load<int64_t>(b, i)));
+        break;
+      case DType::kUInt8:
+        store(out, i, ref_int_op(kind, load<uint8_t>(a, i), load<uint8_t>(b, i)));
+        break;
+      case DType::kBool:
+        store(out, i, ref_bool_op(kind, load<uint8_t>(a, i), load<uint8_t>(b, i)));
+        break;
       case DType::kComplex64: {
         auto x = load<std::complex<float>>(a, i), y = load<std::complex<float>>(b, i);
         store(out, i, std::complex<float>(x.real() + y.real(), x.imag() + y.imag()));
@@ -216,12 +253,18 @@ void reference(DType dtype, ReduceOp::Kind kind, const unsigned char* a, const u
 // Element equality: floating values compare by value (so -0 == +0), any NaN equals any NaN;
 // everything else compares bit for bit.
 bool same_element(DType dtype, const unsigned char* x, const unsigned char* y, size_t i) {
-  auto same_float = [](double p, double q) { return (std::isnan(p) && std::isnan(q)) || p == q; };
+  auto same_float = [](double p, double q) {
+    return (std::isnan(p) && std::isnan(q)) || p == q;
+  };
   switch (dtype) {
-    case DType::kFloat32: return same_float(load<float>(x, i), load<float>(y, i));
-    case DType::kFloat64: return same_float(load<double>(x, i), load<double>(y, i));
-    case DType::kFloat16: return same_float(ref_from_half(load<uint16_t>(x, i)), ref_from_half(load<uint16_t>(y, i)));
-    case DType::kBFloat16: return same_float(ref_from_bf16(load<uint16_t>(x, i)), ref_from_bf16(load<uint16_t>(y, i)));
+    case DType::kFloat32:
+      return same_float(load<float>(x, i), load<float>(y, i));
+    case DType::kFloat64:
+      return same_float(load<double>(x, i), load<double>(y, i));
+    case DType::kFloat16:
+      return same_float(ref_from_half(load<uint16_t>(x, i)), ref_from_half(load<uint16_t>(y, i)));
+    case DType::kBFloat16:
+      return same_float(ref_from_bf16(load<uint16_t>(x, i)), ref_from_bf16(load<uint16_t>(y, i)));
     case DType::kComplex64:
       return same_float(load<float>(x, 2 * i), load<float>(y, 2 * i)) &&
              same_float(load<float>(x, 2 * i + 1), load<float>(y, 2 * i + 1));
@@ -238,18 +281,42 @@ bool same_element(DType dtype, const unsigned char* x, const unsigned char* y, s
 std::string describe(DType dtype, const unsigned char* p, size_t i) {
   std::ostringstream out;
   switch (dtype) {
-    case DType::kFloat32: out << load<float>(p, i); break;
-    case DType::kFloat64: out << load<double>(p, i); break;
-    case DType::kFloat16: out << ref_from_half(load<uint16_t>(p, i)) << " (0x" << std::hex << load<uint16_t>(p, i) << ")"; break;
-    case DType::kBFloat16: out << ref_from_bf16(load<uint16_t>(p, i)) << " (0x" << std::hex << load<uint16_t>(p, i) << ")"; break;
-    case DType::kInt8: out << int(load<int8_t>(p, i)); break;
-    case DType::kInt16: out << load<int16_t>(p, i); break;
-    case DType::kInt32: out << load<int32_t>(p, i); break;
-    case DType::kInt64: out << load<int64_t>(p, i); break;
+    case DType::kFloat32:
+      out << load<float>(p, i);
+      break;
+    case DType::kFloat64:
+      out << load<double>(p, i);
+      break;
+    case DType::kFloat16:
+      out << ref_from_half(load<uint16_t>(p, i)) << " (0x" << std::hex << load<uint16_t>(p, i)
+          << ")";
+      break;
+    case DType::kBFloat16:
+      out << ref_from_bf16(load<uint16_t>(p, i)) << " (0x" << std::hex << load<uint16_t>(p, i)
+          << ")";
+      break;
+    case DType::kInt8:
+      out << int(load<int8_t>(p, i));
+      break;
+    case DType::kInt16:
+      out << load<int16_t>(p, i);
+      break;
+    case DType::kInt32:
+      out << load<int32_t>(p, i);
+      break;
+    case DType::kInt64:
+      out << load<int64_t>(p, i);
+      break;
     case DType::kUInt8:
-    case DType::kBool: out << int(load<uint8_t>(p, i)); break;
-    case DType::kComplex64: out << load<std::complex<float>>(p, i); break;
-    case DType::kComplex128: out << load<std::complex<double>>(p, i); break;
+    case DType::kBool:
+      out << int(load<uint8_t>(p, i));
+      break;
+    case DType::kComplex64:
+      out << load<std::complex<float>>(p, i);
+      break;
+    case DType::kComplex128:
+      out << load<std::complex<double>>(p, i);
+      break;
   }
   return out.str();
 }
@@ -262,10 +329,18 @@ void fill_random(DType dtype, unsigned char* p, size_t n, std::mt19937_64& rng) 
   for (size_t i = 0; i < n; ++i) {
     const uint64_t bits = rng();
     switch (dtype) {
-      case DType::kFloat32: store(p, i, static_cast<float>(real(rng))); break;
-      case DType::kFloat64: store(p, i, real(rng)); break;
-      case DType::kComplex64: store(p, i, std::complex<float>(real(rng), real(rng))); break;
-      case DType::kComplex128: store(p, i, std::complex<double>(real(rng), real(rng))); break;
+      case DType::kFloat32:
+        store(p, i, static_cast<float>(real(rng)));
+        break;
+      case DType::kFloat64:
+        store(p, i, real(rng));
+        break;
+      case DType::kComplex64:
+        store(p, i, std::complex<float>(real(rng), real(rng)));
+        break;
+      case DType::kComplex128:
+        store(p, i, std::complex<double>(real(rng), real(rng)));
+        break;
       case DType::kFloat16: {
         auto h = static_cast<uint16_t>(bits);
         if ((h & 0x7C00) == 0x7C00) h &= 0xBFFF;  // keep it finite
@@ -278,8 +353,12 @@ void fill_random(DType dtype, unsigned char* p, size_t n, std::mt19937_64& rng) 
         store(p, i, h);
         break;
       }
-      case DType::kBool: store(p, i, static_cast<uint8_t>(bits & 1)); break;
-      default: std::memcpy(p + i * element_size(dtype), &bits, element_size(dtype)); break;
+      case DType::kBool:
+        store(p, i, static_cast<uint8_t>(bits & 1));
+        break;
+      default:
+        std::memcpy(p + i * element_size(dtype), &bits, element_size(dtype));
+        break;
     }
   }
 }
@@ -293,9 +372,9 @@ struct Buffer {
 
 void check_pair(DType dtype, ReduceOp::Kind kind, size_t n, size_t off_dst, size_t off_src,
                 std::mt19937_64& rng) {
-  SCOPED_TRACE(::testing::Message() << "dtype=" << dtype_name(dtype) << " op="
-                                    << ReduceOp(kind).name() << " n=" << n << " dst_off="
-                                    << off_dst << " src_off=" << off_src);
+  SCOPED_TRACE(::testing::Message()
+               << "dtype=" << dtype_name(dtype) << " op=" << ReduceOp(kind).name() << " n=" << n
+               << " dst_off=" << off_dst << " src_off=" << off_src);
   const size_t e = element_size(dtype);
   Buffer dst(n * e), src(n * e), expected(n * e);
   unsigned char* d = dst.at(off_dst);
@@ -491,10 +570,10 @@ TEST(ReduceKernelTest, HalfPrecisionNaNAndInfSurvive) {
       auto from = is_half ? half_to_float : bfloat16_to_float;
       const float inf = std::numeric_limits<float>::infinity();
       const float nan = std::numeric_limits<float>::quiet_NaN();
-      std::vector<float> x = {nan, inf, -inf, inf, 0.0f, 1.0f, -nan, 2.0f, inf, 3.0f,
-                              nan, 1.0f, 0.5f, -inf, 7.0f, nan, inf, 1.0f, nan};
-      std::vector<float> y = {1.0f, -inf, -inf, 0.0f, inf, nan, 2.0f, -nan, 1.0f, -3.0f,
-                              nan, 1.0f, 0.5f, 2.0f, 7.0f, 0.0f, inf, inf, 2.0f};
+      std::vector<float> x = {nan, inf,  -inf, inf,  0.0f, 1.0f, -nan, 2.0f, inf, 3.0f,
+                              nan, 1.0f, 0.5f, -inf, 7.0f, nan,  inf,  1.0f, nan};
+      std::vector<float> y = {1.0f, -inf, -inf, 0.0f, inf,  nan,  2.0f, -nan, 1.0f, -3.0f,
+                              nan,  1.0f, 0.5f, 2.0f, 7.0f, 0.0f, inf,  inf,  2.0f};
       std::vector<uint16_t> hx, hy;
       for (size_t i = 0; i < x.size(); ++i) {
         hx.push_back(to(x[i]));
@@ -507,7 +586,8 @@ TEST(ReduceKernelTest, HalfPrecisionNaNAndInfSurvive) {
           const float want = ref_float_op(kind, from(hx[i]), from(hy[i]));
           const float got = from(out[i]);
           if (std::isnan(want)) {
-            EXPECT_TRUE(std::isnan(got)) << dtype_name(dtype) << " " << ReduceOp(kind).name() << " " << i;
+            EXPECT_TRUE(std::isnan(got))
+                << dtype_name(dtype) << " " << ReduceOp(kind).name() << " " << i;
           } else {
             EXPECT_EQ(got, want) << dtype_name(dtype) << " " << ReduceOp(kind).name() << " " << i;
           }
@@ -525,7 +605,8 @@ TEST(ReduceKernelTest, HalfPrecisionNaNAndInfSurvive) {
 
 TEST(ReduceKernelTest, IntegerOverflowWraps) {
   for_each_isa([] {
-    std::vector<int32_t> a = {std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min(), 65536};
+    std::vector<int32_t> a = {std::numeric_limits<int32_t>::max(),
+                              std::numeric_limits<int32_t>::min(), 65536};
     std::vector<int32_t> b = {1, -1, 65536};
     reduce(a.data(), b.data(), 2, DType::kInt32, ReduceOp::SUM);
     EXPECT_EQ(a[0], std::numeric_limits<int32_t>::min());
@@ -588,20 +669,20 @@ TEST(HalfPrecisionTest, BFloat16ConversionsMatchReference) {
 TEST(HalfPrecisionTest, RoundingTiesToEven) {
   for_each_isa([] {
     // float16 around 1.0: ulp 2^-10, so adding 2^-11 is an exact tie.
-    std::vector<uint16_t> a = {float_to_half(1.0f), float_to_half(1.0f + 0x1p-10f),
-                               float_to_half(1.0f), float_to_half(65504.0f),
+    std::vector<uint16_t> a = {float_to_half(1.0f),    float_to_half(1.0f + 0x1p-10f),
+                               float_to_half(1.0f),    float_to_half(65504.0f),
                                float_to_half(2048.0f), float_to_half(2050.0f)};
-    std::vector<uint16_t> b = {float_to_half(0x1p-11f), float_to_half(0x1p-11f),
-                               float_to_half(0x1p-11f + 0x1p-20f), float_to_half(65504.0f),
-                               float_to_half(1.0f), float_to_half(1.0f)};
+    std::vector<uint16_t> b = {
+        float_to_half(0x1p-11f), float_to_half(0x1p-11f), float_to_half(0x1p-11f + 0x1p-20f),
+        float_to_half(65504.0f), float_to_half(1.0f),     float_to_half(1.0f)};
     ASSERT_EQ(half_to_float(b[2]), 0x1p-11f + 0x1p-20f);
     reduce(a.data(), b.data(), a.size(), DType::kFloat16, ReduceOp::SUM);
-    EXPECT_EQ(half_to_float(a[0]), 1.0f);                 // tie -> even (down)
-    EXPECT_EQ(half_to_float(a[1]), 1.0f + 0x1p-9f);       // tie -> even (up)
-    EXPECT_EQ(half_to_float(a[2]), 1.0f + 0x1p-10f);      // just above the tie: up
-    EXPECT_TRUE(std::isinf(half_to_float(a[3])));         // overflow -> inf
-    EXPECT_EQ(half_to_float(a[4]), 2048.0f);              // 2049: tie -> 2048
-    EXPECT_EQ(half_to_float(a[5]), 2052.0f);              // 2051: tie -> 2052
+    EXPECT_EQ(half_to_float(a[0]), 1.0f);             // tie -> even (down)
+    EXPECT_EQ(half_to_float(a[1]), 1.0f + 0x1p-9f);   // tie -> even (up)
+    EXPECT_EQ(half_to_float(a[2]), 1.0f + 0x1p-10f);  // just above the tie: up
+    EXPECT_TRUE(std::isinf(half_to_float(a[3])));     // overflow -> inf
+    EXPECT_EQ(half_to_float(a[4]), 2048.0f);          // 2049: tie -> 2048
+    EXPECT_EQ(half_to_float(a[5]), 2052.0f);          // 2051: tie -> 2052
 
     // bfloat16 around 1.0: ulp 2^-7, tie at 2^-8.
     std::vector<uint16_t> c = {float_to_bfloat16(1.0f), float_to_bfloat16(1.0f + 0x1p-7f)};
@@ -698,8 +779,8 @@ TEST(ReduceManyTest, FoldsLeftToRightLikeAChainOfReduceInto) {
           // Several of reduce_many's 8 KiB fold blocks for every dtype, and a partial one.
           const size_t n = 20011;
           const size_t e = element_size(dtype);
-          SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " sources=" << sources
-                                            << " offset=" << offset);
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(dtype) << " sources=" << sources << " offset=" << offset);
           std::vector<std::vector<unsigned char>> src(sources,
                                                       std::vector<unsigned char>(n * e + 1));
           std::vector<const void*> ptrs;
@@ -766,8 +847,7 @@ TEST(ScaleTest, FloatingTypes) {
 TEST(ScaleTest, Integers) {
   std::vector<int32_t> a = {1, -7, 1000000, std::numeric_limits<int32_t>::max()};
   scale(a.data(), a.size(), DType::kInt32, 3.0);  // integral: exact, wrapping
-  EXPECT_EQ(a, (std::vector<int32_t>{3, -21, 3000000,
-                                     static_cast<int32_t>(3u * 0x7FFFFFFFu)}));
+  EXPECT_EQ(a, (std::vector<int32_t>{3, -21, 3000000, static_cast<int32_t>(3u * 0x7FFFFFFFu)}));
   std::vector<int32_t> b = {5, -5, 7};
   scale(b.data(), b.size(), DType::kInt32, 2.5);  // truncates toward zero
   EXPECT_EQ(b, (std::vector<int32_t>{12, -12, 17}));
@@ -824,8 +904,8 @@ TEST(FinalizeAvgTest, FloatingTypes) {
 }
 
 TEST(FinalizeAvgTest, IntegersTruncate) {
-  std::vector<int32_t> a = {7, -7, 6, -1, std::numeric_limits<int32_t>::min(),
-                            std::numeric_limits<int32_t>::max()};
+  std::vector<int32_t> a = {
+      7, -7, 6, -1, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
   finalize_avg(a.data(), a.size(), DType::kInt32, 2);
   EXPECT_EQ(a, (std::vector<int32_t>{3, -3, 3, 0, std::numeric_limits<int32_t>::min() / 2,
                                      std::numeric_limits<int32_t>::max() / 2}));

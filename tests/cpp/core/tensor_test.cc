@@ -113,7 +113,8 @@ TEST(Tensor, DLPackRoundTripSharesMemoryAndReleasesOnce) {
 }
 
 TEST(Tensor, SameDtypeAndSizesChecks) {
-  std::vector<Tensor> ok = {Tensor::empty({2}, DType::kFloat32), Tensor::empty({2}, DType::kFloat32)};
+  std::vector<Tensor> ok = {Tensor::empty({2}, DType::kFloat32),
+                            Tensor::empty({2}, DType::kFloat32)};
   check_same_dtype(ok, "x");
   check_same_sizes(ok, "x");
   std::vector<Tensor> bad_dtype = {ok[0], Tensor::empty({2}, DType::kInt32)};

@@ -77,7 +77,8 @@ TEST(Future, WaitTimeoutNamesWhat) {
 TEST(Work, ErrorSetOnBackgroundThreadIsRethrownByWait) {
   auto work = std::make_shared<Work>(OpType::kAllreduce, "allreduce #3");
   EXPECT_FALSE(work->is_completed());
-  std::thread t([&] { work->finish_with_error(std::make_exception_ptr(DistBackendError("rank 1 died"))); });
+  std::thread t(
+      [&] { work->finish_with_error(std::make_exception_ptr(DistBackendError("rank 1 died"))); });
   EXPECT_THROW(work->wait(), DistBackendError);
   t.join();
   EXPECT_TRUE(work->is_completed());

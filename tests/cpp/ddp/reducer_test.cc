@@ -129,29 +129,33 @@ TEST(Reducer, AveragesGradientsBucketByBucket) {
 // peers' buckets directly; with the heap full they take plain memory. Averages exact either way.
 TEST(Reducer, BucketsLiveInTheShmHeapUnlessItIsFull) {
   for (size_t heap : {size_t{0}, size_t{4096}}) {
-    run_ranks(2, [heap](int rank, std::shared_ptr<pg::ProcessGroup> group) {
-      auto shm = std::dynamic_pointer_cast<backends::shm::ShmBackend>(
-          group->get_backend(core::DeviceType::kCPU));
-      ASSERT_NE(shm, nullptr);
-      std::vector<Tensor> grads{filled({1 << 16}, DType::kFloat32, 0),
-                                filled({3}, DType::kFloat64, 0)};
-      Reducer reducer(grads, {{0}, {1}}, {}, group);
-      for (size_t i = 0; i < grads.size(); ++i) {
-        const Tensor view = reducer.bucket_view(i);
-        // A heap of 4 KiB holds the small bucket only.
-        EXPECT_EQ(shm->in_shared_heap(view.data(), view.nbytes()), heap == 0 || i == 1)
-            << "heap " << heap << ", parameter " << i;
-      }
-      for (int iteration = 0; iteration < 3; ++iteration) {
-        start_pass(reducer, grads, rank, iteration);
-        reducer.mark_ready(0);
-        reducer.mark_ready(1);
-        for (int64_t i = 0; i < grads[0].numel(); i += 4099) {
-          ASSERT_EQ(grads[0].data_as<float>()[i], 5 + iteration + i) << "element " << i;
-        }
-        for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(grads[1].data_as<double>()[i], 5 + iteration + i);
-      }
-    }, heap);
+    run_ranks(
+        2,
+        [heap](int rank, std::shared_ptr<pg::ProcessGroup> group) {
+          auto shm = std::dynamic_pointer_cast<backends::shm::ShmBackend>(
+              group->get_backend(core::DeviceType::kCPU));
+          ASSERT_NE(shm, nullptr);
+          std::vector<Tensor> grads{filled({1 << 16}, DType::kFloat32, 0),
+                                    filled({3}, DType::kFloat64, 0)};
+          Reducer reducer(grads, {{0}, {1}}, {}, group);
+          for (size_t i = 0; i < grads.size(); ++i) {
+            const Tensor view = reducer.bucket_view(i);
+            // A heap of 4 KiB holds the small bucket only.
+            EXPECT_EQ(shm->in_shared_heap(view.data(), view.nbytes()), heap == 0 || i == 1)
+                << "heap " << heap << ", parameter " << i;
+          }
+          for (int iteration = 0; iteration < 3; ++iteration) {
+            start_pass(reducer, grads, rank, iteration);
+            reducer.mark_ready(0);
+            reducer.mark_ready(1);
+            for (int64_t i = 0; i < grads[0].numel(); i += 4099) {
+              ASSERT_EQ(grads[0].data_as<float>()[i], 5 + iteration + i) << "element " << i;
+            }
+            for (int64_t i = 0; i < 3; ++i)
+              EXPECT_EQ(grads[1].data_as<double>()[i], 5 + iteration + i);
+          }
+        },
+        heap);
   }
 }
 
@@ -167,8 +171,8 @@ TEST(Reducer, RebuildsBucketsInRankZerosReadyOrderOnce) {
     opts.bucket_bytes_cap = 32;        // two
     Reducer reducer(grads, {{0, 1, 2, 3}}, {}, group, opts);
     EXPECT_FALSE(reducer.rebuild_buckets());  // no pass yet
-    const std::vector<size_t> order = rank == 0 ? std::vector<size_t>{3, 1, 2, 0}
-                                                : std::vector<size_t>{0, 1, 2, 3};
+    const std::vector<size_t> order =
+        rank == 0 ? std::vector<size_t>{3, 1, 2, 0} : std::vector<size_t>{0, 1, 2, 3};
     auto pass = [&](int iteration) {
       start_pass(reducer, grads, rank, iteration);
       for (size_t i : order) reducer.mark_ready(i);
@@ -249,7 +253,7 @@ TEST(Reducer, UnusedParametersAreZeroAndUntouchedWhenNoRankUsedThem) {
     reducer.finalize_backward();
     EXPECT_EQ(grads[0].data_as<float>()[1], 2.0f);
     EXPECT_EQ(grads[1].data_as<float>()[1], 1.0f);  // (2 + 0) / 2 on both ranks
-    EXPECT_EQ(grads[2].data_as<float>()[0], 7.0f);                       // untouched
+    EXPECT_EQ(grads[2].data_as<float>()[0], 7.0f);  // untouched
     EXPECT_EQ(reducer.local_used_map()[1], rank == 0);
   });
 }
@@ -305,7 +309,8 @@ TEST(Reducer, CommHooksReplaceTheAllreduce) {
 
 TEST(DdpComm, BroadcastCoalescedAndParameterCheck) {
   run_ranks(3, [](int rank, std::shared_ptr<pg::ProcessGroup> group) {
-    std::vector<Tensor> state{filled({5}, DType::kFloat32, rank), filled({3}, DType::kFloat64, rank),
+    std::vector<Tensor> state{filled({5}, DType::kFloat32, rank),
+                              filled({3}, DType::kFloat64, rank),
                               filled({300}, DType::kFloat32, rank)};
     broadcast_coalesced(group, state, 64, 1);
     EXPECT_EQ(state[0].data_as<float>()[4], 5.0f);

@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <csignal>
 #include <sstream>
 #include <thread>
 
@@ -75,8 +75,8 @@ TEST(FlightRecorder, InPlaceEntryInAReusedSlotReportsItsOwnShapes) {
   FlightRecorder recorder(1);
   auto group = recorder.register_group(nullptr, 0, 2, "fake", Millis(1000));
   std::vector<Tensor> in{Tensor::empty({2, 3}, DType::kFloat16)};
-  std::vector<std::vector<Tensor>> out{{Tensor::empty({2, 3}, DType::kFloat16),
-                                        Tensor::empty({2, 3}, DType::kFloat16)}};
+  std::vector<std::vector<Tensor>> out{
+      {Tensor::empty({2, 3}, DType::kFloat16), Tensor::empty({2, 3}, DType::kFloat16)}};
   recorder.record(group, TraceOp{.op = OpType::kAllgather, .inputs = in, .outputs = out});
   std::vector<Tensor> ts{Tensor::empty({5}, DType::kInt64)};
   recorder.record(group, allreduce_op(ts));  // the same slot
@@ -191,10 +191,11 @@ TEST(FlightRecorder, JsonIsSelfDescribing) {
   recorder.set_group_desc(*group, "pairs");
   recorder.set_global_ranks(*group, {4, 6});
   std::vector<Tensor> in{Tensor::empty({2, 3}, DType::kFloat16)};
-  std::vector<std::vector<Tensor>> out{{Tensor::empty({2, 3}, DType::kFloat16),
-                                        Tensor::empty({2, 3}, DType::kFloat16)}};
-  auto h = recorder.record(group, TraceOp{.op = OpType::kAllgather, .inputs = in, .outputs = out,
-                                          .timeout = Millis(250)});
+  std::vector<std::vector<Tensor>> out{
+      {Tensor::empty({2, 3}, DType::kFloat16), Tensor::empty({2, 3}, DType::kFloat16)}};
+  auto h = recorder.record(
+      group,
+      TraceOp{.op = OpType::kAllgather, .inputs = in, .outputs = out, .timeout = Millis(250)});
   recorder.record_started(h);
   std::vector<Tensor> msg{Tensor::empty({5}, DType::kUInt8)};
   recorder.record(group, TraceOp{.op = OpType::kSend, .inputs = msg, .peer = 0});

@@ -72,8 +72,7 @@ TEST_F(FileStoreTest, BasicSemantics) {
   EXPECT_THROW(store.multi_set({"m1"}, {}), core::InvalidArgument);
 
   EXPECT_EQ(store.num_keys(), 6);
-  EXPECT_EQ(store.list_keys(),
-            (std::vector<std::string>{"a", "empty", "log", "m1", "m2", "n"}));
+  EXPECT_EQ(store.list_keys(), (std::vector<std::string>{"a", "empty", "log", "m1", "m2", "n"}));
 }
 
 TEST_F(FileStoreTest, HeldFileLockTimesOutNamingTheLock) {
@@ -305,9 +304,7 @@ TEST_F(FileStoreTest, OpenErrorsNamePathAndErrno) {
     EXPECT_NE(msg.find(bad), std::string::npos) << msg;
     EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
   }
-  {
-    std::ofstream(path_) << "this is somebody's notes file";
-  }
+  { std::ofstream(path_) << "this is somebody's notes file"; }
   try {
     FileStore store(path_);
     FAIL() << "accepted a file that is not a FileStore";

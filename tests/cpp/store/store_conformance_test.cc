@@ -19,8 +19,8 @@ using namespace std::chrono_literals;
 std::string temp_path() {
   static std::atomic<int> counter{0};
   auto dir = std::filesystem::temp_directory_path();
-  return (dir / ("c10d_conformance_" + std::to_string(::getpid()) + "_" +
-                 std::to_string(counter++)))
+  return (dir /
+          ("c10d_conformance_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
       .string();
 }
 
@@ -70,10 +70,9 @@ class StoreConformance : public ::testing::Test {
   std::shared_ptr<Store> store_;
 };
 
-using Factories =
-    ::testing::Types<HashFactory, FileFactory, TCPFactory, TCPClientFactory,
-                     PrefixFactory<HashFactory>, PrefixFactory<FileFactory>,
-                     PrefixFactory<TCPClientFactory>>;
+using Factories = ::testing::Types<HashFactory, FileFactory, TCPFactory, TCPClientFactory,
+                                   PrefixFactory<HashFactory>, PrefixFactory<FileFactory>,
+                                   PrefixFactory<TCPClientFactory>>;
 TYPED_TEST_SUITE(StoreConformance, Factories);
 
 Bytes b(std::string_view s) { return to_bytes(s); }

@@ -163,8 +163,8 @@ TEST(TCPStoreWire, RejectsOversizeLengthsBeforeReadingThem) {
   cases.push_back({Encoder().query(QueryType::kSet).u64(uint64_t{1} << 40).buffer(), "key length"});
   cases.push_back({Encoder().query(QueryType::kSet).str("k").u64(wire::kMaxValueLen + 1).buffer(),
                    "value length"});
-  cases.push_back({Encoder().query(QueryType::kWait).u64(wire::kMaxKeysPerOp + 1).buffer(),
-                   "keys, more than"});
+  cases.push_back(
+      {Encoder().query(QueryType::kWait).u64(wire::kMaxKeysPerOp + 1).buffer(), "keys, more than"});
   cases.push_back({std::string(1, '\x7f'), "unknown query type 127"});
   for (const auto& c : cases) {
     wire::RequestParser parser;
@@ -189,8 +189,8 @@ TEST(TCPServer, OfTwoStartedAtOnceOnOnePortExactlyOneListens) {
   struct Shared {
     std::atomic<int> ready, tried, listening, release;
   };
-  auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
-                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* shared = static_cast<Shared*>(
+      ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(shared, MAP_FAILED);
   for (int round = 0; round < 60; ++round) {
     uint16_t port;
@@ -297,7 +297,7 @@ TEST(TCPStore, ClientsShareTheServerAndCountRegistrations) {
   client.set("from_client", to_bytes("hi"));
   EXPECT_EQ(to_string(server.get("from_client")), "hi");
   EXPECT_FALSE(server.check({"init/"}));  // user keys are prefixed: "/init/" is absent
-  EXPECT_EQ(server.num_keys(), 2);                  // init/ and from_client
+  EXPECT_EQ(server.num_keys(), 2);        // init/ and from_client
   auto clone = client.clone();
   EXPECT_EQ(to_string(clone->get("from_client")), "hi");
   EXPECT_EQ(clone->describe(), client.describe());
@@ -573,9 +573,8 @@ TEST(TCPStore, ServerShutdownFailsClientsFastInsteadOfHanging) {
   client.set("k", to_bytes("v"));
   EXPECT_EQ(to_string(client.get("k")), "v");
 
-  auto blocked = std::async(std::launch::async, [&] {
-    return message_of([&] { waiter.wait({"never"}); });
-  });
+  auto blocked =
+      std::async(std::launch::async, [&] { return message_of([&] { waiter.wait({"never"}); }); });
   // Whether the waiter's WAIT reaches the server before the shutdown or not, it must end
   // with the closed-connection error (on send or on the reply), never hang for 60 s.
   auto start = core::Clock::now();

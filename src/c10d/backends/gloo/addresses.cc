@@ -90,10 +90,10 @@ std::string address_towards(const std::string& host) {
     if (::connect(fd, ai.ai_addr, ai.ai_addrlen) == 0 &&
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
       char text[INET6_ADDRSTRLEN] = {};
-      const void* addr = local.ss_family == AF_INET
-                             ? static_cast<const void*>(
-                                   &reinterpret_cast<const sockaddr_in*>(&local)->sin_addr)
-                             : &reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr;
+      const void* addr =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&local)->sin_addr)
+              : &reinterpret_cast<const sockaddr_in6*>(&local)->sin6_addr;
       if (::inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) found = text;
     }
     ::close(fd);
@@ -119,21 +119,21 @@ std::vector<int> silent_peers(const std::vector<std::vector<std::string>>& addre
       if (address.empty() || address[0] != '[' || close == std::string::npos) continue;
       const std::string ip = address.substr(1, close - 1);
       const std::string port = address.substr(close + 2);
-      const bool tried = any_address(ip, port.c_str(), SOCK_STREAM,
-                                     AI_NUMERICHOST | AI_NUMERICSERV, [&](const addrinfo& ai) {
-        const int fd = ::socket(ai.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) return true;
-        const int rc = ::connect(fd, ai.ai_addr, ai.ai_addrlen);
-        if (rc == 0 || errno == ECONNREFUSED) {
-          ::close(fd);  // answered at once
-        } else if (errno == EINPROGRESS) {
-          attempts.push_back({static_cast<int>(r), fd});
-        } else {
-          ::close(fd);
-          silent.push_back(static_cast<int>(r));  // no route to it
-        }
-        return true;
-      });
+      const bool tried = any_address(
+          ip, port.c_str(), SOCK_STREAM, AI_NUMERICHOST | AI_NUMERICSERV, [&](const addrinfo& ai) {
+            const int fd = ::socket(ai.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            if (fd < 0) return true;
+            const int rc = ::connect(fd, ai.ai_addr, ai.ai_addrlen);
+            if (rc == 0 || errno == ECONNREFUSED) {
+              ::close(fd);  // answered at once
+            } else if (errno == EINPROGRESS) {
+              attempts.push_back({static_cast<int>(r), fd});
+            } else {
+              ::close(fd);
+              silent.push_back(static_cast<int>(r));  // no route to it
+            }
+            return true;
+          });
       if (tried) break;  // one address per peer
     }
   }
@@ -183,8 +183,9 @@ std::string silent_peers_note(const std::vector<std::vector<std::string>>& addre
     for (size_t i = 0; i < ranks.size(); ++i) note += str_cat(i == 0 ? "" : ", ", ranks[i]);
     note += str_cat(" on host ", by_host[h].first);
   }
-  return note + " (no answer to a connection attempt within 1s: that host or the network to "
-                "it is down)";
+  return note +
+         " (no answer to a connection attempt within 1s: that host or the network to "
+         "it is down)";
 }
 
 std::string store_host(const std::shared_ptr<store::Store>& store) {

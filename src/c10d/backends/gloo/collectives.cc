@@ -45,12 +45,23 @@ struct Element {
 template <typename Fn>
 void with_element_type(size_t element_size, Fn&& fn) {
   switch (element_size) {
-    case 1: fn.template operator()<Element<1>>(); return;
-    case 2: fn.template operator()<Element<2>>(); return;
-    case 4: fn.template operator()<Element<4>>(); return;
-    case 8: fn.template operator()<Element<8>>(); return;
-    case 16: fn.template operator()<Element<16>>(); return;
-    default: throw DistBackendError(str_cat("Gloo: no element type of ", element_size, " bytes"));
+    case 1:
+      fn.template operator()<Element<1>>();
+      return;
+    case 2:
+      fn.template operator()<Element<2>>();
+      return;
+    case 4:
+      fn.template operator()<Element<4>>();
+      return;
+    case 8:
+      fn.template operator()<Element<8>>();
+      return;
+    case 16:
+      fn.template operator()<Element<16>>();
+      return;
+    default:
+      throw DistBackendError(str_cat("Gloo: no element type of ", element_size, " bytes"));
   }
 }
 
@@ -196,12 +207,11 @@ WorkPtr GlooBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
 
 WorkPtr GlooBackend::allgather_base(Tensor& output, Tensor& input,
                                     const pg::AllgatherOptions& opts) {
-  return submit(
-      OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
-      [output, input](const OpContext& c) {
-        run_allgather(c, input.data(), output.data(), input.nbytes());
-      },
-      {output});
+  return submit(OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
+                [output, input](const OpContext& c) {
+                  run_allgather(c, input.data(), output.data(), input.nbytes());
+                },
+                {output});
 }
 
 WorkPtr GlooBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
@@ -220,8 +230,8 @@ WorkPtr GlooBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& output
       outputs);
 }
 
-WorkPtr GlooBackend::gather(std::vector<std::vector<Tensor>>& outputs,
-                            std::vector<Tensor>& inputs, const pg::GatherOptions& opts) {
+WorkPtr GlooBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                            const pg::GatherOptions& opts) {
   const int root = static_cast<int>(opts.root_rank);
   std::vector<Tensor> gathered = rank() == root ? outputs[0] : std::vector<Tensor>{};
   const Tensor input = inputs[0];
@@ -250,30 +260,28 @@ WorkPtr GlooBackend::gather(std::vector<std::vector<Tensor>>& outputs,
       gathered);
 }
 
-WorkPtr GlooBackend::scatter(std::vector<Tensor>& outputs,
-                             std::vector<std::vector<Tensor>>& inputs,
+WorkPtr GlooBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
                              const pg::ScatterOptions& opts) {
   const int root = static_cast<int>(opts.root_rank);
   std::vector<Tensor> sources = rank() == root ? inputs[0] : std::vector<Tensor>{};
   const Tensor output = outputs[0];
-  return submit(
-      OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
-      [sources, output, root](const OpContext& c) {
-        const size_t per = output.nbytes();
-        if (per == 0) return;
-        ::gloo::ScatterOptions g(c.context);
-        if (c.rank == root) {
-          std::vector<char*> ptrs;
-          for (const Tensor& t : sources) ptrs.push_back(static_cast<char*>(t.data()));
-          g.setInputs(ptrs, per);
-        }
-        g.setOutput(static_cast<char*>(output.data()), per);
-        g.setRoot(root);
-        g.setTag(c.tag);
-        g.setTimeout(c.timeout);
-        ::gloo::scatter(g);
-      },
-      {output});
+  return submit(OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
+                [sources, output, root](const OpContext& c) {
+                  const size_t per = output.nbytes();
+                  if (per == 0) return;
+                  ::gloo::ScatterOptions g(c.context);
+                  if (c.rank == root) {
+                    std::vector<char*> ptrs;
+                    for (const Tensor& t : sources) ptrs.push_back(static_cast<char*>(t.data()));
+                    g.setInputs(ptrs, per);
+                  }
+                  g.setOutput(static_cast<char*>(output.data()), per);
+                  g.setRoot(root);
+                  g.setTag(c.tag);
+                  g.setTimeout(c.timeout);
+                  ::gloo::scatter(g);
+                },
+                {output});
 }
 
 WorkPtr GlooBackend::reduce_scatter(std::vector<Tensor>& outputs,
@@ -282,32 +290,30 @@ WorkPtr GlooBackend::reduce_scatter(std::vector<Tensor>& outputs,
   const ReduceOp op = opts.reduce_op;
   const Tensor output = outputs[0];
   const std::vector<Tensor> pieces = inputs[0];
-  return submit(
-      OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
-      [output, pieces, op](const OpContext& c) {
-        const int64_t n = output.numel();
-        if (n == 0) return;
-        Tensor flat = Tensor::empty({n * c.size}, output.dtype());
-        for (int r = 0; r < c.size; ++r) {
-          copy_bytes(flat.data_as<char>() + r * output.nbytes(), pieces[r].data(),
-                     output.nbytes());
-        }
-        Tensor out = output;
-        run_reduce_scatter(c, out, flat, op);
-      },
-      {output});
+  return submit(OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
+                [output, pieces, op](const OpContext& c) {
+                  const int64_t n = output.numel();
+                  if (n == 0) return;
+                  Tensor flat = Tensor::empty({n * c.size}, output.dtype());
+                  for (int r = 0; r < c.size; ++r) {
+                    copy_bytes(flat.data_as<char>() + r * output.nbytes(), pieces[r].data(),
+                               output.nbytes());
+                  }
+                  Tensor out = output;
+                  run_reduce_scatter(c, out, flat, op);
+                },
+                {output});
 }
 
 WorkPtr GlooBackend::reduce_scatter_base(Tensor& output, Tensor& input,
                                          const pg::ReduceScatterOptions& opts) {
   const ReduceOp op = opts.reduce_op;
-  return submit(
-      OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
-      [output, input, op](const OpContext& c) {
-        Tensor out = output;
-        run_reduce_scatter(c, out, input, op);
-      },
-      {output});
+  return submit(OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
+                [output, input, op](const OpContext& c) {
+                  Tensor out = output;
+                  run_reduce_scatter(c, out, input, op);
+                },
+                {output});
 }
 
 WorkPtr GlooBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
@@ -332,35 +338,34 @@ WorkPtr GlooBackend::alltoall_base(Tensor& output, Tensor& input,
                                    const pg::AllToAllOptions& opts) {
   const std::vector<int64_t> out_splits = output_split_sizes;
   const std::vector<int64_t> in_splits = input_split_sizes;
-  return submit(
-      OpType::kAlltoallBase, "alltoall_base", opts.timeout, wants_async(opts),
-      [output, input, out_splits, in_splits](const OpContext& c) {
-        if (out_splits.empty() && in_splits.empty()) {
-          // Equal splits: every rank exchanges the same number of bytes with every other.
-          if (input.nbytes() == 0) return;
-          ::gloo::AlltoallOptions g(c.context);
-          g.setInput(static_cast<char*>(input.data()), input.nbytes());
-          g.setOutput(static_cast<char*>(output.data()), output.nbytes());
-          g.setTag(c.tag);
-          g.setTimeout(c.timeout);
-          ::gloo::alltoall(g);
-          return;
-        }
-        // Split sizes count rows of dimension 0; Gloo wants bytes per rank.
-        auto to_bytes = [&c](const Tensor& t, const std::vector<int64_t>& splits) {
-          const int64_t rows = t.dim() == 0 ? 1 : t.sizes()[0];
-          const int64_t row_bytes =
-              rows == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / rows;
-          std::vector<int64_t> bytes(c.size);
-          for (int r = 0; r < c.size; ++r) {
-            bytes[r] = (splits.empty() ? rows / c.size : splits[r]) * row_bytes;
-          }
-          return bytes;
-        };
-        run_alltoallv(c, data_or_dummy(input), to_bytes(input, in_splits),
-                      data_or_dummy(output), to_bytes(output, out_splits));
-      },
-      {output});
+  return submit(OpType::kAlltoallBase, "alltoall_base", opts.timeout, wants_async(opts),
+                [output, input, out_splits, in_splits](const OpContext& c) {
+                  if (out_splits.empty() && in_splits.empty()) {
+                    // Equal splits: every rank exchanges the same number of bytes with every other.
+                    if (input.nbytes() == 0) return;
+                    ::gloo::AlltoallOptions g(c.context);
+                    g.setInput(static_cast<char*>(input.data()), input.nbytes());
+                    g.setOutput(static_cast<char*>(output.data()), output.nbytes());
+                    g.setTag(c.tag);
+                    g.setTimeout(c.timeout);
+                    ::gloo::alltoall(g);
+                    return;
+                  }
+                  // Split sizes count rows of dimension 0; Gloo wants bytes per rank.
+                  auto to_bytes = [&c](const Tensor& t, const std::vector<int64_t>& splits) {
+                    const int64_t rows = t.dim() == 0 ? 1 : t.sizes()[0];
+                    const int64_t row_bytes =
+                        rows == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / rows;
+                    std::vector<int64_t> bytes(c.size);
+                    for (int r = 0; r < c.size; ++r) {
+                      bytes[r] = (splits.empty() ? rows / c.size : splits[r]) * row_bytes;
+                    }
+                    return bytes;
+                  };
+                  run_alltoallv(c, data_or_dummy(input), to_bytes(input, in_splits),
+                                data_or_dummy(output), to_bytes(output, out_splits));
+                },
+                {output});
 }
 
 WorkPtr GlooBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
@@ -403,23 +408,23 @@ WorkPtr GlooBackend::barrier(const pg::BarrierOptions& opts) {
     for (const auto& work : shared_->in_flight) prior.push_back(work);
     for (const Task& task : shared_->queue) prior.push_back(task.work);
   }
-  return submit(
-      OpType::kBarrier, "barrier", opts.timeout, wants_async(opts),
-      [prior = std::move(prior)](const OpContext& c) {
-        const core::Deadline deadline(c.timeout);
-        for (const auto& weak : prior) {
-          auto work = weak.lock();
-          if (!work) continue;
-          // An expired deadline still gets a wait of 1 ms, which fails naming that operation.
-          work->wait(deadline.infinite() ? core::kNoTimeout
-                                         : std::max(deadline.remaining(), Millis(1)));
-        }
-        ::gloo::BarrierOptions g(c.context);
-        g.setTag(c.tag);
-        g.setTimeout(c.timeout);
-        ::gloo::barrier(g);
-      },
-      {});
+  return submit(OpType::kBarrier, "barrier", opts.timeout, wants_async(opts),
+                [prior = std::move(prior)](const OpContext& c) {
+                  const core::Deadline deadline(c.timeout);
+                  for (const auto& weak : prior) {
+                    auto work = weak.lock();
+                    if (!work) continue;
+                    // An expired deadline still gets a wait of 1 ms, which fails naming that
+                    // operation.
+                    work->wait(deadline.infinite() ? core::kNoTimeout
+                                                   : std::max(deadline.remaining(), Millis(1)));
+                  }
+                  ::gloo::BarrierOptions g(c.context);
+                  g.setTag(c.tag);
+                  g.setTimeout(c.timeout);
+                  ::gloo::barrier(g);
+                },
+                {});
 }
 
 }  // namespace c10d::backends::gloo

@@ -95,9 +95,9 @@ std::exception_ptr GlooBackend::Shared::translate(std::exception_ptr error, cons
       std::string message = str_cat("Gloo ", describe(op_name, op.tag));
       if (int peer = peer_in_message(what); peer >= 0) message += str_cat(" with peer rank ", peer);
       if (is_gloo_timeout(what)) {
-        return std::make_exception_ptr(DistTimeoutError(
-            str_cat(message, " timed out after ", core::format_timeout(op.timeout), ": ", what,
-                    silent_peers_note(peer_addresses))));
+        return std::make_exception_ptr(
+            DistTimeoutError(str_cat(message, " timed out after ", core::format_timeout(op.timeout),
+                                     ": ", what, silent_peers_note(peer_addresses))));
       }
       return std::make_exception_ptr(DistBackendError(str_cat(message, " failed: ", what)));
     } catch (...) {
@@ -109,12 +109,9 @@ std::exception_ptr GlooBackend::Shared::translate(std::exception_ptr error, cons
   }
 }
 
-GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size,
-                         GlooOptions opts)
-    : pg::Backend(rank, size, opts.timeout),
-      store_(std::move(store)),
-      devices_(std::move(opts.devices)),
-      shared_(std::make_shared<Shared>(rank, size)) {
+GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size, GlooOptions opts)
+    : pg::Backend(rank, size, opts.timeout), store_(std::move(store)),
+      devices_(std::move(opts.devices)), shared_(std::make_shared<Shared>(rank, size)) {
   ignore_sigpipe_once();
   if (devices_.empty()) devices_ = create_default_devices(store_host(store_));
   const Millis timeout = resolve_timeout(opts.timeout);
@@ -268,15 +265,17 @@ void GlooBackend::worker_loop(std::shared_ptr<Shared> shared) {
 void GlooBackend::finish_pending(Millis timeout) {
   Shared& shared = *shared_;
   std::unique_lock<std::mutex> lock(shared.mutex);
-  auto drained = [&] { return shared.queue.empty() && shared.in_flight.empty(); };
+  auto drained = [&] {
+    return shared.queue.empty() && shared.in_flight.empty();
+  };
   if (timeout <= Millis::zero()) return shared.exited.wait(lock, drained);
   if (shared.exited.wait_for(lock, timeout, drained)) return;
   const std::string first = !shared.in_flight.empty() ? shared.in_flight.front()->description()
                                                       : shared.queue.front().work->description();
   core::log(core::LogLevel::kWarning,
             str_cat("Gloo rank ", rank(), " of ", size(), ": ",
-                    shared.queue.size() + shared.in_flight.size(), " operation(s) (first: ",
-                    first, ") did not finish within ", core::format_timeout(timeout),
+                    shared.queue.size() + shared.in_flight.size(), " operation(s) (first: ", first,
+                    ") did not finish within ", core::format_timeout(timeout),
                     " while the backend shut down; they fail"));
 }
 
@@ -292,9 +291,9 @@ void GlooBackend::shutdown() {
   }
   shared.wake.notify_all();
   for (Task& task : dropped) {
-    task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
-        str_cat("Gloo ", shared.describe(task.name, task.op.tag),
-                ": the backend was shut down before it ran"))));
+    task.work->finish_with_error(std::make_exception_ptr(
+        DistBackendError(str_cat("Gloo ", shared.describe(task.name, task.op.tag),
+                                 ": the backend was shut down before it ran"))));
   }
   // Closing the connections makes peers see us leave, and running operations that touch the
   // network fail. An operation merely waiting on a peer is not woken by Gloo, though, so
@@ -316,9 +315,9 @@ void GlooBackend::shutdown() {
   }
   for (auto& work : abandoned) {
     try {
-      work->finish_with_error(std::make_exception_ptr(DistBackendError(
-          str_cat("Gloo ", work->description(), " on rank ", rank(), " of ", size(),
-                  ": the backend was shut down while it ran"))));
+      work->finish_with_error(std::make_exception_ptr(
+          DistBackendError(str_cat("Gloo ", work->description(), " on rank ", rank(), " of ",
+                                   size(), ": the backend was shut down while it ran"))));
     } catch (...) {
       // It completed in the meantime.
     }

@@ -92,8 +92,7 @@ class GlooBackend : public pg::Backend {
                                           const pg::AllgatherOptions& opts) override;
   WorkPtr gather(std::vector<std::vector<pg::Tensor>>& outputs, std::vector<pg::Tensor>& inputs,
                  const pg::GatherOptions& opts) override;
-  WorkPtr scatter(std::vector<pg::Tensor>& outputs,
-                  std::vector<std::vector<pg::Tensor>>& inputs,
+  WorkPtr scatter(std::vector<pg::Tensor>& outputs, std::vector<std::vector<pg::Tensor>>& inputs,
                   const pg::ScatterOptions& opts) override;
   WorkPtr reduce_scatter(std::vector<pg::Tensor>& outputs,
                          std::vector<std::vector<pg::Tensor>>& inputs,
@@ -170,7 +169,7 @@ class GlooBackend : public pg::Backend {
     std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
   };
   std::mutex parked_mutex_;
-  std::vector<Parked> parked_;  // guarded by parked_mutex_
+  std::vector<Parked> parked_;        // guarded by parked_mutex_
   std::mutex shutdown_mutex_;         // serialises shutdown()
   std::vector<std::thread> workers_;  // guarded by shutdown_mutex_ after construction
 };

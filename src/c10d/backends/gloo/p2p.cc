@@ -89,12 +89,8 @@ class P2PWork : public core::Work {
   P2PWork(OpType type, std::string description, Tensor tensor,
           std::unique_ptr<::gloo::transport::UnboundBuffer> buffer, Millis timeout,
           std::string context)
-      : Work(type, std::move(description)),
-        tensor_(std::move(tensor)),
-        buffer_(std::move(buffer)),
-        deadline_(timeout),
-        timeout_(timeout),
-        context_(std::move(context)) {}
+      : Work(type, std::move(description)), tensor_(std::move(tensor)), buffer_(std::move(buffer)),
+        deadline_(timeout), timeout_(timeout), context_(std::move(context)) {}
 
   bool wait(Millis timeout) override {
     {
@@ -140,8 +136,8 @@ class P2PWork : public core::Work {
       }
       settled_ = true;
       if (!done) {
-        finish_with_error(std::make_exception_ptr(
-            DistBackendError(str_cat("Gloo ", context_, " was aborted"))));
+        finish_with_error(
+            std::make_exception_ptr(DistBackendError(str_cat("Gloo ", context_, " was aborted"))));
         return;
       }
       if (!is_send) set_source_rank(rank);
@@ -152,10 +148,10 @@ class P2PWork : public core::Work {
       const bool timed_out = is_gloo_timeout(e.what());
       settled_ = true;
       if (timed_out) {
-        finish_with_error(std::make_exception_ptr(DistTimeoutError(
-            str_cat("Gloo ", context_, " timed out after ", core::format_timeout(timeout_),
-                    ": ", e.what(), " (a send matches only a receive with the same tag and "
-                    "byte count)"))));
+        finish_with_error(std::make_exception_ptr(DistTimeoutError(str_cat(
+            "Gloo ", context_, " timed out after ", core::format_timeout(timeout_), ": ", e.what(),
+            " (a send matches only a receive with the same tag and "
+            "byte count)"))));
       } else {
         finish_with_error(std::make_exception_ptr(
             DistBackendError(str_cat("Gloo ", context_, " failed: ", e.what()))));
@@ -194,8 +190,9 @@ WorkPtr GlooBackend::post_p2p(OpType type, std::vector<Tensor>& tensors, int pee
   // Point-to-point operations do not take a sequence number: the user's tag is the slot, so
   // they match regardless of how collectives interleave with them.
   const auto& context = contexts_[static_cast<uint32_t>(tag) % contexts_.size()];
-  const char* what = type == OpType::kSend ? "send" : type == OpType::kRecv ? "recv"
-                                                                            : "recv_anysource";
+  const char* what = type == OpType::kSend   ? "send"
+                     : type == OpType::kRecv ? "recv"
+                                             : "recv_anysource";
   const std::string between =
       peer < 0 ? str_cat("rank ", rank(), " from any rank")
                : str_cat("rank ", rank(), type == OpType::kSend ? " to" : " from", " rank ", peer);
@@ -261,8 +258,10 @@ void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_al
         result = wait_or_abort(*slot.buffer, false, at_least_1ms(released_by.remaining()));
       }
     } catch (const std::exception& e) {
-      throw DistBackendError(str_cat("Rank ", c.rank, " failed in monitored_barrier while "
-                                     "talking to rank 0: ", e.what()));
+      throw DistBackendError(str_cat("Rank ", c.rank,
+                                     " failed in monitored_barrier while "
+                                     "talking to rank 0: ",
+                                     e.what()));
     }
     if (result != WaitResult::kDone) {
       park(std::move(slot));

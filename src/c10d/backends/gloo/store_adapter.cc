@@ -16,9 +16,7 @@ std::vector<char> StoreAdapter::get(const std::string& key) {
   return std::vector<char>(value.begin(), value.end());
 }
 
-void StoreAdapter::wait(const std::vector<std::string>& keys) {
-  wait(keys, store_->timeout());
-}
+void StoreAdapter::wait(const std::vector<std::string>& keys) { wait(keys, store_->timeout()); }
 
 void StoreAdapter::wait(const std::vector<std::string>& keys,
                         const std::chrono::milliseconds& timeout) {

@@ -22,7 +22,8 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
   // Waits up to the wrapped store's timeout; a missing key throws the store's timeout error.
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
 
   const store::Store& wrapped() const { return *store_; }
 

@@ -64,7 +64,9 @@ bool groups_freely(const ReduceOp& op) {
   }
 }
 
-ReduceOp step_op(const ReduceOp& op) { return op.kind == ReduceOp::AVG ? ReduceOp(ReduceOp::SUM) : op; }
+ReduceOp step_op(const ReduceOp& op) {
+  return op.kind == ReduceOp::AVG ? ReduceOp(ReduceOp::SUM) : op;
+}
 
 // Runs one step on a sub-backend and waits for it (on the worker thread).
 template <typename Call>
@@ -81,8 +83,8 @@ std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int l) {
 
 }  // namespace
 
-HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size,
-                         Topology topology, Millis timeout)
+HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size, Topology topology,
+                         Millis timeout)
     : pg::Backend(rank, size, timeout), topology_(std::move(topology)) {
   const Topology& t = topology_;
   local_rank_of_.resize(size);
@@ -114,8 +116,8 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
 
 HierBackend::~HierBackend() { shutdown(); }
 
-std::shared_ptr<pg::Backend> HierBackend::create_auto(std::shared_ptr<store::Store> store,
-                                                      int rank, int size, Millis timeout) {
+std::shared_ptr<pg::Backend> HierBackend::create_auto(std::shared_ptr<store::Store> store, int rank,
+                                                      int size, Millis timeout) {
   Topology t = discover_topology(*store, rank, size, "auto/host/");
   if (t.host_count() == 1) {
     shm::ShmOptions so;
@@ -128,8 +130,8 @@ std::shared_ptr<pg::Backend> HierBackend::create_auto(std::shared_ptr<store::Sto
 
 // --- The worker --------------------------------------------------------------------------
 
-WorkPtr HierBackend::submit(OpType type, const std::string& description,
-                            std::function<void()> body, std::vector<Tensor> outputs) {
+WorkPtr HierBackend::submit(OpType type, const std::string& description, std::function<void()> body,
+                            std::vector<Tensor> outputs) {
   auto work = std::make_shared<core::Work>(type, description);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -174,7 +176,9 @@ void HierBackend::set_timeout(pg::Millis timeout) {
 void HierBackend::finish_pending(Millis timeout) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    auto done = [&] { return queue_.empty() && !running_task_; };
+    auto done = [&] {
+      return queue_.empty() && !running_task_;
+    };
     if (timeout <= Millis(0)) {
       idle_.wait(lock, done);
     } else {
@@ -196,9 +200,9 @@ void HierBackend::shutdown() {
   }
   wake_.notify_all();
   for (Task& task : dropped) {
-    task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
-        str_cat("hier ", task.work->description(), " (rank ", rank(), " of ", size(),
-                "): the backend was shut down before it ran"))));
+    task.work->finish_with_error(std::make_exception_ptr(
+        DistBackendError(str_cat("hier ", task.work->description(), " (rank ", rank(), " of ",
+                                 size(), "): the backend was shut down before it ran"))));
   }
   // The running step ends by itself or fails once its sub-backend is shut down.
   for (const auto& b : {local_, cross_, world_}) {
@@ -227,8 +231,9 @@ WorkPtr HierBackend::allreduce(std::vector<Tensor>& tensors, const pg::Allreduce
   Tensor t = tensors[0];
   const Millis timeout = effective_timeout(opts.timeout);
   const ReduceOp op = opts.reduce_op;
-  return submit(OpType::kAllreduce, "allreduce",
-                [this, t, op, timeout]() mutable { run_allreduce(t, op, timeout); }, tensors);
+  return submit(
+      OpType::kAllreduce, "allreduce",
+      [this, t, op, timeout]() mutable { run_allreduce(t, op, timeout); }, tensors);
 }
 
 void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
@@ -276,8 +281,9 @@ WorkPtr HierBackend::broadcast(std::vector<Tensor>& tensors, const pg::Broadcast
   Tensor t = tensors[0];
   const int root = static_cast<int>(opts.root_rank);
   const Millis timeout = effective_timeout(opts.timeout);
-  return submit(OpType::kBroadcast, "broadcast",
-                [this, t, root, timeout]() mutable { run_broadcast(t, root, timeout); }, tensors);
+  return submit(
+      OpType::kBroadcast, "broadcast",
+      [this, t, root, timeout]() mutable { run_broadcast(t, root, timeout); }, tensors);
 }
 
 // The root broadcasts on its host; the local rank that carries it between hosts (the root's
@@ -313,9 +319,9 @@ WorkPtr HierBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
   const int root = static_cast<int>(opts.root_rank);
   const ReduceOp op = opts.reduce_op;
   const Millis timeout = effective_timeout(opts.timeout);
-  return submit(OpType::kReduce, "reduce",
-                [this, t, root, op, timeout]() mutable { run_reduce(t, root, op, timeout); },
-                tensors);
+  return submit(
+      OpType::kReduce, "reduce",
+      [this, t, root, op, timeout]() mutable { run_reduce(t, root, op, timeout); }, tensors);
 }
 
 // Every host reduces to its carrier (the root's local rank, or the first), the carriers
@@ -358,11 +364,13 @@ void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis tim
 
 WorkPtr HierBackend::barrier(const pg::BarrierOptions& opts) {
   // Through the worker: the operations queued before it finish first.
-  return submit(OpType::kBarrier, "barrier", [this, opts] {
-    pg::BarrierOptions o = opts;
-    o.async_op = false;
-    world_->barrier(o)->wait();
-  }, {});
+  return submit(OpType::kBarrier, "barrier",
+                [this, opts] {
+                  pg::BarrierOptions o = opts;
+                  o.async_op = false;
+                  world_->barrier(o)->wait();
+                },
+                {});
 }
 
 // --- Everything else: the Gloo group of all ranks ---------------------------------------
@@ -375,12 +383,11 @@ WorkPtr HierBackend::allgather_base(Tensor& output, Tensor& input,
                                     const pg::AllgatherOptions& opts) {
   return world_->allgather_base(output, input, opts);
 }
-WorkPtr HierBackend::gather(std::vector<std::vector<Tensor>>& outputs,
-                            std::vector<Tensor>& inputs, const pg::GatherOptions& opts) {
+WorkPtr HierBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                            const pg::GatherOptions& opts) {
   return world_->gather(outputs, inputs, opts);
 }
-WorkPtr HierBackend::scatter(std::vector<Tensor>& outputs,
-                             std::vector<std::vector<Tensor>>& inputs,
+WorkPtr HierBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
                              const pg::ScatterOptions& opts) {
   return world_->scatter(outputs, inputs, opts);
 }

@@ -38,8 +38,7 @@ using detail::typed;
 WorkPtr MpiBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastOptions& opts) {
   const Tensor t = single(tensors, "broadcast");
   const int root = static_cast<int>(opts.root_rank);
-  OpPtr op = make_op(group_, OpType::kBroadcast, "broadcast", effective_timeout(opts.timeout),
-                     {t});
+  OpPtr op = make_op(group_, OpType::kBroadcast, "broadcast", effective_timeout(opts.timeout), {t});
   MPI_Comm comm = group_->comm;
   op->start = [t, root, comm](std::vector<MPI_Request>& r) {
     const Buffer b = bytes_of(t, "broadcast");
@@ -53,8 +52,7 @@ WorkPtr MpiBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
   const Tensor t = single(tensors, "allreduce");
   const ReduceOp rop = opts.reduce_op;
   const int n = size();
-  OpPtr op = make_op(group_, OpType::kAllreduce, "allreduce", effective_timeout(opts.timeout),
-                     {t});
+  OpPtr op = make_op(group_, OpType::kAllreduce, "allreduce", effective_timeout(opts.timeout), {t});
   MPI_Comm comm = group_->comm;
   op->start = [t, rop, n, comm](std::vector<MPI_Request>& r) {
     const size_t count = static_cast<size_t>(t.numel());
@@ -78,8 +76,7 @@ WorkPtr MpiBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
   const int root = static_cast<int>(opts.root_rank);
   const bool is_root = rank() == root;
   const int n = size();
-  OpPtr op = make_op(group_, OpType::kReduce, "reduce", effective_timeout(opts.timeout),
-                     tensors);
+  OpPtr op = make_op(group_, OpType::kReduce, "reduce", effective_timeout(opts.timeout), tensors);
   MPI_Comm comm = group_->comm;
   // Ranks other than the root keep their tensor: a PREMUL_SUM scales a copy.
   auto input = std::make_shared<Tensor>(t);
@@ -94,8 +91,8 @@ WorkPtr MpiBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
     const Buffer b = typed(*input, "reduce");
     r.emplace_back();
     nbc_algorithms.reduce();
-    check(MPI_Ireduce(is_root ? MPI_IN_PLACE : b.data, is_root ? b.data : nullptr, b.count,
-                      b.type, mpi_op(t.dtype(), rop), root, comm, &r.back()),
+    check(MPI_Ireduce(is_root ? MPI_IN_PLACE : b.data, is_root ? b.data : nullptr, b.count, b.type,
+                      mpi_op(t.dtype(), rop), root, comm, &r.back()),
           "MPI_Ireduce");
   };
   op->done = [t, rop, n, is_root](const MPI_Status&) {
@@ -138,15 +135,14 @@ WorkPtr MpiBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs
   return ProgressThread::instance().submit(std::move(op), opts.async_op);
 }
 
-WorkPtr MpiBackend::gather(std::vector<std::vector<Tensor>>& outputs,
-                           std::vector<Tensor>& inputs, const pg::GatherOptions& opts) {
+WorkPtr MpiBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                           const pg::GatherOptions& opts) {
   const Tensor in = single(inputs, "gather");
   const int root = static_cast<int>(opts.root_rank);
   const bool is_root = rank() == root;
   const std::vector<Tensor> gathered = is_root ? outputs.at(0) : std::vector<Tensor>{};
   const int n = size();
-  OpPtr op = make_op(group_, OpType::kGather, "gather", effective_timeout(opts.timeout),
-                     gathered);
+  OpPtr op = make_op(group_, OpType::kGather, "gather", effective_timeout(opts.timeout), gathered);
   MPI_Comm comm = group_->comm;
   auto scratch = std::make_shared<Tensor>();
   op->start = [in, root, is_root, n, scratch, comm](std::vector<MPI_Request>& r) {
@@ -168,22 +164,20 @@ WorkPtr MpiBackend::gather(std::vector<std::vector<Tensor>>& outputs,
   return ProgressThread::instance().submit(std::move(op), opts.async_op);
 }
 
-WorkPtr MpiBackend::scatter(std::vector<Tensor>& outputs,
-                            std::vector<std::vector<Tensor>>& inputs,
+WorkPtr MpiBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
                             const pg::ScatterOptions& opts) {
   const Tensor out = single(outputs, "scatter");
   const int root = static_cast<int>(opts.root_rank);
   const bool is_root = rank() == root;
   const std::vector<Tensor> sources = is_root ? inputs.at(0) : std::vector<Tensor>{};
-  OpPtr op = make_op(group_, OpType::kScatter, "scatter", effective_timeout(opts.timeout),
-                     {out});
+  OpPtr op = make_op(group_, OpType::kScatter, "scatter", effective_timeout(opts.timeout), {out});
   MPI_Comm comm = group_->comm;
   auto scratch = std::make_shared<Tensor>();
   op->start = [out, sources, is_root, root, scratch, comm](std::vector<MPI_Request>& r) {
     const Buffer b = bytes_of(out, "scatter");
     if (is_root) {
-      *scratch = Tensor::empty({static_cast<int64_t>(out.nbytes() * sources.size())},
-                               DType::kUInt8);
+      *scratch =
+          Tensor::empty({static_cast<int64_t>(out.nbytes() * sources.size())}, DType::kUInt8);
       char* to = scratch->data_as<char>();
       for (const Tensor& t : sources) {
         if (t.nbytes() != 0) std::memcpy(to, t.data(), t.nbytes());
@@ -224,10 +218,10 @@ WorkPtr MpiBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs
                                                     const pg::ReduceScatterOptions& opts) {
   const ReduceOp rop = opts.reduce_op;
   const int n = size();
-  OpPtr op = make_op(group_, OpType::kReduceScatterBase,
-                     outputs.size() == 1 ? "reduce_scatter_base"
-                                         : "reduce_scatter_tensor_coalesced",
-                     effective_timeout(opts.timeout), outputs);
+  OpPtr op =
+      make_op(group_, OpType::kReduceScatterBase,
+              outputs.size() == 1 ? "reduce_scatter_base" : "reduce_scatter_tensor_coalesced",
+              effective_timeout(opts.timeout), outputs);
   MPI_Comm comm = group_->comm;
   // Scaled copies of PREMUL_SUM inputs must live until the operation completes.
   auto sources = std::make_shared<std::vector<Tensor>>(inputs);
@@ -325,11 +319,11 @@ WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
     if (t.nbytes() != 0) std::memcpy(to, t.data(), t.nbytes());
     to += t.nbytes();
   }
-  OpPtr op = make_op(group_, OpType::kAlltoall, "alltoall", effective_timeout(opts.timeout),
-                     outputs);
+  OpPtr op =
+      make_op(group_, OpType::kAlltoall, "alltoall", effective_timeout(opts.timeout), outputs);
   MPI_Comm comm = group_->comm;
-  op->start = [in, out, sc = send_counts, sd = send_displs, rc = recv_counts,
-               rd = recv_displs, comm](std::vector<MPI_Request>& r) {
+  op->start = [in, out, sc = send_counts, sd = send_displs, rc = recv_counts, rd = recv_displs,
+               comm](std::vector<MPI_Request>& r) {
     r.emplace_back();
     check(MPI_Ialltoallv(in->data(), sc.data(), sd.data(), MPI_BYTE, out->data(), rc.data(),
                          rd.data(), MPI_BYTE, comm, &r.back()),

@@ -22,7 +22,7 @@ struct Types {
   // User operations by ReduceOp kind (SUM ... BXOR), for the types MPI cannot reduce.
   MPI_Op user[ReduceOp::BXOR + 1] = {};
 };
-Types types;  // written once on the progress thread before any operation is posted
+Types types;          // written once on the progress thread before any operation is posted
 int max_tag = 32767;  // MPI_TAG_UB, read at initialisation (the standard's minimum)
 
 DType own_dtype(MPI_Datatype datatype) {
@@ -87,13 +87,20 @@ MPI_Op mpi_op(DType dtype, const ReduceOp& op) {
     return types.user[kind];
   }
   switch (kind) {
-    case ReduceOp::SUM: return MPI_SUM;
-    case ReduceOp::PRODUCT: return MPI_PROD;
-    case ReduceOp::MIN: return MPI_MIN;
-    case ReduceOp::MAX: return MPI_MAX;
-    case ReduceOp::BAND: return MPI_BAND;
-    case ReduceOp::BOR: return MPI_BOR;
-    case ReduceOp::BXOR: return MPI_BXOR;
+    case ReduceOp::SUM:
+      return MPI_SUM;
+    case ReduceOp::PRODUCT:
+      return MPI_PROD;
+    case ReduceOp::MIN:
+      return MPI_MIN;
+    case ReduceOp::MAX:
+      return MPI_MAX;
+    case ReduceOp::BAND:
+      return MPI_BAND;
+    case ReduceOp::BOR:
+      return MPI_BOR;
+    case ReduceOp::BXOR:
+      return MPI_BXOR;
     default:
       throw core::InvalidArgument(str_cat("MPI backend: unsupported reduction ", kind));
   }

@@ -22,14 +22,18 @@ void throw_mpi_error(int code, const char* call) {
 }
 
 void throw_count_too_large(size_t n, const char* what) {
-  throw core::InvalidArgument(str_cat("MPI backend: ", what, " of ", n, " elements exceeds "
-                                      "MPI's limit of ", INT_MAX, " per call"));
+  throw core::InvalidArgument(str_cat("MPI backend: ", what, " of ", n,
+                                      " elements exceeds "
+                                      "MPI's limit of ",
+                                      INT_MAX, " per call"));
 }
 
 const Tensor& single(const std::vector<Tensor>& tensors, const char* op) {
   if (tensors.size() != 1) {
-    throw core::InvalidArgument(str_cat("MPI backend: ", op, " takes exactly one tensor per "
-                                        "rank, got ", tensors.size()));
+    throw core::InvalidArgument(str_cat("MPI backend: ", op,
+                                        " takes exactly one tensor per "
+                                        "rank, got ",
+                                        tensors.size()));
   }
   return tensors.front();
 }

@@ -40,10 +40,12 @@ std::shared_ptr<MpiBackend> MpiBackend::create(std::vector<int> ranks, Millis ti
   }
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ||
-      sorted.front() < 0 || sorted.back() >= world_size) {
-    throw core::InvalidArgument(str_cat("MPI backend: group ranks must be distinct ranks of "
-                                        "the MPI world (size ", world_size, ")"));
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+      sorted.back() >= world_size) {
+    throw core::InvalidArgument(
+        str_cat("MPI backend: group ranks must be distinct ranks of "
+                "the MPI world (size ",
+                world_size, ")"));
   }
   const auto me = std::find(ranks.begin(), ranks.end(), world_rank);
   if (me == ranks.end()) return nullptr;
@@ -53,28 +55,29 @@ std::shared_ptr<MpiBackend> MpiBackend::create(std::vector<int> ranks, Millis ti
   // Members agree on the tag from the ranks alone (MPI_Comm_create_group runs among them).
   uint32_t tag = 2166136261u;
   for (int r : ranks) tag = (tag ^ static_cast<uint32_t>(r)) * 16777619u;
-  const std::string what = str_cat("creating the communicator of world ranks [",
-                                   pg::join_ranks(ranks), "] on world rank ", world_rank,
-                                   " (every member must create it)");
-  progress.call([group, ranks, tag, world_size] {
-    if (static_cast<int>(ranks.size()) == world_size &&
-        std::is_sorted(ranks.begin(), ranks.end())) {
-      check(MPI_Comm_dup(MPI_COMM_WORLD, &group->comm), "MPI_Comm_dup");
-    } else {
-      MPI_Group world_group, members;
-      check(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
-      check(MPI_Group_incl(world_group, group->size, ranks.data(), &members),
-            "MPI_Group_incl");
-      check(MPI_Comm_create_group(MPI_COMM_WORLD, members, static_cast<int>(tag % 32768),
-                                  &group->comm),
-            "MPI_Comm_create_group");
-      MPI_Group_free(&members);
-      MPI_Group_free(&world_group);
-    }
-    check(MPI_Comm_set_errhandler(group->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    check(MPI_Comm_dup(group->comm, &group->control), "MPI_Comm_dup");
-    return 0;
-  }, timeout, what);
+  const std::string what =
+      str_cat("creating the communicator of world ranks [", pg::join_ranks(ranks),
+              "] on world rank ", world_rank, " (every member must create it)");
+  progress.call(
+      [group, ranks, tag, world_size] {
+        if (static_cast<int>(ranks.size()) == world_size &&
+            std::is_sorted(ranks.begin(), ranks.end())) {
+          check(MPI_Comm_dup(MPI_COMM_WORLD, &group->comm), "MPI_Comm_dup");
+        } else {
+          MPI_Group world_group, members;
+          check(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
+          check(MPI_Group_incl(world_group, group->size, ranks.data(), &members), "MPI_Group_incl");
+          check(MPI_Comm_create_group(MPI_COMM_WORLD, members, static_cast<int>(tag % 32768),
+                                      &group->comm),
+                "MPI_Comm_create_group");
+          MPI_Group_free(&members);
+          MPI_Group_free(&world_group);
+        }
+        check(MPI_Comm_set_errhandler(group->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+        check(MPI_Comm_dup(group->comm, &group->control), "MPI_Comm_dup");
+        return 0;
+      },
+      timeout, what);
   return std::make_shared<MpiBackend>(group, group->rank, group->size, timeout);
 }
 
@@ -103,7 +106,9 @@ MpiBackend::~MpiBackend() {
 void MpiBackend::finish_pending(Millis timeout) {
   ProgressThread& progress = ProgressThread::instance();
   std::unique_lock<std::mutex> lock(progress.mutex());
-  auto drained = [&] { return group_->outstanding == 0; };
+  auto drained = [&] {
+    return group_->outstanding == 0;
+  };
   if (timeout <= Millis::zero()) return progress.settled().wait(lock, drained);
   if (progress.settled().wait_for(lock, timeout, drained)) return;
   core::log(core::LogLevel::kWarning,

@@ -57,8 +57,7 @@ class MpiBackend : public pg::Backend {
                                           const pg::AllgatherOptions& opts) override;
   WorkPtr gather(std::vector<std::vector<pg::Tensor>>& outputs, std::vector<pg::Tensor>& inputs,
                  const pg::GatherOptions& opts) override;
-  WorkPtr scatter(std::vector<pg::Tensor>& outputs,
-                  std::vector<std::vector<pg::Tensor>>& inputs,
+  WorkPtr scatter(std::vector<pg::Tensor>& outputs, std::vector<std::vector<pg::Tensor>>& inputs,
                   const pg::ScatterOptions& opts) override;
   WorkPtr reduce_scatter(std::vector<pg::Tensor>& outputs,
                          std::vector<std::vector<pg::Tensor>>& inputs,

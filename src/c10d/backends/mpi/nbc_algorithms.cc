@@ -30,8 +30,8 @@ NbcAlgorithms::Variable NbcAlgorithms::bind(const char* name) {
   MPI_Datatype type = MPI_DATATYPE_NULL;
   MPI_T_enum values;
   if (MPI_T_cvar_get_index(name, &index) != MPI_SUCCESS ||
-      MPI_T_cvar_get_info(index, nullptr, nullptr, &verbosity, &type, &values, nullptr,
-                          nullptr, &binding, &scope) != MPI_SUCCESS ||
+      MPI_T_cvar_get_info(index, nullptr, nullptr, &verbosity, &type, &values, nullptr, nullptr,
+                          &binding, &scope) != MPI_SUCCESS ||
       type != MPI_INT || binding != MPI_T_BIND_NO_OBJECT ||
       MPI_T_cvar_handle_alloc(index, nullptr, &v.handle, &count) != MPI_SUCCESS) {
     v.handle = MPI_T_CVAR_HANDLE_NULL;

@@ -36,8 +36,8 @@ namespace {
 // On the caller's thread, which must not call MPI itself: the bound was read at init.
 void check_tag(int tag) {
   if (tag < 0 || tag > tag_upper_bound()) {
-    throw core::InvalidArgument(str_cat("MPI backend: tag ", tag, " is outside MPI's range [0, ",
-                                        tag_upper_bound(), "]"));
+    throw core::InvalidArgument(
+        str_cat("MPI backend: tag ", tag, " is outside MPI's range [0, ", tag_upper_bound(), "]"));
   }
 }
 
@@ -46,9 +46,9 @@ void check_tag(int tag) {
 WorkPtr MpiBackend::send(std::vector<Tensor>& tensors, int dst_rank, int tag) {
   const Tensor t = single(tensors, "send");
   check_tag(tag);
-  OpPtr op = make_op(group_, OpType::kSend,
-                     str_cat("send to rank ", dst_rank, " (tag ", tag, ")").c_str(), timeout(),
-                     {t}, false);
+  OpPtr op =
+      make_op(group_, OpType::kSend, str_cat("send to rank ", dst_rank, " (tag ", tag, ")").c_str(),
+              timeout(), {t}, false);
   MPI_Comm comm = group_->comm;
   op->start = [t, dst_rank, tag, comm](std::vector<MPI_Request>& r) {
     const Buffer b = bytes_of(t, "send");
@@ -113,9 +113,9 @@ void MpiBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all
   if (size() == 1) return;
   MPI_Comm control = group_->control;
   auto message = [&](int peer, bool sending, std::shared_ptr<char> byte, Millis within) {
-    OpPtr op = make_op(group_, sending ? OpType::kSend : OpType::kRecv,
-                       sending ? "monitored_barrier send" : "monitored_barrier recv", within,
-                       {}, false);
+    OpPtr op =
+        make_op(group_, sending ? OpType::kSend : OpType::kRecv,
+                sending ? "monitored_barrier send" : "monitored_barrier recv", within, {}, false);
     op->start = [peer, sending, byte, control](std::vector<MPI_Request>& r) {
       r.emplace_back();
       if (sending) {
@@ -147,7 +147,8 @@ void MpiBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all
     return;
   }
   std::vector<WorkPtr> arrivals(size());
-  for (int r = 1; r < size(); ++r) arrivals[r] = message(r, false, std::make_shared<char>(0), limit);
+  for (int r = 1; r < size(); ++r)
+    arrivals[r] = message(r, false, std::make_shared<char>(0), limit);
   std::vector<int> came, missing;
   for (int r = 1; r < size(); ++r) {
     if (!wait_all_ranks && !missing.empty()) {

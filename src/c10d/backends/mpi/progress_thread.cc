@@ -128,7 +128,7 @@ WorkPtr ProgressThread::submit(OpPtr op, bool async) {
   }
   if (post(*op)) {
     core::before_blocking();  // the peers may be late: let go of the caller's GIL
-    Poller poller;  // as the progress thread polls
+    Poller poller;            // as the progress thread polls
     while (!progress(*op)) {
       const std::chrono::microseconds pause = poller.idle_round();
       if (pause.count() > 0) std::this_thread::sleep_for(pause);
@@ -149,8 +149,7 @@ void ProgressThread::finalize(Millis grace) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (stopped_ || stopping_) return;
-    settled_.wait_for(lock, grace,
-                      [&] { return queue_.empty() && active_ == 0 && !inline_; });
+    settled_.wait_for(lock, grace, [&] { return queue_.empty() && active_ == 0 && !inline_; });
     stopping_ = true;
   }
   wake_.notify_one();
@@ -164,7 +163,8 @@ void ProgressThread::finalize(Millis grace) {
   }
   core::log(core::LogLevel::kWarning,
             str_cat("MPI rank ", world_rank_, ": MPI_Finalize did not return within ",
-                    core::format_timeout(kFinalizeWait), " (a peer is not finalising); "
+                    core::format_timeout(kFinalizeWait),
+                    " (a peer is not finalising); "
                     "exiting without it"));
   thread_.detach();
 }
@@ -178,20 +178,21 @@ void ProgressThread::initialise() {
   check(MPI_Initialized(&initialised), "MPI_Initialized");
   if (!initialised) {
     int provided = MPI_THREAD_SINGLE;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided),
-          "MPI_Init_thread");
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
     owns_mpi_ = true;
     if (provided < MPI_THREAD_SERIALIZED) {
-      throw DistBackendError("MPI backend: the MPI library does not support "
-                             "MPI_THREAD_SERIALIZED, which its engine thread needs");
+      throw DistBackendError(
+          "MPI backend: the MPI library does not support "
+          "MPI_THREAD_SERIALIZED, which its engine thread needs");
     }
   } else {
     int provided = MPI_THREAD_SINGLE;
     check(MPI_Query_thread(&provided), "MPI_Query_thread");
     if (provided < MPI_THREAD_SERIALIZED) {
-      throw DistBackendError("MPI backend: MPI was initialised by the application with a "
-                             "thread level below MPI_THREAD_SERIALIZED; initialise it with "
-                             "MPI_THREAD_MULTIPLE (mpi4py's default) or let c10d do it");
+      throw DistBackendError(
+          "MPI backend: MPI was initialised by the application with a "
+          "thread level below MPI_THREAD_SERIALIZED; initialise it with "
+          "MPI_THREAD_MULTIPLE (mpi4py's default) or let c10d do it");
     }
   }
   check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank");
@@ -294,8 +295,8 @@ bool ProgressThread::post(Op& op) {
       std::string why = op.group->broken;
       --op.group->outstanding;
       settled_.notify_all();
-      op.work->finish_with_error(std::make_exception_ptr(
-          DistBackendError(str_cat("MPI ", op.what, ": ", why))));
+      op.work->finish_with_error(
+          std::make_exception_ptr(DistBackendError(str_cat("MPI ", op.what, ": ", why))));
       return false;
     }
   }
@@ -330,11 +331,12 @@ bool ProgressThread::progress(Op& op) {
     if (!flag) {
       if (!op.deadline.expired()) return false;
       // torch's wording, which its users match: " Timed out ".
-      fail(op, str_cat("failed: Timed out after ", core::format_timeout(op.timeout),
-                       !op.prior.empty() ? str_cat(" waiting for ", op.prior.size(),
-                                                   " earlier collective(s) of the group")
-                       : op.collective   ? std::string(" waiting for the group's other ranks")
-                                         : std::string(" waiting for the peer")),
+      fail(op,
+           str_cat("failed: Timed out after ", core::format_timeout(op.timeout),
+                   !op.prior.empty() ? str_cat(" waiting for ", op.prior.size(),
+                                               " earlier collective(s) of the group")
+                   : op.collective   ? std::string(" waiting for the group's other ranks")
+                                     : std::string(" waiting for the peer")),
            true);
       return true;
     }
@@ -381,8 +383,8 @@ void ProgressThread::complete(Op& op, std::exception_ptr error) {
       } catch (const core::InvalidArgument&) {
         op.work->finish_with_error(error);
       } catch (const std::exception& e) {
-        op.work->finish_with_error(std::make_exception_ptr(
-            DistBackendError(str_cat("MPI ", op.what, ": ", e.what()))));
+        op.work->finish_with_error(
+            std::make_exception_ptr(DistBackendError(str_cat("MPI ", op.what, ": ", e.what()))));
       }
     } else {
       op.work->finish(std::move(op.outputs));
@@ -400,8 +402,7 @@ OpPtr make_op(const std::shared_ptr<MpiBackend::Group>& group, OpType type, cons
     std::lock_guard<std::mutex> lock(ProgressThread::instance().mutex());
     seq = group->next_seq++;
   }
-  op->what = str_cat(name, " (sequence ", seq, ", rank ", group->rank, " of ", group->size,
-                     ")");
+  op->what = str_cat(name, " (sequence ", seq, ", rank ", group->rank, " of ", group->size, ")");
   op->work = std::make_shared<core::Work>(type, str_cat("mpi:", name, "#", seq));
   op->group = group;
   op->timeout = timeout;

@@ -24,8 +24,8 @@
 namespace c10d::backends::mpi {
 
 struct MpiBackend::Group {
-  MPI_Comm comm = MPI_COMM_NULL;      // the user's collectives and messages
-  MPI_Comm control = MPI_COMM_NULL;   // monitored_barrier's messages
+  MPI_Comm comm = MPI_COMM_NULL;     // the user's collectives and messages
+  MPI_Comm control = MPI_COMM_NULL;  // monitored_barrier's messages
   int rank = 0;
   int size = 1;
   // Guarded by the progress thread's mutex.
@@ -62,9 +62,8 @@ struct Op : std::enable_shared_from_this<Op> {
 using OpPtr = std::shared_ptr<Op>;
 
 // Builds an Op for `group` with the next sequence number.
-OpPtr make_op(const std::shared_ptr<MpiBackend::Group>& group, core::OpType type,
-              const char* name, pg::Millis timeout, std::vector<core::Tensor> outputs,
-              bool collective = true);
+OpPtr make_op(const std::shared_ptr<MpiBackend::Group>& group, core::OpType type, const char* name,
+              pg::Millis timeout, std::vector<core::Tensor> outputs, bool collective = true);
 
 class ProgressThread {
  public:
@@ -153,17 +152,17 @@ class ProgressThread {
   int world_size_ = 1;
 
   std::mutex mutex_;
-  std::condition_variable wake_;     // work submitted or stopping
-  std::condition_variable settled_;  // an operation finished
-  std::deque<OpPtr> queue_;                      // guarded by mutex_
-  std::deque<std::function<void()>> calls_;      // guarded by mutex_
-  size_t active_ = 0;                            // guarded by mutex_
-  bool busy_ = false;    // the thread took work it has not finished; guarded by mutex_
-  bool inline_ = false;  // a caller runs an operation itself (submit); guarded by mutex_
-  bool stopping_ = false;                        // guarded by mutex_
-  bool stopped_ = false;                         // guarded by mutex_
-  bool exited_ = false;                          // guarded by mutex_: MPI finalised
-  std::vector<OpPtr> leaked_;                    // guarded by mutex_
+  std::condition_variable wake_;             // work submitted or stopping
+  std::condition_variable settled_;          // an operation finished
+  std::deque<OpPtr> queue_;                  // guarded by mutex_
+  std::deque<std::function<void()>> calls_;  // guarded by mutex_
+  size_t active_ = 0;                        // guarded by mutex_
+  bool busy_ = false;          // the thread took work it has not finished; guarded by mutex_
+  bool inline_ = false;        // a caller runs an operation itself (submit); guarded by mutex_
+  bool stopping_ = false;      // guarded by mutex_
+  bool stopped_ = false;       // guarded by mutex_
+  bool exited_ = false;        // guarded by mutex_: MPI finalised
+  std::vector<OpPtr> leaked_;  // guarded by mutex_
 };
 
 }  // namespace detail

@@ -36,7 +36,7 @@ struct Alias {
 
 struct Registry {
   std::mutex mutex;
-  std::map<uintptr_t, Alias> by_begin;            // guarded by mutex
+  std::map<uintptr_t, Alias> by_begin;  // guarded by mutex
   // by_begin.size(), readable without the mutex: find_alias, on every large collective, takes
   // the mutex only while some alias exists.
   std::atomic<size_t> entries{0};
@@ -80,9 +80,9 @@ void atfork_prepare() {
   reg.snapshots.clear();
   for (const auto& [begin, alias] : reg.by_begin) {
     if (alias.forked) continue;
-    const auto ranges = alias.orphaned ? block_pages(begin, alias)
-                                       : std::vector<std::pair<uintptr_t, uintptr_t>>{
-                                             {begin, begin + alias.len}};
+    const auto ranges =
+        alias.orphaned ? block_pages(begin, alias)
+                       : std::vector<std::pair<uintptr_t, uintptr_t>>{{begin, begin + alias.len}};
     for (const auto& [lo, hi] : ranges) {
       Registry::Snapshot snap{.at = lo,
                               .len = hi - lo,
@@ -116,8 +116,7 @@ void atfork_child() {
   for (const Registry::Snapshot& snap : reg.snapshots) {
     void* at = reinterpret_cast<void*>(snap.at);
     if (snap.copy == nullptr ||
-        ::mremap(snap.copy, snap.len, snap.len, MREMAP_MAYMOVE | MREMAP_FIXED, at) ==
-            MAP_FAILED) {
+        ::mremap(snap.copy, snap.len, snap.len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
       ::mmap(at, snap.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, snap.fd,
              snap.file_offset);
     }
@@ -303,7 +302,8 @@ bool adopt_into_heap(const std::shared_ptr<Segment>& segment, void* data, size_t
   std::lock_guard<std::mutex> lock(reg.mutex);
   // Records over these pages whose block no page maps any more are stale: dropped here.
   auto first = reg.by_begin.lower_bound(begin);
-  if (first != reg.by_begin.begin() && std::prev(first)->first + std::prev(first)->second.len > begin) {
+  if (first != reg.by_begin.begin() &&
+      std::prev(first)->first + std::prev(first)->second.len > begin) {
     --first;
   }
   for (auto it = first; it != reg.by_begin.end() && it->first < end;) {

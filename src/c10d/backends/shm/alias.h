@@ -65,8 +65,7 @@ void forget_aliases_in(const void* data, size_t bytes);
 // Where [data, data + bytes), a live buffer of the caller's, meets an alias of `segment`'s
 // heap whose pages are still mapped from its block. Without `verify` the record is taken as it
 // is (for decisions that a stale record cannot make unsafe; it costs two reads of pagemap).
-AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes,
-                       bool verify = true);
+AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes, bool verify = true);
 
 // Number of live aliases in this process (for tests).
 size_t alias_count();

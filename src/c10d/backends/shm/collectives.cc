@@ -21,12 +21,12 @@ namespace c10d::backends::shm {
 using core::DistBackendError;
 using core::DistTimeoutError;
 using core::DType;
+using core::now_ns;
 using core::ReduceOp;
 using core::detail::str_cat;
-using core::now_ns;
 using detail::ceil_div;
-using detail::kBroadcastMidEndBytes;
 using detail::copy;
+using detail::kBroadcastMidEndBytes;
 using detail::kModeLargeChunks;
 using detail::kOneShotBytes;
 using detail::kPathProbeBytes;
@@ -54,17 +54,16 @@ void Engine::monitored_barrier(bool wait_all_ranks, Millis monitored) {
       fail<DistTimeoutError>(pg::monitored_barrier_unreleased(rank_, timeout_));
     } catch (const DistBackendError& e) {
       if (aborted.load()) throw;
-      fail<DistBackendError>(
-          str_cat(pg::monitored_barrier_failure_on(rank_), " (", e.what(), ")"));
+      fail<DistBackendError>(str_cat(pg::monitored_barrier_failure_on(rank_), " (", e.what(), ")"));
     }
     step_ = s;
     const uint64_t verdict = rank0_word(s);
     if (verdict == kMonitoredPassed) return;
-    fail<DistBackendError>(str_cat(
-        pg::monitored_barrier_failure_on(rank_), " (rank 0: ",
-        pg::monitored_barrier_missing({static_cast<int>(verdict - kMonitoredFirstMissing)},
-                                      monitored),
-        ")"));
+    fail<DistBackendError>(
+        str_cat(pg::monitored_barrier_failure_on(rank_), " (rank 0: ",
+                pg::monitored_barrier_missing({static_cast<int>(verdict - kMonitoredFirstMissing)},
+                                              monitored),
+                ")"));
   }
   try {
     for (int r = 1; r < size_; ++r) wait_peer(r, s);
@@ -180,8 +179,8 @@ void Engine::allreduce(const char* in, char* out, size_t count, DType dtype, con
       if (probe == nullptr) return;
       if (start == 0) return probe->skip();
       const int64_t now = now_ns();
-      if (probe->record(static_cast<double>(now - start) / static_cast<double>(bytes), now,
-                        bytes, path, now - start) &&
+      if (probe->record(static_cast<double>(now - start) / static_cast<double>(bytes), now, bytes,
+                        path, now - start) &&
           core::log_enabled(core::LogLevel::kDebug)) {
         core::log(core::LogLevel::kDebug,
                   str_cat("shm path probe: allreduce of ", bytes, " bytes keeps ",
@@ -272,8 +271,7 @@ void Engine::alltoall(const std::vector<const char*>& send, const std::vector<si
     s = next_step();
     for (int j = 0; j < size_; ++j) {
       if (j == rank_ || send_len[j] <= off) continue;
-      copy_shared(seg_.in(rank_, s) + j * quota, send[j] + off,
-                  std::min(quota, send_len[j] - off));
+      copy_shared(seg_.in(rank_, s) + j * quota, send[j] + off, std::min(quota, send_len[j] - off));
     }
     sync(s);
     for (int j = 0; j < size_; ++j) {

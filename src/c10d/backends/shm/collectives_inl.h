@@ -49,8 +49,7 @@ void Engine::gather(const char* in, size_t bytes, core::DType dtype, int root, O
   expect_moved(bytes, dtype, root);
   if (bytes == 0) return;
   if (direct_fanout(bytes) && size_ > 1) {
-    return allgather(in, bytes, dtype,
-                     [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
+    return allgather(in, bytes, dtype, [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
   }
   const bool small = fits_ring(bytes);
   const bool boxed = fits_mailbox(bytes);

@@ -60,8 +60,7 @@ const std::vector<Engine::Where>& Engine::locate(const void* data, size_t bytes,
 // From this size an allreduce of ordinary tensors goes through the kernel (right after
 // locate: every rank then holds the same located_far_, so every rank takes the same path).
 size_t Engine::direct_allreduce_bytes() const {
-  return located_far_ ? std::min(direct_allreduce_, kDirectAllreduceFarBytes)
-                      : direct_allreduce_;
+  return located_far_ ? std::min(direct_allreduce_, kDirectAllreduceFarBytes) : direct_allreduce_;
 }
 
 // The probe of allreduces of `bytes` (one per power of two from kOneShotBytes).
@@ -116,8 +115,8 @@ void Engine::mapped_span(const Where& w, size_t off, size_t n, size_t& lo, size_
 // peer that resumes after this rank gave up on the operation cannot touch it. Reads come in
 // place where the peer's tensor is mapped here (shared heap, aliases), through the kernel
 // elsewhere: one copy in and one copy out per byte of the piece, and no slot in between.
-void Engine::owner_computes(const std::vector<Where>& where, char* data, size_t count,
-                            DType dtype, const ReduceOp& op, bool premul) {
+void Engine::owner_computes(const std::vector<Where>& where, char* data, size_t count, DType dtype,
+                            const ReduceOp& op, bool premul) {
   const size_t es = core::element_size(dtype);
   const bool mapped = mostly_mapped(where, count * es);
   const size_t per = std::max<size_t>(1, (mapped ? kZeroCopyPiece : direct_piece_) / es);

@@ -21,10 +21,10 @@ namespace c10d::backends::shm {
 using core::DistBackendError;
 using core::DistTimeoutError;
 using core::DType;
+using core::now_ns;
 using core::OpType;
 using core::ReduceOp;
 using core::detail::str_cat;
-using core::now_ns;
 using detail::cpu_relax;
 using detail::futex_wait;
 using detail::kCalibrationBytes;
@@ -55,14 +55,9 @@ size_t ranks_per_core(const Segment& seg) {
 }  // namespace
 
 Engine::Engine(std::shared_ptr<Segment> segment, bool pinned)
-    : segment_(std::move(segment)),
-      seg_(*segment_),
-      rank_(seg_.rank()),
-      size_(seg_.size()),
-      per_core_(ranks_per_core(seg_)),
-      policy_(detail::wait_policy(per_core_)),
-      own_core_(per_core_ <= 1),
-      direct_piece_(detail::direct_piece(per_core_)),
+    : segment_(std::move(segment)), seg_(*segment_), rank_(seg_.rank()), size_(seg_.size()),
+      per_core_(ranks_per_core(seg_)), policy_(detail::wait_policy(per_core_)),
+      own_core_(per_core_ <= 1), direct_piece_(detail::direct_piece(per_core_)),
       direct_allreduce_(own_core_ ? detail::kDirectAllreduceBytes
                                   : detail::kDirectAllreduceSharedCoreBytes),
       small_chunk_(own_core_ ? detail::kPipelineChunk : detail::shared_core_chunk(per_core_)),
@@ -179,8 +174,7 @@ void Engine::note_cpu(SegmentHeader* h) {
 // while another program runs) every wait spun its full 200 us before it yielded (see
 // docs/design/shm.md#wait-policy).
 bool Engine::peer_on_my_cpu(int r) const {
-  return own_core_ &&
-         seg_.header(r)->cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
+  return own_core_ && seg_.header(r)->cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
 }
 
 // Opens the next step. A step that uses the parity slots (the default) waits until every
@@ -222,8 +216,7 @@ void Engine::sync(uint32_t s) {
   const bool time_trips = placement_due();
   if (time_trips) {  // published with the step
     std::atomic<uint64_t>& word = seg_.header(0)->placement;
-    word.store((word.load(std::memory_order_relaxed) & ~kStepBits) | s,
-               std::memory_order_relaxed);
+    word.store((word.load(std::memory_order_relaxed) & ~kStepBits) | s, std::memory_order_relaxed);
   }
   publish(s);
   for (int r = 0; r < size_; ++r) {
@@ -334,8 +327,8 @@ uint32_t Engine::await_step(int r, uint32_t s) {
 // docs/design/shm.md#one-sided-steps-and-mailboxes).
 void Engine::claim_next_mailbox() {
   if (sealed_bytes_ == 0) return;
-  const auto* next = reinterpret_cast<const char*>(
-      &seg_.header(rank_)->mailbox[(sealed_step_ + 1) % kRingDepth]);
+  const auto* next =
+      reinterpret_cast<const char*>(&seg_.header(rank_)->mailbox[(sealed_step_ + 1) % kRingDepth]);
   const size_t used = offsetof(Mailbox, data) + sealed_bytes_;
   for (size_t at = 0; at < used; at += kLine) prefetch_for_write(next + at);
   sealed_bytes_ = 0;
@@ -381,7 +374,8 @@ uint32_t Engine::signature(const StepDescription& d) {
   uint64_t h = d.seq * 0x9e3779b97f4a7c15ULL;
   h ^= (d.count + 0x632be59bd9b4e019ULL) * 0xbf58476d1ce4e5b9ULL;
   h ^= (static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 16 |
-        static_cast<uint64_t>(d.dtype) << 8 | d.reduce) * 0x94d049bb133111ebULL;
+        static_cast<uint64_t>(d.dtype) << 8 | d.reduce) *
+       0x94d049bb133111ebULL;
   h ^= h >> 31;
   h *= 0xd6e8feb86659fd93ULL;
   h ^= h >> 32;
@@ -392,8 +386,7 @@ std::string Engine::shape_text(const StepDescription& d) {
   std::string text =
       d.dtype == StepDescription::kBytes
           ? str_cat(d.count, " bytes")
-          : str_cat(d.count, " elements of ",
-                    core::dtype_name(static_cast<DType>(d.dtype)));
+          : str_cat(d.count, " elements of ", core::dtype_name(static_cast<DType>(d.dtype)));
   if (d.root >= 0) text += str_cat(", root ", d.root);
   if (d.reduce != StepDescription::kNoReduce) {
     text += str_cat(", ", ReduceOp(static_cast<ReduceOp::Kind>(d.reduce)).name());
@@ -402,8 +395,8 @@ std::string Engine::shape_text(const StepDescription& d) {
 }
 
 std::string Engine::description_text(const StepDescription& d) {
-  return str_cat(core::op_type_name(static_cast<OpType>(d.type)), " (sequence ", d.seq,
-                 ") on ", shape_text(d));
+  return str_cat(core::op_type_name(static_cast<OpType>(d.type)), " (sequence ", d.seq, ") on ",
+                 shape_text(d));
 }
 
 // Fails unless peer r ran `ours` (signature `sig`) at step s, as check_same_op; `as_root`
@@ -414,13 +407,13 @@ void Engine::check_peer_ran(int r, uint32_t s, const StepDescription& ours, uint
   if (h->step.op[s % kSignatureDepth].load(std::memory_order_relaxed) == sig) return;
   const StepDescription theirs = h->described[s % kRingDepth];
   if (theirs == ours) return;
-  fail<DistBackendError>(str_cat(
-      describe(), ": rank ", r,
-      as_root ? " ran " : " runs ", description_text(theirs),
-      as_root ? " at the step where this rank, as its root, ran "
-              : " at this step while this rank runs ",
-      description_text(ours), "; every rank must issue the same collectives in the same "
-      "order, with the same sizes, dtypes, roots and reductions"));
+  fail<DistBackendError>(str_cat(describe(), ": rank ", r, as_root ? " ran " : " runs ",
+                                 description_text(theirs),
+                                 as_root ? " at the step where this rank, as its root, ran "
+                                         : " at this step while this rank runs ",
+                                 description_text(ours),
+                                 "; every rank must issue the same collectives in the same "
+                                 "order, with the same sizes, dtypes, roots and reductions"));
 }
 
 // The root of a one-sided broadcast or scatter waits for nobody, so a mismatch there (every
@@ -475,9 +468,12 @@ void Engine::check_not_waiting_for_each_other(const std::vector<int>& missing) {
     if (theirs >> 32 != in_step_ || theirs == mine) continue;
     const auto type = static_cast<OpType>(static_cast<uint8_t>(theirs));
     fail<DistBackendError>(str_cat(
-        describe(), ": rank ", r, " waits in ", core::op_type_name(type), " at this step "
+        describe(), ": rank ", r, " waits in ", core::op_type_name(type),
+        " at this step "
         "(another collective, or one with other sizes, dtypes, roots or reductions) while this "
-        "rank waits for it in ", description_text(described_), "; every rank must issue the "
+        "rank waits for it in ",
+        description_text(described_),
+        "; every rank must issue the "
         "same collectives in the same order, with the same sizes, dtypes, roots and "
         "reductions"));
   }
@@ -493,8 +489,8 @@ void Engine::check_waiting(uint32_t s) {
     if (r == rank_) continue;
     const std::string gone = seg_.peer_gone(r);
     if (!gone.empty()) {
-      fail<DistBackendError>(str_cat(describe(), ": rank ", r, " ", gone,
-                                     " while this rank waited for it"));
+      fail<DistBackendError>(
+          str_cat(describe(), ": rank ", r, " ", gone, " while this rank waited for it"));
     }
   }
   if (deadline_.expired()) {
@@ -503,9 +499,9 @@ void Engine::check_waiting(uint32_t s) {
       if (r != rank_) peers.push_back(r);
     }
     // "Timed out" between spaces, as torch's messages have it (its tests match on that).
-    fail<DistTimeoutError>(str_cat(describe(), ": Timed out after ",
-                                   core::format_timeout(timeout_), " waiting for rank",
-                                   peers.size() == 1 ? " " : "s ", pg::join_ranks(peers)));
+    fail<DistTimeoutError>(str_cat(describe(), ": Timed out after ", core::format_timeout(timeout_),
+                                   " waiting for rank", peers.size() == 1 ? " " : "s ",
+                                   pg::join_ranks(peers)));
   }
 }
 
@@ -577,10 +573,10 @@ void Engine::set_placement(bool far) {
   far_ = far;
   copy_shared.placement_changed(far);
   if (core::log_enabled(core::LogLevel::kDebug)) {
-    core::log(core::LogLevel::kDebug,
-              str_cat(describe(), ": the vCPUs are ", far ? "far apart" : "close",
-                      " now; the copies into shared lines use ", far ? "streaming" : "plain",
-                      " stores"));
+    core::log(
+        core::LogLevel::kDebug,
+        str_cat(describe(), ": the vCPUs are ", far ? "far apart" : "close",
+                " now; the copies into shared lines use ", far ? "streaming" : "plain", " stores"));
   }
 }
 

@@ -68,8 +68,7 @@ inline size_t piece_elems(size_t count, int size, size_t element) {
 }
 
 // Piece j of `count` elements: [begin, begin + len).
-inline void piece_of(size_t count, int size, size_t element, int j, size_t& begin,
-                     size_t& len) {
+inline void piece_of(size_t count, int size, size_t element, int j, size_t& begin, size_t& len) {
   const size_t per = piece_elems(count, size, element);
   begin = std::min(count, per * static_cast<size_t>(j));
   len = std::min(count, begin + per) - begin;
@@ -241,8 +240,8 @@ class Engine {
   [[noreturn]] void peer_copy_failed(int r, const core::DistBackendError& e);
   void read_range(const Where& w, int r, char* dst, size_t off, size_t n);
   static void mapped_span(const Where& w, size_t off, size_t n, size_t& lo, size_t& hi);
-  void owner_computes(const std::vector<Where>& where, char* data, size_t count,
-                      core::DType dtype, const core::ReduceOp& op, bool premul);
+  void owner_computes(const std::vector<Where>& where, char* data, size_t count, core::DType dtype,
+                      const core::ReduceOp& op, bool premul);
 
   // --- the step protocol (engine.cc) ---
 
@@ -254,9 +253,7 @@ class Engine {
   // far apart the slots take streaming stores, which send every line to memory; a line only a
   // rank on this CPU reads is better left in the caches they share (see
   // docs/design/shm.md#streaming-stores-and-placement).
-  bool shares_cpu(int r) const {
-    return cpu_group_ >= 0 && r % seg_.cpus() == cpu_group_;
-  }
+  bool shares_cpu(int r) const { return cpu_group_ >= 0 && r % seg_.cpus() == cpu_group_; }
 
   uint32_t next_step(bool small = false, bool one_sided = false);
 
@@ -309,9 +306,7 @@ class Engine {
 
   // Rank 0's word in the meta area of step s: what rank 0 writes there before it publishes s,
   // every rank reads once it waited for s (pipelined's chunk agreement, calibrate's decision).
-  uint64_t& rank0_word(uint32_t s) const {
-    return *reinterpret_cast<uint64_t*>(seg_.meta(0, s));
-  }
+  uint64_t& rank0_word(uint32_t s) const { return *reinterpret_cast<uint64_t*>(seg_.meta(0, s)); }
 
   // --- signatures and mismatch checks (engine.cc) ---
 
@@ -327,8 +322,7 @@ class Engine {
   // s + 1: r cannot reuse the entry (s + kRingDepth) before that. The signature on the step
   // word's line decides at once unless r ran kSignatureDepth steps further and replaced it.
   void check_same_op(int r, uint32_t s) { check_peer_ran(r, s, described_, op_, false); }
-  void check_peer_ran(int r, uint32_t s, const StepDescription& ours, uint32_t sig,
-                      bool as_root);
+  void check_peer_ran(int r, uint32_t s, const StepDescription& ours, uint32_t sig, bool as_root);
   void sent_unchecked(uint32_t s);
   void check_unchecked();
 
@@ -355,7 +349,7 @@ class Engine {
   Segment& seg_;
   const int rank_;
   const int size_;
-  const size_t per_core_;          // ranks per core (ranks_per_core)
+  const size_t per_core_;  // ranks per core (ranks_per_core)
   const detail::WaitPolicy policy_;
   const bool own_core_;            // every rank has a core of its own
   const size_t direct_piece_;      // owner_computes' piece through the kernel
@@ -394,7 +388,7 @@ class Engine {
   bool watching_ = false;
   bool far_ = false;
   bool located_far_ = false;  // rank 0's far_ as the last locate() handed it out
-  int located_path_ = 0;       // rank 0's path as the last locate() handed it out
+  int located_path_ = 0;      // rank 0's path as the last locate() handed it out
   // Rank 0's timings of allreduces on mapped tensors, per power of two of their size: mode
   // kPathInPlace (owner_computes) or kPathSlots (pipelined). Which wins in between 256 KiB
   // and a few MiB changes with the placement and the load.
@@ -407,9 +401,9 @@ class Engine {
   // owner_computes' landing area for pieces read through the kernel; pipelined's for a piece
   // only the peers need (streaming stores)
   std::vector<char> scratch_;
-  std::vector<Where> where_;   // locate()
-  std::vector<const void*> sources_;  // reduce_sources' operands
-  std::vector<size_t> incoming_;  // alltoall: bytes each peer sends this rank
+  std::vector<Where> where_;             // locate()
+  std::vector<const void*> sources_;     // reduce_sources' operands
+  std::vector<size_t> incoming_;         // alltoall: bytes each peer sends this rank
   std::vector<const char*> equal_send_;  // alltoall_equal's parts
   std::vector<char*> equal_recv_;
   std::vector<size_t> equal_lens_;

@@ -44,8 +44,7 @@ inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t n
 }
 
 inline void futex_wake_all(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
-            0);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 // Sets the word (release) and wakes sleepers, if any.

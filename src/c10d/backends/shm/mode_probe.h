@@ -144,7 +144,7 @@ class ModeProbe {
   static constexpr double kAbandon = 1.5;
   Config config_;
   int modes_;
-  int held_ = 0;   // the mode between probes
+  int held_ = 0;  // the mode between probes
   int mode_ = 0;
   bool probing_ = false;
   bool untried_ = true;
@@ -156,7 +156,7 @@ class ModeProbe {
   int64_t spent_ns_ = 0;  // time the kind's operations took before its first probe
   uint64_t key_ = 0;
   int last_ran_ = 0;
-  int since_switch_ = 0;  // operations since the mode changed
+  int since_switch_ = 0;                  // operations since the mode changed
   std::array<double, kMaxModes> best_{};  // fastest cost seen per mode (set by start_probe)
 };
 

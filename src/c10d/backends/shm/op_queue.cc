@@ -33,15 +33,15 @@ class ShmBackend::QueuedWork : public core::Work {
   QueuedWork(OpType type, std::string description, std::weak_ptr<Queue> queue,
              std::weak_ptr<Engine> engine, uint64_t seq, Millis op_timeout)
       : core::Work(type, std::move(description)) {
-    get_future()->set_driver([queue = std::move(queue), engine = std::move(engine), seq,
-                              op_timeout](Millis timeout) {
-      // A waiter with a shorter timeout only waits: running the operation here would bind it
-      // to the waiter's deadline, while it must keep running past it.
-      if (timeout > core::kNoTimeout && timeout < op_timeout) return;
-      const std::shared_ptr<Queue> q = queue.lock();
-      const std::shared_ptr<Engine> e = engine.lock();
-      if (q && e) run_queued_until(*q, *e, seq);
-    });
+    get_future()->set_driver(
+        [queue = std::move(queue), engine = std::move(engine), seq, op_timeout](Millis timeout) {
+          // A waiter with a shorter timeout only waits: running the operation here would bind it
+          // to the waiter's deadline, while it must keep running past it.
+          if (timeout > core::kNoTimeout && timeout < op_timeout) return;
+          const std::shared_ptr<Queue> q = queue.lock();
+          const std::shared_ptr<Engine> e = engine.lock();
+          if (q && e) run_queued_until(*q, *e, seq);
+        });
   }
 };
 
@@ -63,9 +63,9 @@ WorkPtr ShmBackend::submit(OpType type, const char* name, Millis timeout, bool a
         task.seq, task.timeout);
     if (q.stopping) {
       lock.unlock();
-      task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
-          str_cat("shm ", name, " (sequence ", task.seq, ", rank ", rank(), " of ", size(),
-                  "): the backend was shut down"))));
+      task.work->finish_with_error(std::make_exception_ptr(
+          DistBackendError(str_cat("shm ", name, " (sequence ", task.seq, ", rank ", rank(), " of ",
+                                   size(), "): the backend was shut down"))));
       return task.work;
     }
     ++q.pending;
@@ -180,8 +180,8 @@ void ShmBackend::finish_pending(Millis timeout) {
     if (last->is_completed()) return;  // the operation's own timeout: its error says so
     core::log(core::LogLevel::kWarning,
               str_cat("shm rank ", rank(), " of ", size(), ": operations up to ",
-                      last->description(), " did not finish within ",
-                      core::format_timeout(timeout), " while the backend shut down; they fail"));
+                      last->description(), " did not finish within ", core::format_timeout(timeout),
+                      " while the backend shut down; they fail"));
   } catch (...) {
     // Its error is the caller's to see; what is still queued is dropped by shutdown().
   }
@@ -211,9 +211,9 @@ void ShmBackend::shutdown() {
   q.wake.notify_all();
   for (Task& task : dropped) {
     try {
-      task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
-          str_cat("shm ", task.name, " (sequence ", task.seq, ", rank ", rank(), " of ", size(),
-                  "): the backend was shut down before it ran"))));
+      task.work->finish_with_error(std::make_exception_ptr(
+          DistBackendError(str_cat("shm ", task.name, " (sequence ", task.seq, ", rank ", rank(),
+                                   " of ", size(), "): the backend was shut down before it ran"))));
     } catch (...) {
     }
   }

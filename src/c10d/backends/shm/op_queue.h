@@ -30,12 +30,12 @@ struct ShmBackend::Queue {
 
   std::mutex mutex;
   std::condition_variable wake;
-  std::deque<Task> tasks;  // guarded by mutex
-  size_t pending = 0;      // queued or running operations; guarded by mutex
-  uint64_t next_seq = 0;   // guarded by mutex
-  bool running = false;    // guarded by mutex
-  bool stopping = false;   // guarded by mutex
-  bool deep_sleep = false;  // the worker waits to be woken; guarded by mutex
+  std::deque<Task> tasks;          // guarded by mutex
+  size_t pending = 0;              // queued or running operations; guarded by mutex
+  uint64_t next_seq = 0;           // guarded by mutex
+  bool running = false;            // guarded by mutex
+  bool stopping = false;           // guarded by mutex
+  bool deep_sleep = false;         // the worker waits to be woken; guarded by mutex
   std::weak_ptr<core::Work> last;  // the latest submitted operation; guarded by mutex
   std::chrono::steady_clock::time_point last_async{};  // guarded by mutex
 };

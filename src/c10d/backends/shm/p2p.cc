@@ -14,8 +14,8 @@ namespace c10d::backends::shm {
 
 using core::DistBackendError;
 using core::DistTimeoutError;
-using core::detail::str_cat;
 using core::now_ns;
+using core::detail::str_cat;
 using detail::copy;
 using detail::cpu_relax;
 using detail::futex_wait;
@@ -25,13 +25,8 @@ using detail::ring;
 using pg::Millis;
 
 P2PEngine::P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<Engine> engine)
-    : segment_(std::move(segment)),
-      seg_(*segment_),
-      engine_(std::move(engine)),
-      rank_(seg_.rank()),
-      size_(seg_.size()),
-      sends_(size_),
-      incoming_(size_) {}
+    : segment_(std::move(segment)), seg_(*segment_), engine_(std::move(engine)), rank_(seg_.rank()),
+      size_(seg_.size()), sends_(size_), incoming_(size_) {}
 
 void P2PEngine::post(const std::shared_ptr<P2POp>& op) {
   std::vector<std::shared_ptr<P2POp>> done;
@@ -144,9 +139,9 @@ bool P2PEngine::claim_unexpected(const std::shared_ptr<P2POp>& op,
 void P2PEngine::deliver(P2POp& op, const Unexpected& u) {
   op.source = u.src;
   if (u.data.size() != op.bytes) {
-    op.error = std::make_exception_ptr(DistBackendError(
-        str_cat("shm ", op.description, ": rank ", u.src, " sent ", u.data.size(),
-                " bytes for a receive of ", op.bytes, " bytes")));
+    op.error = std::make_exception_ptr(
+        DistBackendError(str_cat("shm ", op.description, ": rank ", u.src, " sent ", u.data.size(),
+                                 " bytes for a receive of ", op.bytes, " bytes")));
   } else {
     copy(op.data, u.data.data(), op.bytes);
   }

@@ -83,11 +83,11 @@ class P2PEngine {
   const int rank_;
   const int size_;
   std::mutex mutex_;
-  detail::SharedWriter copy_shared;  // guarded by mutex_
+  detail::SharedWriter copy_shared;                        // guarded by mutex_
   std::vector<std::deque<std::shared_ptr<P2POp>>> sends_;  // per destination; guarded by mutex_
-  std::deque<std::shared_ptr<P2POp>> recvs_;                // posted, unmatched; guarded by mutex_
-  std::deque<std::shared_ptr<Unexpected>> unexpected_;      // arrival order; guarded by mutex_
-  std::vector<Incoming> incoming_;                          // per source; guarded by mutex_
+  std::deque<std::shared_ptr<P2POp>> recvs_;               // posted, unmatched; guarded by mutex_
+  std::deque<std::shared_ptr<Unexpected>> unexpected_;     // arrival order; guarded by mutex_
+  std::vector<Incoming> incoming_;                         // per source; guarded by mutex_
 };
 
 namespace detail {

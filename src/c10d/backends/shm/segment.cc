@@ -129,8 +129,9 @@ Heap::Heap(size_t bytes) : bytes_(bytes) {
 
 size_t Heap::allocate(size_t bytes) {
   if (const std::optional<size_t> offset = try_allocate(bytes)) return *offset;
-  throw DistBackendError(str_cat("shm_empty: cannot allocate ", bytes, " bytes: the shared heap of ",
-                                 bytes_, " bytes is full (raise C10D_SHM_HEAP_BYTES)"));
+  throw DistBackendError(str_cat("shm_empty: cannot allocate ", bytes,
+                                 " bytes: the shared heap of ", bytes_,
+                                 " bytes is full (raise C10D_SHM_HEAP_BYTES)"));
 }
 
 std::optional<size_t> Heap::try_allocate(size_t bytes) {
@@ -173,13 +174,8 @@ void Heap::release(size_t offset, size_t bytes) {
 // Segment
 
 Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, core::Millis timeout)
-    : rank_(rank),
-      size_(size),
-      layout_(size, heap_bytes),
-      bases_(size, nullptr),
-      pids_(size, 0),
-      pidfds_(size, -1),
-      heap_(layout_.heap_bytes) {
+    : rank_(rank), size_(size), layout_(size, heap_bytes), bases_(size, nullptr), pids_(size, 0),
+      pidfds_(size, -1), heap_(layout_.heap_bytes) {
   C10D_CHECK_T(DistBackendError, size <= kMaxRanks, "shm backend supports at most ", kMaxRanks,
                " ranks, got ", size);
   const std::string who = str_cat("shm backend rank ", rank, " of ", size);
@@ -198,8 +194,8 @@ Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, cor
   if (::ftruncate(fd, static_cast<off_t>(layout_.total)) != 0) {
     fail(str_cat("cannot size the segment to ", layout_.total, " bytes"));
   }
-  void* mine = ::mmap(nullptr, layout_.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-                      fd, 0);
+  void* mine =
+      ::mmap(nullptr, layout_.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
   if (mine == MAP_FAILED) fail("cannot map the segment");
   bases_[rank] = static_cast<char*>(mine);
   touch_pages(bases_[rank], layout_.heap, /*write=*/true);
@@ -333,7 +329,8 @@ bool Segment::probe_cma() const {
         std::call_once(once, [&] {
           core::log(core::LogLevel::kWarning,
                     str_cat("shm: the kernel does not let rank ", rank_,
-                            " read the memory of rank ", r, " (pid ", pids_[r], ", EPERM; usually "
+                            " read the memory of rank ", r, " (pid ", pids_[r],
+                            ", EPERM; usually "
                             "kernel.yama.ptrace_scope >= 1), so large messages go through shared "
                             "memory, one more copy per byte. sysctl kernel.yama.ptrace_scope=0 "
                             "allows it; C10D_SHM_CMA=0 skips the check and this message."));

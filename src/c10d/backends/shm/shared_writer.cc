@@ -13,9 +13,9 @@
 
 namespace c10d::backends::shm::detail {
 
+using core::now_ns;
 using core::OpType;
 using core::detail::str_cat;
-using core::now_ns;
 
 SharedWriter::SharedWriter(bool may_adapt, bool leader, bool choose_chunks)
     : leader_(leader), choose_chunks_(choose_chunks) {
@@ -48,7 +48,7 @@ void SharedWriter::select(size_t bytes, int agreed) {
   if (probe.untried()) {
     const int found = found_[type] >= 0 ? found_[type] : found_any_;
     const int stores = found > 0 ? kModeStreaming : 0;
-    probe.adopt(!pipelined ? stores
+    probe.adopt(!pipelined  ? stores
                 : found < 0 ? agreed & (modes - 1)
                             : (agreed & (modes - 1) & ~kModeStreaming) | stores);
   }

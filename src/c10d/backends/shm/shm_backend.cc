@@ -25,12 +25,11 @@ using core::Tensor;
 using core::detail::str_cat;
 using detail::copy;
 using pg::Millis;
-using pg::WorkPtr;
 using pg::wants_async;
+using pg::WorkPtr;
 
 ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, ShmOptions opts)
-    : pg::Backend(rank, size, opts.timeout),
-      store_(std::move(store)),
+    : pg::Backend(rank, size, opts.timeout), store_(std::move(store)),
       queue_(std::make_shared<Queue>()) {
   size_t heap = opts.heap_bytes;
   if (heap == 0) heap = static_cast<size_t>(core::env_int(core::kEnvShmHeapBytes));
@@ -39,9 +38,9 @@ ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, 
   segment_ = std::make_shared<Segment>(*store_, rank, size, heap, rendezvous_timeout);
   const int cpu = segment_->bind_cpu();
   if (cpu >= 0 && core::log_enabled(core::LogLevel::kDebug)) {
-    core::log(core::LogLevel::kDebug, str_cat("shm rank ", rank, " of ", size, ": ", size,
-                                              " ranks share ", segment_->cpus(),
-                                              " CPUs, pinned to cpu ", cpu, " (C10D_SHM_BIND)"));
+    core::log(core::LogLevel::kDebug,
+              str_cat("shm rank ", rank, " of ", size, ": ", size, " ranks share ",
+                      segment_->cpus(), " CPUs, pinned to cpu ", cpu, " (C10D_SHM_BIND)"));
   }
   engine_ = std::make_shared<Engine>(segment_, cpu >= 0);
   engine_->calibrate(rendezvous_timeout);  // before any operation can be submitted
@@ -72,12 +71,11 @@ size_t tensor_bytes(const std::vector<int64_t>& sizes, DType dtype) {
 
 // The tensor on rank `rank`'s heap block [offset, offset + bytes), which it gives back when
 // the last view of it goes.
-Tensor heap_tensor(const std::shared_ptr<Segment>& segment, int rank, size_t offset,
-                   size_t bytes, std::vector<int64_t> sizes, DType dtype) {
+Tensor heap_tensor(const std::shared_ptr<Segment>& segment, int rank, size_t offset, size_t bytes,
+                   std::vector<int64_t> sizes, DType dtype) {
   char* data = segment->heap(rank) + offset;
-  std::shared_ptr<void> owner(data, [segment, offset, bytes](void*) {
-    segment->own_heap().release(offset, bytes);
-  });
+  std::shared_ptr<void> owner(
+      data, [segment, offset, bytes](void*) { segment->own_heap().release(offset, bytes); });
   return Tensor(data, dtype, std::move(sizes), {}, std::move(owner));
 }
 
@@ -180,16 +178,26 @@ namespace {
 
 const char* inline_name(OpType type) {
   switch (type) {
-    case OpType::kAllreduce: return "allreduce";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kReduce: return "reduce";
-    case OpType::kAllgatherBase: return "allgather_base";
-    case OpType::kReduceScatterBase: return "reduce_scatter_base";
-    case OpType::kAlltoallBase: return "alltoall_base";
-    case OpType::kGather: return "gather";
-    case OpType::kScatter: return "scatter";
-    case OpType::kBarrier: return "barrier";
-    default: return nullptr;
+    case OpType::kAllreduce:
+      return "allreduce";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kReduce:
+      return "reduce";
+    case OpType::kAllgatherBase:
+      return "allgather_base";
+    case OpType::kReduceScatterBase:
+      return "reduce_scatter_base";
+    case OpType::kAlltoallBase:
+      return "alltoall_base";
+    case OpType::kGather:
+      return "gather";
+    case OpType::kScatter:
+      return "scatter";
+    case OpType::kBarrier:
+      return "barrier";
+    default:
+      return nullptr;
   }
 }
 
@@ -203,12 +211,11 @@ void run_inline_op(Engine& e, const pg::InlineOp& op) {
     case OpType::kBroadcast:
       return e.broadcast(in.bytes(), in.nbytes(), in.dtype, op.root);
     case OpType::kReduce:
-      return e.allreduce(in.bytes(), root ? in.bytes() : nullptr, in.numel, in.dtype,
-                         op.reduce_op, op.root);
+      return e.allreduce(in.bytes(), root ? in.bytes() : nullptr, in.numel, in.dtype, op.reduce_op,
+                         op.root);
     case OpType::kAllgatherBase: {
       const size_t per = in.nbytes();
-      return e.allgather(in.bytes(), per, in.dtype,
-                         [&](int r) { return out.bytes() + r * per; });
+      return e.allgather(in.bytes(), per, in.dtype, [&](int r) { return out.bytes() + r * per; });
     }
     case OpType::kReduceScatterBase:
       return e.reduce_scatter_flat(in.bytes(), out.bytes(), out.numel, out.dtype, op.reduce_op);
@@ -275,14 +282,13 @@ WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
 
 WorkPtr ShmBackend::allgather_base(Tensor& output, Tensor& input,
                                    const pg::AllgatherOptions& opts) {
-  return submit(
-      OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
-      [output, input](Engine& e) {
-        const size_t per = input.nbytes();
-        e.allgather(input.data_as<char>(), per, input.dtype(),
-                    [&](int r) { return output.data_as<char>() + r * per; });
-      },
-      {output});
+  return submit(OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
+                [output, input](Engine& e) {
+                  const size_t per = input.nbytes();
+                  e.allgather(input.data_as<char>(), per, input.dtype(),
+                              [&](int r) { return output.data_as<char>() + r * per; });
+                },
+                {output});
 }
 
 WorkPtr ShmBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
@@ -302,8 +308,8 @@ WorkPtr ShmBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs
       outputs);
 }
 
-WorkPtr ShmBackend::gather(std::vector<std::vector<Tensor>>& outputs,
-                           std::vector<Tensor>& inputs, const pg::GatherOptions& opts) {
+WorkPtr ShmBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
+                           const pg::GatherOptions& opts) {
   const int root = static_cast<int>(opts.root_rank);
   std::vector<Tensor> gathered = rank() == root ? outputs[0] : std::vector<Tensor>{};
   const Tensor input = inputs[0];
@@ -316,19 +322,17 @@ WorkPtr ShmBackend::gather(std::vector<std::vector<Tensor>>& outputs,
       gathered);
 }
 
-WorkPtr ShmBackend::scatter(std::vector<Tensor>& outputs,
-                            std::vector<std::vector<Tensor>>& inputs,
+WorkPtr ShmBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
                             const pg::ScatterOptions& opts) {
   const int root = static_cast<int>(opts.root_rank);
   std::vector<Tensor> sources = rank() == root ? inputs[0] : std::vector<Tensor>{};
   const Tensor output = outputs[0];
-  return submit(
-      OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
-      [sources, output, root](Engine& e) {
-        e.scatter([&](int j) { return sources[j].data_as<const char>(); },
-                  output.data_as<char>(), output.nbytes(), output.dtype(), root);
-      },
-      {output});
+  return submit(OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
+                [sources, output, root](Engine& e) {
+                  e.scatter([&](int j) { return sources[j].data_as<const char>(); },
+                            output.data_as<char>(), output.nbytes(), output.dtype(), root);
+                },
+                {output});
 }
 
 WorkPtr ShmBackend::reduce_scatter(std::vector<Tensor>& outputs,
@@ -337,14 +341,13 @@ WorkPtr ShmBackend::reduce_scatter(std::vector<Tensor>& outputs,
   const ReduceOp op = opts.reduce_op;
   const Tensor output = outputs[0];
   const std::vector<Tensor> pieces = inputs[0];
-  return submit(
-      OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
-      [output, pieces, op](Engine& e) {
-        e.reduce_scatter([&](int j) { return pieces[j].data_as<const char>(); },
-                         output.data_as<char>(), static_cast<size_t>(output.numel()),
-                         output.dtype(), op);
-      },
-      {output});
+  return submit(OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
+                [output, pieces, op](Engine& e) {
+                  e.reduce_scatter([&](int j) { return pieces[j].data_as<const char>(); },
+                                   output.data_as<char>(), static_cast<size_t>(output.numel()),
+                                   output.dtype(), op);
+                },
+                {output});
 }
 
 namespace {
@@ -359,9 +362,9 @@ void reduce_scatter_flat(Engine& e, const Tensor& output, const Tensor& input, c
 WorkPtr ShmBackend::reduce_scatter_base(Tensor& output, Tensor& input,
                                         const pg::ReduceScatterOptions& opts) {
   const ReduceOp op = opts.reduce_op;
-  return submit(
-      OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
-      [output, input, op](Engine& e) { reduce_scatter_flat(e, output, input, op); }, {output});
+  return submit(OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
+                [output, input, op](Engine& e) { reduce_scatter_flat(e, output, input, op); },
+                {output});
 }
 
 WorkPtr ShmBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
@@ -385,36 +388,35 @@ WorkPtr ShmBackend::alltoall_base(Tensor& output, Tensor& input,
                                   const pg::AllToAllOptions& opts) {
   const std::vector<int64_t> out_splits = output_split_sizes;
   const std::vector<int64_t> in_splits = input_split_sizes;
-  return submit(
-      OpType::kAlltoallBase, "alltoall_base", opts.timeout, wants_async(opts),
-      [output, input, out_splits, in_splits](Engine& e) {
-        const int n = e.size();
-        // Splits count rows of dimension 0; empty splits mean equal parts.
-        auto layout = [n](const Tensor& t, const std::vector<int64_t>& splits,
-                          std::vector<size_t>& offsets, std::vector<size_t>& lens) {
-          const int64_t rows = t.dim() == 0 ? 1 : t.sizes()[0];
-          const size_t row_bytes = rows == 0 ? 0 : t.nbytes() / static_cast<size_t>(rows);
-          size_t at = 0;
-          for (int r = 0; r < n; ++r) {
-            const size_t len =
-                static_cast<size_t>(splits.empty() ? rows / n : splits[r]) * row_bytes;
-            offsets.push_back(at);
-            lens.push_back(len);
-            at += len;
-          }
-        };
-        std::vector<size_t> in_off, in_len, out_off, out_len;
-        layout(input, in_splits, in_off, in_len);
-        layout(output, out_splits, out_off, out_len);
-        std::vector<const char*> send(n);
-        std::vector<char*> recv(n);
-        for (int r = 0; r < n; ++r) {
-          send[r] = input.data_as<char>() + in_off[r];
-          recv[r] = output.data_as<char>() + out_off[r];
-        }
-        e.alltoall(send, in_len, recv, out_len);
-      },
-      {output});
+  return submit(OpType::kAlltoallBase, "alltoall_base", opts.timeout, wants_async(opts),
+                [output, input, out_splits, in_splits](Engine& e) {
+                  const int n = e.size();
+                  // Splits count rows of dimension 0; empty splits mean equal parts.
+                  auto layout = [n](const Tensor& t, const std::vector<int64_t>& splits,
+                                    std::vector<size_t>& offsets, std::vector<size_t>& lens) {
+                    const int64_t rows = t.dim() == 0 ? 1 : t.sizes()[0];
+                    const size_t row_bytes = rows == 0 ? 0 : t.nbytes() / static_cast<size_t>(rows);
+                    size_t at = 0;
+                    for (int r = 0; r < n; ++r) {
+                      const size_t len =
+                          static_cast<size_t>(splits.empty() ? rows / n : splits[r]) * row_bytes;
+                      offsets.push_back(at);
+                      lens.push_back(len);
+                      at += len;
+                    }
+                  };
+                  std::vector<size_t> in_off, in_len, out_off, out_len;
+                  layout(input, in_splits, in_off, in_len);
+                  layout(output, out_splits, out_off, out_len);
+                  std::vector<const char*> send(n);
+                  std::vector<char*> recv(n);
+                  for (int r = 0; r < n; ++r) {
+                    send[r] = input.data_as<char>() + in_off[r];
+                    recv[r] = output.data_as<char>() + out_off[r];
+                  }
+                  e.alltoall(send, in_len, recv, out_len);
+                },
+                {output});
 }
 
 WorkPtr ShmBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
@@ -450,11 +452,10 @@ void ShmBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all
   const Millis monitored = opts.timeout > Millis::zero() ? opts.timeout : timeout();
   const Millis wait =
       rank() == 0 ? monitored : pg::monitored_barrier_release_wait(timeout(), monitored);
-  WorkPtr work = submit(OpType::kBarrier, "monitored_barrier", wait, false,
-                        [wait_all_ranks, monitored](Engine& e) {
-                          e.monitored_barrier(wait_all_ranks, monitored);
-                        },
-                        {});
+  WorkPtr work = submit(
+      OpType::kBarrier, "monitored_barrier", wait, false,
+      [wait_all_ranks, monitored](Engine& e) { e.monitored_barrier(wait_all_ranks, monitored); },
+      {});
   work->wait();
 }
 
@@ -484,10 +485,9 @@ WorkPtr ShmBackend::post_p2p(OpType type, Tensor tensor, int peer, int tag) {
   op->timeout = timeout();
   op->deadline = core::Deadline(timeout());
   const char* what = op->is_send ? "send" : type == OpType::kRecv ? "recv" : "recv_anysource";
-  op->description =
-      peer >= 0 ? str_cat(what, " (tag ", tag, ", rank ", rank(), op->is_send ? " to" : " from",
-                          " rank ", peer, ")")
-                : str_cat(what, " (tag ", tag, ", rank ", rank(), " from any rank)");
+  op->description = peer >= 0 ? str_cat(what, " (tag ", tag, ", rank ", rank(),
+                                        op->is_send ? " to" : " from", " rank ", peer, ")")
+                              : str_cat(what, " (tag ", tag, ", rank ", rank(), " from any rank)");
   auto work = std::make_shared<detail::P2PWork>(type, str_cat("shm:", what), p2p_, op);
   op->work = work;
   if (engine_->aborted.load()) {

@@ -82,8 +82,10 @@ class ShmBackend : public pg::Backend {
   std::optional<core::Tensor> empty_for_collectives(const std::vector<int64_t>& sizes,
                                                     core::DType dtype) override;
 
-  pg::WorkPtr broadcast(std::vector<pg::Tensor>& tensors, const pg::BroadcastOptions& opts) override;
-  pg::WorkPtr allreduce(std::vector<pg::Tensor>& tensors, const pg::AllreduceOptions& opts) override;
+  pg::WorkPtr broadcast(std::vector<pg::Tensor>& tensors,
+                        const pg::BroadcastOptions& opts) override;
+  pg::WorkPtr allreduce(std::vector<pg::Tensor>& tensors,
+                        const pg::AllreduceOptions& opts) override;
   bool has_inline(core::OpType type) const override;
   void run_inline(const pg::InlineOp& op) override;
   pg::WorkPtr reduce(std::vector<pg::Tensor>& tensors, const pg::ReduceOptions& opts) override;
@@ -92,8 +94,8 @@ class ShmBackend : public pg::Backend {
   pg::WorkPtr allgather_into_tensor_coalesced(std::vector<pg::Tensor>& outputs,
                                               std::vector<pg::Tensor>& inputs,
                                               const pg::AllgatherOptions& opts) override;
-  pg::WorkPtr gather(std::vector<std::vector<pg::Tensor>>& outputs,
-                     std::vector<pg::Tensor>& inputs, const pg::GatherOptions& opts) override;
+  pg::WorkPtr gather(std::vector<std::vector<pg::Tensor>>& outputs, std::vector<pg::Tensor>& inputs,
+                     const pg::GatherOptions& opts) override;
   pg::WorkPtr scatter(std::vector<pg::Tensor>& outputs,
                       std::vector<std::vector<pg::Tensor>>& inputs,
                       const pg::ScatterOptions& opts) override;
@@ -144,8 +146,8 @@ class ShmBackend : public pg::Backend {
 
   class QueuedWork;
 
-  pg::WorkPtr submit(core::OpType type, const char* name, pg::Millis timeout, bool async,
-                     Body body, std::vector<pg::Tensor> outputs);
+  pg::WorkPtr submit(core::OpType type, const char* name, pg::Millis timeout, bool async, Body body,
+                     std::vector<pg::Tensor> outputs);
   static void run_task(Engine& engine, Task& task) noexcept;
   // Runs queued operations on the calling thread, in order, up to and including sequence
   // `seq`, while no other thread runs one; returns once `seq` ran or that cannot be done here.
