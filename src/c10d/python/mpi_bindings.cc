@@ -17,7 +17,7 @@ void init_mpi(py::module_& m) {
       .def_static(
           "create",
           [](std::vector<int> ranks, core::Millis timeout) {
-            py::gil_scoped_release release;  // the engine thread may run Python callbacks
+            py::gil_scoped_release release;  // the progress thread may run Python callbacks
             return MpiBackend::create(std::move(ranks), timeout);
           },
           py::arg("ranks") = std::vector<int>{}, py::arg("timeout") = pg::kDefaultPgTimeout,

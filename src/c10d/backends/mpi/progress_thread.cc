@@ -183,7 +183,7 @@ void ProgressThread::initialise() {
     if (provided < MPI_THREAD_SERIALIZED) {
       throw DistBackendError(
           "MPI backend: the MPI library does not support "
-          "MPI_THREAD_SERIALIZED, which its engine thread needs");
+          "MPI_THREAD_SERIALIZED, which its progress thread needs");
     }
   } else {
     int provided = MPI_THREAD_SINGLE;

@@ -55,7 +55,7 @@ def mpi_rank_from_launcher(dist, backend):
 def mpi_reductions_every_algorithm(dist, backend):
     """The MPI backend picks Open MPI's algorithm per call (recursive doubling below 64 KiB,
     Rabenseifner or ring above, binomial reduce): every size and reduction stays exact, and a
-    long reduction is not slowed by the engine's polling (it slept between tests once: 4 MiB
+    long reduction is not slowed by the progress thread's polling (it slept between tests once: 4 MiB
     took 0.6 s)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     for count in (1, 3, 16383, 16384 + 5, 262147, 1 << 20):
