@@ -42,8 +42,6 @@ STUBS: Dict[str, str] = {
     "Work.unbox": "returns the Work boxed() returned",
     "ProcessGroup.boxed": "returns the group itself (no TorchScript IValue to box into)",
     "ProcessGroup.unbox": "returns the group boxed() returned",
-    "Work._get_duration": "raises, as torch does without NCCL timing",
-    "ProcessGroup._enable_collectives_timing": "accepted; no backend records timings",
     "Reducer._set_sparse_metadata": "recorded only",
     "Reducer._set_mixed_precision_param_dtype": "recorded only",
     "Reducer._delay_all_reduce": "recorded only: gradients are still reduced in backward",
