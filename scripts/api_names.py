@@ -50,7 +50,6 @@ STUBS: Dict[str, str] = {
     "Reducer._set_forward_pass_work_handle": "recorded only",
     "Reducer._remove_autograd_hooks": "recorded only: c10d's DDP registers hooks in Python",
     "_set_thread_isolation_mode": "recorded only: c10d groups are not tied to a thread",
-    "_set_global_rank": "recorded only: c10d's logs do not name the rank",
     "TCPStore.collect_client_counters": "an empty dict: the client keeps no counters",
 }
 

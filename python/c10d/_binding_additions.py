@@ -413,13 +413,7 @@ def _hash_tensors(tensors) -> int:
     return int.from_bytes(digest.digest(), "little", signed=True)
 
 
-_global_rank = -1
-
-
-def _set_global_rank(rank: int) -> None:
-    """The rank logs and traces name this process by."""
-    global _global_rank
-    _global_rank = int(rank)
+_set_global_rank = _C._set_global_rank
 
 
 def _collect_client_counters(self) -> Dict[str, Any]:

@@ -978,6 +978,7 @@ def init_process_group(
     pg = _new_process_group_helper(world_size, rank, [], backend, store, name, pg_options, timeout)
     pg._set_group_desc("default_pg")
     _world.set_default(pg)
+    _C._set_global_rank(rank)  # c10d's log lines name the rank from here on
     _mirror_into_torch(pg, store, rank, world_size, timeout)
 
 

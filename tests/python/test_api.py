@@ -180,6 +180,35 @@ def test_process_group_built_by_hand_as_in_torch():
     assert issubclass(dist.ProcessGroupGloo, dist._Backend)
 
 
+def test_log_lines_name_the_global_rank(tmp_path):
+    # init_process_group sets it (torch's _set_global_rank); a raising completion hook logs.
+    script = tmp_path / "job.py"
+    script.write_text(
+        textwrap.dedent("""
+        import numpy as np
+        import c10d as dist
+        store = dist.TCPStore("127.0.0.1", 0, 1, True)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        def broken(info):
+            raise KeyError("hook failure")
+        dist.group.WORLD._register_on_completion_hook(broken)
+        dist.all_reduce(np.ones(2))
+        dist._set_global_rank(5)
+        dist.all_reduce(np.ones(2))
+        dist.destroy_process_group()
+        """)
+    )
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out
+    lines = [line for line in out.stderr.splitlines() if "hook failure" in line]
+    assert len(lines) == 2, out.stderr
+    assert lines[0].startswith("[c10d rank 0 WARNING]"), lines
+    assert lines[1].startswith("[c10d rank 5 WARNING]"), lines
+
+
 def test_completion_hooks_and_coalescing(world1):
     pg = dist.group.WORLD
     seen = []

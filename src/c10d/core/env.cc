@@ -39,6 +39,7 @@ LogLevel parse_log_level(const std::string& text) {
 
 std::atomic<int> g_debug_level{-1};  // -1: not read from the environment yet
 std::atomic<int> g_log_level{-1};
+std::atomic<int> g_log_rank{-1};
 
 }  // namespace
 
@@ -126,12 +127,17 @@ bool log_enabled(LogLevel level) {
   return static_cast<int>(level) >= threshold;
 }
 
+void set_log_rank(int rank) { g_log_rank.store(rank < 0 ? -1 : rank, std::memory_order_relaxed); }
+
 void log(LogLevel level, std::string_view message) {
   if (!log_enabled(level)) return;
   static constexpr const char* kNames[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
+  const int rank = g_log_rank.load(std::memory_order_relaxed);
   static std::mutex mutex;
   std::lock_guard lock(mutex);
-  std::cerr << "[c10d " << kNames[static_cast<int>(level)] << "] " << message << std::endl;
+  std::cerr << "[c10d ";
+  if (rank >= 0) std::cerr << "rank " << rank << ' ';
+  std::cerr << kNames[static_cast<int>(level)] << "] " << message << std::endl;
 }
 
 }  // namespace c10d::core

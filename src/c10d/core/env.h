@@ -100,8 +100,10 @@ void set_debug_level(DebugLevel level);
 void set_debug_level_from_env();
 std::string_view debug_level_name(DebugLevel level);
 
-// Minimal leveled logging to stderr with a "[c10d <level>]" prefix.
+// Minimal leveled logging to stderr with a "[c10d <level>]" prefix, "[c10d rank <r> <level>]"
+// once the process's global rank is known (set_log_rank; torch's _set_global_rank).
 enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+void set_log_rank(int rank);  // negative: unknown
 bool log_enabled(LogLevel level);
 void log(LogLevel level, std::string_view message);
 

@@ -246,6 +246,8 @@ void init_core(py::module_& m) {
       .value("INFO", core::DebugLevel::kInfo)
       .value("DETAIL", core::DebugLevel::kDetail);
   m.def("get_debug_level", &core::debug_level, "The current debug level.");
+  m.def("_set_global_rank", &core::set_log_rank, py::arg("rank"),
+        "The rank c10d's log lines name this process by (\"[c10d rank 3 WARNING] ...\").");
   m.def("set_debug_level", &core::set_debug_level, py::arg("level"), "Sets the debug level.");
   m.def("set_debug_level_from_env", &core::set_debug_level_from_env,
         "Sets the debug level from TORCH_DISTRIBUTED_DEBUG (OFF, INFO or DETAIL).");
