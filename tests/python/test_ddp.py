@@ -73,3 +73,91 @@ def test_numpy_training_example_converges_in_lockstep():
 
 def test_waits_on_futures_run_queued_reductions():
     harness.check_all_ok(harness.run("ddp_waits_run_queued_reductions", 2, "shm"))
+
+
+def _torch_ddp():
+    return harness.require_peer("torch").nn.parallel.DistributedDataParallel
+
+
+def test_constructor_takes_torchs_arguments_in_order_with_its_defaults():
+    import inspect
+
+    from c10d.parallel import DistributedDataParallel
+
+    theirs = inspect.signature(_torch_ddp().__init__).parameters
+    ours = inspect.signature(DistributedDataParallel.__init__).parameters
+    assert list(ours) == list(theirs)
+    for name, param in theirs.items():
+        assert ours[name].default == param.default, name
+        assert ours[name].kind == param.kind, name
+
+
+def test_has_torchs_commonly_used_methods_and_attributes():
+    from c10d.parallel import DistributedDataParallel
+
+    names = [
+        "no_sync",
+        "join",
+        "join_hook",
+        "join_device",
+        "join_process_group",
+        "register_comm_hook",
+        "_register_builtin_comm_hook",
+        "will_sync_module_buffers",
+        "broadcast_buffers",
+        "_set_static_graph",
+        "_get_ddp_logging_data",
+        "_set_params_and_buffers_to_ignore_for_model",
+        "_get_data_parallel_params",
+        "_update_process_group",
+        "_check_reducer_finalized",
+        "_remove_autograd_hooks",
+        "_set_ddp_runtime_logging_sample_rate",
+        "_set_sparse_metadata",
+        "_set_ddp_sink_clone",
+        "_delayed_all_reduce_hook",
+        "_register_delay_all_reduce_hook",
+        "_clear_grad_buffer",
+        "_distributed_rank",
+        "_find_common_rank",
+        "_sync_buffers",
+        "_sync_final_model",
+        "_sync_module_buffers",
+        "_default_broadcast_coalesced",
+        "_distributed_broadcast_coalesced",
+        "_assign_modules_buffers",
+        "_check_sync_bufs_pre_fwd",
+        "_check_sync_bufs_post_fwd",
+        "_get_active_ddp_module",
+        "_inside_ddp_forward",
+        "_active_ddp_module",
+        "_check_default_group",
+        "_get_parameters",
+        "_log_and_throw",
+        "scatter",
+        "gather",
+        "to_kwargs",
+    ]
+    torch_ddp = _torch_ddp()
+    for name in names:
+        assert hasattr(torch_ddp, name), f"torch has no {name}: update this list"
+        assert hasattr(DistributedDataParallel, name), name
+
+
+@pytest.mark.parametrize(
+    "case,world_size,backend",
+    [
+        ("ddp_torch_arguments", 1, "gloo"),
+        ("ddp_torch_arguments", 2, "gloo"),
+        ("ddp_torch_arguments", 3, "gloo"),
+        ("ddp_torch_arguments", 2, "shm"),
+        ("ddp_mixed_precision", 1, "gloo"),
+        ("ddp_mixed_precision", 2, "gloo"),
+        ("ddp_mixed_precision", 3, "shm"),
+    ],
+)
+def test_constructor_arguments_match_torch(case, world_size, backend, tmp_path):
+    """Each argument of torch's constructor, on c10d's model and torch's side by side."""
+    _torch_ddp()
+    env = {"C10D_TEST_TORCH_STORE": str(tmp_path / "torch_store")}
+    harness.check_all_ok(harness.run(case, world_size, backend, timeout=180, env=env))
