@@ -50,14 +50,15 @@ from .ddp import (  # noqa: F401
     ddp_comm_hooks,
     ddp_startup,
     ddp_torch_params,
+)
+from .ddp_module import (  # noqa: F401
     ddp_unused_without_detection,
     ddp_torch_module,
     ddp_logging_and_ignored,
     ddp_sparse,
     ddp_join,
-    ddp_torch_arguments,
-    ddp_mixed_precision,
 )
+from .ddp_torch import ddp_torch_arguments, ddp_mixed_precision  # noqa: F401
 from .mpi import (  # noqa: F401
     mpi_broken_group,
     mpi_rank_from_launcher,
