@@ -17,6 +17,7 @@ import c10d as dist
 
 def backend_of_world():
     from c10d import distributed_c10d as c
+
     return c._get_default_group()._get_backend("cpu")
 
 
@@ -53,8 +54,9 @@ def main():
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0
     # "default": no backend given (c10d picks: shm on one host, hier across hosts).
-    dist.init_process_group(None if backend == "default" else backend,
-                            timeout=timedelta(seconds=timeout))
+    dist.init_process_group(
+        None if backend == "default" else backend, timeout=timedelta(seconds=timeout)
+    )
     rank, world = dist.get_rank(), dist.get_world_size()
     if seconds == 0:
         check_collectives(rank, world)
@@ -62,8 +64,11 @@ def main():
         x = np.full(4, rank, np.int64)
         dist.all_reduce(x)
         assert (x == world * (world - 1) // 2).all(), x
-    print(f"{socket.gethostname()} rank {rank} of {world}: ok "
-          f"({dist.get_backend()}, {type(backend_of_world()).__name__})", flush=True)
+    print(
+        f"{socket.gethostname()} rank {rank} of {world}: ok "
+        f"({dist.get_backend()}, {type(backend_of_world()).__name__})",
+        flush=True,
+    )
     end = time.monotonic() + seconds
     y = np.ones(1 << 18, dtype=np.float32)
     try:

@@ -43,6 +43,7 @@ def import_c10d():
     while True:
         try:
             import c10d
+
             return c10d
         except ImportError:
             if time.monotonic() > deadline:
@@ -71,8 +72,10 @@ def sizes(op, world, rank):
     if kind == "reduce_scatter_tensor":
         return n, n * world
     if kind == "all_to_all_single":
-        return (sum(splits(op, world, j, rank) for j in range(world)),
-                sum(splits(op, world, rank, j) for j in range(world)))
+        return (
+            sum(splits(op, world, j, rank) for j in range(world)),
+            sum(splits(op, world, rank, j) for j in range(world)),
+        )
     return None, None
 
 
@@ -123,14 +126,20 @@ def expected(seed, index, op, world, rank, group_backend):
         return np.zeros(out_n, dtype), ins[rank], np.concatenate(ins)
     if kind == "reduce_scatter_tensor":
         ins = every(1, n * world)
-        return np.zeros(out_n, dtype), ins[rank], combine(ins, red, dtype)[rank * n:(rank + 1) * n]
+        return (
+            np.zeros(out_n, dtype),
+            ins[rank],
+            combine(ins, red, dtype)[rank * n : (rank + 1) * n],
+        )
     if kind == "all_to_all_single":
-        ins = [values(seed, index, r, 1, sum(splits(op, world, r, j) for j in range(world)), op)
-               for r in range(world)]
+        ins = [
+            values(seed, index, r, 1, sum(splits(op, world, r, j) for j in range(world)), op)
+            for r in range(world)
+        ]
         parts = []
         for j in range(world):
             start = sum(splits(op, world, j, k) for k in range(rank))
-            parts.append(ins[j][start:start + splits(op, world, j, rank)])
+            parts.append(ins[j][start : start + splits(op, world, j, rank)])
         return np.zeros(out_n, dtype), ins[rank], np.concatenate(parts).astype(dtype)
     raise ValueError(kind)
 
@@ -151,8 +160,9 @@ def owner_sizes(program):
             end += op["gap"] + in_n * item
         ends[slot] = max(ends.get(slot, 0), end)
     # A tail that is no multiple of the page, different per slot and program.
-    return {slot: end + 8 * ((program["seed"] + 97 * slot) % 700) + 40
-            for slot, end in ends.items()}
+    return {
+        slot: end + 8 * ((program["seed"] + 97 * slot) % 700) + 40 for slot, end in ends.items()
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,10 +174,15 @@ def mismatch(index, what, got, want):
     if wrong.size == 0:
         return None
     first = int(wrong[0])
-    return {"op": index, "what": what, "wrong": int(wrong.size), "of": int(got.size),
-            "first": first,
-            "got": got.flat[first].item() if first < got.size else None,
-            "want": want.flat[first].item() if first < want.size else None}
+    return {
+        "op": index,
+        "what": what,
+        "wrong": int(wrong.size),
+        "of": int(got.size),
+        "first": first,
+        "got": got.flat[first].item() if first < got.size else None,
+        "want": want.flat[first].item() if first < want.size else None,
+    }
 
 
 class Pending:
@@ -187,11 +202,18 @@ class Rank:
 
     def init(self, init_method):
         dist = self.dist
-        dist.init_process_group(self.backend, init_method=init_method, rank=self.rank,
-                                world_size=self.world, timeout=self.timeout)
-        self.groups = {"default": None,
-                       "gloo": dist.new_group(backend="gloo", timeout=self.timeout),
-                       "shm": dist.new_group(backend="shm", timeout=self.timeout)}
+        dist.init_process_group(
+            self.backend,
+            init_method=init_method,
+            rank=self.rank,
+            world_size=self.world,
+            timeout=self.timeout,
+        )
+        self.groups = {
+            "default": None,
+            "gloo": dist.new_group(backend="gloo", timeout=self.timeout),
+            "shm": dist.new_group(backend="shm", timeout=self.timeout),
+        }
 
     def group_backend(self, name):
         return self.backend if name == "default" else name
@@ -231,7 +253,7 @@ class Rank:
     def place(self, slot, lo, count, dtype):
         owner = self.owners[slot]
         nbytes = count * np.dtype(dtype).itemsize
-        return owner[lo:lo + nbytes].view(dtype), (slot, lo, lo + nbytes)
+        return owner[lo : lo + nbytes].view(dtype), (slot, lo, lo + nbytes)
 
     def step(self, index, op):
         kind = op["kind"]
@@ -251,8 +273,9 @@ class Rank:
             self.track(index, op, work, group_name, [], [])
             return
         dtype = DTYPES[op["dtype"]]
-        out0, in0, want = expected(self.seed, index, op, self.world, self.rank,
-                                   self.group_backend(group_name))
+        out0, in0, want = expected(
+            self.seed, index, op, self.world, self.rank, self.group_backend(group_name)
+        )
         ranges, checks = [], []
         if op.get("out") is None:
             out = out0.copy()
@@ -280,8 +303,9 @@ class Rank:
             self.shadow[slot][lo:hi] = arr.view(np.uint8)  # inputs stay; outputs overwritten
         checks.append(("output", out, want) + (ranges[0] if ranges else (None, 0, 0)))
         if inp is not None:
-            checks.append(("input", inp, in0.copy()) +
-                          (ranges[1] if len(ranges) > 1 else (None, 0, 0)))
+            checks.append(
+                ("input", inp, in0.copy()) + (ranges[1] if len(ranges) > 1 else (None, 0, 0))
+            )
         writer = None
         if op.get("writer") and ranges:
             writer = Writer(self.owners[ranges[0][0]], ranges, PACES[op["writer"]])
@@ -324,9 +348,13 @@ class Rank:
                 return dist.all_to_all_single(out, inp, group=group, async_op=asyn)
             w = self.world
             return dist.all_to_all_single(
-                out, inp, output_split_sizes=[splits(op, w, j, self.rank) for j in range(w)],
+                out,
+                inp,
+                output_split_sizes=[splits(op, w, j, self.rank) for j in range(w)],
                 input_split_sizes=[splits(op, w, self.rank, j) for j in range(w)],
-                group=group, async_op=asyn)
+                group=group,
+                async_op=asyn,
+            )
         raise ValueError(kind)
 
     def wait(self, work, group_name):
@@ -356,8 +384,9 @@ class Rank:
         for name in barrier_groups:
             self.dist.barrier(group=self.groups[name])
         # Every dropped op of a barrier's group is complete too (issued before the barrier).
-        done = [p for p in self.pending
-                if p in chosen or (p.work is None and p.group in barrier_groups)]
+        done = [
+            p for p in self.pending if p in chosen or (p.work is None and p.group in barrier_groups)
+        ]
         for p in done:
             self.pending.remove(p)
             self.check(p)
@@ -382,8 +411,9 @@ class Rank:
 
 
 def overlaps(a, b):
-    return any(sa == sb and lo_a < hi_b and lo_b < hi_a
-               for sa, lo_a, hi_a in a for sb, lo_b, hi_b in b)
+    return any(
+        sa == sb and lo_a < hi_b and lo_b < hi_a for sa, lo_a, hi_a in a for sb, lo_b, hi_b in b
+    )
 
 
 class Writer:
@@ -430,8 +460,10 @@ class Writer:
         self.done.set()
         self.thread.join(WRITER_JOIN_SECONDS)
         if self.thread.is_alive():
-            raise RuntimeError(f"rank {rank.rank} op {rank.current}: the writer thread did "
-                               f"not stop within {WRITER_JOIN_SECONDS}s")
+            raise RuntimeError(
+                f"rank {rank.rank} op {rank.current}: the writer thread did "
+                f"not stop within {WRITER_JOIN_SECONDS}s"
+            )
         if self.error is not None:
             raise self.error
 

@@ -17,8 +17,9 @@ TIMEOUT = timedelta(seconds=30)
 
 
 def env_init(rank, world, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
 
 
 def same(a, b, what, rounding=False):
@@ -31,8 +32,7 @@ def same(a, b, what, rounding=False):
             same(x, y, f"{what}[{i}]", rounding)
         return
     if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape,
-                                                            b.shape)
+        assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
         if rounding and (a.is_floating_point() or a.is_complex()):
             tol = 8 * torch.finfo(a.real.dtype).eps if rounding is True else rounding
             assert torch.allclose(a, b, rtol=tol, atol=tol), (what, (a - b).abs().max())
@@ -56,8 +56,12 @@ def run_all(group, rank, world):
         return torch.randint(-50, 50, shape, generator=g, dtype=dtype)
 
     for dtype in (torch.float32, torch.float64, torch.int64, torch.int32):
-        for op in (tdist.ReduceOp.SUM, tdist.ReduceOp.MAX, tdist.ReduceOp.MIN,
-                   tdist.ReduceOp.PRODUCT):
+        for op in (
+            tdist.ReduceOp.SUM,
+            tdist.ReduceOp.MAX,
+            tdist.ReduceOp.MIN,
+            tdist.ReduceOp.PRODUCT,
+        ):
             t = rnd(5, 3, dtype=dtype)
             tdist.all_reduce(t, op=op, group=group)
             out.append(t)
@@ -121,8 +125,9 @@ def run_all(group, rank, world):
     tdist.reduce_scatter_tensor(o, rnd(4 * world), group=group)
     out.append(o)
     o = torch.empty(4, dtype=torch.int64)
-    tdist.reduce_scatter_tensor(o, rnd(4 * world, dtype=torch.int64), op=tdist.ReduceOp.MAX,
-                                group=group)
+    tdist.reduce_scatter_tensor(
+        o, rnd(4 * world, dtype=torch.int64), op=tdist.ReduceOp.MAX, group=group
+    )
     out.append(o)
 
     o = torch.empty(2 * world)
@@ -236,8 +241,10 @@ def case_collectives(rank, world, port):
     import c10d.torch_backend  # noqa: F401
 
     gloo = tdist.new_group(backend="gloo")
-    groups = {name: tdist.new_group(backend=name, timeout=TIMEOUT)
-              for name in ("c10d_shm", "c10d_gloo", "c10d")}
+    groups = {
+        name: tdist.new_group(backend=name, timeout=TIMEOUT)
+        for name in ("c10d_shm", "c10d_gloo", "c10d")
+    }
     for name, group in groups.items():
         assert type(group).__name__ == "ProcessGroupC10d", (name, group)
         assert tdist.get_backend(group) == name
@@ -278,8 +285,13 @@ def case_default(rank, world, port):
 
 def make_model(seed):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                               torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 8),
+    )
 
 
 class TwoHeads(torch.nn.Module):
@@ -327,8 +339,12 @@ def train_unused(group, rank, steps, static_graph=False):
 
     torch.manual_seed(0)
     model = TwoHeads()
-    ddp = DDP(model, process_group=group, find_unused_parameters=not static_graph,
-              static_graph=static_graph)
+    ddp = DDP(
+        model,
+        process_group=group,
+        find_unused_parameters=not static_graph,
+        static_graph=static_graph,
+    )
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(7 + rank)
     for step in range(steps):
@@ -369,8 +385,12 @@ def compare_training(gloo, shm, rank, world):
     # Two ranks add in the one order there is; more may add in another order than Gloo, and
     # training carries those fp32 roundings along its steps.
     rounding = 1e-5 if world > 2 else False
-    variants = [{}, {"gradient_as_bucket_view": True}, {"hook": default_hooks.allreduce_hook},
-                {"hook": default_hooks.fp16_compress_hook}]
+    variants = [
+        {},
+        {"gradient_as_bucket_view": True},
+        {"hook": default_hooks.allreduce_hook},
+        {"hook": default_hooks.fp16_compress_hook},
+    ]
     if world > 2:  # the variants' own paths are covered at two ranks: keep the run short
         variants = variants[:1]
     for kwargs in variants:
@@ -378,10 +398,8 @@ def compare_training(gloo, shm, rank, world):
         b = train(shm, rank, 5, **dict(kwargs))
         same(b, a, f"ddp {sorted(kwargs)}", rounding)
     if world == 2:
-        same(train_unused(shm, rank, 4), train_unused(gloo, rank, 4),
-             "find_unused_parameters")
-        same(train_unused(shm, rank, 3, True), train_unused(gloo, rank, 3, True),
-             "static_graph")
+        same(train_unused(shm, rank, 4), train_unused(gloo, rank, 4), "find_unused_parameters")
+        same(train_unused(shm, rank, 3, True), train_unused(gloo, rank, 3, True), "static_graph")
     same(train_fsdp2(shm, rank, 3), train_fsdp2(gloo, rank, 3), "fully_shard", rounding)
     # Every rank ends with the same parameters.
     params = train(shm, rank, 3)
@@ -421,8 +439,9 @@ def case_mirror(rank, world, port):
     assert tdist.get_world_size() == world
     # The same group: c10d's default group under torch's.
     assert tdist.group.WORLD.c10d_group is dist.group.WORLD
-    data = TensorDataset(torch.arange(40, dtype=torch.float32).view(20, 2),
-                         torch.arange(20, dtype=torch.float32))
+    data = TensorDataset(
+        torch.arange(40, dtype=torch.float32).view(20, 2), torch.arange(20, dtype=torch.float32)
+    )
     sampler = DistributedSampler(data, shuffle=True, seed=3)
     assert sampler.rank == rank and sampler.num_replicas == world
     mine = sorted(int(i) for i in sampler)
@@ -434,8 +453,9 @@ def case_mirror(rank, world, port):
         model = make_model(0)
         ddp = DDP(model)
         if zero:
-            opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
-                                          lr=0.05)
+            opt = ZeroRedundancyOptimizer(
+                ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.05
+            )
         else:
             opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         g = torch.Generator().manual_seed(5 + rank)

@@ -22,8 +22,10 @@ TIMEOUT = timedelta(seconds=60)
 def ports(rank, directory):
     path = os.path.join(directory, "ports.json")
     if rank == 0:
-        servers = (c10d.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False),
-                   tdist.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False))
+        servers = (
+            c10d.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False),
+            tdist.TCPStore("127.0.0.1", 0, None, True, TIMEOUT, wait_for_workers=False),
+        )
         with open(path + ".tmp", "w") as f:
             json.dump([s.port for s in servers], f)
         os.rename(path + ".tmp", path)
@@ -44,10 +46,10 @@ def main():
     # torch's group rendezvous through c10d's server, c10d's through torch's.
     torch_store = tdist.TCPStore("127.0.0.1", c10d_port, None, False, TIMEOUT)
     c10d_store = c10d.TCPStore("127.0.0.1", torch_port, None, False, TIMEOUT)
-    tdist.init_process_group("gloo", store=torch_store, rank=rank, world_size=world,
-                             timeout=TIMEOUT)
-    c10d.init_process_group("gloo", store=c10d_store, rank=rank, world_size=world,
-                            timeout=TIMEOUT)
+    tdist.init_process_group(
+        "gloo", store=torch_store, rank=rank, world_size=world, timeout=TIMEOUT
+    )
+    c10d.init_process_group("gloo", store=c10d_store, rank=rank, world_size=world, timeout=TIMEOUT)
     expected = sum(range(1, world + 1))
     for n in (1, 1000, 1 << 18):
         t = torch.full((n,), float(rank + 1))
@@ -70,8 +72,9 @@ def main():
     ours = [torch.empty(3) for _ in range(world)]
     c10d.all_gather(ours, torch.full((3,), float(rank)))
     for r in range(world):
-        assert torch.equal(gathered[r], torch.full((3,), float(r))) and torch.equal(ours[r],
-                                                                                    gathered[r])
+        assert torch.equal(gathered[r], torch.full((3,), float(r))) and torch.equal(
+            ours[r], gathered[r]
+        )
     tdist.barrier()
     c10d.barrier()
     c10d.destroy_process_group()

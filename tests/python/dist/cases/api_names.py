@@ -9,27 +9,43 @@ def _autograd_cases(rank: int, world: int):
     """(name, function of (funcol, group, x)) pairs; x is this rank's input, requiring grad."""
     sizes_out = [r + 1 for r in range(world)]  # rank r sends r + 1 rows to each rank
     return [
-        ("all_gather_tensor_autograd dim 0",
-         lambda fc, g, x: fc.all_gather_tensor_autograd(x, 0, g)),
-        ("all_gather_tensor_autograd dim 1",
-         lambda fc, g, x: fc.all_gather_tensor_autograd(x, 1, g)),
+        (
+            "all_gather_tensor_autograd dim 0",
+            lambda fc, g, x: fc.all_gather_tensor_autograd(x, 0, g),
+        ),
+        (
+            "all_gather_tensor_autograd dim 1",
+            lambda fc, g, x: fc.all_gather_tensor_autograd(x, 1, g),
+        ),
         ("all_gather_tensor dim 0", lambda fc, g, x: fc.all_gather_tensor(x, 0, g)),
-        ("reduce_scatter_tensor_autograd dim 0",
-         lambda fc, g, x: fc.reduce_scatter_tensor_autograd(x, "sum", 0, g)),
-        ("reduce_scatter_tensor_autograd dim 1",
-         lambda fc, g, x: fc.reduce_scatter_tensor_autograd(x, "sum", 1, g)),
+        (
+            "reduce_scatter_tensor_autograd dim 0",
+            lambda fc, g, x: fc.reduce_scatter_tensor_autograd(x, "sum", 0, g),
+        ),
+        (
+            "reduce_scatter_tensor_autograd dim 1",
+            lambda fc, g, x: fc.reduce_scatter_tensor_autograd(x, "sum", 1, g),
+        ),
         ("reduce_scatter_tensor avg", lambda fc, g, x: fc.reduce_scatter_tensor(x, "avg", 0, g)),
-        ("all_to_all_single_autograd even",
-         lambda fc, g, x: fc.all_to_all_single_autograd(x, None, None, g)),
-        ("all_to_all_single_autograd uneven",
-         lambda fc, g, x: fc.all_to_all_single_autograd(
-             x[:world * (rank + 1)], sizes_out, [rank + 1] * world, g)),
+        (
+            "all_to_all_single_autograd even",
+            lambda fc, g, x: fc.all_to_all_single_autograd(x, None, None, g),
+        ),
+        (
+            "all_to_all_single_autograd uneven",
+            lambda fc, g, x: fc.all_to_all_single_autograd(
+                x[: world * (rank + 1)], sizes_out, [rank + 1] * world, g
+            ),
+        ),
         ("all_reduce sum", lambda fc, g, x: fc.all_reduce(x, "sum", g)),
         ("all_reduce max", lambda fc, g, x: fc.all_reduce(x, "max", g)),
         ("broadcast", lambda fc, g, x: fc.broadcast(x, world - 1, g)),
-        ("permute_tensor",
-         lambda fc, g, x: fc.permute_tensor(x.reshape(-1), [(i + 1) % world for i in range(world)],
-                                            g)),
+        (
+            "permute_tensor",
+            lambda fc, g, x: fc.permute_tensor(
+                x.reshape(-1), [(i + 1) % world for i in range(world)], g
+            ),
+        ),
         ("all_reduce_coalesced", lambda fc, g, x: fc.all_reduce_coalesced([x, x * 2], "sum", g)[1]),
         ("wait_tensor", lambda fc, g, x: fc.wait_tensor(fc.all_reduce(x, "sum", g))),
     ]
@@ -66,8 +82,8 @@ def functional_autograd_matches_torch(dist, backend):
             got = _outcome(torch, cfc, dist.group.WORLD, fn, rank)
             # c10d's errors may derive from several of torch's types: torch's must be one.
             assert (want[2] is None) == (got[2] is None) and (
-                want[2] is None or isinstance(got[2], type(want[2]))), \
-                f"{name}: torch raised {want[2]!r}, c10d {got[2]!r}"
+                want[2] is None or isinstance(got[2], type(want[2]))
+            ), f"{name}: torch raised {want[2]!r}, c10d {got[2]!r}"
             if want[2] is None:
                 assert torch.equal(want[0], got[0]), f"{name} forward: {want[0]} != {got[0]}"
                 assert torch.equal(want[1], got[1]), f"{name} grad: {want[1]} != {got[1]}"
@@ -100,6 +116,7 @@ def coalescing_fuses_all_reduces(dist, backend):
     assert outs[1].tolist() == [float(r) for r in range(world)], outs
     dist.barrier()
     import time
+
     deadline = time.monotonic() + 10
     while dist.OpType.ALLREDUCE_COALESCED not in seen and time.monotonic() < deadline:
         time.sleep(0.01)

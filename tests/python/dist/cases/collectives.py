@@ -36,6 +36,7 @@ def inline_all_reduce(dist, backend):
     import json
 
     import c10d
+
     rank, world = dist.get_rank(), dist.get_world_size()
     pg = dist.group.WORLD
     before = pg._get_sequence_number_for_group()
@@ -139,31 +140,56 @@ def all_reduce_errors(dist, backend):
     c = np.ones(4, dtype=np.complex64)
     for op in [dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT]:
         _raises(ValueError, lambda: dist.all_reduce(c, op=op), "complex MAX")
-    _raises(ValueError, lambda: dist.all_reduce(np.ones(4, np.float32), op=dist.ReduceOp.BAND),
-            "BAND on float")
+    _raises(
+        ValueError,
+        lambda: dist.all_reduce(np.ones(4, np.float32), op=dist.ReduceOp.BAND),
+        "BAND on float",
+    )
     # In torch's words.
     complex_max = "all_reduce does not support MAX on complex tensors"
     _raises(ValueError, lambda: dist.all_reduce(c, op=dist.ReduceOp.MAX), "complex", complex_max)
-    _raises(ValueError, lambda: dist.all_reduce_coalesced([np.ones(2, np.float32), c],
-                                                          op=dist.ReduceOp.MAX),
-            "complex in a list", complex_max)
-    _raises(ValueError, lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.BOR), "BOR",
-            "Cannot use ReduceOp.BOR with non-integral dtype")
+    _raises(
+        ValueError,
+        lambda: dist.all_reduce_coalesced([np.ones(2, np.float32), c], op=dist.ReduceOp.MAX),
+        "complex in a list",
+        complex_max,
+    )
+    _raises(
+        ValueError,
+        lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.BOR),
+        "BOR",
+        "Cannot use ReduceOp.BOR with non-integral dtype",
+    )
     # PREMUL_SUM needs its factor, and a floating dtype (as torch's NCCL); a bare one used to
     # sum unscaled.
-    _raises(ValueError, lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.PREMUL_SUM),
-            "PREMUL_SUM without a factor", "needs its factor")
-    _raises(ValueError, lambda: dist.all_reduce(np.ones(4, np.int32),
-                                                op=dist._make_nccl_premul_sum(2.0)),
-            "PREMUL_SUM on int32", "PREMUL_SUM is not supported for int32")
+    _raises(
+        ValueError,
+        lambda: dist.all_reduce(np.ones(4), op=dist.ReduceOp.PREMUL_SUM),
+        "PREMUL_SUM without a factor",
+        "needs its factor",
+    )
+    _raises(
+        ValueError,
+        lambda: dist.all_reduce(np.ones(4, np.int32), op=dist._make_nccl_premul_sum(2.0)),
+        "PREMUL_SUM on int32",
+        "PREMUL_SUM is not supported for int32",
+    )
     # A bad element of a list is named by its index, in one sentence.
-    _raises(TypeError, lambda: dist.all_reduce([1.0, 2.0]), "a list as the tensor",
-            "Invalid function argument. allreduce[0]: expected a tensor")
+    _raises(
+        TypeError,
+        lambda: dist.all_reduce([1.0, 2.0]),
+        "a list as the tensor",
+        "Invalid function argument. allreduce[0]: expected a tensor",
+    )
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         dist.all_reduce_coalesced([np.ones(2)])
-    assert any(issubclass(w.category, FutureWarning) and issubclass(w.category, UserWarning)
-               and "all_reduce_coalesced is deprecated" in str(w.message) for w in seen), seen
+    assert any(
+        issubclass(w.category, FutureWarning)
+        and issubclass(w.category, UserWarning)
+        and "all_reduce_coalesced is deprecated" in str(w.message)
+        for w in seen
+    ), seen
     # A list mixing real and complex tensors reduces in one call (complex as pairs of reals).
     mixed = [np.ones(3, np.float32), np.full(2, (1 + 2j) * rank, np.complex64)]
     dist.all_reduce_coalesced(mixed)
@@ -192,8 +218,12 @@ def broadcast_reduce(dist, backend):
                 t = xs[rank].copy()
                 dist.reduce(t, dst=root, op=dist.ReduceOp.SUM)
                 if rank == root:
-                    _close(t, _expected(dist.ReduceOp.SUM, dist, xs, dtype), dtype,
-                           f"reduce {dtype} n={n} root={root}")
+                    _close(
+                        t,
+                        _expected(dist.ReduceOp.SUM, dist, xs, dtype),
+                        dtype,
+                        f"reduce {dtype} n={n} root={root}",
+                    )
     t = np.zeros(2)
     _raises(ValueError, lambda: dist.broadcast(t, src=world), "broadcast from a bad rank")
 
@@ -230,14 +260,20 @@ def gathers(dist, backend):
     assert all(a is b for a, b in zip(work.result(), outs))
     if world > 1:
         bad = [np.zeros(r + 1, np.int32) for r in range(world)]
-        _raises(ValueError, lambda: dist.all_gather(bad, np.zeros(rank + 2, np.int32)),
-                "an uneven all_gather whose own output does not fit the input")
+        _raises(
+            ValueError,
+            lambda: dist.all_gather(bad, np.zeros(rank + 2, np.int32)),
+            "an uneven all_gather whose own output does not fit the input",
+        )
         # Only rank 0's list is wrong (torch's gloo check): every rank raises, none waits.
         outs = [np.zeros(r + 1, np.int32) for r in range(world)]
         if rank == 0:
             outs[-1] = np.zeros(world + 5, np.int32)
-        _raises(ValueError, lambda: dist.all_gather(outs, np.zeros(rank + 1, np.int32)),
-                "an uneven all_gather with a wrong list on rank 0")
+        _raises(
+            ValueError,
+            lambda: dist.all_gather(outs, np.zeros(rank + 1, np.int32)),
+            "an uneven all_gather with a wrong list on rank 0",
+        )
         dist.barrier()
     # Coalesced all_gather of two tensors of different shapes.
     a, b = np.full(2, rank, np.int64), np.full((2, 3), rank * 10, np.int64)
@@ -247,24 +283,40 @@ def gathers(dist, backend):
         assert (outs[r][0] == r).all() and (outs[r][1] == r * 10).all()
     # Real and complex tensors in one list.
     outs = [[np.zeros(2, np.float32), np.zeros(1, np.complex64)] for _ in range(world)]
-    dist.all_gather_coalesced(outs, [np.full(2, rank, np.float32), np.full(1, 1j * rank,
-                                                                          np.complex64)])
+    dist.all_gather_coalesced(
+        outs, [np.full(2, rank, np.float32), np.full(1, 1j * rank, np.complex64)]
+    )
     assert all((outs[r][0] == r).all() and outs[r][1][0] == 1j * r for r in range(world)), outs
     # Argument rules.
     x = np.zeros(3)
     if world > 1:
         other = (rank + 1) % world
-        _raises(ValueError, lambda: dist.gather(x, [np.zeros(3)] * world, dst=other),
-                "gather_list on a non-destination rank")
-        _raises(ValueError, lambda: dist.scatter(x, [np.zeros(3)] * world, src=other),
-                "scatter_list on a non-source rank")
+        _raises(
+            ValueError,
+            lambda: dist.gather(x, [np.zeros(3)] * world, dst=other),
+            "gather_list on a non-destination rank",
+        )
+        _raises(
+            ValueError,
+            lambda: dist.scatter(x, [np.zeros(3)] * world, src=other),
+            "scatter_list on a non-source rank",
+        )
     _raises(ValueError, lambda: dist.gather(x, None, dst=rank), "no gather_list on dst")
-    _raises(ValueError, lambda: dist.all_gather([np.zeros(3)] * (world + 1), x),
-            "all_gather list too long")
-    _raises(ValueError, lambda: dist.all_gather([np.zeros(3, np.int32)] * world, x),
-            "all_gather dtype mismatch")
-    _raises(ValueError, lambda: dist.all_gather_into_tensor(np.zeros(3 * world + 1), x),
-            "all_gather_into_tensor size mismatch")
+    _raises(
+        ValueError,
+        lambda: dist.all_gather([np.zeros(3)] * (world + 1), x),
+        "all_gather list too long",
+    )
+    _raises(
+        ValueError,
+        lambda: dist.all_gather([np.zeros(3, np.int32)] * world, x),
+        "all_gather dtype mismatch",
+    )
+    _raises(
+        ValueError,
+        lambda: dist.all_gather_into_tensor(np.zeros(3 * world + 1), x),
+        "all_gather_into_tensor size mismatch",
+    )
     _raises(TypeError, lambda: dist.all_gather(x, x), "all_gather output not a list")
 
 
@@ -274,20 +326,27 @@ def reduce_scatters(dist, backend):
         for n in [0, 1, 5]:
             # Rank r's input list: world chunks of n.
             lists = [_inputs(dtype, n * world, world, salt=s) for s in range(1)][0]
-            ops = [dist.ReduceOp.SUM, dist.ReduceOp.AVG] if dtype == np.complex64 else \
-                [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN]
+            ops = (
+                [dist.ReduceOp.SUM, dist.ReduceOp.AVG]
+                if dtype == np.complex64
+                else [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN]
+            )
             for op in ops:
                 exp_full = _expected(op, dist, lists, dtype)
                 out = np.zeros(n, dtype)
-                chunks = [lists[rank][i * n:(i + 1) * n].copy() for i in range(world)]
+                chunks = [lists[rank][i * n : (i + 1) * n].copy() for i in range(world)]
                 dist.reduce_scatter(out, chunks, op=op)
-                _close(out, exp_full[rank * n:(rank + 1) * n], dtype, f"reduce_scatter {op}")
+                _close(out, exp_full[rank * n : (rank + 1) * n], dtype, f"reduce_scatter {op}")
                 out2 = np.zeros(n, dtype)
                 dist.reduce_scatter_tensor(out2, lists[rank].copy(), op=op)
-                _close(out2, exp_full[rank * n:(rank + 1) * n], dtype,
-                       f"reduce_scatter_tensor {op}")
-    _raises(ValueError, lambda: dist.reduce_scatter_tensor(np.zeros(2), np.zeros(2 * world + 1)),
-            "reduce_scatter_tensor size mismatch")
+                _close(
+                    out2, exp_full[rank * n : (rank + 1) * n], dtype, f"reduce_scatter_tensor {op}"
+                )
+    _raises(
+        ValueError,
+        lambda: dist.reduce_scatter_tensor(np.zeros(2), np.zeros(2 * world + 1)),
+        "reduce_scatter_tensor size mismatch",
+    )
 
 
 def all_to_alls(dist, backend):
@@ -311,17 +370,23 @@ def all_to_alls(dist, backend):
         inp2 = np.full((world, 3), rank, dtype)
         out2 = np.zeros((world, 3), dtype)
         dist.all_to_all_single(out2, inp2)
-        _close(out2, np.repeat(np.arange(world), 3).reshape(world, 3).astype(dtype), dtype,
-               "all_to_all_single 2-D")
+        _close(
+            out2,
+            np.repeat(np.arange(world), 3).reshape(world, 3).astype(dtype),
+            dtype,
+            "all_to_all_single 2-D",
+        )
         # List form with different sizes per peer.
         ins = [np.full(j + 1, 10 * rank + j, dtype) for j in range(world)]
         outs = [np.zeros(rank + 1, dtype) for _ in range(world)]
         dist.all_to_all(outs, ins)
         for j in range(world):
             _close(outs[j], np.full(rank + 1, 10 * j + rank, dtype), dtype, "all_to_all list")
-    _raises(ValueError, lambda: dist.all_to_all_single(np.zeros(world), np.zeros(world),
-                                                       [1] * world, [2] * world),
-            "splits that do not sum to the size")
+    _raises(
+        ValueError,
+        lambda: dist.all_to_all_single(np.zeros(world), np.zeros(world), [1] * world, [2] * world),
+        "splits that do not sum to the size",
+    )
 
 
 def strided_arrays(dist, backend):
@@ -363,15 +428,21 @@ def strided_arrays(dist, backend):
     dist.reduce_scatter(out, [grid(rank) + r for r in range(world)])
     assert np.array_equal(out, grid(0) * total + world * rank), out
     out = np.zeros((4, 3), np.float32).T
-    dist.reduce_scatter_tensor(out, np.asfortranarray(
-        np.concatenate([grid(rank) + r for r in range(world)])))
+    dist.reduce_scatter_tensor(
+        out, np.asfortranarray(np.concatenate([grid(rank) + r for r in range(world)]))
+    )
     assert np.array_equal(out, grid(0) * total + world * rank), out
-    src = np.asfortranarray(np.arange(world * 2 * 3, dtype=np.int32).reshape(world * 2, 3)
-                            + 100 * rank)
+    src = np.asfortranarray(
+        np.arange(world * 2 * 3, dtype=np.int32).reshape(world * 2, 3) + 100 * rank
+    )
     out = np.zeros((3, world * 2), np.int32).T
     dist.all_to_all_single(out, src)
-    want = np.concatenate([np.arange(world * 2 * 3).reshape(world * 2, 3)[2 * rank:2 * rank + 2]
-                           + 100 * r for r in range(world)])
+    want = np.concatenate(
+        [
+            np.arange(world * 2 * 3).reshape(world * 2, 3)[2 * rank : 2 * rank + 2] + 100 * r
+            for r in range(world)
+        ]
+    )
     assert np.array_equal(out, want), out
     root = world - 1
     gathered = [np.zeros((4, 3), np.float32).T for _ in range(world)] if rank == root else None
@@ -383,15 +454,18 @@ def strided_arrays(dist, backend):
     if world > 1:
         t = grid(rank)
         peer = (rank + 1) % world
-        _raises(ValueError, lambda: dist.send(t, peer) if rank % 2 == 0 else dist.recv(t, peer),
-                "a send or receive of a transposed array")
+        _raises(
+            ValueError,
+            lambda: dist.send(t, peer) if rank % 2 == 0 else dist.recv(t, peer),
+            "a send or receive of a transposed array",
+        )
     try:
         import torch
     except ImportError:
         return
-    t = torch.arange(12.).reshape(3, 4).t() * (rank + 1)
+    t = torch.arange(12.0).reshape(3, 4).t() * (rank + 1)
     dist.all_reduce(t)
-    assert torch.equal(t, torch.arange(12.).reshape(3, 4).t() * total), t
+    assert torch.equal(t, torch.arange(12.0).reshape(3, 4).t() * total), t
 
 
 def writes_beside_outputs(dist, backend):
@@ -402,7 +476,7 @@ def writes_beside_outputs(dist, backend):
 
     def sliced(total):
         owner = np.zeros(total + 2 * head + n, np.float32)
-        return owner, owner[head:head + total], [owner[:head], owner[head + total:]]
+        return owner, owner[head : head + total], [owner[:head], owner[head + total :]]
 
     def run(what, total, start, check, async_op):
         owner, out, rest = sliced(total)
@@ -440,34 +514,50 @@ def writes_beside_outputs(dist, backend):
     def equal(want):
         def check(out, what):
             assert np.array_equal(out, want), what
+
         return check
 
     total_world = sum(range(1, world + 1))
     for async_op in (False, True):
+
         def reduce_all(out):
             out[:] = rank + 1
             return lambda a: dist.all_reduce(out, async_op=a)
+
         run("all_reduce", n, reduce_all, equal(np.full(n, total_world, np.float32)), async_op)
 
         def bcast(out):
             out[:] = np.arange(n) if rank == 0 else -1
             return lambda a: dist.broadcast(out, 0, async_op=a)
+
         run("broadcast", n, bcast, equal(np.arange(n, dtype=np.float32)), async_op)
 
         src = np.full(n, rank + 1, np.float32)
-        run("all_gather_into_tensor", n * world,
+        run(
+            "all_gather_into_tensor",
+            n * world,
             lambda out: lambda a: dist.all_gather_into_tensor(out, src, async_op=a),
-            equal(np.repeat(np.arange(1, world + 1, dtype=np.float32), n)), async_op)
+            equal(np.repeat(np.arange(1, world + 1, dtype=np.float32), n)),
+            async_op,
+        )
 
         big = np.arange(n * world, dtype=np.float32) + rank
-        want = (np.arange(n * world, dtype=np.float32) * world + sum(range(world)))
-        want = want[rank * n:(rank + 1) * n]
-        run("reduce_scatter_tensor", n,
+        want = np.arange(n * world, dtype=np.float32) * world + sum(range(world))
+        want = want[rank * n : (rank + 1) * n]
+        run(
+            "reduce_scatter_tensor",
+            n,
             lambda out: lambda a: dist.reduce_scatter_tensor(out, big, async_op=a),
-            equal(want), async_op)
+            equal(want),
+            async_op,
+        )
 
         parts = np.repeat(np.arange(world, dtype=np.float32) + 10 * rank, n // world)
         want = np.repeat(np.arange(world, dtype=np.float32) * 10 + rank, n // world)
-        run("all_to_all_single", n // world * world,
+        run(
+            "all_to_all_single",
+            n // world * world,
             lambda out: lambda a: dist.all_to_all_single(out, parts, async_op=a),
-            equal(want), async_op)
+            equal(want),
+            async_op,
+        )

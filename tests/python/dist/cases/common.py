@@ -11,7 +11,7 @@ def _inputs(dtype, n, world, salt=0):
     out = []
     for r in range(world):
         if dtype == np.bool_:
-            a = ((np.arange(n) + r + salt) % 3 == 0)
+            a = (np.arange(n) + r + salt) % 3 == 0
         elif np.issubdtype(dtype, np.complexfloating):
             a = (np.arange(n) % 5 + r + 1) + 1j * (np.arange(n) % 3 - r)
         else:
@@ -65,8 +65,17 @@ def _close(actual, expected, dtype, what):
         np.testing.assert_array_equal(actual, expected, err_msg=what)
 
 
-DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8, np.int8, np.bool_,
-          np.complex64]
+DTYPES = [
+    np.float32,
+    np.float64,
+    np.float16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.int8,
+    np.bool_,
+    np.complex64,
+]
 
 
 def _raises(exc, fn, what, words=None):
@@ -77,5 +86,5 @@ def _raises(exc, fn, what, words=None):
         assert words is None or words in str(e), f"{what}: {words!r} not in {e}"
         return
     except Exception as e:
-        raise AssertionError(f"{what}: expected {exc.__name__}, got {type(e).__name__}: {e}")
+        raise AssertionError(f"{what}: expected {exc.__name__}, got {type(e).__name__}: {e}") from e
     raise AssertionError(f"{what}: expected {exc.__name__}, nothing raised")

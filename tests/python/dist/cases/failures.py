@@ -91,6 +91,7 @@ def barrier_timeout_words(dist, backend):
     """The last rank skips a barrier: the others time out with torch's words around them (its
     tests match " (Timed out|closed|timeout) ")."""
     import re
+
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == world - 1:
         time.sleep(5)
@@ -117,8 +118,11 @@ def detail_missing_rank(dist, backend):
     try:
         dist.all_reduce(t)
     except RuntimeError as e:
-        words = (f"Rank {world - 1} failed to pass monitoredBarrier" if rank == 0 else
-                 f"Rank {rank} successfully reached monitoredBarrier")
+        words = (
+            f"Rank {world - 1} failed to pass monitoredBarrier"
+            if rank == 0
+            else f"Rank {rank} successfully reached monitoredBarrier"
+        )
         assert words in str(e), e
         print("DETAIL_MISSING_OK", e)
     else:
@@ -137,8 +141,10 @@ def monitored_barrier_reports(dist, backend):
         if rank == 0:
             assert f"Rank {world - 1} failed to pass monitoredBarrier in 2000 ms" in str(e), e
         else:  # torch's words on the other ranks
-            assert f"Rank {rank} successfully reached monitoredBarrier, but received errors " \
-                   f"while waiting for send/recv from rank 0" in str(e), e
+            assert (
+                f"Rank {rank} successfully reached monitoredBarrier, but received errors "
+                f"while waiting for send/recv from rank 0" in str(e)
+            ), e
         print(f"MONITORED_OK: {e}")
     else:
         raise AssertionError("monitored_barrier passed with a rank missing")
@@ -220,8 +226,9 @@ def desync_detail(dist, backend):
             dist.all_reduce(np.zeros(4, np.float32))
     except RuntimeError as e:
         msg = str(e)
-        assert "mismatch" in msg and "broadcast(float32[4]" in msg and \
-            "all_reduce(float32[4]" in msg, msg
+        assert (
+            "mismatch" in msg and "broadcast(float32[4]" in msg and "all_reduce(float32[4]" in msg
+        ), msg
         print("DESYNC_OK:", msg)
         return
     raise AssertionError("mismatched collectives were not detected")
@@ -255,6 +262,7 @@ def trace_hang(dist, backend):
     instead. Rank 0 times out (C10D_TEST_PG_TIMEOUT) and both ranks write their flight-recorder
     dumps to C10D_TRACE_DUMP_DIR: rank 0 on the failure, rank 1 when asked through the store."""
     import os
+
     rank = dist.get_rank()
     side = dist.new_group([0, 1], timeout=timedelta(seconds=60))
     t = np.ones(4, np.float32)

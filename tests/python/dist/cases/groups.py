@@ -77,7 +77,7 @@ def subgroups(dist, backend):
         assert t[0] == sum(odd)
     # split_group: the parent's ranks in halves (the second may be empty), rank 0 left out.
     rest = list(range(1, world))
-    halves = [h for h in (rest[:len(rest) // 2], rest[len(rest) // 2:]) if h]
+    halves = [h for h in (rest[: len(rest) // 2], rest[len(rest) // 2 :]) if h]
     if halves:
         g = dist.split_group(split_ranks=halves)
         if rank == 0:
@@ -126,13 +126,25 @@ def state_queries(dist, backend):
     else:
         raise AssertionError("a second init_process_group did not raise")
     # torch's words for bad arguments.
-    _raises(ValueError, lambda: dist.new_group([world]), "rank outside",
-            "The new group's rank should be within the the world_size")
-    _raises(TypeError, lambda: dist.barrier(device_ids=0), "device_ids",
-            "device_ids type should be List[int]")
+    _raises(
+        ValueError,
+        lambda: dist.new_group([world]),
+        "rank outside",
+        "The new group's rank should be within the the world_size",
+    )
+    _raises(
+        TypeError,
+        lambda: dist.barrier(device_ids=0),
+        "device_ids",
+        "device_ids type should be List[int]",
+    )
     _raises(TypeError, lambda: dist.all_reduce("x"), "a str", "Invalid function argument")
-    _raises(ValueError, lambda: dist.gather_object(1, None, dst=rank), "no gather list",
-            "Argument ``gather_list`` must be specified on destination rank")
+    _raises(
+        ValueError,
+        lambda: dist.gather_object(1, None, dst=rank),
+        "no gather list",
+        "Argument ``gather_list`` must be specified on destination rank",
+    )
     # The private helpers torch-based tools call.
     dc = dist.distributed_c10d
     sub = dist.new_group(list(range(world))[::-1])  # sorted, as in torch
@@ -164,6 +176,7 @@ def device_mesh(dist, backend):
     """init_device_mesh: a group along every dimension, coordinates, sub-meshes, and the
     functional collectives over a mesh or (mesh, dim)."""
     from c10d import _functional_collectives as funcol
+
     rank, world = dist.get_rank(), dist.get_world_size()
     line = dist.init_device_mesh("cpu", (world,))
     assert line.ndim == 1 and line.size() == world and line.get_local_rank() == rank
@@ -228,21 +241,37 @@ def backend_object_checks(dist, backend):
     opts = dist.ReduceOptions()
     opts.rootTensor = 1
     refused("invalid root tensor", lambda: raw.reduce([t1], opts))
-    refused("requires a single-element tensor list",
-            lambda: raw.reduce([t1, t1], dist.ReduceOptions()))
-    refused("requires a single-element input tensor list",
-            lambda: raw.gather([[t1] * world], [], dist.GatherOptions()))
+    refused(
+        "requires a single-element tensor list", lambda: raw.reduce([t1, t1], dist.ReduceOptions())
+    )
+    refused(
+        "requires a single-element input tensor list",
+        lambda: raw.gather([[t1] * world], [], dist.GatherOptions()),
+    )
     if world > 1:
-        refused("requires empty output on non-root", lambda: raw.gather(
-            [[t1] * world], [t1], _root_opts(dist.GatherOptions(), 1 - min(rank, 1))))
-        refused("Incorrect input list size 1. Input list size should be",
-                lambda: raw.scatter([t1], [[t1]], dist.ScatterOptions()) if rank == 0 else
-                raw.scatter([t1], [[t1]], _root_opts(dist.ScatterOptions(), rank)))
+        refused(
+            "requires empty output on non-root",
+            lambda: raw.gather(
+                [[t1] * world], [t1], _root_opts(dist.GatherOptions(), 1 - min(rank, 1))
+            ),
+        )
+        refused(
+            "Incorrect input list size 1. Input list size should be",
+            lambda: (
+                raw.scatter([t1], [[t1]], dist.ScatterOptions())
+                if rank == 0
+                else raw.scatter([t1], [[t1]], _root_opts(dist.ScatterOptions(), rank))
+            ),
+        )
         refused("takes a single tensor", lambda: raw.send([t1, t1], 1 - min(rank, 1), 0))
-    refused("requires input/output tensor lists to have the same length",
-            lambda: raw.allgather([], [t1], dist.AllgatherOptions()))
-    refused("invalid output tensor list",
-            lambda: raw.allgather([[t1] * (world + 1)], [t1], dist.AllgatherOptions()))
+    refused(
+        "requires input/output tensor lists to have the same length",
+        lambda: raw.allgather([], [t1], dist.AllgatherOptions()),
+    )
+    refused(
+        "invalid output tensor list",
+        lambda: raw.allgather([[t1] * (world + 1)], [t1], dist.AllgatherOptions()),
+    )
     # The backend still works, strided arrays included.
     t = np.asfortranarray(np.full((2, 3), rank + 1, np.float32))
     raw.allreduce([t], dist.AllreduceOptions()).wait()

@@ -33,14 +33,18 @@ def torch_interop(dist, backend):
     tt = torch.full((4, 2), float(rank + 1)).t()  # non-contiguous: staged and written back
     dist.all_reduce(tt)
     assert torch.all(tt == world * (world + 1) / 2) and not tt.is_contiguous(), tt
-    _raises(ValueError, lambda: dist.send(tt, (rank + 1) % world) if world > 1 else
-            dist.send(tt, 1), "non-contiguous torch send")
+    _raises(
+        ValueError,
+        lambda: dist.send(tt, (rank + 1) % world) if world > 1 else dist.send(tt, 1),
+        "non-contiguous torch send",
+    )
     # Every synchronous form takes torch tensors (the inline path where there is one).
     x = torch.full((world, 3), float(rank), dtype=torch.float64)
     y = torch.zeros(world, 3, dtype=torch.float64)
     dist.all_to_all_single(y, x)
-    assert torch.equal(y, torch.arange(world, dtype=torch.float64).repeat_interleave(3)
-                       .reshape(world, 3)), y
+    assert torch.equal(
+        y, torch.arange(world, dtype=torch.float64).repeat_interleave(3).reshape(world, 3)
+    ), y
     g = [torch.zeros(2, dtype=torch.int32) for _ in range(world)] if rank == 0 else None
     dist.gather(torch.full((2,), rank, dtype=torch.int32), g, dst=0)
     if rank == 0:
@@ -51,6 +55,7 @@ def torch_interop(dist, backend):
     # Functional collectives on torch tensors return torch's AsyncCollectiveTensor: a tensor
     # with wait() and numpy(); computing with it gives plain tensors.
     import c10d._functional_collectives as funcol
+
     act = funcol.all_reduce(torch.full((2, 2), float(rank)), "sum", dist.group.WORLD)
     assert isinstance(act, torch.Tensor) and type(act).__name__ == "AsyncCollectiveTensor"
     assert type(act.wait()) is torch.Tensor and type(act * 2) is torch.Tensor
@@ -89,30 +94,46 @@ def torch_interop(dist, backend):
     assert w.result()[0] is flags
     # Sparse COO tensors: all_reduce sums them as torch's Gloo does (coalesced, in place, SUM
     # only, hybrid ones too); other collectives refuse them in words.
-    sp = torch.sparse_coo_tensor(torch.tensor([[0, rank % 3, 2], [1, 0, rank % 3]]),
-                                 torch.tensor([1.0, 2.0 + rank, 3.0]), (3, 3))
-    want = sum(torch.sparse_coo_tensor(torch.tensor([[0, r % 3, 2], [1, 0, r % 3]]),
-                                       torch.tensor([1.0, 2.0 + r, 3.0]), (3, 3)).to_dense()
-               for r in range(world))
+    sp = torch.sparse_coo_tensor(
+        torch.tensor([[0, rank % 3, 2], [1, 0, rank % 3]]),
+        torch.tensor([1.0, 2.0 + rank, 3.0]),
+        (3, 3),
+    )
+    want = sum(
+        torch.sparse_coo_tensor(
+            torch.tensor([[0, r % 3, 2], [1, 0, r % 3]]), torch.tensor([1.0, 2.0 + r, 3.0]), (3, 3)
+        ).to_dense()
+        for r in range(world)
+    )
     w = dist.all_reduce(sp, async_op=True)
     w.wait()
     assert sp.is_sparse and sp.is_coalesced() and torch.equal(sp.to_dense(), want), sp
     assert w.result()[0] is sp
-    hybrid = torch.sparse_coo_tensor(torch.tensor([[rank % 2]]), torch.ones(1, 3) * (rank + 1),
-                                     (2, 3))
+    hybrid = torch.sparse_coo_tensor(
+        torch.tensor([[rank % 2]]), torch.ones(1, 3) * (rank + 1), (2, 3)
+    )
     dist.all_reduce(hybrid)
     dense = hybrid.to_dense()
     assert dense.sum() == 3 * world * (world + 1) / 2 and hybrid.dense_dim() == 1, dense
-    _raises(ValueError, lambda: dist.all_reduce(sp, op=dist.ReduceOp.MAX), "sparse MAX",
-            "only ReduceOp.SUM")
-    _raises(TypeError, lambda: dist.broadcast(sp, src=0), "sparse broadcast",
-            "layout torch.sparse_coo are not supported")
+    _raises(
+        ValueError,
+        lambda: dist.all_reduce(sp, op=dist.ReduceOp.MAX),
+        "sparse MAX",
+        "only ReduceOp.SUM",
+    )
+    _raises(
+        TypeError,
+        lambda: dist.broadcast(sp, src=0),
+        "sparse broadcast",
+        "layout torch.sparse_coo are not supported",
+    )
 
 
 def functional_collectives(dist, backend):
     """c10d._functional_collectives: out-of-place results of the input's kind, the input left
     unchanged, groups given as ProcessGroup, name, rank list or list of rank lists."""
     import c10d._functional_collectives as funcol
+
     rank, world = dist.get_rank(), dist.get_world_size()
     W = dist.group.WORLD
 
@@ -132,8 +153,7 @@ def functional_collectives(dist, backend):
     assert isinstance(act[0], funcol.AsyncCollectiveTensor)
     assert repr(act).startswith("AsyncCollectiveTensor(") and act.tolist() == y.tolist()
     np.testing.assert_array_equal(x, base(rank))  # input unchanged
-    np.testing.assert_array_equal(funcol.all_reduce(x, "max", list(range(world))),
-                                  base(world - 1))
+    np.testing.assert_array_equal(funcol.all_reduce(x, "max", list(range(world))), base(world - 1))
     g0 = funcol.all_gather_tensor(x, 0, W)
     np.testing.assert_array_equal(g0, np.concatenate([base(r) for r in range(world)], axis=0))
     g1 = funcol.all_gather_tensor(x, 1, W)
@@ -148,7 +168,8 @@ def functional_collectives(dist, backend):
     assert (b == world - 1).all(), b
     a2a = funcol.all_to_all_single(np.arange(2 * world) + 100 * rank, None, None, W)
     np.testing.assert_array_equal(
-        a2a, np.concatenate([np.arange(2 * rank, 2 * rank + 2) + 100 * r for r in range(world)]))
+        a2a, np.concatenate([np.arange(2 * rank, 2 * rank + 2) + 100 * r for r in range(world)])
+    )
     # Uneven splits: rank r sends r + 1 rows to everyone.
     sent = np.full((world * (rank + 1), 2), rank)
     got = funcol.all_to_all_single(sent, [r + 1 for r in range(world)], [rank + 1] * world, W)
@@ -179,17 +200,23 @@ def functional_collectives(dist, backend):
         mine = [rank - rank % 2, rank - rank % 2 + 1]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            s = funcol.all_reduce(np.full(1, 10 ** rank), "sum", mine)
+            s = funcol.all_reduce(np.full(1, 10**rank), "sum", mine)
         assert s[0] == 10 ** mine[0] + 10 ** mine[1], s
         assert any(issubclass(w.category, FutureWarning) for w in caught), caught
         odd = dist.new_group([r for r in range(world) if r % 2])
         if rank % 2:
-            s = funcol.all_reduce(np.full(1, 10 ** rank), "sum", odd)
-            assert s[0] == sum(10 ** r for r in range(1, world, 2)), s
+            s = funcol.all_reduce(np.full(1, 10**rank), "sum", odd)
+            assert s[0] == sum(10**r for r in range(1, world, 2)), s
         dist.barrier()  # rank 0 holds the store the odd ranks' group is built through
-    _raises(AssertionError, lambda: funcol.reduce_scatter_tensor(np.ones(world + 1), "sum", 0,
-                                                                 W) if world > 1 else
-            funcol.reduce_scatter_tensor(np.ones(()), "sum", 0, W), "indivisible")
+    _raises(
+        AssertionError,
+        lambda: (
+            funcol.reduce_scatter_tensor(np.ones(world + 1), "sum", 0, W)
+            if world > 1
+            else funcol.reduce_scatter_tensor(np.ones(()), "sum", 0, W)
+        ),
+        "indivisible",
+    )
     try:
         import torch
     except ImportError:

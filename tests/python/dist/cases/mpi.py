@@ -39,8 +39,9 @@ def mpi_rank_from_launcher(dist, backend):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dist.init_process_group("mpi", rank=7, world_size=9)
-    assert any("are ignored since they are assigned by the MPI runtime" in str(w.message)
-               for w in caught), [str(w.message) for w in caught]
+    assert any(
+        "are ignored since they are assigned by the MPI runtime" in str(w.message) for w in caught
+    ), [str(w.message) for w in caught]
     assert dist.get_rank() == int(os.environ["OMPI_COMM_WORLD_RANK"])
     assert dist.get_world_size() == int(os.environ["OMPI_COMM_WORLD_SIZE"])
     assert dist.get_backend() == "mpi" and dist.is_mpi_available()
@@ -55,14 +56,16 @@ def mpi_rank_from_launcher(dist, backend):
 def mpi_reductions_every_algorithm(dist, backend):
     """The MPI backend picks Open MPI's algorithm per call (recursive doubling below 64 KiB,
     Rabenseifner or ring above, binomial reduce): every size and reduction stays exact, and a
-    long reduction is not slowed by the progress thread's polling (it slept between tests once: 4 MiB
-    took 0.6 s)."""
+    long reduction is not slowed by the progress thread's polling (it slept between tests once:
+    4 MiB took 0.6 s)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     for count in (1, 3, 16383, 16384 + 5, 262147, 1 << 20):
         for dtype in (np.float32, np.float64, np.int64):
             base = np.arange(count) % 1009
-            for op, want in ((dist.ReduceOp.SUM, base * sum(range(1, world + 1))),
-                             (dist.ReduceOp.MAX, base * world)):
+            for op, want in (
+                (dist.ReduceOp.SUM, base * sum(range(1, world + 1))),
+                (dist.ReduceOp.MAX, base * world),
+            ):
                 t = (base * (rank + 1)).astype(dtype)
                 dist.all_reduce(t, op=op)
                 assert np.array_equal(t, want.astype(dtype)), (count, dtype, op)

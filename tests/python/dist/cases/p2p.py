@@ -51,8 +51,10 @@ def point_to_point(dist, backend):
     assert (got == prv).all(), got
     # batch_isend_irecv in the order that would deadlock with blocking calls.
     got = np.zeros(4, np.int64)
-    ops = [dist.P2POp(dist.isend, np.full(4, rank, np.int64), nxt),
-           dist.P2POp(dist.irecv, got, prv)]
+    ops = [
+        dist.P2POp(dist.isend, np.full(4, rank, np.int64), nxt),
+        dist.P2POp(dist.irecv, got, prv),
+    ]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     assert (got == prv).all()
@@ -103,8 +105,10 @@ def p2p_torch_conformance(dist, backend):
     rank, world = dist.get_rank(), dist.get_world_size()
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     got = np.zeros(2, np.int64)
-    ops = [dist.P2POp(dist.isend, np.full(2, rank, np.int64), nxt),
-           dist.P2POp(dist.irecv, got, prv)]
+    ops = [
+        dist.P2POp(dist.isend, np.full(2, rank, np.int64), nxt),
+        dist.P2POp(dist.irecv, got, prv),
+    ]
     works = dist.batch_isend_irecv(ops)
     assert [w.op_type for w in works] == ["SEND", "RECV"], [w.op_type for w in works]
     # P2POp fills in the group and both forms of the peer's rank, as torch's does.
@@ -194,6 +198,7 @@ def barriers_and_async(dist, backend):
     # breakpoint(rank) stops that rank in the debugger (stubbed here: it sleeps) while the
     # others wait; `skip` lets the first calls from a line pass.
     import c10d.distributed_c10d as c10d_module
+
     stops = []
 
     class Debugger:
@@ -258,8 +263,9 @@ def objects(dist, backend):
     dist.broadcast_object_list(lst, src=world - 1)
     assert lst == [f"from{world - 1}", world - 1, None]
     recv_obj = [None]
-    dist.scatter_object_list(recv_obj, [{"to": r} for r in range(world)] if rank == 0 else None,
-                             src=0)
+    dist.scatter_object_list(
+        recv_obj, [{"to": r} for r in range(world)] if rank == 0 else None, src=0
+    )
     assert recv_obj == [{"to": rank}]
     # The pickler the object collectives use is a module attribute, as in torch: one with a
     # dispatch_table sends objects plain pickle refuses (a lock inside).
