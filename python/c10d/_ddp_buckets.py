@@ -77,10 +77,18 @@ class _DDPBuckets:
         """As torch's DDP before its second iteration: once, regroup the buckets in the order
         the first backward pass produced the gradients (rank 0's order for all ranks)."""
         if self.reducer._rebuild_buckets():
-            self._has_rebuilt_buckets = True
+            self._note_buckets()
             if self.gradient_as_bucket_view:
                 self._point_grads_at_buckets()  # the reducer copied the buckets over
 
+    def _note_buckets(self):
+        """Which parameters each bucket holds, read once per bucket layout (the reducer's
+        bucket_indices builds a new list on every read; the skip hook asks per bucket)."""
+        self._bucket_members = [frozenset(b) for b in self.reducer.bucket_indices]
+
     def _bucket_sizes(self):
-        """The bytes of each bucket, in the reducer's order."""
-        return [int(b.buffer().nbytes) for b in self.reducer._get_zeros_like_grad_buckets()]
+        """The bytes of each bucket, in the reducer's order (its parameters' bytes)."""
+        return [
+            sum(self._params[i].numel() * self._params[i].element_size() for i in members)
+            for members in self._bucket_members
+        ]

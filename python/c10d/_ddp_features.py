@@ -107,8 +107,7 @@ class _DDPFeatures:
         (skip_all_reduce_unused_params: every rank must agree, as torch requires), averaged
         in mixed_precision's reduce_dtype, or the user's hook, or the default allreduce."""
         if self.skip_all_reduce_unused_params and self._reducing:
-            members = self.reducer.bucket_indices[bucket.index()]
-            if not any(i in self._marked for i in members):
+            if self._marked.isdisjoint(self._bucket_members[bucket.index()]):
                 self._buckets_skipped += 1
                 done = _C.Future()
                 done.set_result(bucket.buffer())

@@ -210,7 +210,6 @@ class DistributedDataParallel(
         self._still_training = None  # the join notification's Work, in join mode
         self._unfinished_reduction = None  # why the last backward's reduction did not finish
         self._static_graph = False
-        self._has_rebuilt_buckets = False
         self._ddp_sink_clone = True
         self._forwards = 0  # forward passes that prepared a reduction
         self._forward_ns = collections.deque(maxlen=100)  # the last forward passes' times
@@ -264,6 +263,7 @@ class DistributedDataParallel(
             gradient_as_bucket_view=gradient_as_bucket_view,
             first_bucket_bytes_cap=self._rebuild_caps[0],
         )
+        self._note_buckets()
         self._construction_bucket_sizes = ", ".join(map(str, self._bucket_sizes()))
         # Comm hooks: the reducer calls _dispatch_comm_hook when c10d itself has work to do
         # per bucket (skipping, reducing in reduce_dtype); it calls the user's hook, if any.
@@ -442,7 +442,7 @@ class DistributedDataParallel(
             self._sync_backward(self._in_backward)
         if self._in_backward:
             self._forwards += 1
-            self._marked = set()
+            self._marked.clear()
             self._buckets_skipped = 0
             self._reducing = True
             self.reducer.prepare_for_backward()
