@@ -54,11 +54,6 @@ void install_signal_handler() {
   sigaction(SIGUSR1, &action, nullptr);
 }
 
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(core::Clock::now().time_since_epoch())
-      .count();
-}
-
 bool is_p2p(OpType op) {
   return op == OpType::kSend || op == OpType::kRecv || op == OpType::kRecvAnySource;
 }
@@ -192,7 +187,7 @@ bool invariant_tsc() {
 
 TraceClock::TraceClock()
     : tsc_(invariant_tsc()), origin_ticks_(now()), origin_wall_ns_(wall_ns()),
-      origin_steady_ns_(steady_ns()) {}
+      origin_steady_ns_(core::now_ns()) {}
 
 int64_t TraceClock::now() const {
 #if defined(__x86_64__)
@@ -204,7 +199,7 @@ int64_t TraceClock::now() const {
 TraceClock::Scale TraceClock::scale() const {
   if (!tsc_) return {};  // ticks are ns already
   const int64_t elapsed_ticks = now() - origin_ticks_;
-  const int64_t elapsed_ns = steady_ns() - origin_steady_ns_;
+  const int64_t elapsed_ns = core::now_ns() - origin_steady_ns_;
   Scale scale{.origin_ticks = origin_ticks_, .origin_ns = origin_wall_ns_};
   // Before a tick has passed (never in practice) any rate will do.
   if (elapsed_ticks > 0 && elapsed_ns > 0) {
@@ -426,7 +421,7 @@ void FlightRecorder::publish_dump_request() {
 void FlightRecorder::poll_dump_requests() {
   if (auto_dumped_.load()) return;
   std::vector<std::pair<std::shared_ptr<TraceGroup>, std::shared_ptr<store::Store>>> targets;
-  const int64_t now = steady_ns();
+  const int64_t now = core::now_ns();
   {
     std::lock_guard lock(lock_);
     if (in_flight_ <= 0) return;
@@ -452,7 +447,7 @@ void FlightRecorder::poll_dump_requests() {
       }
     } catch (...) {
       std::lock_guard lock(lock_);
-      group->poll_paused_until_ns = steady_ns() + kStorePollPauseNs;
+      group->poll_paused_until_ns = core::now_ns() + kStorePollPauseNs;
       if (reason.empty()) continue;
     }
     auto_dump(reason, /*publish=*/false);

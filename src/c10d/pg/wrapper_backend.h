@@ -61,6 +61,7 @@ class WrapperBackend : public Backend {
   void set_timeout(Millis timeout) override {
     Backend::set_timeout(timeout);
     wrapped_->set_timeout(timeout);
+    checker_->set_timeout(timeout);  // its checks run with the group's timeout too
   }
 
   // "all_reduce(float32[4], op=SUM)": how a call is named in mismatch reports.

@@ -10,8 +10,8 @@
 
 namespace c10d::backends::gloo::detail {
 
-// " ranks 2, 3 (at 10.0.0.2) and rank 5 (at 10.0.0.3) did not answer ..." for the timeout
-// message, or "" when every peer's host answered.
+// "; unreachable: ranks 2, 3 on host 10.0.0.2 ..." for the timeout message, or "" when every
+// peer's host answered.
 std::string silent_peers_note(const std::vector<std::vector<std::string>>& addresses);
 
 // The host other ranks rendezvous at, when `store` is (or wraps) a TCPStore, else "".

@@ -15,6 +15,7 @@
 #include "c10d/backends/gloo/addresses.h"
 #include "c10d/backends/gloo/internal.h"
 #include "c10d/backends/gloo/store_adapter.h"
+#include "c10d/core/copy.h"
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 
@@ -113,6 +114,9 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
     : pg::Backend(rank, size, opts.timeout), store_(std::move(store)),
       devices_(std::move(opts.devices)), shared_(std::make_shared<Shared>(rank, size)) {
   ignore_sigpipe_once();
+  // copy_bytes times its kernels at the first large copy: here, not inside a collective (and
+  // a bad C10D_COPY fails the construction).
+  (void)core::detail::copy_kernels();
   if (devices_.empty()) devices_ = create_default_devices(store_host(store_));
   const Millis timeout = resolve_timeout(opts.timeout);
   for (size_t i = 0; i < devices_.size(); ++i) {

@@ -363,14 +363,12 @@ void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis tim
 }
 
 WorkPtr HierBackend::barrier(const pg::BarrierOptions& opts) {
-  // Through the worker: the operations queued before it finish first.
-  return submit(OpType::kBarrier, "barrier",
-                [this, opts] {
-                  pg::BarrierOptions o = opts;
-                  o.async_op = false;
-                  world_->barrier(o)->wait();
-                },
-                {});
+  // Through the worker: the operations queued before it finish first. Its timeout is the one
+  // in force when it was submitted, as for the other operations.
+  pg::BarrierOptions o = opts;
+  o.timeout = effective_timeout(opts.timeout);
+  o.async_op = false;
+  return submit(OpType::kBarrier, "barrier", [this, o] { world_->barrier(o)->wait(); }, {});
 }
 
 // --- Everything else: the Gloo group of all ranks ---------------------------------------

@@ -482,8 +482,8 @@ WorkPtr ShmBackend::post_p2p(OpType type, Tensor tensor, int peer, int tag) {
   op->data = tensor.data_as<char>();
   op->bytes = tensor.nbytes();
   op->tensor = tensor;
-  op->timeout = timeout();
-  op->deadline = core::Deadline(timeout());
+  op->timeout = timeout();  // read once: set_timeout may run concurrently
+  op->deadline = core::Deadline(op->timeout);
   const char* what = op->is_send ? "send" : type == OpType::kRecv ? "recv" : "recv_anysource";
   op->description = peer >= 0 ? str_cat(what, " (tag ", tag, ", rank ", rank(),
                                         op->is_send ? " to" : " from", " rank ", peer, ")")
