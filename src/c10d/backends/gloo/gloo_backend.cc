@@ -141,6 +141,15 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
 
 GlooBackend::~GlooBackend() { shutdown(); }
 
+std::string GlooBackend::listen_ip() const {
+  if (contexts_.empty() || size() < 2) return "";
+  const std::string text =
+      tcp_address_text(contexts_[0]->getPair(rank() == 0 ? 1 : 0)->address().str());
+  const size_t close = text.find(']');
+  if (text.empty() || text[0] != '[' || close == std::string::npos) return "";
+  return text.substr(1, close - 1);
+}
+
 void GlooBackend::exchange_addresses() {
   shared_->peer_addresses.assign(size(), {});
   if (size() == 1) return;

@@ -68,6 +68,10 @@ class GlooBackend : public pg::Backend {
   // Calls shutdown().
   ~GlooBackend() override;
 
+  // The IP address this rank's first device listens on (what peers connect to), or "" when it
+  // has no peer or the transport's address is not TCP.
+  std::string listen_ip() const;
+
   // A TCP device bound to the address `hostname` resolves to.
   static DevicePtr create_device_for_hostname(const std::string& hostname);
   // A TCP device bound to the first address of network interface `ifname`.

@@ -74,13 +74,6 @@ void step(const std::shared_ptr<pg::Backend>& backend, Call call) {
   call(*backend)->wait();
 }
 
-// The [offset, offset + count) part of `n` elements that local rank `l` of `parts` carries.
-std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int l) {
-  const int64_t base = n / parts, extra = n % parts;
-  const int64_t offset = l * base + std::min<int64_t>(l, extra);
-  return {offset, base + (l < extra ? 1 : 0)};
-}
-
 }  // namespace
 
 HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size, Topology topology,
@@ -107,8 +100,16 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
   gloo::GlooOptions go;
   go.timeout = timeout;
   if (t.host_count() > 1 && (t.uniform() || t.local_rank == 0)) {
-    cross_ = std::make_shared<gloo::GlooBackend>(
+    auto cross = std::make_shared<gloo::GlooBackend>(
         prefixed(str_cat("hier/cross/", t.local_rank, "/")), t.host, t.host_count(), go);
+    cross_ = cross;
+    // all_reduce between hosts takes a ring of its own, on the address Gloo chose for them.
+    if (const std::string ip = cross->listen_ip(); !ip.empty()) {
+      std::vector<int> members;
+      for (const auto& host : t.hosts) members.push_back(host[t.local_rank]);
+      ring_ = std::make_unique<CrossRing>(*prefixed(str_cat("hier/ring/", t.local_rank, "/")),
+                                          t.host, std::move(members), ip, timeout);
+    }
   }
   world_ = std::make_shared<gloo::GlooBackend>(prefixed("hier/world/"), rank, size, go);
   worker_ = std::thread([this] { worker_loop(); });
@@ -130,39 +131,53 @@ std::shared_ptr<pg::Backend> HierBackend::create_auto(std::shared_ptr<store::Sto
 
 // --- The worker --------------------------------------------------------------------------
 
-WorkPtr HierBackend::submit(OpType type, const std::string& description, std::function<void()> body,
-                            std::vector<Tensor> outputs) {
+WorkPtr HierBackend::submit(OpType type, const std::string& description, bool async,
+                            std::function<void()> body, std::vector<Tensor> outputs) {
   auto work = std::make_shared<core::Work>(type, description);
+  Task task{std::move(body), work, std::move(outputs)};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) {
       throw DistBackendError(str_cat("hier ", description, " (rank ", rank(), " of ", size(),
                                      "): the backend was shut down"));
     }
-    queue_.push_back(Task{std::move(body), work, std::move(outputs)});
+    if (async || running_task_ || !queue_.empty()) {
+      queue_.push_back(std::move(task));
+      wake_.notify_one();
+      return work;
+    }
+    running_task_ = true;  // the worker waits until this caller has run it
   }
-  wake_.notify_one();
+  run_task(task);
   return work;
+}
+
+void HierBackend::run_task(Task& task) {
+  try {
+    task.body();
+    task.work->finish(std::move(task.outputs));
+  } catch (...) {
+    task.work->finish_with_error(std::current_exception());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_task_ = false;
+  }
+  idle_.notify_all();
+  wake_.notify_one();
 }
 
 void HierBackend::worker_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    wake_.wait(lock, [&] { return !running_task_ && (stopping_ || !queue_.empty()); });
     if (queue_.empty()) return;  // stopping, nothing left
     Task task = std::move(queue_.front());
     queue_.pop_front();
     running_task_ = true;
     lock.unlock();
-    try {
-      task.body();
-      task.work->finish(std::move(task.outputs));
-    } catch (...) {
-      task.work->finish_with_error(std::current_exception());
-    }
+    run_task(task);
     lock.lock();
-    running_task_ = false;
-    idle_.notify_all();
   }
 }
 
@@ -205,6 +220,7 @@ void HierBackend::shutdown() {
                                  size(), "): the backend was shut down before it ran"))));
   }
   // The running step ends by itself or fails once its sub-backend is shut down.
+  if (ring_) ring_->abort();
   for (const auto& b : {local_, cross_, world_}) {
     if (b) b->shutdown();
   }
@@ -232,7 +248,7 @@ WorkPtr HierBackend::allreduce(std::vector<Tensor>& tensors, const pg::Allreduce
   const Millis timeout = effective_timeout(opts.timeout);
   const ReduceOp op = opts.reduce_op;
   return submit(
-      OpType::kAllreduce, "allreduce",
+      OpType::kAllreduce, "allreduce", opts.async_op,
       [this, t, op, timeout]() mutable { run_allreduce(t, op, timeout); }, tensors);
 }
 
@@ -241,39 +257,69 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
   o.reduce_op = step_op(op);
   o.timeout = timeout;
   o.async_op = false;
-  std::vector<Tensor> whole = {t};
-  if (local_) step(local_, [&](pg::Backend& b) { return b.allreduce(whole, o); });
-  if (cross_) {
-    const Topology& top = topology_;
-    if (top.uniform() && local_) {
-      // Each local rank carries its part over the network; then the host's ranks share them.
-      const auto [offset, count] = part_of(t.numel(), top.local_size(), top.local_rank);
-      if (count > 0) {
-        std::vector<Tensor> part = {t.flatten().flat_slice(offset, count)};
-        step(cross_, [&](pg::Backend& b) { return b.allreduce(part, o); });
+  const Topology& top = topology_;
+  const int parts = top.local_size();
+  if (local_ && cross_ && top.uniform() && t.numel() > 0 && t.numel() % parts == 0) {
+    // Each local rank ends the host's reduce-scatter with its 1/L of the host's sum, all-reduces
+    // it with its peers on the other hosts (every rank of a host carries 1/L of the network
+    // traffic), and the host's all-gather puts the parts together: two shm steps in all.
+    Tensor part = scratch(t.dtype(), t.numel() / parts);
+    Tensor flat = t.flatten();
+    pg::ReduceScatterOptions ro;
+    ro.reduce_op = o.reduce_op;
+    ro.timeout = timeout;
+    ro.async_op = false;
+    step(local_, [&](pg::Backend& b) { return b.reduce_scatter_base(part, flat, ro); });
+    cross_allreduce(part, o);
+    pg::AllgatherOptions go;
+    go.timeout = timeout;
+    go.async_op = false;
+    step(local_, [&](pg::Backend& b) { return b.allgather_base(flat, part, go); });
+  } else {
+    // Unequal hosts or parts: the host all-reduces, its first rank (or each local rank, its
+    // part) all-reduces across hosts, and the host's ranks broadcast the result.
+    std::vector<Tensor> whole = {t};
+    if (local_) step(local_, [&](pg::Backend& b) { return b.allreduce(whole, o); });
+    const bool split = top.uniform() && local_;
+    if (cross_) {
+      if (split) {
+        const auto [offset, count] = part_of(t.numel(), parts, top.local_rank);
+        if (count > 0) cross_allreduce(t.flatten().flat_slice(offset, count), o);
+      } else {
+        cross_allreduce(t, o);
       }
-    } else {
-      step(cross_, [&](pg::Backend& b) { return b.allreduce(whole, o); });
     }
-  }
-  if (local_ && topology_.host_count() > 1) {
-    pg::BroadcastOptions bo;
-    bo.timeout = timeout;
-    bo.async_op = false;
-    if (topology_.uniform()) {
-      for (int l = 0; l < topology_.local_size(); ++l) {
-        const auto [offset, count] = part_of(t.numel(), topology_.local_size(), l);
+    if (local_ && top.host_count() > 1) {
+      pg::BroadcastOptions bo;
+      bo.timeout = timeout;
+      bo.async_op = false;
+      for (int l = 0; l < (split ? parts : 1); ++l) {
+        const auto [offset, count] = split ? part_of(t.numel(), parts, l)
+                                           : std::pair<int64_t, int64_t>{0, t.numel()};
         if (count == 0) continue;
-        std::vector<Tensor> part = {t.flatten().flat_slice(offset, count)};
+        std::vector<Tensor> piece = {t.flatten().flat_slice(offset, count)};
         bo.root_rank = l;
-        step(local_, [&](pg::Backend& b) { return b.broadcast(part, bo); });
+        step(local_, [&](pg::Backend& b) { return b.broadcast(piece, bo); });
       }
-    } else {
-      bo.root_rank = 0;
-      step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
     }
   }
   core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), op, size());
+}
+
+void HierBackend::cross_allreduce(Tensor t, const pg::AllreduceOptions& o) {
+  if (ring_) {
+    ring_->allreduce(t.data(), static_cast<size_t>(t.numel()), t.dtype(), o.reduce_op, o.timeout);
+  } else {
+    std::vector<Tensor> tensors = {std::move(t)};
+    step(cross_, [&](pg::Backend& b) { return b.allreduce(tensors, o); });
+  }
+}
+
+Tensor HierBackend::scratch(core::DType dtype, int64_t count) {
+  if (scratch_.numel() < count || scratch_.dtype() != dtype) {
+    scratch_ = Tensor::empty({count}, dtype);
+  }
+  return scratch_.flat_slice(0, count);
 }
 
 WorkPtr HierBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastOptions& opts) {
@@ -282,7 +328,7 @@ WorkPtr HierBackend::broadcast(std::vector<Tensor>& tensors, const pg::Broadcast
   const int root = static_cast<int>(opts.root_rank);
   const Millis timeout = effective_timeout(opts.timeout);
   return submit(
-      OpType::kBroadcast, "broadcast",
+      OpType::kBroadcast, "broadcast", opts.async_op,
       [this, t, root, timeout]() mutable { run_broadcast(t, root, timeout); }, tensors);
 }
 
@@ -320,7 +366,7 @@ WorkPtr HierBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
   const ReduceOp op = opts.reduce_op;
   const Millis timeout = effective_timeout(opts.timeout);
   return submit(
-      OpType::kReduce, "reduce",
+      OpType::kReduce, "reduce", opts.async_op,
       [this, t, root, op, timeout]() mutable { run_reduce(t, root, op, timeout); }, tensors);
 }
 
@@ -368,7 +414,7 @@ WorkPtr HierBackend::barrier(const pg::BarrierOptions& opts) {
   pg::BarrierOptions o = opts;
   o.timeout = effective_timeout(opts.timeout);
   o.async_op = false;
-  return submit(OpType::kBarrier, "barrier", [this, o] { world_->barrier(o)->wait(); }, {});
+  return submit(OpType::kBarrier, "barrier", opts.async_op, [this, o] { world_->barrier(o)->wait(); }, {});
 }
 
 // --- Everything else: the Gloo group of all ranks ---------------------------------------

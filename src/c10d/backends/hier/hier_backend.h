@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "c10d/backends/hier/ring.h"
 #include "c10d/pg/backend.h"
 #include "c10d/store/store.h"
 
@@ -95,14 +96,24 @@ class HierBackend : public pg::Backend {
     std::vector<Tensor> outputs;
   };
 
-  // Queues `body` for the worker thread; the returned Work completes when it has run.
-  WorkPtr submit(core::OpType type, const std::string& description, std::function<void()> body,
-                 std::vector<Tensor> outputs);
+  // Runs `body` after every operation submitted before it: on the calling thread when the
+  // caller waits right away (`async` false) and nothing is queued or running, which saves two
+  // thread hand-offs per operation; otherwise on the worker thread. The returned Work completes
+  // when it has run.
+  WorkPtr submit(core::OpType type, const std::string& description, bool async,
+                 std::function<void()> body, std::vector<Tensor> outputs);
   void worker_loop();
+  // Runs a task and completes its Work, then lets the worker take the next (mutex_ not held).
+  void run_task(Task& task);
   // The steps of the operations (on the worker thread).
   void run_allreduce(Tensor& t, const core::ReduceOp& op, pg::Millis timeout);
   void run_broadcast(Tensor& t, int root, pg::Millis timeout);
   void run_reduce(Tensor& t, int root, const core::ReduceOp& op, pg::Millis timeout);
+  // All-reduces `t` (contiguous) with this rank's peers on the other hosts: the ring, or the
+  // cross Gloo group when there is none.
+  void cross_allreduce(Tensor t, const pg::AllreduceOptions& o);
+  // `count` elements of a buffer kept for the steps (serial: one operation runs at a time).
+  Tensor scratch(core::DType dtype, int64_t count);
   // Whether the hierarchical steps apply to `tensors` (one dense C-contiguous tensor).
   static bool hierarchical(const std::vector<Tensor>& tensors);
 
@@ -110,15 +121,17 @@ class HierBackend : public pg::Backend {
   std::shared_ptr<pg::Backend> local_;  // the host's ranks (null when alone on its host)
   std::shared_ptr<pg::Backend> cross_;  // this local rank's peers on the other hosts (or null)
   std::shared_ptr<pg::Backend> world_;  // all ranks (Gloo)
+  std::unique_ptr<CrossRing> ring_;     // all_reduce between hosts, next to cross_
   // The local rank whose cross group carries a broadcast or reduce rooted at each rank.
   std::vector<int> local_rank_of_;
   std::vector<int> host_of_;
+  Tensor scratch_;  // the largest part all-reduced across hosts so far
 
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable idle_;
   std::deque<Task> queue_;
-  bool running_task_ = false;
+  bool running_task_ = false;  // on the worker or on a caller's thread
   bool stopping_ = false;
   std::thread worker_;
 };

@@ -1,0 +1,290 @@
+#include "c10d/backends/hier/ring.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "c10d/core/deadline.h"
+#include "c10d/core/exception.h"
+#include "c10d/core/reduce.h"
+
+namespace c10d::backends::hier {
+
+using core::Deadline;
+using core::detail::str_cat;
+
+namespace {
+
+constexpr uint32_t kMagic = 0x63313064;  // "c10d"
+// A blocked transfer looks at abort() this often.
+constexpr int kPollSliceMs = 200;
+// Received bytes are folded into the sum in pieces of this size while the rest arrives (a
+// multiple of every element size).
+constexpr size_t kFoldBytes = 64 << 10;
+
+struct Hello {
+  uint32_t magic;
+  uint32_t index;
+};
+
+// Sent ahead of every operation's data, so that members running different operations fail
+// with a message instead of mixing their bytes.
+struct Header {
+  uint64_t seq;
+  uint64_t bytes;
+};
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+void set_nodelay_nonblocking(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+// Waits for `events` on `fd`; false when the deadline passed first.
+bool wait_fd(int fd, short events, const Deadline& deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const auto left = deadline.remaining();
+    const int ms = left == pg::Millis::max() ? -1 : static_cast<int>(left.count());
+    const int r = ::poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) return true;  // the next call reports the error
+  }
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int part) {
+  const int64_t base = n / parts, extra = n % parts;
+  const int64_t offset = part * base + std::min<int64_t>(part, extra);
+  return {offset, base + (part < extra ? 1 : 0)};
+}
+
+CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
+                     const std::string& listen_ip, pg::Millis timeout)
+    : index_(index), size_(static_cast<int>(ranks.size())), ranks_(std::move(ranks)),
+      endpoints_(ranks_.size()), timeout_(timeout) {
+  const Deadline deadline(timeout);
+  op_ = "connect";
+  const bool v6 = listen_ip.find(':') != std::string::npos;
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  if (v6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+    a->sin6_family = AF_INET6;
+    if (::inet_pton(AF_INET6, listen_ip.c_str(), &a->sin6_addr) != 1) len = 0;
+    else len = sizeof(*a);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+    a->sin_family = AF_INET;
+    if (::inet_pton(AF_INET, listen_ip.c_str(), &a->sin_addr) == 1) len = sizeof(*a);
+  }
+  if (len == 0) fail(str_cat("cannot listen on '", listen_ip, "': not an IP address"), false);
+  listen_fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::listen(listen_fd_, 4) != 0 ||
+      ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    fail(str_cat("cannot listen on ", listen_ip, ": ", errno_text(errno)), false);
+  }
+  const int port = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                            : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  store.set(str_cat("ring/", index_), store::to_bytes(str_cat(listen_ip, " ", port)));
+  std::vector<std::pair<std::string, uint16_t>> addresses(size_);
+  for (int m = 0; m < size_; ++m) {
+    const std::string value = store::to_string(store.get(str_cat("ring/", m)));
+    const size_t space = value.find(' ');
+    addresses[m] = {value.substr(0, space),
+                    static_cast<uint16_t>(std::stoi(value.substr(space + 1)))};
+    endpoints_[m] = str_cat(v6 ? "[" : "", addresses[m].first, v6 ? "]:" : ":",
+                            addresses[m].second);
+  }
+
+  // Connect to the next member (its listener queues us before it accepts), then accept the
+  // previous one; both say who they are first.
+  const int next = (index_ + 1) % size_;
+  {
+    store::net::Status status;
+    for (;;) {
+      status = store::net::Socket::connect(addresses[next].first, addresses[next].second,
+                                           deadline, next_);
+      if (status.ok() || status.error != ECONNREFUSED || deadline.expired()) break;
+      ::usleep(10'000);
+    }
+    if (!status.ok()) {
+      fail(str_cat("cannot connect to ", describe(next), ": ", status.message), false);
+    }
+    next_.set_peer_name(describe(next));
+    const Hello hello{kMagic, static_cast<uint32_t>(index_)};
+    next_.send_all(&hello, sizeof(hello), deadline);
+  }
+  const int prev = (index_ + size_ - 1) % size_;
+  while (prev_.fd < 0) {
+    if (!wait_fd(listen_fd_, POLLIN, deadline)) {
+      fail(str_cat("timed out after ", core::format_timeout(timeout),
+                   " waiting for the connection of ", describe(prev)),
+           true);
+    }
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    set_nodelay_nonblocking(fd);
+    Hello hello{};
+    size_t got = 0;
+    while (got < sizeof(hello) && wait_fd(fd, POLLIN, deadline)) {
+      const ssize_t n = ::recv(fd, reinterpret_cast<char*>(&hello) + got, sizeof(hello) - got, 0);
+      if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) break;
+      if (n > 0) got += static_cast<size_t>(n);
+    }
+    if (got == sizeof(hello) && hello.magic == kMagic && hello.index == static_cast<uint32_t>(prev)) {
+      prev_ = Peer{fd, prev};
+    } else {
+      ::close(fd);  // not our previous member: a stray connection
+    }
+  }
+  ::close(listen_fd_);
+  listen_fd_ = -1;
+}
+
+CrossRing::~CrossRing() {
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (prev_.fd >= 0) ::close(prev_.fd);
+}
+
+void CrossRing::abort() {
+  aborted_ = true;
+  // Wakes a poll() on them; the fds stay open until the destructor.
+  if (next_.valid()) ::shutdown(next_.fd(), SHUT_RDWR);
+  if (prev_.fd >= 0) ::shutdown(prev_.fd, SHUT_RDWR);
+}
+
+std::string CrossRing::describe(int index) const {
+  const std::string& at = endpoints_[index];
+  return str_cat("rank ", ranks_[index], " (ring member ", index, at.empty() ? "" : " at ", at, ")");
+}
+
+void CrossRing::fail(const std::string& what, bool timeout) {
+  const std::string message =
+      str_cat("hier ", op_, " between hosts (rank ", ranks_[index_], "): ", what);
+  if (op_ != "connect") broken_ = message;
+  if (timeout) throw core::DistTimeoutError(message);
+  throw core::DistNetworkError(message);
+}
+
+template <typename OnReceived>
+void CrossRing::exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes,
+                         const Deadline& deadline, OnReceived received) {
+  const int next = (index_ + 1) % size_;
+  size_t sent = 0, got = 0;
+  while (sent < out_bytes || got < in_bytes) {
+    bool moved = false;
+    if (sent < out_bytes) {
+      const ssize_t n =
+          ::send(next_.fd(), out + sent, out_bytes - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        moved = true;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        fail(str_cat("sending to ", describe(next), " failed: ", errno_text(errno)), false);
+      }
+    }
+    if (got < in_bytes) {
+      const ssize_t n = ::recv(prev_.fd, in + got, in_bytes - got, MSG_DONTWAIT);
+      if (n > 0) {
+        got += static_cast<size_t>(n);
+        received(got);
+        moved = true;
+      } else if (n == 0) {
+        fail(str_cat(describe(prev_.index), " closed the connection"), false);
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        fail(str_cat("receiving from ", describe(prev_.index), " failed: ", errno_text(errno)),
+             false);
+      }
+    }
+    if (moved) continue;
+    if (aborted_) fail("the backend was shut down", false);
+    if (deadline.expired()) {
+      fail(got < in_bytes ? str_cat("timed out after ", core::format_timeout(timeout_),
+                                    " waiting for data from ", describe(prev_.index), " (", got,
+                                    " of ", in_bytes, " bytes arrived)")
+                          : str_cat("timed out after ", core::format_timeout(timeout_), " while ",
+                                    describe(next), " took no data (", sent, " of ", out_bytes,
+                                    " bytes sent)"),
+           true);
+    }
+    pollfd fds[2];
+    nfds_t count = 0;
+    if (sent < out_bytes) fds[count++] = pollfd{next_.fd(), POLLOUT, 0};
+    if (got < in_bytes) fds[count++] = pollfd{prev_.fd, POLLIN, 0};
+    const auto left = deadline.remaining();
+    const int ms = static_cast<int>(std::min<int64_t>(left.count(), kPollSliceMs));
+    ::poll(fds, count, ms);
+  }
+}
+
+void CrossRing::allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
+                          pg::Millis timeout) {
+  if (!broken_.empty()) {
+    throw core::DistBackendError(str_cat("hier all_reduce #", seq_ + 1,
+                                         " between hosts: the ring broke earlier: ", broken_));
+  }
+  if (count == 0 || size_ == 1) return;
+  const size_t elem = core::element_size(dtype);
+  const Deadline deadline(timeout);
+  timeout_ = timeout;
+  ++seq_;
+  op_ = str_cat("all_reduce #", seq_, " (", count * elem, " bytes)");
+  auto* bytes = static_cast<char*>(data);
+  auto chunk = [&](int c) {
+    const auto [offset, n] = part_of(static_cast<int64_t>(count), size_, (c + size_) % size_);
+    return std::pair<size_t, size_t>{static_cast<size_t>(offset) * elem,
+                                     static_cast<size_t>(n) * elem};
+  };
+  const auto nothing = [](size_t) {};
+
+  const Header mine{seq_, count * elem};
+  Header theirs{};
+  exchange(reinterpret_cast<const char*>(&mine), sizeof(mine), reinterpret_cast<char*>(&theirs),
+           sizeof(theirs), deadline, nothing);
+  if (theirs.seq != mine.seq || theirs.bytes != mine.bytes) {
+    fail(str_cat(describe(prev_.index), " runs all_reduce #", theirs.seq, " of ", theirs.bytes,
+                 " bytes: the ranks called different collectives"),
+         false);
+  }
+
+  // Reduce-scatter: after step s this member holds the sum of s + 2 members' parts of chunk
+  // index - s - 1; at the end, all members' sum of chunk index + 1.
+  for (int s = 0; s < size_ - 1; ++s) {
+    const auto [out_offset, out_bytes] = chunk(index_ - s);
+    const auto [in_offset, in_bytes] = chunk(index_ - s - 1);
+    incoming_.resize(std::max(incoming_.size(), in_bytes));
+    char* dst = bytes + in_offset;
+    const char* src = incoming_.data();
+    size_t folded = 0;
+    exchange(bytes + out_offset, out_bytes, incoming_.data(), in_bytes, deadline,
+             [&](size_t got) {
+               const size_t upto = got == in_bytes ? got : got / kFoldBytes * kFoldBytes;
+               if (upto > folded) {
+                 core::reduce(dst + folded, src + folded, (upto - folded) / elem, dtype, op);
+                 folded = upto;
+               }
+             });
+  }
+  // All-gather: pass the finished chunks on around the ring.
+  for (int s = 0; s < size_ - 1; ++s) {
+    const auto [out_offset, out_bytes] = chunk(index_ + 1 - s);
+    const auto [in_offset, in_bytes] = chunk(index_ - s);
+    exchange(bytes + out_offset, out_bytes, bytes + in_offset, in_bytes, deadline, nothing);
+  }
+}
+
+}  // namespace c10d::backends::hier

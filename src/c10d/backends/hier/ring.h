@@ -1,0 +1,77 @@
+// The hierarchical backend's path between hosts for all_reduce: the ranks that carry a part of
+// every host's sum (one per host) joined in a ring of TCP connections of their own, driven by
+// the thread that runs the operation. Gloo's transport hands every message to an event-loop
+// thread that polls for it; with a few ranks per core those hand-offs and polls cost more than
+// the transfer (see docs/design/hier.md). Private to the backend.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "c10d/core/dtype.h"
+#include "c10d/core/reduce_op.h"
+#include "c10d/pg/options.h"
+#include "c10d/store/socket.h"
+#include "c10d/store/store.h"
+
+namespace c10d::backends::hier {
+
+// The [offset, offset + count) piece `part` of `parts` nearly equal pieces of `n` elements.
+std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int part);
+
+class CrossRing {
+ public:
+  // Member `index` of a ring whose members are global ranks `ranks` (by index). Listens on
+  // `listen_ip` (the address the Gloo group of the same ranks chose: GLOO_SOCKET_IFNAME's, or
+  // the one routing towards the store), publishes it through `store` (prefixed for this ring),
+  // connects to the next member and accepts the previous one. Throws DistNetworkError naming
+  // the member it could not reach, DistTimeoutError after `timeout`.
+  CrossRing(store::Store& store, int index, std::vector<int> ranks, const std::string& listen_ip,
+            pg::Millis timeout);
+  ~CrossRing();
+  CrossRing(const CrossRing&) = delete;
+  CrossRing& operator=(const CrossRing&) = delete;
+
+  // Reduces `count` elements at `data` with every member's (op must group freely: SUM, MIN,
+  // ...), a ring reduce-scatter and all-gather, so every member ends with the same bits.
+  // Errors name the operation's sequence number, the member waited for, its rank and address;
+  // after an error the ring refuses further operations (its streams are out of step).
+  void allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
+                 pg::Millis timeout);
+  // Fails a running operation within a poll interval and every later one (backend shutdown).
+  void abort();
+
+ private:
+  struct Peer {
+    int fd = -1;
+    int index = -1;
+  };
+  // Sends `out_bytes` from `out` to the next member while receiving `in_bytes` into `in` from
+  // the previous one; `received(n)` is called as the first n bytes of `in` have arrived.
+  template <typename OnReceived>
+  void exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes,
+                const core::Deadline& deadline, OnReceived received);
+  // "rank 2 (ring member 1 at 10.0.0.2:41234)"
+  std::string describe(int index) const;
+  [[noreturn]] void fail(const std::string& what, bool timeout);
+
+  const int index_;
+  const int size_;
+  const std::vector<int> ranks_;
+  std::vector<std::string> endpoints_;  // "ip:port" by member
+  int listen_fd_ = -1;
+  store::net::Socket next_;  // to member index_ + 1
+  Peer prev_;                // from member index_ - 1
+  uint64_t seq_ = 0;
+  std::string op_;  // "all_reduce #3 (1048576 bytes)", for messages
+  pg::Millis timeout_{0};
+  std::string broken_;  // why the ring refuses operations, once it does
+  std::vector<char> incoming_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace c10d::backends::hier
