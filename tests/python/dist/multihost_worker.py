@@ -23,8 +23,9 @@ def backend_of_world():
 
 def check_collectives(rank, world):
     """Every reduction, root and size class the hierarchical backend splits differently
-    (fewer elements than ranks, parts of uneven length, several MiB), checked exactly."""
-    for n in (1, 3, 1000, 1 << 20):
+    (fewer elements than ranks, parts of uneven length, several MiB, parts between hosts of
+    odd length larger than a fold piece), checked exactly."""
+    for n in (1, 3, 1000, 200006, 1 << 20):
         base = np.arange(n, dtype=np.float64)
         x = base + rank
         dist.all_reduce(x)

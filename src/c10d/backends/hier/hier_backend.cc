@@ -253,6 +253,11 @@ WorkPtr HierBackend::allreduce(std::vector<Tensor>& tensors, const pg::Allreduce
 }
 
 void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
+  // One deadline for the whole operation: each step gets what is left of it.
+  const core::Deadline deadline(timeout);
+  auto left = [&] {
+    return deadline.infinite() ? timeout : std::max(deadline.remaining(), Millis(1));
+  };
   pg::AllreduceOptions o;
   o.reduce_op = step_op(op);
   o.timeout = timeout;
@@ -267,14 +272,20 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
     Tensor flat = t.flatten();
     pg::ReduceScatterOptions ro;
     ro.reduce_op = o.reduce_op;
-    ro.timeout = timeout;
+    ro.timeout = left();
     ro.async_op = false;
     step(local_, [&](pg::Backend& b) { return b.reduce_scatter_base(part, flat, ro); });
+    o.timeout = left();
     cross_allreduce(part, o);
     pg::AllgatherOptions go;
-    go.timeout = timeout;
+    go.timeout = left();
     go.async_op = false;
-    step(local_, [&](pg::Backend& b) { return b.allgather_base(flat, part, go); });
+    try {
+      step(local_, [&](pg::Backend& b) { return b.allgather_base(flat, part, go); });
+    } catch (const core::DistTimeoutError& e) {
+      // The awaited local ranks were still exchanging their parts between hosts.
+      throw core::DistTimeoutError(str_cat(e.what(), "; ", cross_peers_note()));
+    }
   } else {
     // Unequal hosts or parts: the host all-reduces, its first rank (or each local rank, its
     // part) all-reduces across hosts, and the host's ranks broadcast the result.
@@ -304,6 +315,21 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
     }
   }
   core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), op, size());
+}
+
+std::string HierBackend::cross_peers_note() const {
+  const Topology& top = topology_;
+  std::string note = "the host's other ranks were exchanging their parts with";
+  for (int l = 0; l < top.local_size(); ++l) {
+    if (l == top.local_rank) continue;
+    for (int h = 0; h < top.host_count(); ++h) {
+      if (h == top.host) continue;
+      const std::string host = ring_ ? ring_->host_of(h) : "";
+      note += str_cat(" rank ", top.hosts[h][l], host.empty() ? "" : " on host ", host, ",");
+    }
+  }
+  note.pop_back();
+  return note;
 }
 
 void HierBackend::cross_allreduce(Tensor t, const pg::AllreduceOptions& o) {

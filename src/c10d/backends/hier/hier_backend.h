@@ -112,6 +112,9 @@ class HierBackend : public pg::Backend {
   // All-reduces `t` (contiguous) with this rank's peers on the other hosts: the ring, or the
   // cross Gloo group when there is none.
   void cross_allreduce(Tensor t, const pg::AllreduceOptions& o);
+  // "the host's other ranks were exchanging their parts with rank 3 on host 10.0.0.2": what
+  // a local step waits for after the step between hosts (uniform hosts).
+  std::string cross_peers_note() const;
   // `count` elements of a buffer kept for the steps (serial: one operation runs at a time).
   Tensor scratch(core::DType dtype, int64_t count);
   // Whether the hierarchical steps apply to `tensors` (one dense C-contiguous tensor).

@@ -74,7 +74,7 @@ std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int part) {
 CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
                      const std::string& listen_ip, pg::Millis timeout)
     : index_(index), size_(static_cast<int>(ranks.size())), ranks_(std::move(ranks)),
-      endpoints_(ranks_.size()), timeout_(timeout) {
+      hosts_(ranks_.size()), ports_(ranks_.size()), timeout_(timeout) {
   const Deadline deadline(timeout);
   op_ = "connect";
   const bool v6 = listen_ip.find(':') != std::string::npos;
@@ -100,14 +100,11 @@ CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
   const int port = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
                             : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   store.set(str_cat("ring/", index_), store::to_bytes(str_cat(listen_ip, " ", port)));
-  std::vector<std::pair<std::string, uint16_t>> addresses(size_);
   for (int m = 0; m < size_; ++m) {
     const std::string value = store::to_string(store.get(str_cat("ring/", m)));
     const size_t space = value.find(' ');
-    addresses[m] = {value.substr(0, space),
-                    static_cast<uint16_t>(std::stoi(value.substr(space + 1)))};
-    endpoints_[m] = str_cat(v6 ? "[" : "", addresses[m].first, v6 ? "]:" : ":",
-                            addresses[m].second);
+    hosts_[m] = value.substr(0, space);
+    ports_[m] = std::stoi(value.substr(space + 1));
   }
 
   // Connect to the next member (its listener queues us before it accepts), then accept the
@@ -116,7 +113,7 @@ CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
   {
     store::net::Status status;
     for (;;) {
-      status = store::net::Socket::connect(addresses[next].first, addresses[next].second,
+      status = store::net::Socket::connect(hosts_[next], static_cast<uint16_t>(ports_[next]),
                                            deadline, next_);
       if (status.ok() || status.error != ECONNREFUSED || deadline.expired()) break;
       ::usleep(10'000);
@@ -168,8 +165,8 @@ void CrossRing::abort() {
 }
 
 std::string CrossRing::describe(int index) const {
-  const std::string& at = endpoints_[index];
-  return str_cat("rank ", ranks_[index], " (ring member ", index, at.empty() ? "" : " at ", at, ")");
+  return str_cat("rank ", ranks_[index], " on host ", hosts_[index], " (ring member ", index,
+                 ", port ", ports_[index], ")");
 }
 
 void CrossRing::fail(const std::string& what, bool timeout) {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "c10d/core/deadline.h"
 #include "c10d/core/dtype.h"
 #include "c10d/core/reduce_op.h"
 #include "c10d/pg/options.h"
@@ -42,6 +43,8 @@ class CrossRing {
   // after an error the ring refuses further operations (its streams are out of step).
   void allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
                  pg::Millis timeout);
+  // The address member `index` listens on, without the port.
+  std::string host_of(int index) const { return hosts_[index]; }
   // Fails a running operation within a poll interval and every later one (backend shutdown).
   void abort();
 
@@ -55,14 +58,15 @@ class CrossRing {
   template <typename OnReceived>
   void exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes,
                 const core::Deadline& deadline, OnReceived received);
-  // "rank 2 (ring member 1 at 10.0.0.2:41234)"
+  // "rank 2 on host 10.0.0.2 (ring member 1, port 41234)"
   std::string describe(int index) const;
   [[noreturn]] void fail(const std::string& what, bool timeout);
 
   const int index_;
   const int size_;
   const std::vector<int> ranks_;
-  std::vector<std::string> endpoints_;  // "ip:port" by member
+  std::vector<std::string> hosts_;  // the address each member listens on, by member
+  std::vector<int> ports_;
   int listen_fd_ = -1;
   store::net::Socket next_;  // to member index_ + 1
   Peer prev_;                // from member index_ - 1
