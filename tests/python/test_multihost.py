@@ -135,8 +135,7 @@ def test_killed_host_is_named_by_the_survivors_and_the_launchers_stop(backend):
     lines = [re.search(rf"testhost0 rank {rank}: (\w+): (.*)", out) for rank in (0, 1)]
     assert all(lines), out
     assert any(
-        re.search(r"\brank [23]\b", m.group(2)) and hosts.addresses[1] in m.group(2)
-        for m in lines
+        re.search(r"\brank [23]\b", m.group(2)) and hosts.addresses[1] in m.group(2) for m in lines
     ), out
 
 

@@ -22,6 +22,9 @@
 #ifdef C10D_TEST_SHM
 #include "c10d/backends/shm/shm_backend.h"
 #endif
+#ifdef C10D_TEST_HIER
+#include "c10d/backends/hier/hier_backend.h"
+#endif
 
 namespace c10d::backends {
 namespace {
@@ -62,6 +65,23 @@ struct ShmFactory {
   }
 };
 #endif
+#ifdef C10D_TEST_HIER
+// Two hosts of the ranks' first and second half (one host for a single rank): shm inside
+// each, the ring and Gloo between them, all on this machine.
+struct HierFactory {
+  using Backend = hier::HierBackend;
+  static std::unique_ptr<Backend> make(std::shared_ptr<store::Store> store, int rank, int size,
+                                       pg::Millis timeout) {
+    hier::Topology t;
+    const int first = (size + 1) / 2;
+    t.hosts.resize(size > 1 ? 2 : 1);
+    for (int r = 0; r < size; ++r) t.hosts[r < first ? 0 : 1].push_back(r);
+    t.host = rank < first ? 0 : 1;
+    t.local_rank = rank < first ? rank : rank - first;
+    return std::make_unique<Backend>(std::move(store), rank, size, std::move(t), timeout);
+  }
+};
+#endif
 
 struct RankRun {
   int size = 2;
@@ -87,7 +107,9 @@ class BackendConformance : public ::testing::Test {
   }
 };
 
-#if defined(C10D_TEST_GLOO) && defined(C10D_TEST_SHM)
+#if defined(C10D_TEST_HIER)
+using Factories = ::testing::Types<GlooFactory, ShmFactory, HierFactory>;
+#elif defined(C10D_TEST_GLOO) && defined(C10D_TEST_SHM)
 using Factories = ::testing::Types<GlooFactory, ShmFactory>;
 #elif defined(C10D_TEST_GLOO)
 using Factories = ::testing::Types<GlooFactory>;
@@ -147,7 +169,9 @@ TYPED_TEST(BackendConformance, AllreduceManyAsyncInFlight) {
       expect_same(tensors[i][0], expected_reduce(1 + i % 5, DType::kFloat32, 3, ReduceOp::SUM),
                   "allreduce " + std::to_string(i));
     }
-    EXPECT_EQ(b.next_sequence(), 40u);
+    if constexpr (requires { b.next_sequence(); }) {  // hier's sub-backends count their own
+      EXPECT_EQ(b.next_sequence(), 40u);
+    }
   });
 }
 

@@ -132,15 +132,16 @@ std::shared_ptr<pg::Backend> HierBackend::create_auto(std::shared_ptr<store::Sto
 // --- The worker --------------------------------------------------------------------------
 
 WorkPtr HierBackend::submit(OpType type, const std::string& description, bool async,
-                            std::function<void()> body, std::vector<Tensor> outputs) {
+                            std::function<void(uint64_t)> body, std::vector<Tensor> outputs) {
   auto work = std::make_shared<core::Work>(type, description);
-  Task task{std::move(body), work, std::move(outputs)};
+  Task task{std::move(body), work, std::move(outputs), 0};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) {
       throw DistBackendError(str_cat("hier ", description, " (rank ", rank(), " of ", size(),
                                      "): the backend was shut down"));
     }
+    task.seq = sequence_++;
     if (async || running_task_ || !queue_.empty()) {
       queue_.push_back(std::move(task));
       wake_.notify_one();
@@ -154,7 +155,7 @@ WorkPtr HierBackend::submit(OpType type, const std::string& description, bool as
 
 void HierBackend::run_task(Task& task) {
   try {
-    task.body();
+    task.body(task.seq);
     task.work->finish(std::move(task.outputs));
   } catch (...) {
     task.work->finish_with_error(std::current_exception());
@@ -249,10 +250,11 @@ WorkPtr HierBackend::allreduce(std::vector<Tensor>& tensors, const pg::Allreduce
   const ReduceOp op = opts.reduce_op;
   return submit(
       OpType::kAllreduce, "allreduce", opts.async_op,
-      [this, t, op, timeout]() mutable { run_allreduce(t, op, timeout); }, tensors);
+      [this, t, op, timeout](uint64_t seq) mutable { run_allreduce(t, op, timeout, seq); },
+      tensors);
 }
 
-void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
+void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout, uint64_t seq) {
   // One deadline for the whole operation: each step gets what is left of it.
   const core::Deadline deadline(timeout);
   auto left = [&] {
@@ -276,7 +278,7 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
     ro.async_op = false;
     step(local_, [&](pg::Backend& b) { return b.reduce_scatter_base(part, flat, ro); });
     o.timeout = left();
-    cross_allreduce(part, o);
+    cross_allreduce(part, o, seq);
     pg::AllgatherOptions go;
     go.timeout = left();
     go.async_op = false;
@@ -295,9 +297,9 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
     if (cross_) {
       if (split) {
         const auto [offset, count] = part_of(t.numel(), parts, top.local_rank);
-        if (count > 0) cross_allreduce(t.flatten().flat_slice(offset, count), o);
+        if (count > 0) cross_allreduce(t.flatten().flat_slice(offset, count), o, seq);
       } else {
-        cross_allreduce(t, o);
+        cross_allreduce(t, o, seq);
       }
     }
     if (local_ && top.host_count() > 1) {
@@ -305,8 +307,8 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout) {
       bo.timeout = timeout;
       bo.async_op = false;
       for (int l = 0; l < (split ? parts : 1); ++l) {
-        const auto [offset, count] = split ? part_of(t.numel(), parts, l)
-                                           : std::pair<int64_t, int64_t>{0, t.numel()};
+        const auto [offset, count] =
+            split ? part_of(t.numel(), parts, l) : std::pair<int64_t, int64_t>{0, t.numel()};
         if (count == 0) continue;
         std::vector<Tensor> piece = {t.flatten().flat_slice(offset, count)};
         bo.root_rank = l;
@@ -332,9 +334,10 @@ std::string HierBackend::cross_peers_note() const {
   return note;
 }
 
-void HierBackend::cross_allreduce(Tensor t, const pg::AllreduceOptions& o) {
+void HierBackend::cross_allreduce(Tensor t, const pg::AllreduceOptions& o, uint64_t seq) {
   if (ring_) {
-    ring_->allreduce(t.data(), static_cast<size_t>(t.numel()), t.dtype(), o.reduce_op, o.timeout);
+    ring_->allreduce(t.data(), static_cast<size_t>(t.numel()), t.dtype(), o.reduce_op, o.timeout,
+                     seq);
   } else {
     std::vector<Tensor> tensors = {std::move(t)};
     step(cross_, [&](pg::Backend& b) { return b.allreduce(tensors, o); });
@@ -355,7 +358,7 @@ WorkPtr HierBackend::broadcast(std::vector<Tensor>& tensors, const pg::Broadcast
   const Millis timeout = effective_timeout(opts.timeout);
   return submit(
       OpType::kBroadcast, "broadcast", opts.async_op,
-      [this, t, root, timeout]() mutable { run_broadcast(t, root, timeout); }, tensors);
+      [this, t, root, timeout](uint64_t) mutable { run_broadcast(t, root, timeout); }, tensors);
 }
 
 // The root broadcasts on its host; the local rank that carries it between hosts (the root's
@@ -393,7 +396,8 @@ WorkPtr HierBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
   const Millis timeout = effective_timeout(opts.timeout);
   return submit(
       OpType::kReduce, "reduce", opts.async_op,
-      [this, t, root, op, timeout]() mutable { run_reduce(t, root, op, timeout); }, tensors);
+      [this, t, root, op, timeout](uint64_t) mutable { run_reduce(t, root, op, timeout); },
+      tensors);
 }
 
 // Every host reduces to its carrier (the root's local rank, or the first), the carriers
@@ -440,7 +444,8 @@ WorkPtr HierBackend::barrier(const pg::BarrierOptions& opts) {
   pg::BarrierOptions o = opts;
   o.timeout = effective_timeout(opts.timeout);
   o.async_op = false;
-  return submit(OpType::kBarrier, "barrier", opts.async_op, [this, o] { world_->barrier(o)->wait(); }, {});
+  return submit(OpType::kBarrier, "barrier", opts.async_op,
+                [this, o](uint64_t) { world_->barrier(o)->wait(); }, {});
 }
 
 // --- Everything else: the Gloo group of all ranks ---------------------------------------

@@ -91,9 +91,10 @@ class HierBackend : public pg::Backend {
 
  private:
   struct Task {
-    std::function<void()> body;
+    std::function<void(uint64_t)> body;  // takes the operation's sequence number
     WorkPtr work;
     std::vector<Tensor> outputs;
+    uint64_t seq;
   };
 
   // Runs `body` after every operation submitted before it: on the calling thread when the
@@ -101,17 +102,17 @@ class HierBackend : public pg::Backend {
   // thread hand-offs per operation; otherwise on the worker thread. The returned Work completes
   // when it has run.
   WorkPtr submit(core::OpType type, const std::string& description, bool async,
-                 std::function<void()> body, std::vector<Tensor> outputs);
+                 std::function<void(uint64_t)> body, std::vector<Tensor> outputs);
   void worker_loop();
   // Runs a task and completes its Work, then lets the worker take the next (mutex_ not held).
   void run_task(Task& task);
   // The steps of the operations (on the worker thread).
-  void run_allreduce(Tensor& t, const core::ReduceOp& op, pg::Millis timeout);
+  void run_allreduce(Tensor& t, const core::ReduceOp& op, pg::Millis timeout, uint64_t seq);
   void run_broadcast(Tensor& t, int root, pg::Millis timeout);
   void run_reduce(Tensor& t, int root, const core::ReduceOp& op, pg::Millis timeout);
   // All-reduces `t` (contiguous) with this rank's peers on the other hosts: the ring, or the
   // cross Gloo group when there is none.
-  void cross_allreduce(Tensor t, const pg::AllreduceOptions& o);
+  void cross_allreduce(Tensor t, const pg::AllreduceOptions& o, uint64_t seq);
   // "the host's other ranks were exchanging their parts with rank 3 on host 10.0.0.2": what
   // a local step waits for after the step between hosts (uniform hosts).
   std::string cross_peers_note() const;
@@ -134,6 +135,7 @@ class HierBackend : public pg::Backend {
   std::condition_variable wake_;
   std::condition_variable idle_;
   std::deque<Task> queue_;
+  uint64_t sequence_ = 0;      // of the next operation with steps, in submission order
   bool running_task_ = false;  // on the worker or on a caller's thread
   bool stopping_ = false;
   std::thread worker_;

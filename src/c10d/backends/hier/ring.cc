@@ -76,15 +76,17 @@ CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
     : index_(index), size_(static_cast<int>(ranks.size())), ranks_(std::move(ranks)),
       hosts_(ranks_.size()), ports_(ranks_.size()), timeout_(timeout) {
   const Deadline deadline(timeout);
-  op_ = "connect";
+  op_ = str_cat("connect (rank ", ranks_[index_], ")");
   const bool v6 = listen_ip.find(':') != std::string::npos;
   sockaddr_storage addr{};
   socklen_t len = 0;
   if (v6) {
     auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
     a->sin6_family = AF_INET6;
-    if (::inet_pton(AF_INET6, listen_ip.c_str(), &a->sin6_addr) != 1) len = 0;
-    else len = sizeof(*a);
+    if (::inet_pton(AF_INET6, listen_ip.c_str(), &a->sin6_addr) != 1)
+      len = 0;
+    else
+      len = sizeof(*a);
   } else {
     auto* a = reinterpret_cast<sockaddr_in*>(&addr);
     a->sin_family = AF_INET;
@@ -142,7 +144,8 @@ CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
       if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) break;
       if (n > 0) got += static_cast<size_t>(n);
     }
-    if (got == sizeof(hello) && hello.magic == kMagic && hello.index == static_cast<uint32_t>(prev)) {
+    if (got == sizeof(hello) && hello.magic == kMagic &&
+        hello.index == static_cast<uint32_t>(prev)) {
       prev_ = Peer{fd, prev};
     } else {
       ::close(fd);  // not our previous member: a stray connection
@@ -150,6 +153,7 @@ CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
   }
   ::close(listen_fd_);
   listen_fd_ = -1;
+  connecting_ = false;
 }
 
 CrossRing::~CrossRing() {
@@ -170,11 +174,11 @@ std::string CrossRing::describe(int index) const {
 }
 
 void CrossRing::fail(const std::string& what, bool timeout) {
-  const std::string message =
-      str_cat("hier ", op_, " between hosts (rank ", ranks_[index_], "): ", what);
-  if (op_ != "connect") broken_ = message;
+  const std::string message = str_cat("hier ", op_, " between hosts: ", what);
+  if (!connecting_) broken_ = message;
   if (timeout) throw core::DistTimeoutError(message);
-  throw core::DistNetworkError(message);
+  if (connecting_) throw core::DistNetworkError(message);
+  throw core::DistBackendError(message);
 }
 
 template <typename OnReceived>
@@ -229,32 +233,33 @@ void CrossRing::exchange(const char* out, size_t out_bytes, char* in, size_t in_
 }
 
 void CrossRing::allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
-                          pg::Millis timeout) {
+                          pg::Millis timeout, uint64_t seq) {
+  const size_t elem = core::element_size(dtype);
+  op_ = str_cat("allreduce (sequence ", seq, ", rank ", ranks_[index_], ", ", count * elem,
+                " bytes)");
   if (!broken_.empty()) {
-    throw core::DistBackendError(str_cat("hier all_reduce #", seq_ + 1,
-                                         " between hosts: the ring broke earlier: ", broken_));
+    throw core::DistBackendError(
+        str_cat("hier ", op_, " between hosts: the ring broke earlier: ", broken_));
   }
   if (count == 0 || size_ == 1) return;
-  const size_t elem = core::element_size(dtype);
   const Deadline deadline(timeout);
   timeout_ = timeout;
-  ++seq_;
-  op_ = str_cat("all_reduce #", seq_, " (", count * elem, " bytes)");
   auto* bytes = static_cast<char*>(data);
   auto chunk = [&](int c) {
     const auto [offset, n] = part_of(static_cast<int64_t>(count), size_, (c + size_) % size_);
     return std::pair<size_t, size_t>{static_cast<size_t>(offset) * elem,
                                      static_cast<size_t>(n) * elem};
   };
-  const auto nothing = [](size_t) {};
+  const auto nothing = [](size_t) {
+  };
 
-  const Header mine{seq_, count * elem};
+  const Header mine{seq, count * elem};
   Header theirs{};
   exchange(reinterpret_cast<const char*>(&mine), sizeof(mine), reinterpret_cast<char*>(&theirs),
            sizeof(theirs), deadline, nothing);
   if (theirs.seq != mine.seq || theirs.bytes != mine.bytes) {
-    fail(str_cat(describe(prev_.index), " runs all_reduce #", theirs.seq, " of ", theirs.bytes,
-                 " bytes: the ranks called different collectives"),
+    fail(str_cat(describe(prev_.index), " runs allreduce sequence ", theirs.seq, " of ",
+                 theirs.bytes, " bytes: the ranks called different collectives"),
          false);
   }
 
@@ -267,14 +272,13 @@ void CrossRing::allreduce(void* data, size_t count, core::DType dtype, const cor
     char* dst = bytes + in_offset;
     const char* src = incoming_.data();
     size_t folded = 0;
-    exchange(bytes + out_offset, out_bytes, incoming_.data(), in_bytes, deadline,
-             [&](size_t got) {
-               const size_t upto = got == in_bytes ? got : got / kFoldBytes * kFoldBytes;
-               if (upto > folded) {
-                 core::reduce(dst + folded, src + folded, (upto - folded) / elem, dtype, op);
-                 folded = upto;
-               }
-             });
+    exchange(bytes + out_offset, out_bytes, incoming_.data(), in_bytes, deadline, [&](size_t got) {
+      const size_t upto = got == in_bytes ? got : got / kFoldBytes * kFoldBytes;
+      if (upto > folded) {
+        core::reduce(dst + folded, src + folded, (upto - folded) / elem, dtype, op);
+        folded = upto;
+      }
+    });
   }
   // All-gather: pass the finished chunks on around the ring.
   for (int s = 0; s < size_ - 1; ++s) {

@@ -39,10 +39,12 @@ class CrossRing {
 
   // Reduces `count` elements at `data` with every member's (op must group freely: SUM, MIN,
   // ...), a ring reduce-scatter and all-gather, so every member ends with the same bits.
-  // Errors name the operation's sequence number, the member waited for, its rank and address;
-  // after an error the ring refuses further operations (its streams are out of step).
+  // `seq` numbers the operation the same on every member (checked against the previous
+  // member's). Errors name it, the member waited for, its rank and address: DistTimeoutError,
+  // else DistBackendError; after one the ring refuses further operations (its streams are out
+  // of step).
   void allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
-                 pg::Millis timeout);
+                 pg::Millis timeout, uint64_t seq);
   // The address member `index` listens on, without the port.
   std::string host_of(int index) const { return hosts_[index]; }
   // Fails a running operation within a poll interval and every later one (backend shutdown).
@@ -70,8 +72,8 @@ class CrossRing {
   int listen_fd_ = -1;
   store::net::Socket next_;  // to member index_ + 1
   Peer prev_;                // from member index_ - 1
-  uint64_t seq_ = 0;
-  std::string op_;  // "all_reduce #3 (1048576 bytes)", for messages
+  bool connecting_ = true;   // still in the constructor
+  std::string op_;           // "allreduce (sequence 3, rank 0, 1048576 bytes)", for messages
   pg::Millis timeout_{0};
   std::string broken_;  // why the ring refuses operations, once it does
   std::vector<char> incoming_;
