@@ -75,7 +75,17 @@ CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
                      const std::string& listen_ip, pg::Millis timeout)
     : index_(index), size_(static_cast<int>(ranks.size())), ranks_(std::move(ranks)),
       hosts_(ranks_.size()), ports_(ranks_.size()), timeout_(timeout) {
-  const Deadline deadline(timeout);
+  try {
+    connect_ring(store, listen_ip, Deadline(timeout));
+  } catch (...) {
+    close_fds();  // no destructor runs after a constructor throws
+    throw;
+  }
+}
+
+void CrossRing::connect_ring(store::Store& store, const std::string& listen_ip,
+                             const Deadline& deadline) {
+  const pg::Millis timeout = timeout_;
   op_ = str_cat("connect (rank ", ranks_[index_], ")");
   const bool v6 = listen_ip.find(':') != std::string::npos;
   sockaddr_storage addr{};
@@ -156,9 +166,12 @@ CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
   connecting_ = false;
 }
 
-CrossRing::~CrossRing() {
+CrossRing::~CrossRing() { close_fds(); }
+
+void CrossRing::close_fds() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (prev_.fd >= 0) ::close(prev_.fd);
+  listen_fd_ = prev_.fd = -1;
 }
 
 void CrossRing::abort() {

@@ -55,6 +55,11 @@ class CrossRing {
     int fd = -1;
     int index = -1;
   };
+  // The constructor's work: listen, publish, connect to the next member, accept the previous.
+  void connect_ring(store::Store& store, const std::string& listen_ip,
+                    const core::Deadline& deadline);
+  // Closes the listener and the previous member's connection (next_ closes itself).
+  void close_fds();
   // Sends `out_bytes` from `out` to the next member while receiving `in_bytes` into `in` from
   // the previous one; `received(n)` is called as the first n bytes of `in` have arrived.
   template <typename OnReceived>
