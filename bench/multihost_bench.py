@@ -1,7 +1,8 @@
 """all_reduce across test hosts (network namespaces joined by rate-limited veth links, see
-tests/python/netns.py; needs root): c10d's hierarchical backend, c10d's Gloo and PyTorch's Gloo
-side by side, rounds interleaved, medians; 2 hosts x 2 ranks and 4 hosts x 1 rank, at each
-link rate. busbw is against the link rate (the physical limit of a host's one link).
+tests/python/netns.py; needs root): c10d's hierarchical backend, c10d's Gloo, PyTorch's Gloo
+and Open MPI (mpi4py, started by mpirun through the hosts' launch agent; when installed) side
+by side, rounds interleaved, medians; 2 hosts x 2 ranks and 4 hosts x 1 rank, at each link
+rate. busbw is against the link rate (the physical limit of a host's one link).
 
     python3 bench/multihost_bench.py [--rates 10gbit,1gbit] [--rounds 3]
 """
@@ -9,6 +10,7 @@ link rate. busbw is against the link rate (the physical limit of a host's one li
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,7 +28,56 @@ IMPLS = {  # label: (worker impl, backend, extra environment)
     "c10d gloo": ("c10d", "gloo", {}),
     # torch's Gloo listens where the hostname resolves (127.0.1.1 here): it needs the interface.
     "torch gloo": ("torch", "gloo", {"GLOO_SOCKET_IFNAME": "eth0"}),
+    # Open MPI's defaults, but for the transports: shared memory in a host, TCP on the test
+    # hosts' subnet between them.
+    "open mpi": (
+        "mpi",
+        "mpi",
+        {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+    ),
 }
+
+
+def mpi_runs() -> bool:
+    """Whether mpirun and mpi4py are there (make venv-bench installs mpi4py)."""
+    if shutil.which("mpirun") is None:
+        return False
+    probe = [sys.executable, "-c", "import mpi4py.MPI"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def mpirun_argv(hosts, nproc):
+    """mpirun on host 0 starting every host's ranks through hosts.agent, as through ssh."""
+    subnet = f"{hosts.subnet}.0/24"
+    return [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "--host",
+        ",".join(f"{name}:{nproc}" for name in hosts.hostnames),
+        "-np",
+        str(hosts.count * nproc),
+        "--mca",
+        "plm_rsh_agent",
+        hosts.agent,
+        "--mca",
+        "plm_rsh_no_tree_spawn",
+        "1",
+        "--mca",
+        "oob_tcp_if_include",
+        subnet,
+        "--mca",
+        "btl_tcp_if_include",
+        subnet,
+        "--mca",
+        "btl",
+        "tcp,vader,self",
+        "-x",
+        "PYTHONPATH",
+        sys.executable,
+    ]
 
 
 def rate_bits(rate: str) -> float:
@@ -68,34 +119,46 @@ def launch(hosts, nproc, label, args, out_path):
         "--min-seconds",
         str(args.min_seconds),
     ]
-    # A rendezvous of its own per launch: a launcher must never join the previous one's.
-    rdzv_id = os.path.basename(out_path).replace(" ", "_")
-    procs = [
-        hosts.popen(
-            i,
-            [
-                sys.executable,
-                "-m",
-                "c10d.run",
-                "--nnodes",
-                str(hosts.count),
-                "--nproc-per-node",
-                str(nproc),
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-id",
-                rdzv_id,
-                "--rdzv-endpoint",
-                f"{hosts.addresses[0]}:{PORT}",
-            ]
-            + worker,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(hosts.count)
-    ]
+    if impl == "mpi":
+        procs = [
+            hosts.popen(
+                0,
+                mpirun_argv(hosts, nproc) + worker,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        ]
+    else:
+        # A rendezvous of its own per launch: a launcher must never join the previous one's.
+        rdzv_id = os.path.basename(out_path).replace(" ", "_")
+        procs = [
+            hosts.popen(
+                i,
+                [
+                    sys.executable,
+                    "-m",
+                    "c10d.run",
+                    "--nnodes",
+                    str(hosts.count),
+                    "--nproc-per-node",
+                    str(nproc),
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-id",
+                    rdzv_id,
+                    "--rdzv-endpoint",
+                    f"{hosts.addresses[0]}:{PORT}",
+                ]
+                + worker,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(hosts.count)
+        ]
     errors = []
     for p in procs:
         try:
@@ -113,7 +176,9 @@ def launch(hosts, nproc, label, args, out_path):
 
 
 def run_layout(count, nproc, rate, args, workdir):
-    labels = list(IMPLS) if nproc > 1 else ["c10d gloo", "torch gloo"]
+    labels = [label for label in IMPLS if nproc > 1 or label != "c10d hier"]
+    if not mpi_runs():
+        labels.remove("open mpi")
     times = {label: {} for label in labels}
     with netns.Hosts(count, rate=rate) as hosts:
         for k in range(args.rounds):
@@ -140,11 +205,10 @@ def report(count, nproc, rate, medians):
         f"\n## all_reduce, {count} hosts x {nproc} rank{'s' if nproc > 1 else ''}, "
         f"links {rate}: time per call in µs (busbw in GB/s; link {link / 1e9:.3f} GB/s)"
     )
-    head = ["size"] + labels
-    if "c10d hier" in labels:
-        head += ["gloo / hier", "torch / hier"]
-    else:
-        head += ["torch / c10d gloo"]
+    # Each other implementation's time over c10d's (hier where it runs, else Gloo).
+    base_label = "c10d hier" if "c10d hier" in labels else "c10d gloo"
+    others = [label for label in labels if label != base_label]
+    head = ["size"] + labels + [f"{other} / {base_label}" for other in others]
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     sizes = sorted(set().union(*[set(m) for m in medians.values()]))
@@ -160,8 +224,8 @@ def report(count, nproc, rate, medians):
             us = medians[label].get(size)
             busbw = size * 2 * (world - 1) / world / (us * 1e-6) / 1e9 if us else None
             row.append(f"{us:.0f} ({busbw:.3f})" if us else "n/a")
-        base = medians.get("c10d hier", medians["c10d gloo"]).get(size)
-        for other in ["c10d gloo", "torch gloo"] if "c10d hier" in labels else ["torch gloo"]:
+        base = medians[base_label].get(size)
+        for other in others:
             them = medians[other].get(size)
             row.append(f"{them / base:.2f}x" if them and base else "-")
         print("| " + " | ".join(row) + " |")

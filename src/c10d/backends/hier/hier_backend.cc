@@ -294,6 +294,7 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout, u
     std::vector<Tensor> whole = {t};
     if (local_) step(local_, [&](pg::Backend& b) { return b.allreduce(whole, o); });
     const bool split = top.uniform() && local_;
+    o.timeout = left();
     if (cross_) {
       if (split) {
         const auto [offset, count] = part_of(t.numel(), parts, top.local_rank);
@@ -304,9 +305,9 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout, u
     }
     if (local_ && top.host_count() > 1) {
       pg::BroadcastOptions bo;
-      bo.timeout = timeout;
       bo.async_op = false;
       for (int l = 0; l < (split ? parts : 1); ++l) {
+        bo.timeout = left();
         const auto [offset, count] =
             split ? part_of(t.numel(), parts, l) : std::pair<int64_t, int64_t>{0, t.numel()};
         if (count == 0) continue;
