@@ -111,9 +111,28 @@ void CrossRing::connect_ring(store::Store& store, const std::string& listen_ip,
   }
   const int port = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
                             : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  store.set(str_cat("ring/", index_), store::to_bytes(str_cat(listen_ip, " ", port)));
+  std::vector<std::string> keys;
+  for (int m = 0; m < size_; ++m) keys.push_back(str_cat("ring/", m));
+  store.set(keys[index_], store::to_bytes(str_cat(listen_ip, " ", port)));
+  try {
+    store.wait(keys, deadline.infinite() ? store.timeout()
+                                         : std::max(deadline.remaining(), pg::Millis(1)));
+  } catch (const core::DistError& e) {
+    std::string missing;
+    for (int m = 0; m < size_; ++m) {
+      bool there = false;
+      try {
+        there = store.check({keys[m]});
+      } catch (const core::DistError&) {  // the store is gone too: name every other member
+      }
+      if (!there && m != index_) missing += str_cat(missing.empty() ? "" : ", ", ranks_[m]);
+    }
+    fail(str_cat("the addresses of ranks ", missing, " did not arrive in the store within ",
+                 core::format_timeout(timeout), ": ", e.what()),
+         true);
+  }
   for (int m = 0; m < size_; ++m) {
-    const std::string value = store::to_string(store.get(str_cat("ring/", m)));
+    const std::string value = store::to_string(store.get(keys[m]));
     const size_t space = value.find(' ');
     hosts_[m] = value.substr(0, space);
     ports_[m] = std::stoi(value.substr(space + 1));
