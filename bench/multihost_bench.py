@@ -46,40 +46,6 @@ def mpi_runs() -> bool:
     return subprocess.run(probe, capture_output=True).returncode == 0
 
 
-def mpirun_argv(hosts, nproc):
-    """mpirun on host 0 starting every host's ranks through hosts.agent, as through ssh."""
-    subnet = f"{hosts.subnet}.0/24"
-    return [
-        "mpirun",
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        "--host",
-        ",".join(f"{name}:{nproc}" for name in hosts.hostnames),
-        "-np",
-        str(hosts.count * nproc),
-        "--mca",
-        "plm_rsh_agent",
-        hosts.agent,
-        "--mca",
-        "plm_rsh_no_tree_spawn",
-        "1",
-        "--mca",
-        "oob_tcp_if_include",
-        subnet,
-        "--mca",
-        "btl_tcp_if_include",
-        subnet,
-        "--mca",
-        "btl",
-        "tcp,vader,self",
-        "-x",
-        "PYTHONPATH",
-        sys.executable,
-    ]
-
-
 def rate_bits(rate: str) -> float:
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
     for unit, scale in units.items():
@@ -123,7 +89,7 @@ def launch(hosts, nproc, label, args, out_path):
         procs = [
             hosts.popen(
                 0,
-                mpirun_argv(hosts, nproc) + worker,
+                hosts.mpirun_argv(nproc) + [sys.executable] + worker,
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

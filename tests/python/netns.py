@@ -177,6 +177,41 @@ class Hosts:
             )
         os.chmod(self.agent, 0o755)
 
+    def mpirun_argv(self, nproc: int) -> List[str]:
+        """mpirun's words for `nproc` ranks on every host, to run on host 0: it starts the
+        other hosts' daemons through the agent, as through ssh; ranks of one host share memory
+        (vader), those of different hosts use TCP on the test hosts' subnet. The program's
+        words follow."""
+        subnet = f"{self.subnet}.0/24"
+        return [
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--host",
+            ",".join(f"{name}:{nproc}" for name in self.hostnames),
+            "-np",
+            str(self.count * nproc),
+            "--mca",
+            "plm_rsh_agent",
+            self.agent,
+            "--mca",
+            "plm_rsh_no_tree_spawn",
+            "1",
+            "--mca",
+            "oob_tcp_if_include",
+            subnet,
+            "--mca",
+            "btl_tcp_if_include",
+            subnet,
+            "--mca",
+            "btl",
+            "tcp,vader,self",
+            "-x",
+            "PYTHONPATH",
+        ]
+
     def tc(self, i: int, *args):
         r = subprocess.run(
             ["ip", "netns", "exec", self.names[i], "tc", *args],

@@ -213,34 +213,7 @@ def test_mpi_across_two_hosts_started_by_mpirun_through_a_launch_agent():
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "GLOO_SOCKET_IFNAME"):
         env.pop(key, None)
     with netns.Hosts(2) as hosts:
-        subnet = f"{hosts.subnet}.0/24"
-        argv = [
-            "mpirun",
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-            "--host",
-            "testhost0:2,testhost1:2",
-            "-np",
-            "4",
-            "--mca",
-            "plm_rsh_agent",
-            hosts.agent,
-            "--mca",
-            "plm_rsh_no_tree_spawn",
-            "1",
-            "--mca",
-            "oob_tcp_if_include",
-            subnet,
-            "--mca",
-            "btl_tcp_if_include",
-            subnet,
-            "--mca",
-            "btl",
-            "tcp,vader,self",
-            "-x",
-            "PYTHONPATH",
+        argv = hosts.mpirun_argv(2) + [
             sys.executable,
             WORKER,
             "mpi",
