@@ -106,7 +106,7 @@ class HierBackend : public pg::Backend {
   void worker_loop();
   // Runs a task and completes its Work, then lets the worker take the next (mutex_ not held).
   void run_task(Task& task);
-  // The steps of the operations (on the worker thread).
+  // The steps of the operations (one at a time: on the worker or on the caller's thread).
   void run_allreduce(Tensor& t, const core::ReduceOp& op, pg::Millis timeout, uint64_t seq);
   void run_broadcast(Tensor& t, int root, pg::Millis timeout);
   void run_reduce(Tensor& t, int root, const core::ReduceOp& op, pg::Millis timeout);
