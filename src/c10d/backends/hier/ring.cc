@@ -86,7 +86,6 @@ CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
 void CrossRing::connect_ring(store::Store& store, const std::string& listen_ip,
                              const Deadline& deadline) {
   const pg::Millis timeout = timeout_;
-  op_ = str_cat("connect (rank ", ranks_[index_], ")");
   const bool v6 = listen_ip.find(':') != std::string::npos;
   sockaddr_storage addr{};
   socklen_t len = 0;
@@ -205,8 +204,14 @@ std::string CrossRing::describe(int index) const {
                  ", port ", ports_[index], ")");
 }
 
+std::string CrossRing::describe_op() const {
+  if (connecting_) return str_cat("connect (rank ", ranks_[index_], ")");
+  return str_cat("allreduce (sequence ", op_seq_, ", rank ", ranks_[index_], ", ", op_bytes_,
+                 " bytes)");
+}
+
 void CrossRing::fail(const std::string& what, bool timeout) {
-  const std::string message = str_cat("hier ", op_, " between hosts: ", what);
+  const std::string message = str_cat("hier ", describe_op(), " between hosts: ", what);
   if (!connecting_) broken_ = message;
   if (timeout) throw core::DistTimeoutError(message);
   if (connecting_) throw core::DistNetworkError(message);
@@ -267,11 +272,11 @@ void CrossRing::exchange(const char* out, size_t out_bytes, char* in, size_t in_
 void CrossRing::allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
                           pg::Millis timeout, uint64_t seq) {
   const size_t elem = core::element_size(dtype);
-  op_ = str_cat("allreduce (sequence ", seq, ", rank ", ranks_[index_], ", ", count * elem,
-                " bytes)");
+  op_seq_ = seq;
+  op_bytes_ = count * elem;
   if (!broken_.empty()) {
     throw core::DistBackendError(
-        str_cat("hier ", op_, " between hosts: the ring broke earlier: ", broken_));
+        str_cat("hier ", describe_op(), " between hosts: the ring broke earlier: ", broken_));
   }
   if (count == 0 || size_ == 1) return;
   const Deadline deadline(timeout);

@@ -65,6 +65,8 @@ class CrossRing {
   template <typename OnReceived>
   void exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes,
                 const core::Deadline& deadline, OnReceived received);
+  // "allreduce (sequence 3, rank 0, 1048576 bytes)", or "connect (rank 0)" in the constructor
+  std::string describe_op() const;
   // "rank 2 on host 10.0.0.2 (ring member 1, port 41234)"
   std::string describe(int index) const;
   [[noreturn]] void fail(const std::string& what, bool timeout);
@@ -78,7 +80,8 @@ class CrossRing {
   store::net::Socket next_;  // to member index_ + 1
   Peer prev_;                // from member index_ - 1
   bool connecting_ = true;   // still in the constructor
-  std::string op_;           // "allreduce (sequence 3, rank 0, 1048576 bytes)", for messages
+  uint64_t op_seq_ = 0;      // the running operation, for messages (formatted only on error)
+  size_t op_bytes_ = 0;
   pg::Millis timeout_{0};
   std::string broken_;  // why the ring refuses operations, once it does
   std::vector<char> incoming_;
