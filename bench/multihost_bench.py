@@ -102,22 +102,7 @@ def launch(hosts, nproc, label, args, out_path):
         procs = [
             hosts.popen(
                 i,
-                [
-                    sys.executable,
-                    "-m",
-                    "c10d.run",
-                    "--nnodes",
-                    str(hosts.count),
-                    "--nproc-per-node",
-                    str(nproc),
-                    "--rdzv-backend",
-                    "c10d",
-                    "--rdzv-id",
-                    rdzv_id,
-                    "--rdzv-endpoint",
-                    f"{hosts.addresses[0]}:{PORT}",
-                ]
-                + worker,
+                hosts.launcher_argv(nproc, PORT, rdzv_id) + worker,
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

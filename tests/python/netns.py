@@ -18,6 +18,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from typing import List, Optional
@@ -176,6 +177,16 @@ class Hosts:
                 "esac\n"
             )
         os.chmod(self.agent, 0o755)
+
+    def launcher_argv(self, nproc: int, port: int, rdzv_id: Optional[str] = None) -> List[str]:
+        """c10d.run's words for one host's launcher with `nproc` ranks, meeting the others at
+        host 0's address and `port`; the program's words follow."""
+        return (
+            [sys.executable, "-m", "c10d.run", "--nnodes", str(self.count)]
+            + ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
+            + (["--rdzv-id", rdzv_id] if rdzv_id else [])
+            + ["--rdzv-endpoint", f"{self.addresses[0]}:{port}"]
+        )
 
     def mpirun_argv(self, nproc: int) -> List[str]:
         """mpirun's words for `nproc` ranks on every host, to run on host 0: it starts the

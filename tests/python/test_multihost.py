@@ -30,18 +30,7 @@ def launch(hosts, backend, seconds=0.0, timeout=60.0, nproc=(2, 2)):
     env.pop("GLOO_SOCKET_IFNAME", None)
     procs = []
     for i in range(hosts.count):
-        argv = [
-            sys.executable,
-            "-m",
-            "c10d.run",
-            "--nnodes",
-            str(hosts.count),
-            "--nproc-per-node",
-            str(nproc[i]),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"{hosts.addresses[0]}:{PORT}",
+        argv = hosts.launcher_argv(nproc[i], PORT) + [
             WORKER,
             backend,
             str(seconds),
