@@ -107,8 +107,9 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
     if (const std::string ip = cross->listen_ip(); !ip.empty()) {
       std::vector<int> members;
       for (const auto& host : t.hosts) members.push_back(host[t.local_rank]);
-      ring_ = std::make_unique<CrossRing>(*prefixed(str_cat("hier/ring/", t.local_rank, "/")),
-                                          t.host, std::move(members), ip, timeout);
+      ring_ = std::make_unique<ring::Ring>(*prefixed(str_cat("hier/ring/", t.local_rank, "/")),
+                                           t.host, std::move(members), ip, timeout,
+                                           ring::Ring::Label{"hier", " between hosts"});
     }
   }
   world_ = std::make_shared<gloo::GlooBackend>(prefixed("hier/world/"), rank, size, go);
@@ -297,7 +298,7 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout, u
     o.timeout = left();
     if (cross_) {
       if (split) {
-        const auto [offset, count] = part_of(t.numel(), parts, top.local_rank);
+        const auto [offset, count] = ring::part_of(t.numel(), parts, top.local_rank);
         if (count > 0) cross_allreduce(t.flatten().flat_slice(offset, count), o, seq);
       } else {
         cross_allreduce(t, o, seq);
@@ -309,7 +310,7 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout, u
       for (int l = 0; l < (split ? parts : 1); ++l) {
         bo.timeout = left();
         const auto [offset, count] =
-            split ? part_of(t.numel(), parts, l) : std::pair<int64_t, int64_t>{0, t.numel()};
+            split ? ring::part_of(t.numel(), parts, l) : std::pair<int64_t, int64_t>{0, t.numel()};
         if (count == 0) continue;
         std::vector<Tensor> piece = {t.flatten().flat_slice(offset, count)};
         bo.root_rank = l;
@@ -359,13 +360,14 @@ WorkPtr HierBackend::broadcast(std::vector<Tensor>& tensors, const pg::Broadcast
   const Millis timeout = effective_timeout(opts.timeout);
   return submit(
       OpType::kBroadcast, "broadcast", opts.async_op,
-      [this, t, root, timeout](uint64_t) mutable { run_broadcast(t, root, timeout); }, tensors);
+      [this, t, root, timeout](uint64_t seq) mutable { run_broadcast(t, root, timeout, seq); },
+      tensors);
 }
 
 // The root broadcasts on its host; the local rank that carries it between hosts (the root's
 // own when every host has as many ranks, else the first) broadcasts it to its peers on the
 // other hosts, each of which broadcasts it on its host.
-void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout) {
+void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout, uint64_t seq) {
   const Topology& top = topology_;
   const int root_host = host_of_[root], root_local = local_rank_of_[root];
   const int carrier = top.uniform() ? root_local : 0;
@@ -377,7 +379,9 @@ void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout) {
     bo.root_rank = root_local;
     step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
   }
-  if (cross_ && top.local_rank == carrier) {
+  if (ring_ && top.local_rank == carrier) {
+    ring_->broadcast(t.data(), t.nbytes(), root_host, timeout, seq);
+  } else if (cross_ && top.local_rank == carrier) {
     bo.root_rank = root_host;
     step(cross_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
   }

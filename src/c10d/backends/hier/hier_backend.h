@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "c10d/backends/hier/ring.h"
+#include "c10d/backends/ring/ring.h"
 #include "c10d/pg/backend.h"
 #include "c10d/store/store.h"
 
@@ -108,7 +108,7 @@ class HierBackend : public pg::Backend {
   void run_task(Task& task);
   // The steps of the operations (one at a time: on the worker or on the caller's thread).
   void run_allreduce(Tensor& t, const core::ReduceOp& op, pg::Millis timeout, uint64_t seq);
-  void run_broadcast(Tensor& t, int root, pg::Millis timeout);
+  void run_broadcast(Tensor& t, int root, pg::Millis timeout, uint64_t seq);
   void run_reduce(Tensor& t, int root, const core::ReduceOp& op, pg::Millis timeout);
   // All-reduces `t` (contiguous) with this rank's peers on the other hosts: the ring, or the
   // cross Gloo group when there is none.
@@ -125,7 +125,7 @@ class HierBackend : public pg::Backend {
   std::shared_ptr<pg::Backend> local_;  // the host's ranks (null when alone on its host)
   std::shared_ptr<pg::Backend> cross_;  // this local rank's peers on the other hosts (or null)
   std::shared_ptr<pg::Backend> world_;  // all ranks (Gloo)
-  std::unique_ptr<CrossRing> ring_;     // all_reduce between hosts, next to cross_
+  std::unique_ptr<ring::Ring> ring_;    // all_reduce and broadcast between hosts, beside cross_
   // The local rank whose cross group carries a broadcast or reduce rooted at each rank.
   std::vector<int> local_rank_of_;
   std::vector<int> host_of_;

@@ -1,4 +1,5 @@
-// The hierarchical backend's ring between hosts on its own: members as threads over loopback.
+// The ring all_reduce runs on (Gloo and hier backends), on its own: members as threads over
+// loopback.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,12 +9,12 @@
 #include <thread>
 #include <vector>
 
-#include "c10d/backends/hier/ring.h"
+#include "c10d/backends/ring/ring.h"
 #include "c10d/core/exception.h"
 #include "c10d/store/hash_store.h"
 #include "rank_threads.h"
 
-namespace c10d::backends::hier {
+namespace c10d::backends::ring {
 namespace {
 
 using core::DType;
@@ -35,7 +36,7 @@ std::vector<std::string> run_members(int size, pg::Millis timeout, Fn fn) {
   for (int m = 0; m < size; ++m) {
     threads.emplace_back([&, m] {
       try {
-        CrossRing ring(store, m, ranks, "127.0.0.1", timeout);
+        Ring ring(store, m, ranks, "127.0.0.1", timeout, Ring::Label{"test", " in the test"});
         fn(m, ring);
       } catch (const std::exception& e) {
         errors[m] = e.what();
@@ -46,12 +47,12 @@ std::vector<std::string> run_members(int size, pg::Millis timeout, Fn fn) {
   return errors;
 }
 
-TEST(CrossRing, AllreduceIsExactAndTheSameOnEveryMember) {
+TEST(Ring, AllreduceIsExactAndTheSameOnEveryMember) {
   for (int size : {2, 3}) {
     // Uneven chunks, several fold pieces per chunk, and fewer elements than members.
     for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{300001}}) {
       for (const ReduceOp& op : {ReduceOp(ReduceOp::SUM), ReduceOp(ReduceOp::MAX)}) {
-        const auto errors = run_members(size, 10s, [&](int m, CrossRing& ring) {
+        const auto errors = run_members(size, 10s, [&](int m, Ring& ring) {
           for (DType dtype : {DType::kFloat64, DType::kInt32, DType::kFloat16}) {
             core::Tensor t = filled(n, dtype, m);
             ring.allreduce(t.data(), static_cast<size_t>(n), dtype, op, 10s, 7);
@@ -65,8 +66,51 @@ TEST(CrossRing, AllreduceIsExactAndTheSameOnEveryMember) {
   }
 }
 
-TEST(CrossRing, MembersInDifferentCollectivesFailAndTheRingStaysBroken) {
-  const auto errors = run_members(3, 1s, [](int m, CrossRing& ring) {
+TEST(Ring, AllgatherAndBroadcastReachEveryMember) {
+  for (int size : {2, 3}) {
+    // One byte, and several poll rounds' worth.
+    for (size_t bytes : {size_t{1}, size_t{3} << 20}) {
+      const auto errors = run_members(size, 10s, [&](int m, Ring& ring) {
+        std::vector<unsigned char> blocks(bytes * size, 0);
+        for (size_t i = 0; i < bytes; ++i)
+          blocks[m * bytes + i] = static_cast<unsigned char>(m + i);
+        ring.allgather(blocks.data(), bytes, 10s, 1);
+        for (int from = 0; from < size; ++from) {
+          for (size_t i = 0; i < bytes; ++i) {
+            ASSERT_EQ(blocks[from * bytes + i], static_cast<unsigned char>(from + i))
+                << "allgather, member " << m << ", block " << from << ", byte " << i;
+          }
+        }
+        for (int root = 0; root < size; ++root) {
+          std::vector<unsigned char> data(bytes, 0);
+          if (m == root) {
+            for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<unsigned char>(7 * root + i);
+          }
+          ring.broadcast(data.data(), bytes, root, 10s, 2 + root);
+          for (size_t i = 0; i < bytes; ++i) {
+            ASSERT_EQ(data[i], static_cast<unsigned char>(7 * root + i))
+                << "broadcast from " << root << ", member " << m << ", byte " << i;
+          }
+        }
+      });
+      for (const auto& e : errors) EXPECT_EQ(e, "");
+    }
+  }
+}
+
+TEST(Ring, BroadcastsFromDifferentRootsFailNamingTheOther) {
+  const auto errors = run_members(2, 1s, [](int m, Ring& ring) {
+    std::vector<char> data(16);
+    ring.broadcast(data.data(), data.size(), m, 1s, 3);
+  });
+  EXPECT_NE(errors[0].find("rank 11 on host 127.0.0.1 (ring member 1, port "), std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[0].find("runs broadcast sequence 3 of 16 bytes from root 11"), std::string::npos)
+      << errors[0];
+}
+
+TEST(Ring, MembersInDifferentCollectivesFailAndTheRingStaysBroken) {
+  const auto errors = run_members(3, 1s, [](int m, Ring& ring) {
     std::vector<double> data(m == 0 ? 10 : 12, 1.0);
     try {
       ring.allreduce(data.data(), data.size(), DType::kFloat64, ReduceOp(ReduceOp::SUM), 1s, 4);
@@ -86,9 +130,9 @@ TEST(CrossRing, MembersInDifferentCollectivesFailAndTheRingStaysBroken) {
   }
 }
 
-TEST(CrossRing, TimeoutNamesTheMemberWaitedFor) {
+TEST(Ring, TimeoutNamesTheMemberWaitedFor) {
   std::atomic<bool> done{false};
-  const auto errors = run_members(2, 10s, [&](int m, CrossRing& ring) {
+  const auto errors = run_members(2, 10s, [&](int m, Ring& ring) {
     if (m == 1) {
       rank_threads::wait_for(done, 30s);  // connected, but never joins
       return;
@@ -109,12 +153,19 @@ TEST(CrossRing, TimeoutNamesTheMemberWaitedFor) {
   EXPECT_NE(errors[0].find("rank 11 on host 127.0.0.1 (ring member 1, port "), std::string::npos)
       << errors[0];
   EXPECT_NE(errors[0].find("timed out after 300ms"), std::string::npos) << errors[0];
+  // The second operation refuses, quoting the first's failure; both carry the ring's label.
+  EXPECT_EQ(errors[0].rfind("test allreduce (sequence 1, rank 10, 400 bytes) in the test: the "
+                            "ring broke earlier: test allreduce (sequence 0, rank 10, 400 bytes) "
+                            "in the test: timed out",
+                            0),
+            0)
+      << errors[0];
   EXPECT_EQ(errors[1], "");
 }
 
-TEST(CrossRing, AbortEndsABlockedOperationAtOnce) {
+TEST(Ring, AbortEndsABlockedOperationAtOnce) {
   std::atomic<bool> done{false};
-  const auto errors = run_members(2, 30s, [&](int m, CrossRing& ring) {
+  const auto errors = run_members(2, 30s, [&](int m, Ring& ring) {
     if (m == 1) {
       rank_threads::wait_for(done, 30s);
       return;
@@ -135,11 +186,11 @@ TEST(CrossRing, AbortEndsABlockedOperationAtOnce) {
   EXPECT_EQ(errors[0], "");
 }
 
-TEST(CrossRing, AMemberThatNeverConnectsTimesOutNamingIt) {
+TEST(Ring, AMemberThatNeverConnectsTimesOutNamingIt) {
   store::HashStore store(2s);
   const auto start = std::chrono::steady_clock::now();
   try {
-    CrossRing ring(store, 0, {4, 5}, "127.0.0.1", 500ms);
+    Ring ring(store, 0, {4, 5}, "127.0.0.1", 500ms, Ring::Label{"test", ""});
     ADD_FAILURE() << "a ring without its second member connected";
   } catch (const core::DistTimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("the addresses of ranks 5 did not arrive"),
@@ -150,4 +201,4 @@ TEST(CrossRing, AMemberThatNeverConnectsTimesOutNamingIt) {
 }
 
 }  // namespace
-}  // namespace c10d::backends::hier
+}  // namespace c10d::backends::ring

@@ -1,4 +1,4 @@
-#include "c10d/backends/hier/ring.h"
+#include "c10d/backends/ring/ring.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include "c10d/core/exception.h"
 #include "c10d/core/reduce.h"
 
-namespace c10d::backends::hier {
+namespace c10d::backends::ring {
 
 using core::Deadline;
 using core::detail::str_cat;
@@ -40,7 +40,10 @@ struct Hello {
 struct Header {
   uint64_t seq;
   uint64_t bytes;
+  uint32_t kind;  // one of the k* below
+  int32_t root;   // broadcast's root member, else -1
 };
+constexpr uint32_t kAllreduce = 1, kAllgather = 2, kBroadcast = 3;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -71,10 +74,10 @@ std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int part) {
   return {offset, base + (part < extra ? 1 : 0)};
 }
 
-CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
-                     const std::string& listen_ip, pg::Millis timeout)
-    : index_(index), size_(static_cast<int>(ranks.size())), ranks_(std::move(ranks)),
-      hosts_(ranks_.size()), ports_(ranks_.size()), timeout_(timeout) {
+Ring::Ring(store::Store& store, int index, std::vector<int> ranks, const std::string& listen_ip,
+           pg::Millis timeout, Label label)
+    : index_(index), size_(static_cast<int>(ranks.size())), label_(std::move(label)),
+      ranks_(std::move(ranks)), hosts_(ranks_.size()), ports_(ranks_.size()), timeout_(timeout) {
   try {
     connect_ring(store, listen_ip, Deadline(timeout));
   } catch (...) {
@@ -83,8 +86,8 @@ CrossRing::CrossRing(store::Store& store, int index, std::vector<int> ranks,
   }
 }
 
-void CrossRing::connect_ring(store::Store& store, const std::string& listen_ip,
-                             const Deadline& deadline) {
+void Ring::connect_ring(store::Store& store, const std::string& listen_ip,
+                        const Deadline& deadline) {
   const pg::Millis timeout = timeout_;
   const bool v6 = listen_ip.find(':') != std::string::npos;
   sockaddr_storage addr{};
@@ -184,34 +187,34 @@ void CrossRing::connect_ring(store::Store& store, const std::string& listen_ip,
   connecting_ = false;
 }
 
-CrossRing::~CrossRing() { close_fds(); }
+Ring::~Ring() { close_fds(); }
 
-void CrossRing::close_fds() {
+void Ring::close_fds() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (prev_.fd >= 0) ::close(prev_.fd);
   listen_fd_ = prev_.fd = -1;
 }
 
-void CrossRing::abort() {
+void Ring::abort() {
   aborted_ = true;
   // Wakes a poll() on them; the fds stay open until the destructor.
   if (next_.valid()) ::shutdown(next_.fd(), SHUT_RDWR);
   if (prev_.fd >= 0) ::shutdown(prev_.fd, SHUT_RDWR);
 }
 
-std::string CrossRing::describe(int index) const {
+std::string Ring::describe(int index) const {
   return str_cat("rank ", ranks_[index], " on host ", hosts_[index], " (ring member ", index,
                  ", port ", ports_[index], ")");
 }
 
-std::string CrossRing::describe_op() const {
+std::string Ring::describe_op() const {
   if (connecting_) return str_cat("connect (rank ", ranks_[index_], ")");
-  return str_cat("allreduce (sequence ", op_seq_, ", rank ", ranks_[index_], ", ", op_bytes_,
+  return str_cat(op_name_, " (sequence ", op_seq_, ", rank ", ranks_[index_], ", ", op_bytes_,
                  " bytes)");
 }
 
-void CrossRing::fail(const std::string& what, bool timeout) {
-  const std::string message = str_cat("hier ", describe_op(), " between hosts: ", what);
+void Ring::fail(const std::string& what, bool timeout) {
+  const std::string message = str_cat(label_.before, " ", describe_op(), label_.after, ": ", what);
   if (!connecting_) broken_ = message;
   if (timeout) throw core::DistTimeoutError(message);
   if (connecting_) throw core::DistNetworkError(message);
@@ -219,15 +222,16 @@ void CrossRing::fail(const std::string& what, bool timeout) {
 }
 
 template <typename OnReceived>
-void CrossRing::exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes,
-                         const Deadline& deadline, OnReceived received) {
+void Ring::exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes,
+                    const Deadline& deadline, OnReceived received, bool relay) {
   const int next = (index_ + 1) % size_;
   size_t sent = 0, got = 0;
   while (sent < out_bytes || got < in_bytes) {
     bool moved = false;
-    if (sent < out_bytes) {
+    const size_t sendable = relay ? std::min(out_bytes, got) : out_bytes;
+    if (sent < sendable) {
       const ssize_t n =
-          ::send(next_.fd(), out + sent, out_bytes - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+          ::send(next_.fd(), out + sent, sendable - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         sent += static_cast<size_t>(n);
         moved = true;
@@ -261,7 +265,7 @@ void CrossRing::exchange(const char* out, size_t out_bytes, char* in, size_t in_
     }
     pollfd fds[2];
     nfds_t count = 0;
-    if (sent < out_bytes) fds[count++] = pollfd{next_.fd(), POLLOUT, 0};
+    if (sent < sendable) fds[count++] = pollfd{next_.fd(), POLLOUT, 0};
     if (got < in_bytes) fds[count++] = pollfd{prev_.fd, POLLIN, 0};
     const auto left = deadline.remaining();
     const int ms = static_cast<int>(std::min<int64_t>(left.count(), kPollSliceMs));
@@ -269,37 +273,80 @@ void CrossRing::exchange(const char* out, size_t out_bytes, char* in, size_t in_
   }
 }
 
-void CrossRing::allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
-                          pg::Millis timeout, uint64_t seq) {
-  const size_t elem = core::element_size(dtype);
+Deadline Ring::begin(uint32_t kind, const char* op_name, uint64_t seq, size_t bytes, int root,
+                     pg::Millis timeout) {
+  op_name_ = op_name;
   op_seq_ = seq;
-  op_bytes_ = count * elem;
+  op_bytes_ = bytes;
   if (!broken_.empty()) {
-    throw core::DistBackendError(
-        str_cat("hier ", describe_op(), " between hosts: the ring broke earlier: ", broken_));
+    throw core::DistBackendError(str_cat(label_.before, " ", describe_op(), label_.after,
+                                         ": the ring broke earlier: ", broken_));
   }
-  if (count == 0 || size_ == 1) return;
   const Deadline deadline(timeout);
   timeout_ = timeout;
+  if (size_ == 1) return deadline;
+  const Header mine{seq, bytes, kind, root};
+  Header theirs{};
+  exchange(reinterpret_cast<const char*>(&mine), sizeof(mine), reinterpret_cast<char*>(&theirs),
+           sizeof(theirs), deadline, [](size_t) {});
+  if (theirs.seq != mine.seq || theirs.bytes != mine.bytes || theirs.kind != mine.kind ||
+      theirs.root != mine.root) {
+    static const char* const kKinds[] = {"?", "allreduce", "allgather", "broadcast"};
+    const char* their_kind = theirs.kind <= kBroadcast ? kKinds[theirs.kind] : "?";
+    fail(str_cat(describe(prev_.index), " runs ", their_kind, " sequence ", theirs.seq, " of ",
+                 theirs.bytes, " bytes",
+                 theirs.root >= 0 ? str_cat(" from root ", ranks_.at(theirs.root % size_)) : "",
+                 ": the ranks called different collectives"),
+         false);
+  }
+  return deadline;
+}
+
+template <typename Chunk>
+void Ring::gather_around(char* bytes, Chunk chunk, int shift, const Deadline& deadline) {
+  for (int s = 0; s < size_ - 1; ++s) {
+    const auto [out_offset, out_bytes] = chunk(index_ + shift - s);
+    const auto [in_offset, in_bytes] = chunk(index_ + shift - s - 1);
+    exchange(bytes + out_offset, out_bytes, bytes + in_offset, in_bytes, deadline, [](size_t) {});
+  }
+}
+
+void Ring::allgather(void* data, size_t block_bytes, pg::Millis timeout, uint64_t seq,
+                     const char* op_name) {
+  const Deadline deadline = begin(kAllgather, op_name, seq, block_bytes, -1, timeout);
+  if (block_bytes == 0 || size_ == 1) return;
+  auto chunk = [&](int m) {
+    return std::pair<size_t, size_t>{static_cast<size_t>((m + size_) % size_) * block_bytes,
+                                     block_bytes};
+  };
+  gather_around(static_cast<char*>(data), chunk, 0, deadline);
+}
+
+void Ring::broadcast(void* data, size_t bytes, int root, pg::Millis timeout, uint64_t seq,
+                     const char* op_name) {
+  const Deadline deadline = begin(kBroadcast, op_name, seq, bytes, root, timeout);
+  if (bytes == 0 || size_ == 1) return;
+  auto* p = static_cast<char*>(data);
+  const bool last = (index_ + 1) % size_ == root;  // the member before the root keeps it
+  if (index_ == root) {
+    exchange(p, bytes, nullptr, 0, deadline, [](size_t) {});
+  } else {
+    exchange(
+        p, last ? 0 : bytes, p, bytes, deadline, [](size_t) {}, /*relay=*/true);
+  }
+}
+
+void Ring::allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
+                     pg::Millis timeout, uint64_t seq, const char* op_name) {
+  const size_t elem = core::element_size(dtype);
+  const Deadline deadline = begin(kAllreduce, op_name, seq, count * elem, -1, timeout);
+  if (count == 0 || size_ == 1) return;
   auto* bytes = static_cast<char*>(data);
   auto chunk = [&](int c) {
     const auto [offset, n] = part_of(static_cast<int64_t>(count), size_, (c + size_) % size_);
     return std::pair<size_t, size_t>{static_cast<size_t>(offset) * elem,
                                      static_cast<size_t>(n) * elem};
   };
-  const auto nothing = [](size_t) {
-  };
-
-  const Header mine{seq, count * elem};
-  Header theirs{};
-  exchange(reinterpret_cast<const char*>(&mine), sizeof(mine), reinterpret_cast<char*>(&theirs),
-           sizeof(theirs), deadline, nothing);
-  if (theirs.seq != mine.seq || theirs.bytes != mine.bytes) {
-    fail(str_cat(describe(prev_.index), " runs allreduce sequence ", theirs.seq, " of ",
-                 theirs.bytes, " bytes: the ranks called different collectives"),
-         false);
-  }
-
   // Reduce-scatter: after step s this member holds the sum of s + 2 members' parts of chunk
   // index - s - 1; at the end, all members' sum of chunk index + 1.
   for (int s = 0; s < size_ - 1; ++s) {
@@ -318,11 +365,7 @@ void CrossRing::allreduce(void* data, size_t count, core::DType dtype, const cor
     });
   }
   // All-gather: pass the finished chunks on around the ring.
-  for (int s = 0; s < size_ - 1; ++s) {
-    const auto [out_offset, out_bytes] = chunk(index_ + 1 - s);
-    const auto [in_offset, in_bytes] = chunk(index_ - s);
-    exchange(bytes + out_offset, out_bytes, bytes + in_offset, in_bytes, deadline, nothing);
-  }
+  gather_around(bytes, chunk, 1, deadline);
 }
 
-}  // namespace c10d::backends::hier
+}  // namespace c10d::backends::ring

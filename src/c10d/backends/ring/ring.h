@@ -1,8 +1,8 @@
-// The hierarchical backend's path between hosts for all_reduce: the ranks that carry a part of
-// every host's sum (one per host) joined in a ring of TCP connections of their own, driven by
-// the thread that runs the operation. Gloo's transport hands every message to an event-loop
+// A ring of TCP connections that all_reduce runs on, driven by the thread that runs the
+// operation: the Gloo backend's all_reduce over its group, and the hierarchical backend's
+// between hosts (one member per host). Gloo's transport hands every message to an event-loop
 // thread that polls for it; with a few ranks per core those hand-offs and polls cost more than
-// the transfer (see docs/design/hier.md). Private to the backend.
+// the transfer (see docs/design/gloo.md). Private to the backends.
 #pragma once
 
 #include <atomic>
@@ -19,23 +19,28 @@
 #include "c10d/store/socket.h"
 #include "c10d/store/store.h"
 
-namespace c10d::backends::hier {
+namespace c10d::backends::ring {
 
 // The [offset, offset + count) piece `part` of `parts` nearly equal pieces of `n` elements.
 std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int part);
 
-class CrossRing {
+class Ring {
  public:
-  // Member `index` of a ring whose members are global ranks `ranks` (by index). Listens on
+  // Member `index` of a ring whose members are ranks `ranks` (by index). Listens on
   // `listen_ip` (the address the Gloo group of the same ranks chose: GLOO_SOCKET_IFNAME's, or
   // the one routing towards the store), publishes it through `store` (prefixed for this ring),
   // connects to the next member and accepts the previous one. Throws DistNetworkError naming
-  // the member it could not reach, DistTimeoutError after `timeout`.
-  CrossRing(store::Store& store, int index, std::vector<int> ranks, const std::string& listen_ip,
-            pg::Millis timeout);
-  ~CrossRing();
-  CrossRing(const CrossRing&) = delete;
-  CrossRing& operator=(const CrossRing&) = delete;
+  // the member it could not reach, DistTimeoutError after `timeout`. Messages read
+  // "<label.before> allreduce (sequence 3, ...)<label.after>: ...".
+  struct Label {
+    std::string before;  // "hier"
+    std::string after;   // " between hosts"
+  };
+  Ring(store::Store& store, int index, std::vector<int> ranks, const std::string& listen_ip,
+       pg::Millis timeout, Label label);
+  ~Ring();
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
 
   // Reduces `count` elements at `data` with every member's (op must group freely: SUM, MIN,
   // ...), a ring reduce-scatter and all-gather, so every member ends with the same bits.
@@ -44,7 +49,15 @@ class CrossRing {
   // else DistBackendError; after one the ring refuses further operations (its streams are out
   // of step).
   void allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
-                 pg::Millis timeout, uint64_t seq);
+                 pg::Millis timeout, uint64_t seq, const char* op_name = "allreduce");
+  // Member m's `block_bytes` at data + m * block_bytes reach every member (the ring's
+  // all-gather half). Same checks and errors as allreduce.
+  void allgather(void* data, size_t block_bytes, pg::Millis timeout, uint64_t seq,
+                 const char* op_name = "allgather");
+  // Member `root`'s `bytes` at `data` reach every member, passed on along the ring piece by
+  // piece as they arrive. Same checks (the root too) and errors as allreduce.
+  void broadcast(void* data, size_t bytes, int root, pg::Millis timeout, uint64_t seq,
+                 const char* op_name = "broadcast");
   // The address member `index` listens on, without the port.
   std::string host_of(int index) const { return hosts_[index]; }
   // Fails a running operation within a poll interval and every later one (backend shutdown).
@@ -61,10 +74,19 @@ class CrossRing {
   // Closes the listener and the previous member's connection (next_ closes itself).
   void close_fds();
   // Sends `out_bytes` from `out` to the next member while receiving `in_bytes` into `in` from
-  // the previous one; `received(n)` is called as the first n bytes of `in` have arrived.
+  // the previous one; `received(n)` is called as the first n bytes of `in` have arrived. With
+  // `relay`, only bytes already received are sent (out == in: passing a message on).
   template <typename OnReceived>
   void exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes,
-                const core::Deadline& deadline, OnReceived received);
+                const core::Deadline& deadline, OnReceived received, bool relay = false);
+  // Records the operation for messages, refuses it on a broken ring, and checks that the
+  // previous member runs the same one (kind, sequence number, bytes, root). Returns its
+  // deadline.
+  core::Deadline begin(uint32_t kind, const char* op_name, uint64_t seq, size_t bytes, int root,
+                       pg::Millis timeout);
+  // The all-gather half: every member's chunk chunk(m) (offset, bytes) reaches every member.
+  template <typename Chunk>
+  void gather_around(char* bytes, Chunk chunk, int shift, const core::Deadline& deadline);
   // "allreduce (sequence 3, rank 0, 1048576 bytes)", or "connect (rank 0)" in the constructor
   std::string describe_op() const;
   // "rank 2 on host 10.0.0.2 (ring member 1, port 41234)"
@@ -73,14 +95,16 @@ class CrossRing {
 
   const int index_;
   const int size_;
+  const Label label_;
   const std::vector<int> ranks_;
   std::vector<std::string> hosts_;  // the address each member listens on, by member
   std::vector<int> ports_;
   int listen_fd_ = -1;
-  store::net::Socket next_;  // to member index_ + 1
-  Peer prev_;                // from member index_ - 1
-  bool connecting_ = true;   // still in the constructor
-  uint64_t op_seq_ = 0;      // the running operation, for messages (formatted only on error)
+  store::net::Socket next_;            // to member index_ + 1
+  Peer prev_;                          // from member index_ - 1
+  bool connecting_ = true;             // still in the constructor
+  const char* op_name_ = "allreduce";  // the running operation, for messages (formatted only
+  uint64_t op_seq_ = 0;                // on error)
   size_t op_bytes_ = 0;
   pg::Millis timeout_{0};
   std::string broken_;  // why the ring refuses operations, once it does
@@ -88,4 +112,4 @@ class CrossRing {
   std::atomic<bool> aborted_{false};
 };
 
-}  // namespace c10d::backends::hier
+}  // namespace c10d::backends::ring
