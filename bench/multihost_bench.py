@@ -26,6 +26,8 @@ PORT = 29400
 IMPLS = {  # label: (worker impl, backend, extra environment)
     "c10d hier": ("c10d", "hier", {}),
     "c10d gloo": ("c10d", "gloo", {}),
+    # all_reduce on Gloo's own algorithm and transport instead of c10d's ring.
+    "c10d gloo, no ring": ("c10d", "gloo", {"C10D_GLOO_RING": "0"}),
     # torch's Gloo listens where the hostname resolves (127.0.1.1 here): it needs the interface.
     "torch gloo": ("torch", "gloo", {"GLOO_SOCKET_IFNAME": "eth0"}),
     # Open MPI's defaults, but for the transports: shared memory in a host, TCP on the test

@@ -44,6 +44,14 @@ def test_case(case, world_size, backend):
     harness.check_all_ok(harness.run(case, world_size, backend))
 
 
+# The Gloo backend runs all_reduce and reduce_scatter on c10d's ring unless told otherwise;
+# Gloo's own algorithms stay a supported choice.
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("case", ["all_reduce", "all_reduce_errors", "reduce_scatters"])
+def test_gloo_without_the_ring(case, world_size):
+    harness.check_all_ok(harness.run(case, world_size, "gloo", env={"C10D_GLOO_RING": "0"}))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_collectives_change_only_their_outputs(backend, world_size):

@@ -26,7 +26,8 @@ void init_gloo(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("_devices", &GlooOptions::devices)
       .def_readwrite("_threads", &GlooOptions::threads)
-      .def_readwrite("_timeout", &GlooOptions::timeout);
+      .def_readwrite("_timeout", &GlooOptions::timeout)
+      .def_readwrite("_ring", &GlooOptions::ring);
   gloo.attr("Options") = gloo.attr("_Options");
 
   gloo.def(py::init(

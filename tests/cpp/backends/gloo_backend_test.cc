@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -37,13 +38,12 @@ const DevicePtr& loopback() {
 
 // Runs fn(rank, backend) on one thread per rank, every rank on the shared loopback device.
 template <typename Fn>
-void run_ranks(int size, Fn fn, pg::Millis timeout = 10s) {
+void run_ranks(int size, Fn fn, pg::Millis timeout = 10s, GlooOptions opts = {}) {
+  opts.devices = {loopback()};
+  opts.timeout = timeout;
   rank_threads::run_rank_threads(
       size,
       [&](std::shared_ptr<store::Store> store, int rank) {
-        GlooOptions opts;
-        opts.devices = {loopback()};
-        opts.timeout = timeout;
         return std::make_unique<GlooBackend>(std::move(store), rank, size, opts);
       },
       fn);
@@ -66,32 +66,51 @@ TEST(GlooBackend, AllreduceInlineMixedWithAsync) {
   });
 }
 
+// On the ring and on Gloo's own allreduce (GlooOptions::ring).
+GlooOptions with_ring(bool ring) {
+  GlooOptions opts;
+  opts.ring = ring;
+  return opts;
+}
+
 TEST(GlooBackend, AllreduceSeveralLocalTensors) {
-  run_ranks(2, [](int rank, GlooBackend& backend) {
-    std::vector<Tensor> tensors{filled(5, DType::kFloat32, rank), filled(5, DType::kFloat32, rank)};
-    backend.allreduce(tensors, pg::AllreduceOptions{})->wait();
-    Tensor expected = expected_reduce(5, DType::kFloat32, 2, ReduceOp::SUM);
-    core::reduce(expected.data(), expected.data(), 5, DType::kFloat32, ReduceOp::SUM);
-    expect_same(tensors[0], expected, "tensor 0");
-    expect_same(tensors[1], expected, "tensor 1");
-  });
+  for (bool ring : {true, false}) {
+    run_ranks(
+        2,
+        [](int rank, GlooBackend& backend) {
+          std::vector<Tensor> tensors{filled(5, DType::kFloat32, rank),
+                                      filled(5, DType::kFloat32, rank)};
+          backend.allreduce(tensors, pg::AllreduceOptions{})->wait();
+          Tensor expected = expected_reduce(5, DType::kFloat32, 2, ReduceOp::SUM);
+          core::reduce(expected.data(), expected.data(), 5, DType::kFloat32, ReduceOp::SUM);
+          expect_same(tensors[0], expected, "tensor 0");
+          expect_same(tensors[1], expected, "tensor 1");
+        },
+        10s, with_ring(ring));
+  }
 }
 
 TEST(GlooBackend, AllreduceCoalesced) {
-  run_ranks(3, [](int rank, GlooBackend& backend) {
-    std::vector<Tensor> tensors{filled(3, DType::kInt32, rank), filled(0, DType::kInt32, rank),
-                                filled(8, DType::kInt32, rank)};
-    pg::AllreduceCoalescedOptions opts;
-    opts.reduce_op = ReduceOp::MAX;
-    backend.allreduce_coalesced(tensors, opts)->wait();
-    expect_same(tensors[0], expected_reduce(3, DType::kInt32, 3, ReduceOp::MAX), "tensor 0");
-    expect_same(tensors[2], expected_reduce(8, DType::kInt32, 3, ReduceOp::MAX), "tensor 2");
-  });
+  for (bool ring : {true, false}) {
+    run_ranks(
+        3,
+        [](int rank, GlooBackend& backend) {
+          std::vector<Tensor> tensors{filled(3, DType::kInt32, rank),
+                                      filled(0, DType::kInt32, rank),
+                                      filled(8, DType::kInt32, rank)};
+          pg::AllreduceCoalescedOptions opts;
+          opts.reduce_op = ReduceOp::MAX;
+          backend.allreduce_coalesced(tensors, opts)->wait();
+          expect_same(tensors[0], expected_reduce(3, DType::kInt32, 3, ReduceOp::MAX), "tensor 0");
+          expect_same(tensors[2], expected_reduce(8, DType::kInt32, 3, ReduceOp::MAX), "tensor 2");
+        },
+        10s, with_ring(ring));
+  }
 }
 
-// Gloo names the peer whose connection closed as "peer rank N" (the shared suite checks the
-// operation, its sequence and the rank).
-TEST(GlooBackend, DeadPeerErrorSaysPeerRank) {
+// Gloo names the peer whose connection closed as "peer rank N", the ring as "rank N on host
+// ..." (the shared suite checks the operation, its sequence and the rank).
+TEST(GlooBackend, DeadPeerErrorNamesThePeer) {
   run_ranks(
       2,
       [](int rank, GlooBackend& backend) {
@@ -101,13 +120,89 @@ TEST(GlooBackend, DeadPeerErrorSaysPeerRank) {
         }
         std::vector<Tensor> tensors{filled(1000, DType::kFloat32, rank)};
         try {
-          backend.allreduce(tensors, pg::AllreduceOptions{})->wait();
-          ADD_FAILURE() << "allreduce with a dead peer succeeded";
+          backend.reduce(tensors, pg::ReduceOptions{})->wait();  // on Gloo
+          ADD_FAILURE() << "reduce with a dead peer succeeded";
         } catch (const core::DistBackendError& e) {
           EXPECT_NE(std::string(e.what()).find("peer rank 1"), std::string::npos) << e.what();
         }
+        try {
+          backend.allreduce(tensors, pg::AllreduceOptions{})->wait();
+          ADD_FAILURE() << "allreduce with a dead peer succeeded";
+        } catch (const core::DistBackendError& e) {
+          EXPECT_NE(std::string(e.what()).find("Gloo allreduce (sequence 1, rank 0, 4000 bytes)"),
+                    std::string::npos)
+              << e.what();
+          EXPECT_NE(std::string(e.what()).find("rank 1 on host 127.0.0.1"), std::string::npos)
+              << e.what();
+        }
       },
-      20s);
+      20s, with_ring(true));
+}
+
+// all_reduce and reduce_scatter share one ring: operations that several workers and the
+// caller run at once still meet their peers' in the same order, and give exact results.
+TEST(GlooBackend, RingOperationsFromSeveralThreadsKeepTheirOrder) {
+  GlooOptions opts = with_ring(true);
+  opts.threads = 3;
+  run_ranks(
+      3,
+      [](int rank, GlooBackend& backend) {
+        const int64_t n = 3 * 20000;  // several fold pieces per ring chunk
+        std::vector<std::vector<Tensor>> sums;
+        std::vector<Tensor> scattered;
+        std::vector<WorkPtr> works;
+        pg::AllreduceOptions inline_opts;
+        inline_opts.async_op = false;
+        for (int i = 0; i < 12; ++i) {
+          sums.push_back({filled(n + i, DType::kFloat64, rank, i)});
+          works.push_back(backend.allreduce(sums.back(), pg::AllreduceOptions{}));
+          Tensor input = filled(n, DType::kInt64, rank);
+          scattered.push_back(Tensor::empty({n / 3}, DType::kInt64));
+          works.push_back(
+              backend.reduce_scatter_base(scattered.back(), input, pg::ReduceScatterOptions{}));
+          if (i % 4 == 3) {
+            std::vector<Tensor> now{filled(n, DType::kInt32, rank)};
+            backend.allreduce(now, inline_opts)->wait();
+            expect_same(now[0], expected_reduce(n, DType::kInt32, 3, ReduceOp::SUM), "inline");
+          }
+        }
+        for (auto& w : works) w->wait();
+        const Tensor full = expected_reduce(n, DType::kInt64, 3, ReduceOp::SUM);
+        for (int i = 0; i < 12; ++i) {
+          expect_same(sums[i][0], expected_reduce(n + i, DType::kFloat64, 3, ReduceOp::SUM, i),
+                      "async allreduce " + std::to_string(i));
+          expect_same(scattered[i], full.flat_slice(rank * (n / 3), n / 3),
+                      "reduce_scatter " + std::to_string(i));
+        }
+      },
+      20s, opts);
+}
+
+// shutdown() ends an operation blocked on the ring and one waiting for its turn behind it.
+TEST(GlooBackend, ShutdownEndsRingOperationsRunningAndWaiting) {
+  GlooOptions opts = with_ring(true);
+  opts.threads = 2;
+  std::atomic<bool> done{false};
+  run_ranks(
+      2,
+      [&](int rank, GlooBackend& backend) {
+        if (rank == 1) {
+          rank_threads::wait_for(done, 30s);  // never joins the allreduces
+          return;
+        }
+        rank_threads::SetOnExit release{done};
+        std::vector<Tensor> a{filled(100, DType::kFloat32, rank)};
+        std::vector<Tensor> b{filled(100, DType::kFloat32, rank)};
+        auto first = backend.allreduce(a, pg::AllreduceOptions{});
+        auto second = backend.allreduce(b, pg::AllreduceOptions{});
+        std::this_thread::sleep_for(200ms);
+        const auto start = std::chrono::steady_clock::now();
+        backend.shutdown();
+        EXPECT_THROW(first->wait(), core::DistBackendError);
+        EXPECT_THROW(second->wait(), core::DistBackendError);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+      },
+      30s, opts);
 }
 
 double median(std::vector<double> v) {

@@ -65,36 +65,60 @@ void with_element_type(size_t element_size, Fn&& fn) {
   }
 }
 
+// How contributions combine: AVG and PREMUL_SUM like SUM (their pre/post steps happen once,
+// outside the reduction), the others as themselves.
+ReduceOp combining_op(ReduceOp op) {
+  if (op.kind == ReduceOp::AVG || op.kind == ReduceOp::PREMUL_SUM) op = ReduceOp(ReduceOp::SUM);
+  return op;
+}
+
 // The combine step Gloo calls between contributions: out = a (op) b.
 ::gloo::AllreduceOptions::Func make_reduce_fn(DType dtype, ReduceOp op) {
-  // AVG and PREMUL_SUM combine like SUM; their pre/post steps happen once, outside Gloo.
-  if (op.kind == ReduceOp::AVG || op.kind == ReduceOp::PREMUL_SUM) op = ReduceOp(ReduceOp::SUM);
+  op = combining_op(op);
   return [dtype, op](void* out, const void* a, const void* b, size_t n) {
     core::reduce_into(out, a, b, n, dtype, op);
   };
 }
 
-// In-place allreduce of `n` elements at each pointer in `data` (all the same dtype).
+// In-place allreduce of `n` elements at each pointer in `data` (all the same dtype), on the
+// ring when the operation has one (`name` is the operation, for the ring's messages).
 void run_allreduce(const GlooBackend::OpContext& c, const std::vector<void*>& data, size_t n,
-                   DType dtype, const ReduceOp& op) {
+                   DType dtype, const ReduceOp& op, const char* name) {
   if (n == 0) return;
   for (void* p : data) core::apply_premul(p, n, dtype, op);
-  ::gloo::AllreduceOptions g(c.context);
-  with_element_type(core::element_size(dtype), [&]<typename T>() {
-    std::vector<T*> ptrs;
-    ptrs.reserve(data.size());
-    for (void* p : data) ptrs.push_back(static_cast<T*>(p));
-    g.setOutputs(ptrs, n);
-  });
-  g.setReduceFunction(make_reduce_fn(dtype, op));
-  g.setTag(c.tag);
-  g.setTimeout(c.timeout);
-  ::gloo::allreduce(g);
+  if (c.ring) {
+    // This rank's tensors are folded into the first, which the ring reduces with the peers'.
+    const ReduceOp combine = combining_op(op);
+    for (size_t i = 1; i < data.size(); ++i) core::reduce(data[0], data[i], n, dtype, combine);
+    c.ring->allreduce(data[0], n, dtype, combine, c.timeout, c.tag, name);
+    for (size_t i = 1; i < data.size(); ++i) {
+      copy_bytes(data[i], data[0], n * core::element_size(dtype));
+    }
+  } else {
+    ::gloo::AllreduceOptions g(c.context);
+    with_element_type(core::element_size(dtype), [&]<typename T>() {
+      std::vector<T*> ptrs;
+      ptrs.reserve(data.size());
+      for (void* p : data) ptrs.push_back(static_cast<T*>(p));
+      g.setOutputs(ptrs, n);
+    });
+    g.setReduceFunction(make_reduce_fn(dtype, op));
+    g.setTag(c.tag);
+    g.setTimeout(c.timeout);
+    ::gloo::allreduce(g);
+  }
   for (void* p : data) core::apply_postdiv(p, n, dtype, op, c.size);
 }
 
-void run_allgather(const GlooBackend::OpContext& c, void* in, void* out, size_t bytes_per_rank) {
+void run_allgather(const GlooBackend::OpContext& c, void* in, void* out, size_t bytes_per_rank,
+                   const char* name) {
   if (bytes_per_rank == 0) return;
+  if (c.ring) {
+    char* mine = static_cast<char*>(out) + c.rank * bytes_per_rank;
+    if (mine != in) copy_bytes(mine, in, bytes_per_rank);
+    c.ring->allgather(out, bytes_per_rank, c.timeout, c.tag, name);
+    return;
+  }
   ::gloo::AllgatherOptions g(c.context);
   g.setInput(static_cast<char*>(in), bytes_per_rank);
   g.setOutput(static_cast<char*>(out), bytes_per_rank * c.size);
@@ -106,13 +130,13 @@ void run_allgather(const GlooBackend::OpContext& c, void* in, void* out, size_t 
 // Reduce-scatter of `input` (size * output.numel() elements, not modified) into `output`:
 // an allreduce of a copy, then this rank's slice. Gloo has no options-style reduce-scatter.
 void run_reduce_scatter(const GlooBackend::OpContext& c, Tensor& output, const Tensor& input,
-                        const ReduceOp& op) {
+                        const ReduceOp& op, const char* name) {
   const size_t n = static_cast<size_t>(output.numel());
   if (n == 0) return;
   Tensor scratch = input.contiguous_copy();
   ReduceOp sum_op = op;
   if (op.kind == ReduceOp::AVG) sum_op = ReduceOp(ReduceOp::SUM);
-  run_allreduce(c, {scratch.data()}, n * c.size, input.dtype(), sum_op);
+  run_allreduce(c, {scratch.data()}, n * c.size, input.dtype(), sum_op, name);
   copy_bytes(output.data(), static_cast<char*>(scratch.data()) + c.rank * output.nbytes(),
              output.nbytes());
   core::apply_postdiv(output.data(), n, output.dtype(), op, c.size);
@@ -139,7 +163,9 @@ WorkPtr GlooBackend::broadcast(std::vector<Tensor>& tensors, const pg::Broadcast
       [tensors, root, root_tensor](const OpContext& c) {
         const Tensor& source = tensors[root_tensor];
         const size_t bytes = source.nbytes();
-        if (bytes != 0) {
+        if (bytes != 0 && c.ring) {
+          c.ring->broadcast(source.data(), bytes, root, c.timeout, c.tag, "broadcast");
+        } else if (bytes != 0) {
           ::gloo::BroadcastOptions g(c.context);
           g.setOutput(static_cast<char*>(source.data()), bytes);
           g.setRoot(root);
@@ -151,7 +177,7 @@ WorkPtr GlooBackend::broadcast(std::vector<Tensor>& tensors, const pg::Broadcast
           if (i != root_tensor) copy_bytes(tensors[i].data(), source.data(), bytes);
         }
       },
-      tensors);
+      tensors, /*on_ring=*/true);
 }
 
 WorkPtr GlooBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceOptions& opts) {
@@ -162,9 +188,10 @@ WorkPtr GlooBackend::allreduce(std::vector<Tensor>& tensors, const pg::Allreduce
         std::vector<void*> data;
         data.reserve(tensors.size());
         for (const Tensor& t : tensors) data.push_back(t.data());
-        run_allreduce(c, data, static_cast<size_t>(tensors[0].numel()), tensors[0].dtype(), op);
+        run_allreduce(c, data, static_cast<size_t>(tensors[0].numel()), tensors[0].dtype(), op,
+                      "allreduce");
       },
-      tensors);
+      tensors, /*on_ring=*/true);
 }
 
 WorkPtr GlooBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
@@ -207,11 +234,12 @@ WorkPtr GlooBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
 
 WorkPtr GlooBackend::allgather_base(Tensor& output, Tensor& input,
                                     const pg::AllgatherOptions& opts) {
-  return submit(OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
-                [output, input](const OpContext& c) {
-                  run_allgather(c, input.data(), output.data(), input.nbytes());
-                },
-                {output});
+  return submit(
+      OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
+      [output, input](const OpContext& c) {
+        run_allgather(c, input.data(), output.data(), input.nbytes(), "allgather_base");
+      },
+      {output}, /*on_ring=*/true);
 }
 
 WorkPtr GlooBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
@@ -224,10 +252,11 @@ WorkPtr GlooBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& output
         // One sequence number for the group: the pieces run one after another on every rank,
         // so reusing the tag cannot mix their messages.
         for (size_t i = 0; i < inputs.size(); ++i) {
-          run_allgather(c, inputs[i].data(), outputs[i].data(), inputs[i].nbytes());
+          run_allgather(c, inputs[i].data(), outputs[i].data(), inputs[i].nbytes(),
+                        "allgather_into_tensor_coalesced");
         }
       },
-      outputs);
+      outputs, /*on_ring=*/true);
 }
 
 WorkPtr GlooBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
@@ -290,30 +319,31 @@ WorkPtr GlooBackend::reduce_scatter(std::vector<Tensor>& outputs,
   const ReduceOp op = opts.reduce_op;
   const Tensor output = outputs[0];
   const std::vector<Tensor> pieces = inputs[0];
-  return submit(OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
-                [output, pieces, op](const OpContext& c) {
-                  const int64_t n = output.numel();
-                  if (n == 0) return;
-                  Tensor flat = Tensor::empty({n * c.size}, output.dtype());
-                  for (int r = 0; r < c.size; ++r) {
-                    copy_bytes(flat.data_as<char>() + r * output.nbytes(), pieces[r].data(),
-                               output.nbytes());
-                  }
-                  Tensor out = output;
-                  run_reduce_scatter(c, out, flat, op);
-                },
-                {output});
+  return submit(
+      OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
+      [output, pieces, op](const OpContext& c) {
+        const int64_t n = output.numel();
+        if (n == 0) return;
+        Tensor flat = Tensor::empty({n * c.size}, output.dtype());
+        for (int r = 0; r < c.size; ++r) {
+          copy_bytes(flat.data_as<char>() + r * output.nbytes(), pieces[r].data(), output.nbytes());
+        }
+        Tensor out = output;
+        run_reduce_scatter(c, out, flat, op, "reduce_scatter");
+      },
+      {output}, /*on_ring=*/true);
 }
 
 WorkPtr GlooBackend::reduce_scatter_base(Tensor& output, Tensor& input,
                                          const pg::ReduceScatterOptions& opts) {
   const ReduceOp op = opts.reduce_op;
-  return submit(OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
-                [output, input, op](const OpContext& c) {
-                  Tensor out = output;
-                  run_reduce_scatter(c, out, input, op);
-                },
-                {output});
+  return submit(
+      OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
+      [output, input, op](const OpContext& c) {
+        Tensor out = output;
+        run_reduce_scatter(c, out, input, op, "reduce_scatter_base");
+      },
+      {output}, /*on_ring=*/true);
 }
 
 WorkPtr GlooBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
@@ -326,10 +356,10 @@ WorkPtr GlooBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& output
       [outputs, inputs, op](const OpContext& c) {
         for (size_t i = 0; i < inputs.size(); ++i) {
           Tensor out = outputs[i];
-          run_reduce_scatter(c, out, inputs[i], op);
+          run_reduce_scatter(c, out, inputs[i], op, "reduce_scatter_tensor_coalesced");
         }
       },
-      outputs);
+      outputs, /*on_ring=*/true);
 }
 
 WorkPtr GlooBackend::alltoall_base(Tensor& output, Tensor& input,

@@ -18,6 +18,7 @@
 #include "c10d/core/copy.h"
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
+#include "c10d/store/prefix_store.h"
 
 namespace c10d::backends::gloo {
 
@@ -89,6 +90,12 @@ std::exception_ptr GlooBackend::Shared::translate(std::exception_ptr error, cons
   try {
     try {
       std::rethrow_exception(error);
+    } catch (const DistTimeoutError& e) {
+      // The ring's own: it names the member waited for, which may itself be waiting; the
+      // probe names the peers whose hosts no longer answer, as Gloo's timeouts do.
+      if (op.ring_ticket < 0) return error;
+      return std::make_exception_ptr(
+          DistTimeoutError(str_cat(e.what(), silent_peers_note(peer_addresses))));
     } catch (const core::DistError&) {
       return error;  // ours already carries its context
     } catch (const std::exception& e) {
@@ -108,6 +115,35 @@ std::exception_ptr GlooBackend::Shared::translate(std::exception_ptr error, cons
   } catch (...) {
     return std::current_exception();  // allocation failure while building the message
   }
+}
+
+void GlooBackend::Shared::wait_ring_turn(const char* op_name, const OpContext& op) {
+  std::unique_lock<std::mutex> lock(mutex);
+  const auto turn = [&] {
+    return stopping || ring_turn == op.ring_ticket;
+  };
+  if (!ring_turn_changed.wait_until(lock, core::Deadline(op.timeout).time_point(), turn)) {
+    throw DistTimeoutError(str_cat("Gloo ", describe(op_name, op.tag), " timed out after ",
+                                   core::format_timeout(op.timeout),
+                                   " waiting for an earlier operation of this rank to finish "
+                                   "on the ring"));
+  }
+  if (ring_turn != op.ring_ticket) {
+    throw DistBackendError(
+        str_cat("Gloo ", describe(op_name, op.tag), ": the backend was shut down before it ran"));
+  }
+}
+
+void GlooBackend::Shared::finish_ring_turn(int64_t ticket) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ring_done.insert(ticket);
+    while (!ring_done.empty() && *ring_done.begin() == ring_turn) {
+      ring_done.erase(ring_done.begin());
+      ++ring_turn;
+    }
+  }
+  ring_turn_changed.notify_all();
 }
 
 GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size, GlooOptions opts)
@@ -133,6 +169,15 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
     contexts_.push_back(std::move(context));
   }
   exchange_addresses();
+  if (opts.ring.value_or(core::env_bool(core::kEnvGlooRing)) && size > 1) {
+    if (const std::string ip = listen_ip(); !ip.empty()) {
+      std::vector<int> ranks(size);
+      for (int r = 0; r < size; ++r) ranks[r] = r;
+      store::PrefixStore ring_store("gloo/ring", store_);
+      shared_->ring = std::make_unique<ring::Ring>(ring_store, rank, std::move(ranks), ip, timeout,
+                                                   ring::Ring::Label{"Gloo", ""});
+    }
+  }
   const int threads = std::max(1, opts.threads);
   shared_->running_workers = threads;
   workers_.reserve(threads);
@@ -202,7 +247,7 @@ GlooBackend::OpContext GlooBackend::next_op(Millis op_timeout) {
 }
 
 WorkPtr GlooBackend::submit(OpType type, const char* op_name, Millis op_timeout, bool async,
-                            Body body, std::vector<Tensor> outputs) {
+                            Body body, std::vector<Tensor> outputs, bool on_ring) {
   Task task;
   task.name = op_name;
   task.body = std::move(body);
@@ -213,6 +258,10 @@ WorkPtr GlooBackend::submit(OpType type, const char* op_name, Millis op_timeout,
     const uint32_t tag = shared.next_seq++;
     task.op = OpContext{contexts_[tag % contexts_.size()], tag,
                         resolve_timeout(effective_timeout(op_timeout)), rank(), size()};
+    if (on_ring && shared.ring) {
+      task.op.ring = shared.ring.get();
+      task.op.ring_ticket = shared.next_ring_ticket++;
+    }
     // Plain concatenation: this runs on every operation's critical path.
     task.work = std::make_shared<core::Work>(
         type, std::string("gloo:") + op_name + "#" + std::to_string(tag));
@@ -234,12 +283,19 @@ WorkPtr GlooBackend::submit(OpType type, const char* op_name, Millis op_timeout,
   return task.work;
 }
 
-void GlooBackend::run_task(const Shared& shared, Task& task) noexcept {
+void GlooBackend::run_task(Shared& shared, Task& task) noexcept {
   std::exception_ptr error;
   try {
+    if (task.op.ring_ticket >= 0) shared.wait_ring_turn(task.name, task.op);
     task.body(task.op);
   } catch (...) {
     error = shared.translate(std::current_exception(), task.name, task.op);
+  }
+  if (task.op.ring_ticket >= 0) {
+    try {
+      shared.finish_ring_turn(task.op.ring_ticket);
+    } catch (...) {  // std::set's allocation: later turns then fail at their timeout
+    }
   }
   // shutdown() may have failed the Work already; completing it twice throws.
   try {
@@ -303,6 +359,8 @@ void GlooBackend::shutdown() {
     dropped.swap(shared.queue);
   }
   shared.wake.notify_all();
+  shared.ring_turn_changed.notify_all();
+  if (shared.ring) shared.ring->abort();
   for (Task& task : dropped) {
     task.work->finish_with_error(std::make_exception_ptr(
         DistBackendError(str_cat("Gloo ", shared.describe(task.name, task.op.tag),

@@ -6,6 +6,13 @@
 // run at the same time never mix their messages, provided every rank issues its collectives in
 // the same order (the usual process-group contract).
 //
+// all_reduce, reduce_scatter, all_gather and broadcast run on a TCP ring of c10d's own
+// (backends/ring) next to the Gloo context, unless GlooOptions::ring says otherwise: Gloo's
+// transport hands every message to an event-loop thread that spins until the receive is
+// posted, which with a few ranks per core costs milliseconds per operation
+// (docs/design/gloo.md). Ring operations take turns in the order they were issued, so every
+// rank runs them in the same order on one set of streams.
+//
 // Asynchronous operations go into one FIFO queue served by `threads` worker threads; the
 // returned Work completes from the worker. Operations whose options say async_op = false run
 // on the caller's thread and return a completed Work, which saves two thread hand-offs.
@@ -30,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +53,10 @@ class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
+namespace c10d::backends::ring {
+class Ring;
+}  // namespace c10d::backends::ring
+
 namespace c10d::backends::gloo {
 
 using pg::WorkPtr;
@@ -58,6 +70,8 @@ struct GlooOptions {
   int threads = 2;
   // Timeout of rendezvous and of every operation that does not set its own.
   pg::Millis timeout = pg::kDefaultPgTimeout;
+  // Whether the collectives that can run on c10d's TCP ring do; empty means C10D_GLOO_RING.
+  std::optional<bool> ring;
 };
 
 class GlooBackend : public pg::Backend {
@@ -134,6 +148,9 @@ class GlooBackend : public pg::Backend {
     pg::Millis timeout{0};  // already resolved: > 0
     int rank = 0;
     int size = 0;
+    // The ring, for operations that run on it (their turn is taken before the body runs).
+    ring::Ring* ring = nullptr;
+    int64_t ring_ticket = -1;
   };
 
  private:
@@ -151,12 +168,13 @@ class GlooBackend : public pg::Backend {
   struct Shared;
 
   // Runs `body` inline (async == false) or on the workers; the Work completes with `outputs`.
+  // `on_ring`: the body may run its reductions on the ring (it gets a turn there).
   WorkPtr submit(core::OpType type, const char* op_name, pg::Millis op_timeout, bool async,
-                 Body body, std::vector<pg::Tensor> outputs);
+                 Body body, std::vector<pg::Tensor> outputs, bool on_ring = false);
   // The next sequence number with its context and resolved timeout.
   OpContext next_op(pg::Millis op_timeout);
   // Runs the task, storing its result or error in its Work. Never throws.
-  static void run_task(const Shared& shared, Task& task) noexcept;
+  static void run_task(Shared& shared, Task& task) noexcept;
   static void worker_loop(std::shared_ptr<Shared> shared);
   // Publishes this rank's listening address and reads everyone else's (for error messages).
   void exchange_addresses();

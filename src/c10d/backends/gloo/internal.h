@@ -9,10 +9,12 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "c10d/backends/gloo/gloo_backend.h"
+#include "c10d/backends/ring/ring.h"
 
 namespace c10d::backends::gloo {
 
@@ -67,6 +69,20 @@ struct GlooBackend::Shared {
   int running_workers = 0;         // guarded by mutex
   // Works of the tasks the workers are running, so shutdown() can fail them.
   std::vector<std::shared_ptr<core::Work>> in_flight;  // guarded by mutex
+
+  // The ring (null without one) and its turns: tickets are drawn with the sequence numbers,
+  // and an operation runs on the ring once every earlier ticket has finished.
+  std::unique_ptr<ring::Ring> ring;
+  int64_t next_ring_ticket = 0;  // guarded by mutex
+  int64_t ring_turn = 0;         // guarded by mutex
+  std::set<int64_t> ring_done;   // guarded by mutex: finished tickets beyond ring_turn
+  std::condition_variable ring_turn_changed;
+
+  // Waits for the operation's turn on the ring: DistTimeoutError at its timeout,
+  // DistBackendError once the backend stops.
+  void wait_ring_turn(const char* op_name, const OpContext& op);
+  // The operation holding `ticket` is done with the ring (or gave up waiting for it).
+  void finish_ring_turn(int64_t ticket);
 };
 
 }  // namespace c10d::backends::gloo

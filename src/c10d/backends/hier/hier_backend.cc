@@ -100,8 +100,10 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
   gloo::GlooOptions go;
   go.timeout = timeout;
   if (t.host_count() > 1 && (t.uniform() || t.local_rank == 0)) {
+    gloo::GlooOptions cross_options = go;
+    cross_options.ring = false;  // ring_ below is the same ring, naming global ranks
     auto cross = std::make_shared<gloo::GlooBackend>(
-        prefixed(str_cat("hier/cross/", t.local_rank, "/")), t.host, t.host_count(), go);
+        prefixed(str_cat("hier/cross/", t.local_rank, "/")), t.host, t.host_count(), cross_options);
     cross_ = cross;
     // all_reduce between hosts takes a ring of its own, on the address Gloo chose for them.
     if (const std::string ip = cross->listen_ip(); !ip.empty()) {
