@@ -52,6 +52,13 @@ def test_gloo_without_the_ring(case, world_size):
     harness.check_all_ok(harness.run(case, world_size, "gloo", env={"C10D_GLOO_RING": "0"}))
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_gloo_ranks_disagreeing_on_a_ring_collective_fail_naming_the_other(world_size):
+    results = harness.run("ring_disagreement", world_size, "gloo")
+    harness.check_all_ok(results)
+    assert all("RING_DISAGREEMENT_OK" in r.stdout for r in results), results
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_collectives_change_only_their_outputs(backend, world_size):

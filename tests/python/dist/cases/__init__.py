@@ -33,6 +33,7 @@ from .failures import (  # noqa: F401
     recv_timeout,
     default_timeout_change,
     p2p_size_mismatch,
+    ring_disagreement,
     destroy_with_pending,
     barrier_timeout_words,
     detail_missing_rank,

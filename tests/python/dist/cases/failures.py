@@ -75,6 +75,36 @@ def p2p_size_mismatch(dist, backend):
     print("MISMATCH_OK sent")
 
 
+def ring_disagreement(dist, backend):
+    """On Gloo's ring, ranks that all_reduce different sizes, or broadcast from different
+    roots, all raise within a second, naming the other side's call (Gloo's own transport
+    terminated the process that received the larger message); the group then refuses further
+    ring operations instead of mixing their bytes."""
+    rank = dist.get_rank()
+    calls = [
+        ("all_reduce", lambda g: dist.all_reduce(np.ones(4 + rank), group=g), "allreduce sequence"),
+        ("broadcast", lambda g: dist.broadcast(np.ones(4), rank, group=g), "from root"),
+    ]
+    for name, call, words in calls:
+        group = dist.new_group(list(range(dist.get_world_size())))
+        start = time.monotonic()
+        try:
+            call(group)
+        except RuntimeError as e:
+            assert time.monotonic() - start < 5, (name, time.monotonic() - start)
+            assert "called different collectives" in str(e), (name, e)
+            assert words in str(e), (name, e)
+        else:
+            raise AssertionError(f"a mismatched {name} returned")
+        try:
+            dist.all_reduce(np.ones(4), group=group)
+        except RuntimeError as e:
+            assert "the ring broke earlier" in str(e), (name, e)
+        else:
+            raise AssertionError(f"an all_reduce on a broken ring returned after {name}")
+    print("RING_DISAGREEMENT_OK")
+
+
 def destroy_with_pending(dist, backend):
     """destroy_process_group() lets operations already submitted finish, as torch's does: the
     peers that called them too get their results."""
