@@ -152,11 +152,11 @@ TEST(Ring, TimeoutNamesTheMemberWaitedFor) {
   });
   EXPECT_NE(errors[0].find("rank 11 on host 127.0.0.1 (ring member 1, port "), std::string::npos)
       << errors[0];
-  EXPECT_NE(errors[0].find("timed out after 300ms"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find(" Timed out after 300ms "), std::string::npos) << errors[0];
   // The second operation refuses, quoting the first's failure; both carry the ring's label.
   EXPECT_EQ(errors[0].rfind("test allreduce (sequence 1, rank 10, 400 bytes) in the test: the "
                             "ring broke earlier: test allreduce (sequence 0, rank 10, 400 bytes) "
-                            "in the test: timed out",
+                            "in the test: Timed out",
                             0),
             0)
       << errors[0];

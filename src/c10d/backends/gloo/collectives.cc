@@ -438,23 +438,31 @@ WorkPtr GlooBackend::barrier(const pg::BarrierOptions& opts) {
     for (const auto& work : shared_->in_flight) prior.push_back(work);
     for (const Task& task : shared_->queue) prior.push_back(task.work);
   }
-  return submit(OpType::kBarrier, "barrier", opts.timeout, wants_async(opts),
-                [prior = std::move(prior)](const OpContext& c) {
-                  const core::Deadline deadline(c.timeout);
-                  for (const auto& weak : prior) {
-                    auto work = weak.lock();
-                    if (!work) continue;
-                    // An expired deadline still gets a wait of 1 ms, which fails naming that
-                    // operation.
-                    work->wait(deadline.infinite() ? core::kNoTimeout
-                                                   : std::max(deadline.remaining(), Millis(1)));
-                  }
-                  ::gloo::BarrierOptions g(c.context);
-                  g.setTag(c.tag);
-                  g.setTimeout(c.timeout);
-                  ::gloo::barrier(g);
-                },
-                {});
+  return submit(
+      OpType::kBarrier, "barrier", opts.timeout, wants_async(opts),
+      [prior = std::move(prior)](const OpContext& c) {
+        const core::Deadline deadline(c.timeout);
+        for (const auto& weak : prior) {
+          auto work = weak.lock();
+          if (!work) continue;
+          // An expired deadline still gets a wait of 1 ms, which fails naming that
+          // operation.
+          work->wait(deadline.infinite() ? core::kNoTimeout
+                                         : std::max(deadline.remaining(), Millis(1)));
+        }
+        if (c.ring) {
+          // Every member's byte is in the result: nobody finishes before all started.
+          uint8_t byte = 0;
+          c.ring->allreduce(&byte, 1, DType::kUInt8, ReduceOp(ReduceOp::MAX), c.timeout, c.tag,
+                            "barrier");
+          return;
+        }
+        ::gloo::BarrierOptions g(c.context);
+        g.setTag(c.tag);
+        g.setTimeout(c.timeout);
+        ::gloo::barrier(g);
+      },
+      {}, /*on_ring=*/true);
 }
 
 }  // namespace c10d::backends::gloo

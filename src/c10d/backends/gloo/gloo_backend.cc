@@ -123,7 +123,7 @@ void GlooBackend::Shared::wait_ring_turn(const char* op_name, const OpContext& o
     return stopping || ring_turn == op.ring_ticket;
   };
   if (!ring_turn_changed.wait_until(lock, core::Deadline(op.timeout).time_point(), turn)) {
-    throw DistTimeoutError(str_cat("Gloo ", describe(op_name, op.tag), " timed out after ",
+    throw DistTimeoutError(str_cat("Gloo ", describe(op_name, op.tag), ": Timed out after ",
                                    core::format_timeout(op.timeout),
                                    " waiting for an earlier operation of this rank to finish "
                                    "on the ring"));

@@ -161,7 +161,7 @@ void Ring::connect_ring(store::Store& store, const std::string& listen_ip,
   const int prev = (index_ + size_ - 1) % size_;
   while (prev_.fd < 0) {
     if (!wait_fd(listen_fd_, POLLIN, deadline)) {
-      fail(str_cat("timed out after ", core::format_timeout(timeout),
+      fail(str_cat("Timed out after ", core::format_timeout(timeout),
                    " waiting for the connection of ", describe(prev)),
            true);
     }
@@ -255,10 +255,11 @@ void Ring::exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes
     if (moved) continue;
     if (aborted_) fail("the backend was shut down", false);
     if (deadline.expired()) {
-      fail(got < in_bytes ? str_cat("timed out after ", core::format_timeout(timeout_),
+      // "Timed out" between spaces, as torch's messages have it (its users match on that).
+      fail(got < in_bytes ? str_cat("Timed out after ", core::format_timeout(timeout_),
                                     " waiting for data from ", describe(prev_.index), " (", got,
                                     " of ", in_bytes, " bytes arrived)")
-                          : str_cat("timed out after ", core::format_timeout(timeout_), " while ",
+                          : str_cat("Timed out after ", core::format_timeout(timeout_), " while ",
                                     describe(next), " took no data (", sent, " of ", out_bytes,
                                     " bytes sent)"),
            true);
