@@ -48,8 +48,8 @@ struct EnvVar {
     "Comma-separated network interfaces the Gloo backend binds to (one device each); unset "   \
     "means the address the hostname resolves to, else loopback.")                              \
   X(kEnvGlooRing, "C10D_GLOO_RING", "1",                                                       \
-    "Whether the Gloo backend runs all_reduce, reduce_scatter, all_gather and broadcast on "   \
-    "c10d's own TCP ring (1) or on Gloo's algorithms and transport (0).")                      \
+    "Whether the Gloo backend runs all_reduce, reduce_scatter, all_gather, broadcast and "     \
+    "barrier on c10d's own TCP ring (1) or on Gloo's algorithms and transport (0).")           \
   X(kEnvCopy, "C10D_COPY", "auto",                                                             \
     "How copies from 16 KiB run on AVX2 CPUs: vector = a 32-byte load/store loop, string = "   \
     "rep movsb, auto = whichever a timing of both finds faster here (once per process).")      \

@@ -6,7 +6,7 @@
 // run at the same time never mix their messages, provided every rank issues its collectives in
 // the same order (the usual process-group contract).
 //
-// all_reduce, reduce_scatter, all_gather and broadcast run on a TCP ring of c10d's own
+// all_reduce, reduce_scatter, all_gather, broadcast and barrier run on a TCP ring of c10d's own
 // (backends/ring) next to the Gloo context, unless GlooOptions::ring says otherwise: Gloo's
 // transport hands every message to an event-loop thread that spins until the receive is
 // posted, which with a few ranks per core costs milliseconds per operation
