@@ -19,8 +19,6 @@ namespace {
 
 using core::detail::str_cat;
 
-std::string errno_text(int err) { return std::strerror(err); }
-
 // poll() timeout for the time left before `deadline` (-1 = none), rounded up so that we never
 // spin on a sub-millisecond remainder.
 int poll_timeout(const core::Deadline& deadline) {
@@ -32,7 +30,10 @@ int poll_timeout(const core::Deadline& deadline) {
   return static_cast<int>(std::min<int64_t>(ms, 1 << 30));
 }
 
-// Waits for `events` on fd. Returns 1 when ready, 0 on deadline, or -errno.
+}  // namespace
+
+std::string errno_text(int err) { return std::strerror(err); }
+
 int wait_for(int fd, short events, const core::Deadline& deadline) {
   while (true) {
     pollfd p{fd, events, 0};
@@ -47,6 +48,8 @@ int wait_for(int fd, short events, const core::Deadline& deadline) {
     return -errno;
   }
 }
+
+namespace {
 
 std::string host_port(const std::string& host, uint16_t port) {
   // IPv6 literals are bracketed so the port stays readable.

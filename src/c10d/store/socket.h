@@ -12,6 +12,13 @@
 
 namespace c10d::store::net {
 
+// The text of errno value `err`.
+std::string errno_text(int err);
+
+// Waits for `events` on `fd` until `deadline`: 1 when ready, 0 when the deadline passed first,
+// or -errno.
+int wait_for(int fd, short events, const core::Deadline& deadline);
+
 // Outcome of an operation whose failure is ordinary (a refused connect while the server is
 // still starting). `error` is an errno value (0 = success), `message` the text for a person.
 struct [[nodiscard]] Status {

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 
 #include "c10d/core/deadline.h"
 #include "c10d/core/exception.h"
@@ -20,6 +19,8 @@ namespace c10d::backends::ring {
 
 using core::Deadline;
 using core::detail::str_cat;
+using store::net::errno_text;
+using store::net::wait_for;
 
 namespace {
 
@@ -45,25 +46,10 @@ struct Header {
 };
 constexpr uint32_t kAllreduce = 1, kAllgather = 2, kBroadcast = 3;
 
-std::string errno_text(int err) { return std::strerror(err); }
-
 void set_nodelay_nonblocking(int fd) {
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-// Waits for `events` on `fd`; false when the deadline passed first.
-bool wait_fd(int fd, short events, const Deadline& deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const auto left = deadline.remaining();
-    const int ms = left == pg::Millis::max() ? -1 : static_cast<int>(left.count());
-    const int r = ::poll(&p, 1, ms);
-    if (r > 0) return true;
-    if (r == 0) return false;
-    if (errno != EINTR) return true;  // the next call reports the error
-  }
 }
 
 }  // namespace
@@ -160,7 +146,7 @@ void Ring::connect_ring(store::Store& store, const std::string& listen_ip,
   }
   const int prev = (index_ + size_ - 1) % size_;
   while (prev_.fd < 0) {
-    if (!wait_fd(listen_fd_, POLLIN, deadline)) {
+    if (wait_for(listen_fd_, POLLIN, deadline) == 0) {
       fail(str_cat("Timed out after ", core::format_timeout(timeout),
                    " waiting for the connection of ", describe(prev)),
            true);
@@ -170,7 +156,7 @@ void Ring::connect_ring(store::Store& store, const std::string& listen_ip,
     set_nodelay_nonblocking(fd);
     Hello hello{};
     size_t got = 0;
-    while (got < sizeof(hello) && wait_fd(fd, POLLIN, deadline)) {
+    while (got < sizeof(hello) && wait_for(fd, POLLIN, deadline) != 0) {
       const ssize_t n = ::recv(fd, reinterpret_cast<char*>(&hello) + got, sizeof(hello) - got, 0);
       if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) break;
       if (n > 0) got += static_cast<size_t>(n);
