@@ -178,6 +178,45 @@ TEST(GlooBackend, RingOperationsFromSeveralThreadsKeepTheirOrder) {
       20s, opts);
 }
 
+// An operation waiting for its turn behind one blocked on the ring times out at its own
+// timeout, naming the operation that holds the ring.
+TEST(GlooBackend, WaitingForTheRingTimesOutNamingItsHolder) {
+  GlooOptions opts = with_ring(true);
+  std::atomic<bool> done{false};
+  run_ranks(
+      2,
+      [&](int rank, GlooBackend& backend) {
+        if (rank == 1) {
+          rank_threads::wait_for(done, 30s);  // never joins the allreduces
+          return;
+        }
+        rank_threads::SetOnExit release{done};
+        std::vector<Tensor> a{filled(100, DType::kFloat32, rank)};
+        std::vector<Tensor> b{filled(100, DType::kFloat32, rank)};
+        auto first = backend.allreduce(a, pg::AllreduceOptions{});
+        std::this_thread::sleep_for(100ms);  // the worker takes the ring first
+        pg::AllreduceOptions second_opts;
+        second_opts.async_op = false;
+        second_opts.timeout = 300ms;
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          backend.allreduce(b, second_opts)->wait();
+          ADD_FAILURE() << "an allreduce behind a blocked one returned";
+        } catch (const core::DistTimeoutError& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find("Gloo allreduce (sequence 1, rank 0 of 2): Timed out after 300ms "
+                              "waiting for the ring"),
+                    std::string::npos)
+              << what;
+          EXPECT_NE(what.find("the last to start on it: sequence 0"), std::string::npos) << what;
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+        backend.shutdown();
+        EXPECT_THROW(first->wait(), core::DistBackendError);
+      },
+      30s, opts);
+}
+
 // shutdown() ends an operation blocked on the ring and one waiting for its turn behind it.
 TEST(GlooBackend, ShutdownEndsRingOperationsRunningAndWaiting) {
   GlooOptions opts = with_ring(true);

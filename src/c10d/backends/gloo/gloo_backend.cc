@@ -118,30 +118,37 @@ std::exception_ptr GlooBackend::Shared::translate(std::exception_ptr error, cons
 }
 
 void GlooBackend::Shared::wait_ring_turn(const char* op_name, const OpContext& op) {
-  std::unique_lock<std::mutex> lock(mutex);
-  const auto turn = [&] {
-    return stopping || ring_turn == op.ring_ticket;
-  };
-  if (!ring_turn_changed.wait_until(lock, core::Deadline(op.timeout).time_point(), turn)) {
-    throw DistTimeoutError(str_cat("Gloo ", describe(op_name, op.tag), ": Timed out after ",
-                                   core::format_timeout(op.timeout),
-                                   " waiting for an earlier operation of this rank to finish "
-                                   "on the ring"));
+  if (ring_turn.load(std::memory_order_acquire) != op.ring_ticket) {
+    std::unique_lock<std::mutex> lock(mutex);
+    const auto turn = [&] {
+      return stopping || ring_turn.load(std::memory_order_relaxed) == op.ring_ticket;
+    };
+    if (!ring_turn_changed.wait_until(lock, core::Deadline(op.timeout).time_point(), turn)) {
+      throw DistTimeoutError(str_cat(
+          "Gloo ", describe(op_name, op.tag), ": Timed out after ",
+          core::format_timeout(op.timeout), " waiting for the ring, which this rank's earlier ",
+          "operations hold (the last to start on it: sequence ", ring_holder.load(), ")"));
+    }
+    if (ring_turn.load(std::memory_order_relaxed) != op.ring_ticket) {
+      throw DistBackendError(
+          str_cat("Gloo ", describe(op_name, op.tag), ": the backend was shut down before it ran"));
+    }
   }
-  if (ring_turn != op.ring_ticket) {
-    throw DistBackendError(
-        str_cat("Gloo ", describe(op_name, op.tag), ": the backend was shut down before it ran"));
-  }
+  ring_holder.store(op.tag, std::memory_order_relaxed);
 }
 
 void GlooBackend::Shared::finish_ring_turn(int64_t ticket) {
   {
     std::lock_guard<std::mutex> lock(mutex);
-    ring_done.insert(ticket);
-    while (!ring_done.empty() && *ring_done.begin() == ring_turn) {
-      ring_done.erase(ring_done.begin());
-      ++ring_turn;
+    int64_t turn = ring_turn.load(std::memory_order_relaxed);
+    if (ticket != turn) {
+      ring_done.insert(ticket);  // gave up waiting: its turn passes when it comes
+      return;
     }
+    for (++turn; !ring_done.empty() && *ring_done.begin() == turn; ++turn) {
+      ring_done.erase(ring_done.begin());
+    }
+    ring_turn.store(turn, std::memory_order_release);
   }
   ring_turn_changed.notify_all();
 }

@@ -2,6 +2,7 @@
 // rules, Gloo's timeout wording, and the operation queue's state (GlooBackend::Shared).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -74,8 +75,10 @@ struct GlooBackend::Shared {
   // and an operation runs on the ring once every earlier ticket has finished.
   std::unique_ptr<ring::Ring> ring;
   int64_t next_ring_ticket = 0;  // guarded by mutex
-  int64_t ring_turn = 0;         // guarded by mutex
-  std::set<int64_t> ring_done;   // guarded by mutex: finished tickets beyond ring_turn
+  // Written under mutex; read without it on the fast path (the turn is already ours).
+  std::atomic<int64_t> ring_turn{0};
+  std::atomic<uint32_t> ring_holder{0};  // sequence number of the last operation to take a turn
+  std::set<int64_t> ring_done;  // guarded by mutex: tickets that gave up waiting, beyond the turn
   std::condition_variable ring_turn_changed;
 
   // Waits for the operation's turn on the ring: DistTimeoutError at its timeout,
