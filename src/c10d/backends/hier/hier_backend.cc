@@ -105,7 +105,8 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
     auto cross = std::make_shared<gloo::GlooBackend>(
         prefixed(str_cat("hier/cross/", t.local_rank, "/")), t.host, t.host_count(), cross_options);
     cross_ = cross;
-    // all_reduce between hosts takes a ring of its own, on the address Gloo chose for them.
+    // all_reduce and broadcast between hosts take a ring of their own, on the address Gloo
+    // chose for them.
     if (const std::string ip = cross->listen_ip(); !ip.empty()) {
       std::vector<int> members;
       for (const auto& host : t.hosts) members.push_back(host[t.local_rank]);
