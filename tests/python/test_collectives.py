@@ -10,6 +10,7 @@ CASES = [
     "inline_all_reduce",
     "inline_numpy_arrays",
     "all_reduce_errors",
+    "integer_overflow",
     "broadcast_reduce",
     "gathers",
     "reduce_scatters",

@@ -2,6 +2,9 @@
 // thread and read by every operation.
 #include "c10d/backends/mpi/datatypes.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "c10d/backends/mpi/internal.h"
 #include "c10d/core/exception.h"
 #include "c10d/core/reduce.h"
@@ -15,8 +18,8 @@ using core::detail::str_cat;
 
 namespace {
 
-// Types MPI has no arithmetic for get a datatype of their own (so the user operations below
-// can tell them apart) and are reduced by c10d's kernels.
+// Types that c10d reduces get a datatype of their own (so the user operations below can tell
+// them apart).
 struct Types {
   MPI_Datatype of[core::kNumDTypes] = {};
   // User operations by ReduceOp kind (SUM ... BXOR), for the types MPI cannot reduce.
@@ -25,8 +28,18 @@ struct Types {
 Types types;          // written once on the progress thread before any operation is posted
 int max_tag = 32767;  // MPI_TAG_UB, read at initialisation (the standard's minimum)
 
+// Reduced by c10d's kernels: types MPI has no arithmetic for, and the 8- and 16-bit integers,
+// whose SUM Open MPI's vector kernels saturate (100 + 100 gives 127 in int8) where numpy and
+// torch wrap.
+constexpr DType kOwnTypes[] = {DType::kFloat16, DType::kBFloat16, DType::kBool,
+                               DType::kInt8,    DType::kUInt8,    DType::kInt16};
+
+bool reduced_by_c10d(DType dtype) {
+  return std::find(std::begin(kOwnTypes), std::end(kOwnTypes), dtype) != std::end(kOwnTypes);
+}
+
 DType own_dtype(MPI_Datatype datatype) {
-  for (DType d : {DType::kFloat16, DType::kBFloat16, DType::kBool}) {
+  for (DType d : kOwnTypes) {
     if (types.of[static_cast<int>(d)] == datatype) return d;
   }
   return DType::kUInt8;  // not reached: user operations are used with these types only
@@ -54,16 +67,11 @@ void set_up_types_and_limits() {
   }
   types.of[static_cast<int>(DType::kFloat32)] = MPI_FLOAT;
   types.of[static_cast<int>(DType::kFloat64)] = MPI_DOUBLE;
-  types.of[static_cast<int>(DType::kInt8)] = MPI_INT8_T;
-  types.of[static_cast<int>(DType::kInt16)] = MPI_INT16_T;
   types.of[static_cast<int>(DType::kInt32)] = MPI_INT32_T;
   types.of[static_cast<int>(DType::kInt64)] = MPI_INT64_T;
-  types.of[static_cast<int>(DType::kUInt8)] = MPI_UINT8_T;
   types.of[static_cast<int>(DType::kComplex64)] = MPI_C_FLOAT_COMPLEX;
   types.of[static_cast<int>(DType::kComplex128)] = MPI_C_DOUBLE_COMPLEX;
-  own(DType::kFloat16, 2);
-  own(DType::kBFloat16, 2);
-  own(DType::kBool, 1);
+  for (DType d : kOwnTypes) own(d, static_cast<int>(core::element_size(d)));
   auto user = [](ReduceOp::Kind kind, MPI_User_function* fn) {
     check(MPI_Op_create(fn, 1, &types.user[kind]), "MPI_Op_create");
   };
@@ -83,9 +91,7 @@ MPI_Datatype datatype(DType dtype) { return types.of[static_cast<int>(dtype)]; }
 MPI_Op mpi_op(DType dtype, const ReduceOp& op) {
   ReduceOp::Kind kind = op.kind;
   if (kind == ReduceOp::AVG || kind == ReduceOp::PREMUL_SUM) kind = ReduceOp::SUM;
-  if (dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kBool) {
-    return types.user[kind];
-  }
+  if (reduced_by_c10d(dtype)) return types.user[kind];
   switch (kind) {
     case ReduceOp::SUM:
       return MPI_SUM;

@@ -1,5 +1,6 @@
-// The MPI backend's datatypes and reductions: MPI's own where it has them, c10d's kernels as
-// MPI user operations for float16, bfloat16 and bool; and how a tensor is handed to MPI.
+// The MPI backend's datatypes and reductions: MPI's own where they are exact, c10d's kernels
+// as MPI user operations for float16, bfloat16, bool and the 8- and 16-bit integers; and how
+// a tensor is handed to MPI.
 #pragma once
 
 #include <mpi.h>

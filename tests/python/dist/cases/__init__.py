@@ -12,6 +12,7 @@ from .collectives import (  # noqa: F401
     all_to_alls,
     strided_arrays,
     writes_beside_outputs,
+    integer_overflow,
 )
 from .p2p import (  # noqa: F401
     point_to_point,

@@ -561,3 +561,49 @@ def writes_beside_outputs(dist, backend):
             equal(want),
             async_op,
         )
+
+
+def integer_overflow(dist, backend):
+    """Integer reductions wrap as numpy's do (two's complement), at the extremes of every
+    integer dtype and at lengths that end inside and outside a vector register."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    O = dist.ReduceOp
+    ops = [O.SUM, O.PRODUCT, O.MIN, O.MAX, O.BAND, O.BOR, O.BXOR]
+    for dtype in [np.int8, np.uint8, np.int16, np.int32, np.int64]:
+        info = np.iinfo(dtype)
+        for n in [1, 7, 64, 1000]:
+            # Values near both ends and in between, different on every rank.
+            xs = []
+            for r in range(world):
+                i = np.arange(n, dtype=np.int64) + 37 * r
+                pick = np.where(
+                    i % 3 == 0, info.max - i % 5, np.where(i % 3 == 1, info.min + i % 7, i)
+                )
+                xs.append(pick.astype(dtype))
+            stack = np.stack(xs)
+            for op in ops:
+                want = {
+                    O.SUM: lambda: np.add.reduce(stack, 0, dtype=dtype),
+                    O.PRODUCT: lambda: np.multiply.reduce(stack, 0, dtype=dtype),
+                    O.MIN: lambda: stack.min(0),
+                    O.MAX: lambda: stack.max(0),
+                    O.BAND: lambda: np.bitwise_and.reduce(stack, 0),
+                    O.BOR: lambda: np.bitwise_or.reduce(stack, 0),
+                    O.BXOR: lambda: np.bitwise_xor.reduce(stack, 0),
+                }[op]()
+                what = f"{np.dtype(dtype).name} n={n} {op}"
+                t = xs[rank].copy()
+                dist.all_reduce(t, op=op)
+                np.testing.assert_array_equal(t, want, err_msg=f"all_reduce {what}")
+                t = xs[rank].copy()
+                dist.reduce(t, dst=world - 1, op=op)
+                if rank == world - 1:
+                    np.testing.assert_array_equal(t, want, err_msg=f"reduce {what}")
+                if n % world == 0:
+                    k = n // world
+                    out = np.zeros(k, dtype)
+                    dist.reduce_scatter_tensor(out, xs[rank].copy(), op=op)
+                    np.testing.assert_array_equal(
+                        out, want[rank * k : (rank + 1) * k], err_msg=f"reduce_scatter {what}"
+                    )
+
