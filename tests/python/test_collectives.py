@@ -11,6 +11,7 @@ CASES = [
     "inline_numpy_arrays",
     "all_reduce_errors",
     "integer_overflow",
+    "aliased_outputs",
     "broadcast_reduce",
     "gathers",
     "reduce_scatters",

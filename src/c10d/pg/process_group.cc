@@ -219,10 +219,34 @@ bool same_dtype_and_numel(const DenseView& a, const DenseView& b) {
   return a.dtype == b.dtype && a.numel == b.numel;
 }
 
+bool share_bytes(const DenseView& a, const DenseView& b) {
+  return a.nbytes() != 0 && b.nbytes() != 0 && a.bytes() < b.bytes() + b.nbytes() &&
+         b.bytes() < a.bytes() + a.nbytes();
+}
+
+// Whether an input shares memory with an output: the general path stages such calls.
+bool aliased(const InlineOp& op) {
+  switch (op.type) {
+    case OpType::kAllgatherBase:
+    case OpType::kReduceScatterBase:
+    case OpType::kAlltoallBase:
+      return share_bytes(op.output, op.input);
+    case OpType::kGather:
+    case OpType::kScatter:
+      for (size_t i = 0; i < op.list_size; ++i) {
+        if (share_bytes(op.list[i], op.type == OpType::kGather ? op.input : op.output)) return true;
+      }
+      return false;
+    default:
+      return false;  // in place, or no tensors
+  }
+}
+
 // Whether `op` is a call the general path would accept as it is, on `rank` of `size` ranks.
 bool well_formed(const InlineOp& op, int rank, int size) {
   const bool root_ok = op.root >= 0 && op.root < size;
   const auto n = static_cast<size_t>(size);
+  if (aliased(op)) return false;
   switch (op.type) {
     case OpType::kAllreduce:
       return usable_reduce(op.input.dtype, op.reduce_op);

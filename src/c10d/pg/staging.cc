@@ -19,7 +19,54 @@ bool Staging::needed(const std::vector<std::vector<Tensor>>& lists) {
                      [](const std::vector<Tensor>& l) { return needed(l); });
 }
 
+namespace {
+
+// The bytes a CPU tensor's elements lie in, [first, last); empty for no elements.
+std::pair<uintptr_t, uintptr_t> byte_range(const Tensor& t) {
+  if (t.numel() == 0 || t.device().type != core::DeviceType::kCPU) return {0, 0};
+  int64_t low = 0, high = 0;  // element offsets of the first and last element
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.sizes()[d] - 1) * t.strides()[d];
+    (reach < 0 ? low : high) += reach;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data());
+  const auto size = static_cast<int64_t>(t.element_size());
+  return {base + low * size, base + (high + 1) * size};
+}
+
+}  // namespace
+
+std::vector<Tensor> Staging::flat(const std::vector<std::vector<Tensor>>& lists) {
+  std::vector<Tensor> all;
+  for (const auto& l : lists) all.insert(all.end(), l.begin(), l.end());
+  return all;
+}
+
+bool Staging::overlap(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) {
+  if (outputs.empty() || inputs.empty()) return false;
+  std::vector<std::pair<uintptr_t, uintptr_t>> written;
+  written.reserve(outputs.size());
+  for (const auto& t : outputs) {
+    if (auto r = byte_range(t); r.first != r.second) written.push_back(r);
+  }
+  if (written.empty()) return false;
+  std::sort(written.begin(), written.end());
+  // Each range's end, raised to the largest end before it, so one search answers for all.
+  for (size_t i = 1; i < written.size(); ++i) {
+    written[i].second = std::max(written[i].second, written[i - 1].second);
+  }
+  for (const auto& t : inputs) {
+    const auto [first, last] = byte_range(t);
+    if (first == last) continue;
+    // The last output starting before this input ends; it (or one before) reaches into it.
+    auto it = std::lower_bound(written.begin(), written.end(), std::make_pair(last, uintptr_t{0}));
+    if (it != written.begin() && std::prev(it)->second > first) return true;
+  }
+  return false;
+}
+
 Tensor Staging::inputs(const Tensor& tensor) {
+  if (copy_inputs_) return inputs_.emplace_back(tensor.contiguous_copy());
   if (!needed(tensor)) return tensor;
   return inputs_.emplace_back(tensor.contiguous_copy());
 }

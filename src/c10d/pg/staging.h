@@ -41,13 +41,25 @@ class Staging {
   // its result holds the caller's tensors in place of the stand-ins.
   WorkPtr finish(WorkPtr work);
 
-  // When any tensor needs a stand-in, runs fn(staged outputs, staged inputs) and returns the
-  // finished work; otherwise nothing (the caller goes on with the tensors as they are).
+  // Whether memory of some input is memory of some output (all_to_all_single(x, x), an
+  // all_gather whose input is a piece of its output): a backend would read bytes it has
+  // already overwritten, so the inputs are read from copies.
+  static bool overlap(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs);
+  template <typename Out, typename In>
+  static bool overlap(const Out& outputs, const In& inputs) {
+    return overlap(flat(outputs), flat(inputs));
+  }
+
+  // When any tensor needs a stand-in, or an input shares memory with an output, runs
+  // fn(staged outputs, staged inputs) and returns the finished work; otherwise nothing (the
+  // caller goes on with the tensors as they are).
   template <typename Out, typename In, typename Fn>
   static std::optional<WorkPtr> run(std::string_view op, const Out& outputs, const In& inputs,
                                     Fn&& fn) {
-    if (!needed(outputs) && !needed(inputs)) return std::nullopt;
+    const bool aliased = overlap(outputs, inputs);
+    if (!aliased && !needed(outputs) && !needed(inputs)) return std::nullopt;
     Staging staging(op);
+    staging.copy_inputs_ = aliased;
     auto staged_out = staging.outputs(outputs, /*in_place=*/false);
     auto staged_in = staging.inputs(inputs);
     return staging.finish(fn(staged_out, staged_in));
@@ -62,7 +74,12 @@ class Staging {
   }
 
  private:
+  static std::vector<Tensor> flat(const Tensor& tensor) { return {tensor}; }
+  static const std::vector<Tensor>& flat(const std::vector<Tensor>& tensors) { return tensors; }
+  static std::vector<Tensor> flat(const std::vector<std::vector<Tensor>>& lists);
+
   std::string_view op_;
+  bool copy_inputs_ = false;                        // every input gets a copy, contiguous or not
   std::vector<Tensor> inputs_;                      // kept alive until the work completes
   std::vector<std::pair<Tensor, Tensor>> outputs_;  // (caller's tensor, stand-in)
 };

@@ -13,6 +13,7 @@ from .collectives import (  # noqa: F401
     strided_arrays,
     writes_beside_outputs,
     integer_overflow,
+    aliased_outputs,
 )
 from .p2p import (  # noqa: F401
     point_to_point,

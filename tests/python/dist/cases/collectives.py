@@ -607,3 +607,80 @@ def integer_overflow(dist, backend):
                         out, want[rank * k : (rank + 1) * k], err_msg=f"reduce_scatter {what}"
                     )
 
+
+def aliased_outputs(dist, backend):
+    """A collective whose output is (or holds) its input reads the input as it was before
+    the call: all_to_all_single(x, x), all_gather into the array holding the input, a
+    reduce_scatter into a piece of its input, lists that share arrays."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = 5
+    for dtype in [np.float32, np.int64]:
+        for _ in range(20):
+            x = np.array([100 * rank + j for j in range(world) for _ in range(n)], dtype)
+            dist.all_to_all_single(x, x)
+            want = np.array([100 * j + rank for j in range(world) for _ in range(n)], dtype)
+            np.testing.assert_array_equal(x, want, err_msg="all_to_all_single(x, x)")
+        # Uneven splits, in place.
+        splits = [1 + (rank + j) % 3 for j in range(world)]  # to j; j sends me splits_j[rank]
+        x = np.concatenate([np.full(splits[j], 10 * rank + j) for j in range(world)]).astype(dtype)
+        recv = [1 + (j + rank) % 3 for j in range(world)]
+        if sum(recv) == sum(splits):
+            dist.all_to_all_single(x, x, recv, splits)
+            want = np.concatenate([np.full(recv[j], 10 * j + rank) for j in range(world)])
+            np.testing.assert_array_equal(x, want.astype(dtype), err_msg="uneven in place")
+        # all_gather_into_tensor from this rank's piece of the output (torch's in-place form).
+        out = np.zeros(world * n, dtype)
+        mine = out[rank * n : (rank + 1) * n]
+        mine[:] = rank + 1
+        dist.all_gather_into_tensor(out, mine)
+        np.testing.assert_array_equal(out, np.repeat(np.arange(1, world + 1), n).astype(dtype))
+        # ...and from another rank's piece: the input is what it held before the call.
+        out = np.arange(world * n, dtype=dtype) + 1000 * rank
+        piece = out[((rank + 1) % world) * n : ((rank + 1) % world + 1) * n]
+        sent = [
+            np.arange(world * n, dtype=dtype)[((r + 1) % world) * n :][:n] + 1000 * r
+            for r in range(world)
+        ]
+        dist.all_gather_into_tensor(out, piece)
+        np.testing.assert_array_equal(out, np.concatenate(sent), err_msg="all_gather from a piece")
+        # all_gather into a list holding the input.
+        outs = [np.zeros(n, dtype) for _ in range(world)]
+        outs[rank][:] = rank + 7
+        dist.all_gather(outs, outs[rank])
+        for r in range(world):
+            np.testing.assert_array_equal(outs[r], np.full(n, r + 7, dtype), err_msg="list")
+        outs = [np.zeros(n, dtype) for _ in range(world)]
+        x = np.full(n, rank + 7, dtype)
+        outs[(rank + 1) % world] = x
+        dist.all_gather(outs, x)
+        for r in range(world):
+            np.testing.assert_array_equal(outs[r], np.full(n, r + 7, dtype), err_msg="list 2")
+        # reduce_scatter_tensor into a piece of the input.
+        inp = np.concatenate([np.full(n, 10 * rank + j) for j in range(world)]).astype(dtype)
+        total = sum(10 * r for r in range(world))
+        for j in (rank, (rank + 1) % world):
+            x = inp.copy()
+            out = x[j * n : (j + 1) * n]
+            dist.reduce_scatter_tensor(out, x)
+            np.testing.assert_array_equal(
+                out, np.full(n, total + world * rank, dtype), err_msg=f"reduce_scatter piece {j}"
+            )
+        # all_to_all with the same arrays as inputs and outputs.
+        xs = [np.full(n, 10 * rank + j, dtype) for j in range(world)]
+        dist.all_to_all(xs, xs)
+        for j in range(world):
+            np.testing.assert_array_equal(xs[j], np.full(n, 10 * j + rank, dtype), err_msg="lists")
+        # gather and scatter whose root list holds the root's own array.
+        root = world - 1
+        x = np.full(n, rank + 3, dtype)
+        lst = [np.zeros(n, dtype) for _ in range(world)] if rank == root else None
+        if rank == root:
+            lst[0] = x
+        dist.gather(x, lst, dst=root)
+        if rank == root:
+            for r in range(world):
+                np.testing.assert_array_equal(lst[r], np.full(n, r + 3, dtype), err_msg="gather")
+        lst = [np.full(n, 50 + r, dtype) for r in range(world)] if rank == root else None
+        out = lst[0] if rank == root else np.zeros(n, dtype)
+        dist.scatter(out, lst, src=root)
+        np.testing.assert_array_equal(out, np.full(n, 50 + rank, dtype), err_msg="scatter")
