@@ -35,6 +35,9 @@ struct EnvVar {
     "Largest key the TCPStore server accepts; longer keys drop the client.")                   \
   X(kEnvStoreMaxValueBytes, "C10D_STORE_MAX_VALUE_BYTES", "8388608",                           \
     "Largest value the TCPStore server accepts; larger values drop the client.")               \
+  X(kEnvStoreMaxReplyBytes, "C10D_STORE_MAX_REPLY_BYTES", "268435456",                         \
+    "Largest value the TCPStore client reads from a server; a longer one is refused as a "     \
+    "protocol error (memory grows only as a value's bytes arrive).")                           \
   X(kEnvStoreSecret, "C10D_STORE_SECRET", "",                                                  \
     "Shared secret of TCPStore connections: a server with one refuses clients without it.")    \
   X(kEnvStoreUseLibuv, "USE_LIBUV", "1",                                                       \

@@ -35,6 +35,13 @@ using wire::Request;
 using wire::RequestParser;
 
 constexpr size_t kReadBufferSize = 64 * 1024;
+// The largest reply one request may make the server build (a MULTI_GET or LIST_KEYS past it
+// drops that client): 4 full values, so no single request holds the loop for long.
+constexpr size_t kMaxReplyBytes = 4 * wire::kMaxValueLen;
+// A client whose unsent replies reach this many bytes is not read from (nor are its buffered
+// requests handled) until they drain: pipelined requests whose replies are never read cannot
+// grow the server past this plus one reply.
+constexpr size_t kMaxPendingBytes = 4 * 1024 * 1024;
 // Attempts to listen when the port is in use (see Impl::try_listen).
 constexpr int kListenAttempts = 4;
 
@@ -104,7 +111,8 @@ class TCPServer::Impl {
     bool validated = false;
     bool authenticated = false;
     bool closing = false;
-    std::string out;                                  // replies not yet handed to libuv
+    bool paused = false;  // not read from until its replies drain (kMaxPendingBytes)
+    std::string out;      // replies not yet handed to libuv
     std::unordered_map<uint64_t, PendingWait> waits;  // by wait id
     std::vector<std::string> barrier_keys;            // keys with a BARRIER of ours pending
   };
@@ -136,6 +144,11 @@ class TCPServer::Impl {
   // Returns false when the request was invalid and the client has been dropped.
   bool handle(Client* c, Request& r);
   void flush(Client* c);
+  // Bytes of replies to `c` not yet taken by the kernel.
+  size_t pending(Client* c) const;
+  // Size of the MULTI_GET reply for `keys`, or of the LIST_KEYS reply (no keys).
+  size_t reply_size(const std::vector<std::string>& keys) const;
+  size_t list_keys_size() const;
   void drop(Client* c, const std::string& reason);
   void forget_waits(Client* c);
 
@@ -375,12 +388,18 @@ void TCPServer::Impl::on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t
 
 void TCPServer::Impl::on_write(uv_write_t* req, int status) {
   auto* w = reinterpret_cast<WriteReq*>(req);
-  if (status < 0 && status != UV_ECANCELED) {
-    auto* c = static_cast<Client*>(req->handle->data);
-    auto* self = static_cast<Impl*>(req->handle->loop->data);
-    self->drop(c, str_cat("write failed: ", uv_error_text(status)));
-  }
+  auto* c = static_cast<Client*>(req->handle->data);
+  auto* self = static_cast<Impl*>(req->handle->loop->data);
   delete w;
+  if (status < 0) {
+    if (status != UV_ECANCELED) self->drop(c, str_cat("write failed: ", uv_error_text(status)));
+    return;
+  }
+  if (c->paused && !c->closing && self->pending(c) < kMaxPendingBytes / 2) {
+    c->paused = false;
+    uv_read_start(reinterpret_cast<uv_stream_t*>(&c->handle), &Impl::on_alloc, &Impl::on_read);
+    self->process(c);  // the requests already buffered
+  }
 }
 
 void TCPServer::Impl::on_client_closed(uv_handle_t* handle) {
@@ -394,6 +413,26 @@ void TCPServer::Impl::drop(Client* c, const std::string& reason) {
   forget_waits(c);
   clients_.erase(c->id);
   uv_close(reinterpret_cast<uv_handle_t*>(&c->handle), &Impl::on_client_closed);
+}
+
+size_t TCPServer::Impl::pending(Client* c) const {
+  return c->out.size() +
+         uv_stream_get_write_queue_size(reinterpret_cast<const uv_stream_t*>(&c->handle));
+}
+
+size_t TCPServer::Impl::reply_size(const std::vector<std::string>& keys) const {
+  size_t total = 0;
+  for (const auto& key : keys) {
+    auto it = data_.find(key);
+    total += sizeof(uint64_t) + (it == data_.end() ? 0 : it->second.size());
+  }
+  return total;
+}
+
+size_t TCPServer::Impl::list_keys_size() const {
+  size_t total = sizeof(int64_t);
+  for (const auto& [key, value] : data_) total += sizeof(uint64_t) + key.size();
+  return total;
 }
 
 void TCPServer::Impl::flush(Client* c) {
@@ -423,7 +462,16 @@ void TCPServer::Impl::flush(Client* c) {
 
 void TCPServer::Impl::process(Client* c) {
   Request r;
-  while (!c->closing) {
+  while (!c->closing && !c->paused) {
+    if (pending(c) >= kMaxPendingBytes) {
+      flush(c);
+      if (c->closing || pending(c) >= kMaxPendingBytes) {
+        // Replies wait for the client to read them; on_write resumes it once they drained.
+        c->paused = true;
+        uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->handle));
+        return;
+      }
+    }
     switch (c->parser.next(r)) {
       case RequestParser::Status::kNeedMore:
         flush(c);
@@ -680,6 +728,11 @@ bool TCPServer::Impl::handle(Client* c, Request& r) {
       return true;
     }
     case QueryType::kMultiGet:
+      if (size_t size = reply_size(r.keys); size > kMaxReplyBytes) {
+        drop(c, str_cat("MULTI_GET of ", r.keys.size(), " keys would need a reply of ", size,
+                        " bytes, past the limit of ", kMaxReplyBytes));
+        return false;
+      }
       for (const auto& key : r.keys) {
         auto it = data_.find(key);
         reply.bytes(it == data_.end() ? Bytes{} : it->second);
@@ -717,6 +770,11 @@ bool TCPServer::Impl::handle(Client* c, Request& r) {
       break;
     }
     case QueryType::kListKeys:
+      if (size_t size = list_keys_size(); size > kMaxReplyBytes) {
+        drop(c, str_cat("LIST_KEYS of ", data_.size(), " keys would need a reply of ", size,
+                        " bytes, past the limit of ", kMaxReplyBytes));
+        return false;
+      }
       reply.i64(static_cast<int64_t>(data_.size()));
       for (const auto& [key, value] : data_) reply.str(key);
       break;

@@ -30,7 +30,10 @@ struct TCPServerOptions {
 // A client that sends garbage, a bad magic number, an oversize length or that disconnects in
 // the middle of a request is logged (one line on stderr) and dropped; the others keep being
 // served, and no client can make the server allocate more than the protocol limits allow per
-// field.
+// field. What one connection makes the server hold for it is bounded too: a request whose reply
+// would pass 32 MiB (a MULTI_GET of many large values) drops that client, and a client with
+// 4 MiB of replies not yet read is not read from until it drains them, so one connection holds
+// at most about 36 MiB of replies however many requests it pipelines.
 class TCPServer {
  public:
   // Binds and listens synchronously (errors throw core::DistNetworkError naming the address

@@ -58,6 +58,12 @@ std::optional<std::string> default_secret() {
   return core::env_string(core::kEnvStoreSecret);
 }
 
+uint64_t default_max_reply() {
+  const int64_t bytes = core::env_int(core::kEnvStoreMaxReplyBytes);
+  C10D_CHECK_ARG(bytes > 0, core::kEnvStoreMaxReplyBytes.name, " must be positive, got ", bytes);
+  return static_cast<uint64_t>(bytes);
+}
+
 std::shared_ptr<TCPServer> start_server(const std::string& host, const TCPStoreOptions& opts) {
   TCPServerOptions server_opts;
   server_opts.port = opts.port;
@@ -169,10 +175,20 @@ class TCPStore::Call {
   uint32_t u32() { return read<uint32_t>(); }
   int64_t i64() { return read<int64_t>(); }
   Bytes bytes() {
-    auto size = read<uint64_t>();
-    if (size > wire::kMaxReplyLen) protocol_error(str_cat("reply length ", size));
-    Bytes value(size);
-    guarded([&] { socket_->recv_exact(value.data(), value.size(), deadline_); });
+    const auto size = read<uint64_t>();
+    if (size > store_.max_reply_bytes_) {
+      protocol_error(str_cat("value length ", size, " (past the client's limit of ",
+                             store_.max_reply_bytes_, " bytes, ", core::kEnvStoreMaxReplyBytes.name,
+                             ")"));
+    }
+    // Grown as the bytes arrive, so a length the server never sends costs no memory.
+    constexpr size_t kChunk = size_t{1} << 20;
+    Bytes value;
+    while (value.size() < size) {
+      const size_t at = value.size();
+      value.resize(at + std::min<size_t>(kChunk, size - at));
+      guarded([&] { socket_->recv_exact(value.data() + at, value.size() - at, deadline_); });
+    }
     return value;
   }
   std::string str() {
@@ -258,7 +274,8 @@ class TCPStore::Call {
 
 TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
     : Store(options.timeout), host_(std::move(host)), port_(options.port),
-      secret_(options.secret ? options.secret : default_secret()), use_libuv_(options.use_libuv) {
+      secret_(options.secret ? options.secret : default_secret()), use_libuv_(options.use_libuv),
+      max_reply_bytes_(options.max_reply_bytes ? *options.max_reply_bytes : default_max_reply()) {
   if (options.is_server) {
     server_ = start_server(host_, options);
     port_ = server_->port();
@@ -278,8 +295,9 @@ TCPStore::TCPStore(std::string host, const TCPStoreOptions& options)
 }
 
 TCPStore::TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout,
-                   std::optional<std::string> secret)
-    : Store(timeout), host_(std::move(host)), port_(port), secret_(std::move(secret)) {
+                   std::optional<std::string> secret, uint64_t max_reply_bytes)
+    : Store(timeout), host_(std::move(host)), port_(port), secret_(std::move(secret)),
+      max_reply_bytes_(max_reply_bytes) {
   socket_ = open_connection();
 }
 
@@ -591,7 +609,7 @@ std::vector<std::string> TCPStore::list_keys() {
 }
 
 std::shared_ptr<Store> TCPStore::clone() {
-  return std::make_shared<TCPStore>(CloneTag{}, host_, port_, timeout(), secret_);
+  return std::make_shared<TCPStore>(CloneTag{}, host_, port_, timeout(), secret_, max_reply_bytes_);
 }
 
 }  // namespace c10d::store

@@ -32,6 +32,9 @@ struct TCPStoreOptions {
   // Shared secret (c10d extension). A server with one refuses clients without it; a client
   // with one authenticates after connecting. Defaults to C10D_STORE_SECRET when set.
   std::optional<std::string> secret;
+  // The largest value this client reads from a server (a longer one is a protocol error);
+  // defaults to C10D_STORE_MAX_REPLY_BYTES.
+  std::optional<uint64_t> max_reply_bytes;
 };
 
 // Thread-safe. Requests go over one main connection guarded by a mutex, so calls from one
@@ -91,7 +94,7 @@ class TCPStore : public Store {
  public:
   // Used by clone(): a second connection to the same server, without registering.
   TCPStore(CloneTag, std::string host, uint16_t port, Millis timeout,
-           std::optional<std::string> secret);
+           std::optional<std::string> secret, uint64_t max_reply_bytes);
 
  private:
   // Connects, validates and pings, retrying with backoff until the store timeout.
@@ -112,6 +115,7 @@ class TCPStore : public Store {
   uint16_t port_;
   const std::optional<std::string> secret_;
   bool use_libuv_ = true;
+  const uint64_t max_reply_bytes_;
   std::shared_ptr<TCPServer> server_;  // set when this instance started (or shares) the server
 
   // Lock order: mu_ before pool_mu_.

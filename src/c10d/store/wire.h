@@ -59,8 +59,7 @@ enum class WaitReply : uint8_t { kStopWaiting = 0, kWaitCanceled = 1 };
 inline constexpr size_t kMaxKeyLen = 8 * 1024;
 inline constexpr size_t kMaxValueLen = 8 * 1024 * 1024;
 inline constexpr size_t kMaxKeysPerOp = 128 * 1024;
-// A reply carries at most one value (<= kMaxValueLen); the client refuses anything larger
-// than this so a corrupt length can never make it allocate without bound.
+// Counts in a reply (keys listed, queue lengths) past this are refused by the client as corrupt.
 inline constexpr uint64_t kMaxReplyLen = uint64_t{1} << 31;
 
 // One decoded request. Which fields are used depends on `type`:

@@ -7,8 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
 #include <thread>
@@ -694,6 +698,155 @@ TEST_F(TCPStoreRobustness, DisconnectedWaitersAreForgotten) {
   }
   good_->set("later", to_bytes("x"));  // waking a closed client must not disturb the server
   expect_good_client_works();
+}
+
+// This process's resident memory, from /proc.
+size_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  in >> pages >> resident;
+  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// The median time of `n` calls of f.
+std::chrono::nanoseconds median_time(int n, const std::function<void()>& f) {
+  std::vector<std::chrono::nanoseconds> times;
+  for (int i = 0; i < n; ++i) {
+    const auto start = core::Clock::now();
+    f();
+    times.push_back(core::Clock::now() - start);
+  }
+  std::nth_element(times.begin(), times.begin() + n / 2, times.end());
+  return times[n / 2];
+}
+
+TEST_F(TCPStoreRobustness, AMultiGetWhoseReplyWouldPassTheLimitDropsOnlyThatClient) {
+  good_->set("big", Bytes(1 << 20, 'v'));
+  const size_t before = resident_bytes();
+  RawClient greedy(server_->port());
+  Encoder e;
+  e.query(QueryType::kMultiGet).u64(1024);
+  for (int i = 0; i < 1024; ++i) e.str("/big");  // a 1 GiB reply
+  greedy.send(e);
+  EXPECT_TRUE(greedy.closed_by_server());
+  EXPECT_LT(resident_bytes() - std::min(before, resident_bytes()), size_t{64} << 20);
+  expect_good_client_works();
+  // Up to the limit is served: 4 values of 1 MiB.
+  RawClient modest(server_->port());
+  Encoder four;
+  four.query(QueryType::kMultiGet).u64(4);
+  for (int i = 0; i < 4; ++i) four.str("/big");
+  modest.send(four);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(modest.read<uint64_t>(), uint64_t{1} << 20);
+    std::string value(1 << 20, '\0');
+    modest.sock.recv_exact(value.data(), value.size(), Deadline(5s));
+    EXPECT_EQ(value, std::string(1 << 20, 'v'));
+  }
+}
+
+TEST_F(TCPStoreRobustness, RepliesNeverReadHoldBoundedMemoryAndOthersStayFast) {
+  good_->set("big", Bytes(1 << 20, 'v'));
+  const auto idle = median_time(200, [&] { good_->add("tick", 1); });
+  const size_t before = resident_bytes();
+  RawClient hoarder(server_->port());
+  constexpr int kGets = 1024;  // 1 GiB of replies, sent before any is read
+  Encoder e;
+  for (int i = 0; i < kGets; ++i) e.query(QueryType::kGet).str("/big");
+  hoarder.send(e);
+  const auto attacked = median_time(200, [&] { good_->add("tick", 1); });
+  size_t peak = 0;
+  for (int i = 0; i < 20; ++i) {
+    peak = std::max(peak, resident_bytes());
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_LT(peak - std::min(before, peak), size_t{64} << 20);
+  std::printf("median add: %.1f us idle, %.1f us with 1 GiB of replies unread; +%.1f MiB\n",
+              idle.count() / 1e3, attacked.count() / 1e3,
+              (peak - std::min(before, peak)) / 1048576.0);
+  // Loose on a loaded machine; a server that built every reply stalled for seconds.
+  EXPECT_LT(attacked, std::max(idle * 4, std::chrono::nanoseconds(5ms)))
+      << "idle " << idle.count() << " ns";
+  // Once read, every reply arrives, in order, and the connection stays in step.
+  std::string value(1 << 20, '\0');
+  for (int i = 0; i < kGets; ++i) {
+    ASSERT_EQ(hoarder.read<uint64_t>(), uint64_t{1} << 20) << "reply " << i;
+    hoarder.sock.recv_exact(value.data(), value.size(), Deadline(10s));
+  }
+  hoarder.ping();
+  expect_good_client_works();
+}
+
+// A server that answers the client's greeting, then announces a value of `length` bytes and
+// sends none of it.
+struct LyingServer {
+  int listener = -1;
+  uint16_t port = 0;
+  uint64_t length;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+
+  explicit LyingServer(uint64_t announced) : length(announced) {
+    listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::listen(listener, 4), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+    thread = std::thread([this] { serve(); });
+  }
+  void serve() {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    char hello[10];  // VALIDATE magic, PING nonce
+    for (size_t got = 0; got < sizeof hello;) {
+      const ssize_t n = ::recv(fd, hello + got, sizeof hello - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    EXPECT_EQ(::send(fd, hello + 6, 4, MSG_NOSIGNAL), 4);
+    char request[256];
+    EXPECT_GT(::recv(fd, request, sizeof request, 0), 0);
+    EXPECT_EQ(::send(fd, &length, sizeof length, MSG_NOSIGNAL), 8);
+    while (!stop.load()) std::this_thread::sleep_for(10ms);
+    ::close(fd);
+  }
+  ~LyingServer() {
+    stop = true;
+    ::shutdown(listener, SHUT_RDWR);
+    thread.join();
+    ::close(listener);
+  }
+};
+
+TEST(TCPStoreClient, ARepliedLengthPastTheLimitIsAProtocolErrorAtOnce) {
+  LyingServer server((uint64_t{1} << 31) - 1);
+  TCPStoreOptions o = client_options(server.port, 10s);
+  TCPStore store(kHost, o);
+  const size_t before = resident_bytes();
+  const auto start = core::Clock::now();
+  const std::string error =
+      message_of([&] { store.compare_set("k", to_bytes("a"), to_bytes("b")); });
+  EXPECT_NE(error.find("value length 2147483647"), std::string::npos) << error;
+  EXPECT_NE(error.find("C10D_STORE_MAX_REPLY_BYTES"), std::string::npos) << error;
+  EXPECT_LT(core::Clock::now() - start, 2s);
+  EXPECT_LT(resident_bytes() - std::min(before, resident_bytes()), size_t{16} << 20);
+}
+
+TEST(TCPStoreClient, ALengthUnderTheLimitCostsOnlyTheBytesThatArrive) {
+  LyingServer server(uint64_t{200} << 20);
+  TCPStoreOptions o = client_options(server.port, 1s);
+  o.max_reply_bytes = uint64_t{256} << 20;
+  TCPStore store(kHost, o);
+  const size_t before = resident_bytes();
+  const std::string error =
+      message_of([&] { store.compare_set("k", to_bytes("a"), to_bytes("b")); });
+  EXPECT_NE(error.find("compare_set"), std::string::npos) << error;
+  EXPECT_NE(error.find("store timeout"), std::string::npos) << error;
+  EXPECT_LT(resident_bytes() - std::min(before, resident_bytes()), size_t{16} << 20);
 }
 
 // Our client's first bytes on the wire are exactly what PyTorch's client sends.
