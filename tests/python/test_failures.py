@@ -148,3 +148,15 @@ def test_dead_store_server_fails_fast():
     finally:
         if server.poll() is None:
             server.kill()
+
+
+MISMATCH_RUNS = [("gloo", 2), ("gloo", 3), ("shm", 2), ("shm", 3), ("hier", 3)] + (
+    [("mpi", 2), ("mpi", 3)] if harness.mpi_available() else []
+)
+
+
+@pytest.mark.parametrize("backend,world_size", MISMATCH_RUNS)
+def test_mismatched_calls_raise_on_every_rank(backend, world_size):
+    results = harness.run("mismatched_calls", world_size, backend, timeout=240)
+    harness.check_all_ok(results)
+    assert all("MISMATCHES_OK" in r.stdout for r in results), results

@@ -72,17 +72,24 @@ WorkPtr Backend::allgather_base(Tensor&, Tensor&, const AllgatherOptions&) {
 }
 WorkPtr Backend::allgather_coalesced(std::vector<std::vector<Tensor>>& outputs,
                                      std::vector<Tensor>& inputs, const AllgatherOptions& opts) {
-  // One allgather_base of every input packed into bytes, then each rank's part unpacked.
+  // One allgather_base of every input packed one after another, then each rank's part
+  // unpacked. Inputs of one dtype travel as that dtype, so that a backend comparing the ranks'
+  // calls sees it; mixed ones as bytes.
   size_t total = 0;
-  for (const auto& t : inputs) total += t.nbytes();
+  bool one_dtype = true;
+  for (const auto& t : inputs) {
+    total += t.nbytes();
+    one_dtype = one_dtype && t.dtype() == inputs.front().dtype();
+  }
+  const core::DType dtype = one_dtype ? inputs.front().dtype() : core::DType::kUInt8;
+  const auto elements = static_cast<int64_t>(total / core::element_size(dtype));
   // One input is sent as it is (which keeps a backend's zero-copy path for it); several are
   // packed first.
-  Tensor packed = inputs.size() == 1
-                      ? Tensor(inputs[0].data(), core::DType::kUInt8, {static_cast<int64_t>(total)},
-                               {}, inputs[0].owner(), inputs[0].device())
-                      : Tensor::empty({static_cast<int64_t>(total)}, core::DType::kUInt8);
+  Tensor packed = inputs.size() == 1 ? Tensor(inputs[0].data(), dtype, {elements}, {},
+                                              inputs[0].owner(), inputs[0].device())
+                                     : Tensor::empty({elements}, dtype);
   if (inputs.size() != 1) pack(inputs, packed);
-  Tensor gathered = Tensor::empty({static_cast<int64_t>(total) * size_}, core::DType::kUInt8);
+  Tensor gathered = Tensor::empty({elements * size_}, dtype);
   WorkPtr work = allgather_base(gathered, packed, opts);
   auto unpacked = work->get_future()->then([outputs, gathered, total](core::Future&) {
     core::FutureValue value;

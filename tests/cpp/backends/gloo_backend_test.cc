@@ -120,10 +120,14 @@ TEST(GlooBackend, DeadPeerErrorNamesThePeer) {
         }
         std::vector<Tensor> tensors{filled(1000, DType::kFloat32, rank)};
         try {
-          backend.reduce(tensors, pg::ReduceOptions{})->wait();  // on Gloo
+          // On Gloo, after the call's check on the ring, which finds the peer gone.
+          backend.reduce(tensors, pg::ReduceOptions{})->wait();
           ADD_FAILURE() << "reduce with a dead peer succeeded";
         } catch (const core::DistBackendError& e) {
-          EXPECT_NE(std::string(e.what()).find("peer rank 1"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find(
+                        "Gloo reduce (sequence 0, rank 0, 56 bytes): rank 1 on host "),
+                    std::string::npos)
+              << e.what();
         }
         try {
           backend.allreduce(tensors, pg::AllreduceOptions{})->wait();
@@ -137,6 +141,23 @@ TEST(GlooBackend, DeadPeerErrorNamesThePeer) {
         }
       },
       20s, with_ring(true));
+  // Without the ring the call's check is a Gloo all-gather, whose error Gloo words.
+  run_ranks(
+      2,
+      [](int rank, GlooBackend& backend) {
+        if (rank == 1) {
+          backend.shutdown();
+          return;
+        }
+        std::vector<Tensor> tensors{filled(1000, DType::kFloat32, rank)};
+        try {
+          backend.reduce(tensors, pg::ReduceOptions{})->wait();
+          ADD_FAILURE() << "reduce with a dead peer succeeded";
+        } catch (const core::DistBackendError& e) {
+          EXPECT_NE(std::string(e.what()).find("peer rank 1"), std::string::npos) << e.what();
+        }
+      },
+      20s, with_ring(false));
 }
 
 // all_reduce and reduce_scatter share one ring: operations that several workers and the

@@ -24,6 +24,8 @@ using rank_threads::expected_reduce;
 using rank_threads::filled;
 using namespace std::chrono_literals;
 
+pg::Signature allreduce_call(uint64_t seq) { return pg::Signature(core::OpType::kAllreduce, seq); }
+
 // Runs fn(member, ring) on one thread per member of a ring of `size` over 127.0.0.1 (global
 // ranks 10, 11, ...); returns what each member threw ("" for nothing).
 template <typename Fn>
@@ -55,7 +57,7 @@ TEST(Ring, AllreduceIsExactAndTheSameOnEveryMember) {
         const auto errors = run_members(size, 10s, [&](int m, Ring& ring) {
           for (DType dtype : {DType::kFloat64, DType::kInt32, DType::kFloat16}) {
             core::Tensor t = filled(n, dtype, m);
-            ring.allreduce(t.data(), static_cast<size_t>(n), dtype, op, 10s, 7);
+            ring.allreduce(t.data(), static_cast<size_t>(n), dtype, op, 10s, allreduce_call(7));
             expect_same(t, expected_reduce(n, dtype, size, op),
                         "size " + std::to_string(size) + " n " + std::to_string(n));
           }
@@ -74,7 +76,7 @@ TEST(Ring, AllgatherAndBroadcastReachEveryMember) {
         std::vector<unsigned char> blocks(bytes * size, 0);
         for (size_t i = 0; i < bytes; ++i)
           blocks[m * bytes + i] = static_cast<unsigned char>(m + i);
-        ring.allgather(blocks.data(), bytes, 10s, 1);
+        ring.allgather(blocks.data(), bytes, 10s, pg::Signature(core::OpType::kAllgatherBase, 1));
         for (int from = 0; from < size; ++from) {
           for (size_t i = 0; i < bytes; ++i) {
             ASSERT_EQ(blocks[from * bytes + i], static_cast<unsigned char>(from + i))
@@ -86,7 +88,8 @@ TEST(Ring, AllgatherAndBroadcastReachEveryMember) {
           if (m == root) {
             for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<unsigned char>(7 * root + i);
           }
-          ring.broadcast(data.data(), bytes, root, 10s, 2 + root);
+          ring.broadcast(data.data(), bytes, root, 10s,
+                         pg::Signature(core::OpType::kBroadcast, 2 + root).from(root));
           for (size_t i = 0; i < bytes; ++i) {
             ASSERT_EQ(data[i], static_cast<unsigned char>(7 * root + i))
                 << "broadcast from " << root << ", member " << m << ", byte " << i;
@@ -101,11 +104,14 @@ TEST(Ring, AllgatherAndBroadcastReachEveryMember) {
 TEST(Ring, BroadcastsFromDifferentRootsFailNamingTheOther) {
   const auto errors = run_members(2, 1s, [](int m, Ring& ring) {
     std::vector<char> data(16);
-    ring.broadcast(data.data(), data.size(), m, 1s, 3);
+    ring.broadcast(data.data(), data.size(), m, 1s,
+                   pg::Signature(core::OpType::kBroadcast, 3).of(DType::kUInt8, 16).from(10 + m));
   });
   EXPECT_NE(errors[0].find("rank 11 on host 127.0.0.1 (ring member 1, port "), std::string::npos)
       << errors[0];
-  EXPECT_NE(errors[0].find("runs broadcast sequence 3 of 16 bytes from root 11"), std::string::npos)
+  EXPECT_NE(errors[0].find("runs broadcast sequence 3 of 16 uint8 elements from root 11 where this "
+                           "rank runs broadcast sequence 3 of 16 uint8 elements from root 10"),
+            std::string::npos)
       << errors[0];
 }
 
@@ -113,11 +119,13 @@ TEST(Ring, MembersInDifferentCollectivesFailAndTheRingStaysBroken) {
   const auto errors = run_members(3, 1s, [](int m, Ring& ring) {
     std::vector<double> data(m == 0 ? 10 : 12, 1.0);
     try {
-      ring.allreduce(data.data(), data.size(), DType::kFloat64, ReduceOp(ReduceOp::SUM), 1s, 4);
+      ring.allreduce(data.data(), data.size(), DType::kFloat64, ReduceOp(ReduceOp::SUM), 1s,
+                     allreduce_call(4));
       ADD_FAILURE() << "member " << m << " finished a mismatched allreduce";
     } catch (const core::DistError&) {
     }
-    ring.allreduce(data.data(), data.size(), DType::kFloat64, ReduceOp(ReduceOp::SUM), 1s, 5);
+    ring.allreduce(data.data(), data.size(), DType::kFloat64, ReduceOp(ReduceOp::SUM), 1s,
+                   allreduce_call(5));
   });
   // Members 0 and 1 read a header of the other size; member 2 then waits for member 1's data.
   for (int m = 0; m < 2; ++m) {
@@ -141,11 +149,12 @@ TEST(Ring, TimeoutNamesTheMemberWaitedFor) {
     std::vector<float> data(100, 1.0f);
     const auto start = std::chrono::steady_clock::now();
     EXPECT_THROW(ring.allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp(ReduceOp::SUM),
-                                300ms, 0),
+                                300ms, allreduce_call(0)),
                  core::DistTimeoutError);
     EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
     try {
-      ring.allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp(ReduceOp::SUM), 300ms, 1);
+      ring.allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp(ReduceOp::SUM), 300ms,
+                     allreduce_call(1));
     } catch (const core::DistError& e) {
       throw std::runtime_error(e.what());  // for the message checks below
     }
@@ -177,9 +186,9 @@ TEST(Ring, AbortEndsABlockedOperationAtOnce) {
     });
     std::vector<float> data(100, 1.0f);
     const auto start = std::chrono::steady_clock::now();
-    EXPECT_THROW(
-        ring.allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp(ReduceOp::SUM), 30s, 0),
-        core::DistBackendError);
+    EXPECT_THROW(ring.allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp(ReduceOp::SUM),
+                                30s, allreduce_call(0)),
+                 core::DistBackendError);
     EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
     aborter.join();
   });

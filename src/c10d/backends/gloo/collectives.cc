@@ -31,6 +31,7 @@ using core::ReduceOp;
 using core::Tensor;
 using core::detail::str_cat;
 using pg::Millis;
+using pg::Signature;
 using pg::wants_async;
 
 namespace {
@@ -81,16 +82,16 @@ ReduceOp combining_op(ReduceOp op) {
 }
 
 // In-place allreduce of `n` elements at each pointer in `data` (all the same dtype), on the
-// ring when the operation has one (`name` is the operation, for the ring's messages).
+// ring when the operation has one.
 void run_allreduce(const GlooBackend::OpContext& c, const std::vector<void*>& data, size_t n,
-                   DType dtype, const ReduceOp& op, const char* name) {
+                   DType dtype, const ReduceOp& op) {
   if (n == 0) return;
   for (void* p : data) core::apply_premul(p, n, dtype, op);
   if (c.ring) {
     // This rank's tensors are folded into the first, which the ring reduces with the peers'.
     const ReduceOp combine = combining_op(op);
     for (size_t i = 1; i < data.size(); ++i) core::reduce(data[0], data[i], n, dtype, combine);
-    c.ring->allreduce(data[0], n, dtype, combine, c.timeout, c.tag, name);
+    c.ring->allreduce(data[0], n, dtype, combine, c.timeout, c.call);
     for (size_t i = 1; i < data.size(); ++i) {
       copy_bytes(data[i], data[0], n * core::element_size(dtype));
     }
@@ -110,13 +111,12 @@ void run_allreduce(const GlooBackend::OpContext& c, const std::vector<void*>& da
   for (void* p : data) core::apply_postdiv(p, n, dtype, op, c.size);
 }
 
-void run_allgather(const GlooBackend::OpContext& c, void* in, void* out, size_t bytes_per_rank,
-                   const char* name) {
+void run_allgather(const GlooBackend::OpContext& c, void* in, void* out, size_t bytes_per_rank) {
   if (bytes_per_rank == 0) return;
   if (c.ring) {
     char* mine = static_cast<char*>(out) + c.rank * bytes_per_rank;
     if (mine != in) copy_bytes(mine, in, bytes_per_rank);
-    c.ring->allgather(out, bytes_per_rank, c.timeout, c.tag, name);
+    c.ring->allgather(out, bytes_per_rank, c.timeout, c.call);
     return;
   }
   ::gloo::AllgatherOptions g(c.context);
@@ -130,16 +130,25 @@ void run_allgather(const GlooBackend::OpContext& c, void* in, void* out, size_t 
 // Reduce-scatter of `input` (size * output.numel() elements, not modified) into `output`:
 // an allreduce of a copy, then this rank's slice. Gloo has no options-style reduce-scatter.
 void run_reduce_scatter(const GlooBackend::OpContext& c, Tensor& output, const Tensor& input,
-                        const ReduceOp& op, const char* name) {
+                        const ReduceOp& op) {
   const size_t n = static_cast<size_t>(output.numel());
   if (n == 0) return;
   Tensor scratch = input.contiguous_copy();
   ReduceOp sum_op = op;
   if (op.kind == ReduceOp::AVG) sum_op = ReduceOp(ReduceOp::SUM);
-  run_allreduce(c, {scratch.data()}, n * c.size, input.dtype(), sum_op, name);
+  run_allreduce(c, {scratch.data()}, n * c.size, input.dtype(), sum_op);
   copy_bytes(output.data(), static_cast<char*>(scratch.data()) + c.rank * output.nbytes(),
              output.nbytes());
   core::apply_postdiv(output.data(), n, output.dtype(), op, c.size);
+}
+
+// Bytes of each rank's piece of `t` split along dimension 0 by `splits` (rows; empty: evenly).
+std::vector<int64_t> split_bytes(const Tensor& t, const std::vector<int64_t>& splits, int size) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.sizes()[0];
+  const int64_t row_bytes = rows == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / rows;
+  std::vector<int64_t> bytes(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) bytes[r] = (splits.empty() ? rows / size : splits[r]) * row_bytes;
+  return bytes;
 }
 
 // Gloo's all-to-all with per-rank byte counts (which may be zero).
@@ -158,13 +167,14 @@ void run_alltoallv(const GlooBackend::OpContext& c, void* in, std::vector<int64_
 WorkPtr GlooBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastOptions& opts) {
   const int root = static_cast<int>(opts.root_rank);
   const size_t root_tensor = static_cast<size_t>(opts.root_tensor);
+  const Signature call = Signature(OpType::kBroadcast, 0).of(tensors[0]).from(root);
   return submit(
-      OpType::kBroadcast, "broadcast", opts.timeout, wants_async(opts),
+      "broadcast", call, opts.timeout, wants_async(opts),
       [tensors, root, root_tensor](const OpContext& c) {
         const Tensor& source = tensors[root_tensor];
         const size_t bytes = source.nbytes();
         if (bytes != 0 && c.ring) {
-          c.ring->broadcast(source.data(), bytes, root, c.timeout, c.tag, "broadcast");
+          c.ring->broadcast(source.data(), bytes, root, c.timeout, c.call);
         } else if (bytes != 0) {
           ::gloo::BroadcastOptions g(c.context);
           g.setOutput(static_cast<char*>(source.data()), bytes);
@@ -182,14 +192,14 @@ WorkPtr GlooBackend::broadcast(std::vector<Tensor>& tensors, const pg::Broadcast
 
 WorkPtr GlooBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceOptions& opts) {
   const ReduceOp op = opts.reduce_op;
+  const Signature call = Signature(OpType::kAllreduce, 0).of(tensors[0]).with(op);
   return submit(
-      OpType::kAllreduce, "allreduce", opts.timeout, wants_async(opts),
+      "allreduce", call, opts.timeout, wants_async(opts),
       [tensors, op](const OpContext& c) {
         std::vector<void*> data;
         data.reserve(tensors.size());
         for (const Tensor& t : tensors) data.push_back(t.data());
-        run_allreduce(c, data, static_cast<size_t>(tensors[0].numel()), tensors[0].dtype(), op,
-                      "allreduce");
+        run_allreduce(c, data, static_cast<size_t>(tensors[0].numel()), tensors[0].dtype(), op);
       },
       tensors, /*on_ring=*/true);
 }
@@ -198,8 +208,9 @@ WorkPtr GlooBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
   const ReduceOp op = opts.reduce_op;
   const int root = static_cast<int>(opts.root_rank);
   const Tensor tensor = tensors[static_cast<size_t>(opts.root_tensor)];
+  const Signature call = Signature(OpType::kReduce, 0).of(tensor).with(op).from(root);
   return submit(
-      OpType::kReduce, "reduce", opts.timeout, wants_async(opts),
+      "reduce", call, opts.timeout, wants_async(opts),
       [tensor, op, root](const OpContext& c) {
         const size_t n = static_cast<size_t>(tensor.numel());
         if (n == 0) return;
@@ -235,9 +246,10 @@ WorkPtr GlooBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
 WorkPtr GlooBackend::allgather_base(Tensor& output, Tensor& input,
                                     const pg::AllgatherOptions& opts) {
   return submit(
-      OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
+      "allgather_base", Signature(OpType::kAllgatherBase, 0).of(input), opts.timeout,
+      wants_async(opts),
       [output, input](const OpContext& c) {
-        run_allgather(c, input.data(), output.data(), input.nbytes(), "allgather_base");
+        run_allgather(c, input.data(), output.data(), input.nbytes());
       },
       {output}, /*on_ring=*/true);
 }
@@ -246,14 +258,13 @@ WorkPtr GlooBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& output
                                                      std::vector<Tensor>& inputs,
                                                      const pg::AllgatherOptions& opts) {
   return submit(
-      OpType::kAllgatherCoalesced, "allgather_into_tensor_coalesced", opts.timeout,
-      wants_async(opts),
+      "allgather_into_tensor_coalesced", Signature(OpType::kAllgatherCoalesced, 0).of(inputs),
+      opts.timeout, wants_async(opts),
       [outputs, inputs](const OpContext& c) {
         // One sequence number for the group: the pieces run one after another on every rank,
         // so reusing the tag cannot mix their messages.
         for (size_t i = 0; i < inputs.size(); ++i) {
-          run_allgather(c, inputs[i].data(), outputs[i].data(), inputs[i].nbytes(),
-                        "allgather_into_tensor_coalesced");
+          run_allgather(c, inputs[i].data(), outputs[i].data(), inputs[i].nbytes());
         }
       },
       outputs, /*on_ring=*/true);
@@ -265,7 +276,7 @@ WorkPtr GlooBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vect
   std::vector<Tensor> gathered = rank() == root ? outputs[0] : std::vector<Tensor>{};
   const Tensor input = inputs[0];
   return submit(
-      OpType::kGather, "gather", opts.timeout, wants_async(opts),
+      "gather", Signature(OpType::kGather, 0).of(input).from(root), opts.timeout, wants_async(opts),
       [gathered, input, root](const OpContext& c) {
         const size_t per = input.nbytes();
         if (per == 0) return;
@@ -294,7 +305,8 @@ WorkPtr GlooBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vect
   const int root = static_cast<int>(opts.root_rank);
   std::vector<Tensor> sources = rank() == root ? inputs[0] : std::vector<Tensor>{};
   const Tensor output = outputs[0];
-  return submit(OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
+  return submit("scatter", Signature(OpType::kScatter, 0).of(output).from(root), opts.timeout,
+                wants_async(opts),
                 [sources, output, root](const OpContext& c) {
                   const size_t per = output.nbytes();
                   if (per == 0) return;
@@ -320,7 +332,8 @@ WorkPtr GlooBackend::reduce_scatter(std::vector<Tensor>& outputs,
   const Tensor output = outputs[0];
   const std::vector<Tensor> pieces = inputs[0];
   return submit(
-      OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
+      "reduce_scatter", Signature(OpType::kReduceScatter, 0).of(output).with(op), opts.timeout,
+      wants_async(opts),
       [output, pieces, op](const OpContext& c) {
         const int64_t n = output.numel();
         if (n == 0) return;
@@ -329,7 +342,7 @@ WorkPtr GlooBackend::reduce_scatter(std::vector<Tensor>& outputs,
           copy_bytes(flat.data_as<char>() + r * output.nbytes(), pieces[r].data(), output.nbytes());
         }
         Tensor out = output;
-        run_reduce_scatter(c, out, flat, op, "reduce_scatter");
+        run_reduce_scatter(c, out, flat, op);
       },
       {output}, /*on_ring=*/true);
 }
@@ -338,10 +351,11 @@ WorkPtr GlooBackend::reduce_scatter_base(Tensor& output, Tensor& input,
                                          const pg::ReduceScatterOptions& opts) {
   const ReduceOp op = opts.reduce_op;
   return submit(
-      OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
+      "reduce_scatter_base", Signature(OpType::kReduceScatterBase, 0).of(output).with(op),
+      opts.timeout, wants_async(opts),
       [output, input, op](const OpContext& c) {
         Tensor out = output;
-        run_reduce_scatter(c, out, input, op, "reduce_scatter_base");
+        run_reduce_scatter(c, out, input, op);
       },
       {output}, /*on_ring=*/true);
 }
@@ -351,12 +365,13 @@ WorkPtr GlooBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& output
                                                      const pg::ReduceScatterOptions& opts) {
   const ReduceOp op = opts.reduce_op;
   return submit(
-      OpType::kReduceScatterBase, "reduce_scatter_tensor_coalesced", opts.timeout,
+      "reduce_scatter_tensor_coalesced",
+      Signature(OpType::kReduceScatterBase, 0).of(outputs).with(op), opts.timeout,
       wants_async(opts),
       [outputs, inputs, op](const OpContext& c) {
         for (size_t i = 0; i < inputs.size(); ++i) {
           Tensor out = outputs[i];
-          run_reduce_scatter(c, out, inputs[i], op, "reduce_scatter_tensor_coalesced");
+          run_reduce_scatter(c, out, inputs[i], op);
         }
       },
       outputs, /*on_ring=*/true);
@@ -368,40 +383,39 @@ WorkPtr GlooBackend::alltoall_base(Tensor& output, Tensor& input,
                                    const pg::AllToAllOptions& opts) {
   const std::vector<int64_t> out_splits = output_split_sizes;
   const std::vector<int64_t> in_splits = input_split_sizes;
-  return submit(OpType::kAlltoallBase, "alltoall_base", opts.timeout, wants_async(opts),
-                [output, input, out_splits, in_splits](const OpContext& c) {
-                  if (out_splits.empty() && in_splits.empty()) {
-                    // Equal splits: every rank exchanges the same number of bytes with every other.
-                    if (input.nbytes() == 0) return;
-                    ::gloo::AlltoallOptions g(c.context);
-                    g.setInput(static_cast<char*>(input.data()), input.nbytes());
-                    g.setOutput(static_cast<char*>(output.data()), output.nbytes());
-                    g.setTag(c.tag);
-                    g.setTimeout(c.timeout);
-                    ::gloo::alltoall(g);
-                    return;
-                  }
-                  // Split sizes count rows of dimension 0; Gloo wants bytes per rank.
-                  auto to_bytes = [&c](const Tensor& t, const std::vector<int64_t>& splits) {
-                    const int64_t rows = t.dim() == 0 ? 1 : t.sizes()[0];
-                    const int64_t row_bytes =
-                        rows == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / rows;
-                    std::vector<int64_t> bytes(c.size);
-                    for (int r = 0; r < c.size; ++r) {
-                      bytes[r] = (splits.empty() ? rows / c.size : splits[r]) * row_bytes;
-                    }
-                    return bytes;
-                  };
-                  run_alltoallv(c, data_or_dummy(input), to_bytes(input, in_splits),
-                                data_or_dummy(output), to_bytes(output, out_splits));
-                },
-                {output});
+  pg::Traffic traffic{split_bytes(input, in_splits, size()),
+                      split_bytes(output, out_splits, size())};
+  return submit(
+      "alltoall_base", Signature(OpType::kAlltoallBase, 0).of(input.dtype(), 0), opts.timeout,
+      wants_async(opts),
+      [output, input, out_splits, in_splits](const OpContext& c) {
+        if (out_splits.empty() && in_splits.empty()) {
+          // Equal splits: every rank exchanges the same number of bytes with every other.
+          if (input.nbytes() == 0) return;
+          ::gloo::AlltoallOptions g(c.context);
+          g.setInput(static_cast<char*>(input.data()), input.nbytes());
+          g.setOutput(static_cast<char*>(output.data()), output.nbytes());
+          g.setTag(c.tag);
+          g.setTimeout(c.timeout);
+          ::gloo::alltoall(g);
+          return;
+        }
+        run_alltoallv(c, data_or_dummy(input), split_bytes(input, in_splits, c.size),
+                      data_or_dummy(output), split_bytes(output, out_splits, c.size));
+      },
+      {output}, /*on_ring=*/false, std::move(traffic));
 }
 
 WorkPtr GlooBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                               const pg::AllToAllOptions& opts) {
+  pg::Traffic traffic;
+  for (int r = 0; r < size(); ++r) {
+    traffic.sends.push_back(static_cast<int64_t>(inputs[r].nbytes()));
+    traffic.receives.push_back(static_cast<int64_t>(outputs[r].nbytes()));
+  }
   return submit(
-      OpType::kAlltoall, "alltoall", opts.timeout, wants_async(opts),
+      "alltoall", Signature(OpType::kAlltoall, 0).of(inputs[0].dtype(), 0), opts.timeout,
+      wants_async(opts),
       [outputs, inputs](const OpContext& c) {
         std::vector<int64_t> in_bytes(c.size), out_bytes(c.size);
         int64_t in_total = 0, out_total = 0;
@@ -425,7 +439,7 @@ WorkPtr GlooBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>&
           cursor += out_bytes[r];
         }
       },
-      outputs);
+      outputs, /*on_ring=*/false, std::move(traffic));
 }
 
 WorkPtr GlooBackend::barrier(const pg::BarrierOptions& opts) {
@@ -439,7 +453,7 @@ WorkPtr GlooBackend::barrier(const pg::BarrierOptions& opts) {
     for (const Task& task : shared_->queue) prior.push_back(task.work);
   }
   return submit(
-      OpType::kBarrier, "barrier", opts.timeout, wants_async(opts),
+      "barrier", Signature(OpType::kBarrier, 0), opts.timeout, wants_async(opts),
       [prior = std::move(prior)](const OpContext& c) {
         const core::Deadline deadline(c.timeout);
         for (const auto& weak : prior) {
@@ -453,8 +467,7 @@ WorkPtr GlooBackend::barrier(const pg::BarrierOptions& opts) {
         if (c.ring) {
           // Every member's byte is in the result: nobody finishes before all started.
           uint8_t byte = 0;
-          c.ring->allreduce(&byte, 1, DType::kUInt8, ReduceOp(ReduceOp::MAX), c.timeout, c.tag,
-                            "barrier");
+          c.ring->allreduce(&byte, 1, DType::kUInt8, ReduceOp(ReduceOp::MAX), c.timeout, c.call);
           return;
         }
         ::gloo::BarrierOptions g(c.context);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <utility>
 
+#include <gloo/allgather.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/device.h>
 
@@ -248,24 +249,39 @@ uint32_t GlooBackend::next_sequence() const {
 
 GlooBackend::OpContext GlooBackend::next_op(Millis op_timeout) {
   std::lock_guard<std::mutex> lock(shared_->mutex);
-  const uint32_t tag = shared_->next_seq++;
-  return OpContext{contexts_[tag % contexts_.size()], tag,
-                   resolve_timeout(effective_timeout(op_timeout)), rank(), size()};
+  return context_for(shared_->next_seq++, op_timeout);
 }
 
-WorkPtr GlooBackend::submit(OpType type, const char* op_name, Millis op_timeout, bool async,
-                            Body body, std::vector<Tensor> outputs, bool on_ring) {
+GlooBackend::OpContext GlooBackend::context_for(uint32_t tag, Millis op_timeout) const {
+  OpContext op;
+  op.context = contexts_[tag % contexts_.size()];
+  op.tag = tag;
+  op.timeout = resolve_timeout(effective_timeout(op_timeout));
+  op.rank = rank();
+  op.size = size();
+  return op;
+}
+
+WorkPtr GlooBackend::submit(const char* op_name, pg::Signature call, Millis op_timeout, bool async,
+                            Body body, std::vector<Tensor> outputs, bool on_ring,
+                            pg::Traffic traffic) {
+  const auto type = static_cast<OpType>(call.kind);
   Task task;
   task.name = op_name;
   task.body = std::move(body);
   task.outputs = std::move(outputs);
+  task.ring_data = on_ring;
+  task.traffic = std::move(traffic);
   Shared& shared = *shared_;
   {
     std::unique_lock<std::mutex> lock(shared.mutex);
     const uint32_t tag = shared.next_seq++;
-    task.op = OpContext{contexts_[tag % contexts_.size()], tag,
-                        resolve_timeout(effective_timeout(op_timeout)), rank(), size()};
-    if (on_ring && shared.ring) {
+    task.op = context_for(tag, op_timeout);
+    call.seq = tag;
+    task.op.call = call;
+    // Every collective takes a turn on the ring: those whose data goes another way check
+    // their call there.
+    if (shared.ring) {
       task.op.ring = shared.ring.get();
       task.op.ring_ticket = shared.next_ring_ticket++;
     }
@@ -294,6 +310,13 @@ void GlooBackend::run_task(Shared& shared, Task& task) noexcept {
   std::exception_ptr error;
   try {
     if (task.op.ring_ticket >= 0) shared.wait_ring_turn(task.name, task.op);
+    if (!task.ring_data || !task.op.ring) agree(shared, task);
+    if (!task.ring_data && task.op.ring_ticket >= 0) {
+      // The check was all this operation needed the ring for.
+      shared.finish_ring_turn(task.op.ring_ticket);
+      task.op.ring_ticket = -1;
+      task.op.ring = nullptr;
+    }
     task.body(task.op);
   } catch (...) {
     error = shared.translate(std::current_exception(), task.name, task.op);
@@ -313,6 +336,29 @@ void GlooBackend::run_task(Shared& shared, Task& task) noexcept {
     }
   } catch (...) {
   }
+}
+
+void GlooBackend::agree(const Shared& shared, Task& task) {
+  const OpContext& op = task.op;
+  if (op.size == 1) return;
+  const std::string label = str_cat("Gloo ", shared.describe(task.name, op.tag));
+  std::vector<int64_t> mine = pg::agreement_record(op.call, task.traffic, op.size);
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(op.size));
+  if (op.ring) {
+    // Everyone's record, so every rank reaches the verdict (a member whose neighbours agree
+    // with it would otherwise go on into Gloo's algorithm and wait there).
+    std::copy(mine.begin(), mine.end(),
+              all.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(op.rank) * mine.size()));
+    op.ring->allgather(all.data(), mine.size() * sizeof(int64_t), op.timeout, op.call);
+  } else {
+    ::gloo::AllgatherOptions g(op.context);
+    g.setInput(mine.data(), mine.size());
+    g.setOutput(all.data(), all.size());
+    g.setTag(op.tag);
+    g.setTimeout(op.timeout);
+    ::gloo::allgather(g);
+  }
+  pg::check_agreement(label, op.rank, op.size, all.data());
 }
 
 void GlooBackend::worker_loop(std::shared_ptr<Shared> shared) {

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "c10d/pg/backend.h"
+#include "c10d/pg/signature.h"
 #include "c10d/store/store.h"
 
 namespace gloo {
@@ -151,6 +152,8 @@ class GlooBackend : public pg::Backend {
     // The ring, for operations that run on it (their turn is taken before the body runs).
     ring::Ring* ring = nullptr;
     int64_t ring_ticket = -1;
+    // The user's call, which every rank checks against the others' before data moves.
+    pg::Signature call;
   };
 
  private:
@@ -161,6 +164,8 @@ class GlooBackend : public pg::Backend {
     OpContext op;
     Body body;
     std::vector<pg::Tensor> outputs;  // what the Work's future resolves to
+    bool ring_data = false;           // the body moves its data on the ring
+    pg::Traffic traffic;              // checked across ranks with the call
   };
   // The queue, sequence counter and what error messages need, shared with the workers so that
   // a worker stuck in a Gloo call after shutdown() (which does not wait for it) never touches
@@ -168,13 +173,23 @@ class GlooBackend : public pg::Backend {
   struct Shared;
 
   // Runs `body` inline (async == false) or on the workers; the Work completes with `outputs`.
-  // `on_ring`: the body may run its reductions on the ring (it gets a turn there).
-  WorkPtr submit(core::OpType type, const char* op_name, pg::Millis op_timeout, bool async,
-                 Body body, std::vector<pg::Tensor> outputs, bool on_ring = false);
+  // `call` (its sequence number filled in here) and `traffic` are checked against every
+  // rank's before the body runs (see run_task). `on_ring`: the body may run its reductions on
+  // the ring, whose messages carry the call.
+  WorkPtr submit(const char* op_name, pg::Signature call, pg::Millis op_timeout, bool async,
+                 Body body, std::vector<pg::Tensor> outputs, bool on_ring = false,
+                 pg::Traffic traffic = {});
   // The next sequence number with its context and resolved timeout.
   OpContext next_op(pg::Millis op_timeout);
-  // Runs the task, storing its result or error in its Work. Never throws.
+  OpContext context_for(uint32_t tag, pg::Millis op_timeout) const;
+  // Runs the task, storing its result or error in its Work. Never throws. Every collective
+  // first checks its call against the other ranks': on the ring (the previous member's, and
+  // with traffic, everyone's), else through one Gloo all-gather of every rank's call. Either
+  // way the first message of every operation has the same size on every rank, so ranks in
+  // different operations fail naming both instead of Gloo aborting on a message of the wrong
+  // size.
   static void run_task(Shared& shared, Task& task) noexcept;
+  static void agree(const Shared& shared, Task& task);
   static void worker_loop(std::shared_ptr<Shared> shared);
   // Publishes this rank's listening address and reads everyone else's (for error messages).
   void exchange_addresses();

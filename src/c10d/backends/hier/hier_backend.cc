@@ -342,7 +342,7 @@ std::string HierBackend::cross_peers_note() const {
 void HierBackend::cross_allreduce(Tensor t, const pg::AllreduceOptions& o, uint64_t seq) {
   if (ring_) {
     ring_->allreduce(t.data(), static_cast<size_t>(t.numel()), t.dtype(), o.reduce_op, o.timeout,
-                     seq);
+                     pg::Signature(OpType::kAllreduce, seq).of(t).with(o.reduce_op));
   } else {
     std::vector<Tensor> tensors = {std::move(t)};
     step(cross_, [&](pg::Backend& b) { return b.allreduce(tensors, o); });
@@ -383,7 +383,8 @@ void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout, uint64_t se
     step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
   }
   if (ring_ && top.local_rank == carrier) {
-    ring_->broadcast(t.data(), t.nbytes(), root_host, timeout, seq);
+    ring_->broadcast(t.data(), t.nbytes(), root_host, timeout,
+                     pg::Signature(OpType::kBroadcast, seq).of(t).from(root));
   } else if (cross_ && top.local_rank == carrier) {
     bo.root_rank = root_host;
     step(cross_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });

@@ -26,6 +26,7 @@ using core::Tensor;
 using detail::Buffer;
 using detail::bytes_of;
 using detail::check;
+using detail::check_call;
 using detail::count_of;
 using detail::make_op;
 using detail::mpi_op;
@@ -34,11 +35,21 @@ using detail::OpPtr;
 using detail::ProgressThread;
 using detail::single;
 using detail::typed;
+using pg::Signature;
+
+namespace {
+
+std::vector<int64_t> as_int64(const std::vector<int>& counts) {
+  return std::vector<int64_t>(counts.begin(), counts.end());
+}
+
+}  // namespace
 
 WorkPtr MpiBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastOptions& opts) {
   const Tensor t = single(tensors, "broadcast");
   const int root = static_cast<int>(opts.root_rank);
   OpPtr op = make_op(group_, OpType::kBroadcast, "broadcast", effective_timeout(opts.timeout), {t});
+  check_call(*op, Signature(OpType::kBroadcast, 0).of(t).from(root));
   MPI_Comm comm = group_->comm;
   op->start = [t, root, comm](std::vector<MPI_Request>& r) {
     const Buffer b = bytes_of(t, "broadcast");
@@ -53,6 +64,7 @@ WorkPtr MpiBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
   const ReduceOp rop = opts.reduce_op;
   const int n = size();
   OpPtr op = make_op(group_, OpType::kAllreduce, "allreduce", effective_timeout(opts.timeout), {t});
+  check_call(*op, Signature(OpType::kAllreduce, 0).of(t).with(rop));
   MPI_Comm comm = group_->comm;
   op->start = [t, rop, n, comm](std::vector<MPI_Request>& r) {
     const size_t count = static_cast<size_t>(t.numel());
@@ -77,6 +89,7 @@ WorkPtr MpiBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
   const bool is_root = rank() == root;
   const int n = size();
   OpPtr op = make_op(group_, OpType::kReduce, "reduce", effective_timeout(opts.timeout), tensors);
+  check_call(*op, Signature(OpType::kReduce, 0).of(t).with(rop).from(root));
   MPI_Comm comm = group_->comm;
   // Ranks other than the root keep their tensor: a PREMUL_SUM scales a copy.
   auto input = std::make_shared<Tensor>(t);
@@ -106,6 +119,7 @@ WorkPtr MpiBackend::allgather_base(Tensor& output, Tensor& input,
   const Tensor in = input, out = output;
   OpPtr op = make_op(group_, OpType::kAllgatherBase, "allgather_base",
                      effective_timeout(opts.timeout), {output});
+  check_call(*op, Signature(OpType::kAllgatherBase, 0).of(in));
   MPI_Comm comm = group_->comm;
   op->start = [in, out, comm](std::vector<MPI_Request>& r) {
     const Buffer b = bytes_of(in, "allgather");
@@ -122,6 +136,7 @@ WorkPtr MpiBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs
                                                     const pg::AllgatherOptions& opts) {
   OpPtr op = make_op(group_, OpType::kAllgatherBase, "allgather_into_tensor_coalesced",
                      effective_timeout(opts.timeout), outputs);
+  check_call(*op, Signature(OpType::kAllgatherCoalesced, 0).of(inputs));
   MPI_Comm comm = group_->comm;
   op->start = [ins = inputs, outs = outputs, comm](std::vector<MPI_Request>& r) {
     for (size_t i = 0; i < ins.size(); ++i) {
@@ -143,6 +158,7 @@ WorkPtr MpiBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vecto
   const std::vector<Tensor> gathered = is_root ? outputs.at(0) : std::vector<Tensor>{};
   const int n = size();
   OpPtr op = make_op(group_, OpType::kGather, "gather", effective_timeout(opts.timeout), gathered);
+  check_call(*op, Signature(OpType::kGather, 0).of(in).from(root));
   MPI_Comm comm = group_->comm;
   auto scratch = std::make_shared<Tensor>();
   op->start = [in, root, is_root, n, scratch, comm](std::vector<MPI_Request>& r) {
@@ -171,6 +187,7 @@ WorkPtr MpiBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vecto
   const bool is_root = rank() == root;
   const std::vector<Tensor> sources = is_root ? inputs.at(0) : std::vector<Tensor>{};
   OpPtr op = make_op(group_, OpType::kScatter, "scatter", effective_timeout(opts.timeout), {out});
+  check_call(*op, Signature(OpType::kScatter, 0).of(out).from(root));
   MPI_Comm comm = group_->comm;
   auto scratch = std::make_shared<Tensor>();
   op->start = [out, sources, is_root, root, scratch, comm](std::vector<MPI_Request>& r) {
@@ -222,6 +239,7 @@ WorkPtr MpiBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs
       make_op(group_, OpType::kReduceScatterBase,
               outputs.size() == 1 ? "reduce_scatter_base" : "reduce_scatter_tensor_coalesced",
               effective_timeout(opts.timeout), outputs);
+  check_call(*op, Signature(OpType::kReduceScatterBase, 0).of(outputs).with(rop));
   MPI_Comm comm = group_->comm;
   // Scaled copies of PREMUL_SUM inputs must live until the operation completes.
   auto sources = std::make_shared<std::vector<Tensor>>(inputs);
@@ -284,6 +302,8 @@ WorkPtr MpiBackend::alltoall_base(Tensor& output, Tensor& input,
       byte_counts(output, output_split_sizes));
   OpPtr op = make_op(group_, OpType::kAlltoallBase, "alltoall_base",
                      effective_timeout(opts.timeout), {output});
+  check_call(*op, Signature(OpType::kAlltoallBase, 0).of(input.dtype(), 0),
+             pg::Traffic{as_int64(send->first), as_int64(recv->first)});
   MPI_Comm comm = group_->comm;
   op->start = [in = input, out = output, send, recv, comm](std::vector<MPI_Request>& r) {
     r.emplace_back();
@@ -321,6 +341,8 @@ WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
   }
   OpPtr op =
       make_op(group_, OpType::kAlltoall, "alltoall", effective_timeout(opts.timeout), outputs);
+  check_call(*op, Signature(OpType::kAlltoall, 0).of(inputs.at(0).dtype(), 0),
+             pg::Traffic{as_int64(send_counts), as_int64(recv_counts)});
   MPI_Comm comm = group_->comm;
   op->start = [in, out, sc = send_counts, sd = send_displs, rc = recv_counts, rd = recv_displs,
                comm](std::vector<MPI_Request>& r) {
@@ -341,6 +363,7 @@ WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
 
 WorkPtr MpiBackend::barrier(const pg::BarrierOptions& opts) {
   OpPtr op = make_op(group_, OpType::kBarrier, "barrier", effective_timeout(opts.timeout), {});
+  check_call(*op, Signature(OpType::kBarrier, 0));
   op->waits_prior = true;
   MPI_Comm comm = group_->comm;
   op->start = [comm](std::vector<MPI_Request>& r) {

@@ -14,9 +14,15 @@
 // the group fail at once, naming the one that timed out. A rank that dies is mpirun's to
 // report: it ends the whole job.
 //
-// Every dtype is supported: MPI's own types and reductions where MPI has them, c10d's
-// reduction kernels (as MPI user operations) for float16, bfloat16 and bool. AVG and
-// PREMUL_SUM reduce as SUM with the scaling done locally.
+// Every dtype is supported: MPI's own types and reductions where they are exact, c10d's
+// reduction kernels (as MPI user operations) for float16, bfloat16, bool and the 8- and 16-bit
+// integers. AVG and PREMUL_SUM reduce as SUM with the scaling done locally.
+//
+// Every collective first gathers every rank's call (pg::Signature: kind, dtype, count, op,
+// root, and the sizes of all_to_all) on the group's control communicator and compares them;
+// only then does its data go to MPI, in submission order. Ranks that called different things
+// (another dtype, a larger broadcast buffer, threads that issued collectives in another order)
+// all fail naming both calls, and the group stays usable.
 #pragma once
 
 #include <memory>

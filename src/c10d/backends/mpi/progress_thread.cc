@@ -105,6 +105,7 @@ WorkPtr ProgressThread::submit(OpPtr op, bool async) {
       refusal = op->group->broken;
     } else {
       ++op->group->outstanding;
+      if (op->call) op->call->seq = op->group->next_call++;
       auto& unfinished = op->group->unfinished;
       drop_finished(unfinished, finished);
       if (op->waits_prior) op->prior = unfinished;
@@ -301,7 +302,21 @@ bool ProgressThread::post(Op& op) {
     }
   }
   try {
-    op.start(op.requests);
+    if (op.call && op.group->size > 1) {
+      const std::vector<int64_t> mine = pg::agreement_record(*op.call, op.traffic, op.group->size);
+      op.records.assign(mine.size() * static_cast<size_t>(op.group->size), 0);
+      op.checking = true;
+      op.requests.emplace_back();
+      const int words = count_of(mine.size(), "call record");
+      // In place: this rank's record lies in its slot, which lives as long as the operation.
+      std::copy(mine.begin(), mine.end(),
+                op.records.begin() + static_cast<ptrdiff_t>(op.group->rank * mine.size()));
+      check(MPI_Iallgather(MPI_IN_PLACE, words, MPI_INT64_T, op.records.data(), words, MPI_INT64_T,
+                           op.group->control, &op.requests.back()),
+            "MPI_Iallgather");
+    } else {
+      op.start(op.requests);
+    }
   } catch (...) {
     complete(op, std::current_exception());
     return false;
@@ -309,11 +324,45 @@ bool ProgressThread::post(Op& op) {
   return !progress(op);
 }
 
+void ProgressThread::finish_check(Op& op) {
+  op.checking = false;
+  op.requests.clear();
+  op.awaiting_turn = true;
+  pg::check_agreement(str_cat("MPI ", op.what), op.group->rank, op.group->size, op.records.data());
+}
+
+bool ProgressThread::take_turn(Op& op) {
+  std::string broken;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (op.group->next_data != op.call->seq) {
+      if (op.group->broken.empty()) return false;
+      broken = op.group->broken;
+    } else {
+      pass_turn(op);
+    }
+  }
+  op.awaiting_turn = false;
+  if (!broken.empty()) throw DistBackendError(str_cat("MPI ", op.what, ": ", broken));
+  return true;
+}
+
 bool ProgressThread::progress(Op& op) {
   int flag = 0;
   MPI_Status status{};
   std::exception_ptr error;
   try {
+    if (op.awaiting_turn) {
+      if (!take_turn(op)) {
+        if (!op.deadline.expired()) return false;
+        fail(op,
+             str_cat("failed: Timed out after ", core::format_timeout(op.timeout),
+                     " waiting for the group's earlier collectives to start"),
+             true);
+        return true;
+      }
+      op.start(op.requests);
+    }
     if (op.requests.size() == 1) {
       check(MPI_Test(op.requests.data(), &flag, &status), "MPI_Test");
     } else {
@@ -322,6 +371,12 @@ bool ProgressThread::progress(Op& op) {
                         statuses.data()),
             "MPI_Testall");
       if (flag && !statuses.empty()) status = statuses.front();
+    }
+    if (flag && op.checking) {
+      // Every rank's call arrived: compare, then (in the group's order) post the data.
+      // On a mismatch nobody posts data: the group stays usable (complete passes the turn).
+      finish_check(op);
+      return progress(op);
     }
     if (flag && !op.prior.empty()) {
       std::vector<WorkPtr> finished;
@@ -368,10 +423,18 @@ void ProgressThread::fail(Op& op, const std::string& why, bool timeout) {
                        : std::make_exception_ptr(DistBackendError(message)));
 }
 
+void ProgressThread::pass_turn(Op& op) {
+  op.turn_done = true;
+  MpiBackend::Group& g = *op.group;
+  g.passed.insert(op.call->seq);
+  while (g.passed.erase(g.next_data) != 0) ++g.next_data;
+}
+
 void ProgressThread::complete(Op& op, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     --op.group->outstanding;
+    if (op.call && op.group->size > 1 && !op.turn_done) pass_turn(op);
   }
   settled_.notify_all();
   try {
@@ -410,6 +473,11 @@ OpPtr make_op(const std::shared_ptr<MpiBackend::Group>& group, OpType type, cons
   op->collective = collective;
   op->outputs = std::move(outputs);
   return op;
+}
+
+void check_call(Op& op, pg::Signature call, pg::Traffic traffic) {
+  op.call = call;
+  op.traffic = std::move(traffic);
 }
 
 }  // namespace c10d::backends::mpi::detail

@@ -14,12 +14,15 @@
 #include <latch>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "c10d/backends/mpi/mpi_backend.h"
 #include "c10d/core/exception.h"
+#include "c10d/pg/signature.h"
 
 namespace c10d::backends::mpi {
 
@@ -34,6 +37,12 @@ struct MpiBackend::Group {
   bool shut_down = false;
   // Operations submitted and not yet completed (finish_pending waits for 0).
   int outstanding = 0;
+  // Collectives numbered in submission order (their calls' sequence numbers), and the one
+  // whose data may be posted next: data goes to MPI in that order whatever order their
+  // checks finish in.
+  uint64_t next_call = 0;
+  uint64_t next_data = 0;
+  std::set<uint64_t> passed;  // calls after next_data that ended without posting data
   // The Works of its collectives (and some completed ones, pruned at each submission), for
   // barriers.
   std::vector<std::weak_ptr<core::Work>> unfinished;
@@ -54,6 +63,16 @@ struct Op : std::enable_shared_from_this<Op> {
   std::function<void(const MPI_Status&)> done;
   std::vector<core::Tensor> outputs;
   std::vector<MPI_Request> requests;
+  // The user's call and its sizes (collectives only; set with check_call), compared with every
+  // rank's in an all-gather on the group's control communicator before `start` posts any
+  // data: ranks that called different things fail, naming both, instead of MPI combining
+  // mismatched buffers or aborting the job.
+  std::optional<pg::Signature> call;
+  pg::Traffic traffic;
+  std::vector<int64_t> records;  // every rank's, gathered while `checking`
+  bool checking = false;
+  bool awaiting_turn = false;  // checked; its data waits for the earlier collectives' data
+  bool turn_done = false;      // its data went to MPI, or its turn was given up
   // A barrier completes only once the group's collectives submitted before it did, as torch's
   // does (the progress thread runs them concurrently): filled by submit when `waits_prior`.
   bool waits_prior = false;
@@ -64,6 +83,9 @@ using OpPtr = std::shared_ptr<Op>;
 // Builds an Op for `group` with the next sequence number.
 OpPtr make_op(const std::shared_ptr<MpiBackend::Group>& group, core::OpType type, const char* name,
               pg::Millis timeout, std::vector<core::Tensor> outputs, bool collective = true);
+// Has `op` check `call` (kind, dtype, count, op, root; numbered when submitted) and `traffic`
+// against every rank's before it moves data.
+void check_call(Op& op, pg::Signature call, pg::Traffic traffic = {});
 
 class ProgressThread {
  public:
@@ -131,8 +153,17 @@ class ProgressThread {
   void initialise();
   void run();
   void set_active(size_t n);
-  // Posts the operation's calls; false when it already finished (or failed).
+  // Posts the operation's calls (its check first, when it has one); false when it already
+  // finished (or failed).
   bool post(Op& op);
+  // The check's records arrived: compares them (throws on a mismatch).
+  void finish_check(Op& op);
+  // Whether the operation's data may go to MPI now (the group's earlier collectives posted
+  // theirs); fails it once the group broke meanwhile.
+  bool take_turn(Op& op);
+  // The operation ends without posting data: later collectives need not wait for it. Called
+  // with mutex_ held.
+  void pass_turn(Op& op);
   // Tests the operation's requests; true when it is over (completed, failed or timed out).
   bool progress(Op& op);
   // Fails an operation that is still posted. A send or receive is cancelled; a collective

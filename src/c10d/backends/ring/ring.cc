@@ -39,7 +39,7 @@ struct Hello {
 // Sent ahead of every operation's data, so that members running different operations fail
 // with a message instead of mixing their bytes.
 struct Header {
-  uint64_t seq;
+  pg::Signature call;  // the user's collective
   uint64_t bytes;
   uint32_t kind;  // one of the k* below
   int32_t root;   // broadcast's root member, else -1
@@ -195,13 +195,18 @@ std::string Ring::describe(int index) const {
 
 std::string Ring::describe_op() const {
   if (connecting_) return str_cat("connect (rank ", ranks_[index_], ")");
-  return str_cat(op_name_, " (sequence ", op_seq_, ", rank ", ranks_[index_], ", ", op_bytes_,
+  return str_cat(op_.name(), " (sequence ", op_.seq, ", rank ", ranks_[index_], ", ", op_bytes_,
                  " bytes)");
 }
 
 void Ring::fail(const std::string& what, bool timeout) {
   const std::string message = str_cat(label_.before, " ", describe_op(), label_.after, ": ", what);
-  if (!connecting_) broken_ = message;
+  if (!connecting_ && broken_.empty()) {
+    broken_ = message;
+    // The streams are out of step: the neighbours learn at once instead of at their timeout.
+    if (next_.valid()) ::shutdown(next_.fd(), SHUT_RDWR);
+    if (prev_.fd >= 0) ::shutdown(prev_.fd, SHUT_RDWR);
+  }
   if (timeout) throw core::DistTimeoutError(message);
   if (connecting_) throw core::DistNetworkError(message);
   throw core::DistBackendError(message);
@@ -260,10 +265,9 @@ void Ring::exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes
   }
 }
 
-Deadline Ring::begin(uint32_t kind, const char* op_name, uint64_t seq, size_t bytes, int root,
+Deadline Ring::begin(uint32_t kind, const pg::Signature& call, size_t bytes, int root,
                      pg::Millis timeout) {
-  op_name_ = op_name;
-  op_seq_ = seq;
+  op_ = call;
   op_bytes_ = bytes;
   if (!broken_.empty()) {
     throw core::DistBackendError(str_cat(label_.before, " ", describe_op(), label_.after,
@@ -272,17 +276,21 @@ Deadline Ring::begin(uint32_t kind, const char* op_name, uint64_t seq, size_t by
   const Deadline deadline(timeout);
   timeout_ = timeout;
   if (size_ == 1) return deadline;
-  const Header mine{seq, bytes, kind, root};
+  const Header mine{call, bytes, kind, root};
   Header theirs{};
   exchange(reinterpret_cast<const char*>(&mine), sizeof(mine), reinterpret_cast<char*>(&theirs),
            sizeof(theirs), deadline, [](size_t) {});
-  if (theirs.seq != mine.seq || theirs.bytes != mine.bytes || theirs.kind != mine.kind ||
+  if (theirs.call != mine.call || theirs.bytes != mine.bytes || theirs.kind != mine.kind ||
       theirs.root != mine.root) {
-    static const char* const kKinds[] = {"?", "allreduce", "allgather", "broadcast"};
-    const char* their_kind = theirs.kind <= kBroadcast ? kKinds[theirs.kind] : "?";
-    fail(str_cat(describe(prev_.index), " runs ", their_kind, " sequence ", theirs.seq, " of ",
-                 theirs.bytes, " bytes",
-                 theirs.root >= 0 ? str_cat(" from root ", ranks_.at(theirs.root % size_)) : "",
+    // The same call with other ring steps: callers that split one call differently.
+    const auto step = [&](const Header& h) {
+      return theirs.call != mine.call
+                 ? std::string()
+                 : str_cat(" (", h.bytes, " bytes on the ring",
+                           h.root >= 0 ? str_cat(" from member ", h.root) : "", ")");
+    };
+    fail(str_cat(describe(prev_.index), " runs ", theirs.call.str(), step(theirs),
+                 " where this rank runs ", mine.call.str(), step(mine),
                  ": the ranks called different collectives"),
          false);
   }
@@ -298,9 +306,9 @@ void Ring::gather_around(char* bytes, Chunk chunk, int shift, const Deadline& de
   }
 }
 
-void Ring::allgather(void* data, size_t block_bytes, pg::Millis timeout, uint64_t seq,
-                     const char* op_name) {
-  const Deadline deadline = begin(kAllgather, op_name, seq, block_bytes, -1, timeout);
+void Ring::allgather(void* data, size_t block_bytes, pg::Millis timeout,
+                     const pg::Signature& call) {
+  const Deadline deadline = begin(kAllgather, call, block_bytes, -1, timeout);
   if (block_bytes == 0 || size_ == 1) return;
   auto chunk = [&](int m) {
     return std::pair<size_t, size_t>{static_cast<size_t>((m + size_) % size_) * block_bytes,
@@ -309,9 +317,9 @@ void Ring::allgather(void* data, size_t block_bytes, pg::Millis timeout, uint64_
   gather_around(static_cast<char*>(data), chunk, 0, deadline);
 }
 
-void Ring::broadcast(void* data, size_t bytes, int root, pg::Millis timeout, uint64_t seq,
-                     const char* op_name) {
-  const Deadline deadline = begin(kBroadcast, op_name, seq, bytes, root, timeout);
+void Ring::broadcast(void* data, size_t bytes, int root, pg::Millis timeout,
+                     const pg::Signature& call) {
+  const Deadline deadline = begin(kBroadcast, call, bytes, root, timeout);
   if (bytes == 0 || size_ == 1) return;
   auto* p = static_cast<char*>(data);
   const bool last = (index_ + 1) % size_ == root;  // the member before the root keeps it
@@ -324,9 +332,9 @@ void Ring::broadcast(void* data, size_t bytes, int root, pg::Millis timeout, uin
 }
 
 void Ring::allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
-                     pg::Millis timeout, uint64_t seq, const char* op_name) {
+                     pg::Millis timeout, const pg::Signature& call) {
   const size_t elem = core::element_size(dtype);
-  const Deadline deadline = begin(kAllreduce, op_name, seq, count * elem, -1, timeout);
+  const Deadline deadline = begin(kAllreduce, call, count * elem, -1, timeout);
   if (count == 0 || size_ == 1) return;
   auto* bytes = static_cast<char*>(data);
   auto chunk = [&](int c) {

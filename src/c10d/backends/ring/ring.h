@@ -16,6 +16,7 @@
 #include "c10d/core/dtype.h"
 #include "c10d/core/reduce_op.h"
 #include "c10d/pg/options.h"
+#include "c10d/pg/signature.h"
 #include "c10d/store/socket.h"
 #include "c10d/store/store.h"
 
@@ -44,20 +45,19 @@ class Ring {
 
   // Reduces `count` elements at `data` with every member's (op must group freely: SUM, MIN,
   // ...), a ring reduce-scatter and all-gather, so every member ends with the same bits.
-  // `seq` numbers the operation the same on every member (checked against the previous
-  // member's). Errors name it, the member waited for, its rank and address: DistTimeoutError,
-  // else DistBackendError; after one the ring refuses further operations (its streams are out
-  // of step).
+  // `call` is the user's collective this runs for (its sequence number is the same on every
+  // member): the previous member's must be the same, else every member fails naming both.
+  // Errors name it, the member waited for, its rank and address: DistTimeoutError, else
+  // DistBackendError; after one the ring refuses further operations (its streams are out of
+  // step).
   void allreduce(void* data, size_t count, core::DType dtype, const core::ReduceOp& op,
-                 pg::Millis timeout, uint64_t seq, const char* op_name = "allreduce");
+                 pg::Millis timeout, const pg::Signature& call);
   // Member m's `block_bytes` at data + m * block_bytes reach every member (the ring's
   // all-gather half). Same checks and errors as allreduce.
-  void allgather(void* data, size_t block_bytes, pg::Millis timeout, uint64_t seq,
-                 const char* op_name = "allgather");
+  void allgather(void* data, size_t block_bytes, pg::Millis timeout, const pg::Signature& call);
   // Member `root`'s `bytes` at `data` reach every member, passed on along the ring piece by
   // piece as they arrive. Same checks (the root too) and errors as allreduce.
-  void broadcast(void* data, size_t bytes, int root, pg::Millis timeout, uint64_t seq,
-                 const char* op_name = "broadcast");
+  void broadcast(void* data, size_t bytes, int root, pg::Millis timeout, const pg::Signature& call);
   // The address member `index` listens on, without the port.
   std::string host_of(int index) const { return hosts_[index]; }
   // Fails a running operation within a poll interval and every later one (backend shutdown).
@@ -80,9 +80,9 @@ class Ring {
   void exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes,
                 const core::Deadline& deadline, OnReceived received, bool relay = false);
   // Records the operation for messages, refuses it on a broken ring, and checks that the
-  // previous member runs the same one (kind, sequence number, bytes, root). Returns its
-  // deadline.
-  core::Deadline begin(uint32_t kind, const char* op_name, uint64_t seq, size_t bytes, int root,
+  // previous member runs the same one (the user's call, and the ring's step: kind, bytes,
+  // root). Returns its deadline.
+  core::Deadline begin(uint32_t kind, const pg::Signature& call, size_t bytes, int root,
                        pg::Millis timeout);
   // The all-gather half: every member's chunk chunk(m) (offset, bytes) reaches every member.
   template <typename Chunk>
@@ -100,11 +100,10 @@ class Ring {
   std::vector<std::string> hosts_;  // the address each member listens on, by member
   std::vector<int> ports_;
   int listen_fd_ = -1;
-  store::net::Socket next_;            // to member index_ + 1
-  Peer prev_;                          // from member index_ - 1
-  bool connecting_ = true;             // still in the constructor
-  const char* op_name_ = "allreduce";  // the running operation, for messages (formatted only
-  uint64_t op_seq_ = 0;                // on error)
+  store::net::Socket next_;  // to member index_ + 1
+  Peer prev_;                // from member index_ - 1
+  bool connecting_ = true;   // still in the constructor
+  pg::Signature op_;         // the running operation, for messages (formatted only on error)
   size_t op_bytes_ = 0;
   pg::Millis timeout_{0};
   std::string broken_;  // why the ring refuses operations, once it does

@@ -201,7 +201,7 @@ void Engine::reduce_scatter_flat(const char* in, char* out, size_t count, DType 
   reduce_scatter([&](int j) { return in + j * block; }, out, count, dtype, op);
 }
 
-void Engine::alltoall_equal(const char* in, char* out, size_t bytes) {
+void Engine::alltoall_equal(const char* in, char* out, size_t bytes, DType dtype) {
   equal_send_.resize(size_);
   equal_recv_.resize(size_);
   equal_lens_.assign(size_, bytes);
@@ -209,11 +209,14 @@ void Engine::alltoall_equal(const char* in, char* out, size_t bytes) {
     equal_send_[j] = in + j * bytes;
     equal_recv_[j] = out + j * bytes;
   }
-  alltoall(equal_send_, equal_lens_, equal_recv_, equal_lens_);
+  alltoall(equal_send_, equal_lens_, equal_recv_, equal_lens_, dtype);
 }
 
 void Engine::alltoall(const std::vector<const char*>& send, const std::vector<size_t>& send_len,
-                      const std::vector<char*>& recv, const std::vector<size_t>& recv_len) {
+                      const std::vector<char*>& recv, const std::vector<size_t>& recv_len,
+                      DType dtype) {
+  // Sizes differ by rank (the size table below checks them); the dtype must not.
+  expect(0, dtype);
   // Step 1: everyone learns every send size (and so the number of rounds).
   // With the sizes go the send addresses, for the direct path, and small parts themselves:
   // a rank whose parts all fit `small` writes them too, and when every rank did (each sees

@@ -163,13 +163,14 @@ class Engine {
 
   // alltoall with equal parts: part j (`bytes` each) of `in` goes to rank j, whose part
   // for this rank lands in part j of `out`.
-  void alltoall_equal(const char* in, char* out, size_t bytes);
+  void alltoall_equal(const char* in, char* out, size_t bytes, core::DType dtype);
 
   // This rank sends send_len[j] bytes at send[j] to rank j and receives recv_len[j] bytes from
   // it. A size that does not match the sender's is reported after the exchange (so every rank
-  // still takes the same steps).
+  // still takes the same steps). Every rank's parts are of `dtype`.
   void alltoall(const std::vector<const char*>& send, const std::vector<size_t>& send_len,
-                const std::vector<char*>& recv, const std::vector<size_t>& recv_len);
+                const std::vector<char*>& recv, const std::vector<size_t>& recv_len,
+                core::DType dtype);
 
  private:
   // --- the algorithms behind the collectives (collectives.cc, collectives_inl.h) ---

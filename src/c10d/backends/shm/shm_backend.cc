@@ -220,7 +220,7 @@ void run_inline_op(Engine& e, const pg::InlineOp& op) {
     case OpType::kReduceScatterBase:
       return e.reduce_scatter_flat(in.bytes(), out.bytes(), out.numel, out.dtype, op.reduce_op);
     case OpType::kAlltoallBase:
-      return e.alltoall_equal(in.bytes(), out.bytes(), in.nbytes() / e.size());
+      return e.alltoall_equal(in.bytes(), out.bytes(), in.nbytes() / e.size(), in.dtype);
     case OpType::kGather:
       return e.gather(in.bytes(), in.nbytes(), in.dtype, op.root,
                       [&](int r) { return op.list[r].bytes(); });
@@ -414,7 +414,7 @@ WorkPtr ShmBackend::alltoall_base(Tensor& output, Tensor& input,
                     send[r] = input.data_as<char>() + in_off[r];
                     recv[r] = output.data_as<char>() + out_off[r];
                   }
-                  e.alltoall(send, in_len, recv, out_len);
+                  e.alltoall(send, in_len, recv, out_len, input.dtype());
                 },
                 {output});
 }
@@ -434,7 +434,7 @@ WorkPtr ShmBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
           recv[r] = outputs[r].data_as<char>();
           recv_len[r] = outputs[r].nbytes();
         }
-        e.alltoall(send, send_len, recv, recv_len);
+        e.alltoall(send, send_len, recv, recv_len, inputs[0].dtype());
       },
       outputs);
 }

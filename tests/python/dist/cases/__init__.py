@@ -36,6 +36,7 @@ from .failures import (  # noqa: F401
     default_timeout_change,
     p2p_size_mismatch,
     ring_disagreement,
+    mismatched_calls,
     destroy_with_pending,
     barrier_timeout_words,
     detail_missing_rank,

@@ -321,3 +321,120 @@ def trace_hang(dist, backend):
         work = dist.irecv(np.zeros(1, np.float32), 0, group=side)  # rank 0 never sends
         wait_for_dump(1)
         assert not work.is_completed()
+
+
+def _mismatches(dist, rank, world):
+    """(name, call) pairs: each call differs between rank 0 and the others in one respect."""
+    odd = rank != 0
+    n = 4
+    f32_or_i32 = np.int32 if odd else np.float32
+    return [
+        ("all_reduce dtype", lambda g: dist.all_reduce(np.ones(n, f32_or_i32), group=g)),
+        (
+            "all_reduce op",
+            lambda g: dist.all_reduce(
+                np.ones(n), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM, group=g
+            ),
+        ),
+        ("broadcast dtype", lambda g: dist.broadcast(np.ones(n, f32_or_i32), 0, group=g)),
+        (
+            "all_gather_into_tensor dtype",
+            lambda g: dist.all_gather_into_tensor(
+                np.zeros(n * world, f32_or_i32), np.ones(n, f32_or_i32), group=g
+            ),
+        ),
+        (
+            "all_gather dtype",
+            lambda g: dist.all_gather(
+                [np.zeros(n, f32_or_i32) for _ in range(world)], np.ones(n, f32_or_i32), group=g
+            ),
+        ),
+        (
+            "barrier against all_reduce",
+            lambda g: dist.all_reduce(np.zeros(1, np.uint8), group=g) if odd else dist.barrier(g),
+        ),
+        (
+            "all_reduce against reduce_scatter_tensor",
+            lambda g: (
+                dist.reduce_scatter_tensor(np.zeros(n), np.ones(n * world), group=g)
+                if odd
+                else dist.all_reduce(np.ones(n * world), group=g)
+            ),
+        ),
+        (
+            "reduce op",
+            lambda g: dist.reduce(
+                np.ones(n), 0, op=dist.ReduceOp.MIN if odd else dist.ReduceOp.SUM, group=g
+            ),
+        ),
+        (
+            "gather size",
+            lambda g: dist.gather(
+                np.ones(n + odd),
+                [np.zeros(n) for _ in range(world)] if rank == 0 else None,
+                0,
+                group=g,
+            ),
+        ),
+        (
+            "scatter size",
+            lambda g: dist.scatter(
+                np.zeros(n + odd),
+                [np.ones(n) for _ in range(world)] if rank == 0 else None,
+                0,
+                group=g,
+            ),
+        ),
+        (
+            "all_to_all_single splits",
+            # Rank 0 expects 2 rows from everyone; the others send 1 row to everyone.
+            lambda g: dist.all_to_all_single(
+                np.zeros(2 * world if not odd else world),
+                np.ones(world if odd else 2 * world),
+                output_split_sizes=[2] * world if not odd else [1] * world,
+                input_split_sizes=[1] * world if odd else [2] * world,
+                group=g,
+            ),
+        ),
+        (
+            "all_to_all dtype",
+            lambda g: dist.all_to_all(
+                [np.zeros(n, f32_or_i32) for _ in range(world)],
+                [np.ones(n, f32_or_i32) for _ in range(world)],
+                group=g,
+            ),
+        ),
+    ]
+
+
+def mismatched_calls(dist, backend):
+    """Ranks that call one collective differently (dtype, reduction, kind, sizes) raise, naming
+    the calls, within the group's timeout: never a wrong value, an abort or a hang. A rank whose
+    part needs nothing from the others (a broadcast's root, a reduce's or gather's non-root, a
+    scatter's root) may return first, its result being its own."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    one_sided = {
+        "broadcast dtype": rank == 0,
+        "reduce op": rank != 0,
+        "gather size": rank != 0,
+        "scatter size": rank == 0,
+    }
+    only = os.environ.get("C10D_TEST_MISMATCH")
+    timeout = 10
+    returned = []
+    for name, call in _mismatches(dist, rank, world):
+        if only and name != only:
+            continue
+        group = dist.new_group(list(range(world)), timeout=timedelta(seconds=timeout))
+        start = time.monotonic()
+        try:
+            call(group)
+        except RuntimeError as e:
+            elapsed = time.monotonic() - start
+            assert elapsed < timeout + 5, (name, elapsed, str(e))
+            print(f"MISMATCH {name}: {e}".replace("\n", " "), flush=True)
+        else:
+            if not one_sided.get(name, False):
+                returned.append(name)
+    assert not returned, f"rank {rank}: mismatched calls returned: {returned}"
+    print("MISMATCHES_OK", flush=True)

@@ -1,0 +1,71 @@
+// What the ranks of a group must agree on before one collective moves any data: which operation
+// (kind, sequence number), on what (dtype, elements per rank), how (reduction, root), and, where
+// sizes may differ by rank (all_to_all, gather, scatter), the bytes each rank sends to and
+// receives from every other. Backends that trust no rank to have called the same thing (Gloo,
+// the ring, MPI) exchange it ahead of the data and fail on every rank, naming both calls,
+// instead of reinterpreting a float32 as an int32 or summing into a MAX.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "c10d/core/reduce_op.h"
+#include "c10d/core/tensor.h"
+#include "c10d/core/work.h"
+
+namespace c10d::pg {
+
+struct Signature {
+  static constexpr uint8_t kNone = 0xFF;  // no dtype, no reduction
+
+  uint64_t seq = 0;
+  uint64_t count = 0;  // elements each rank contributes; 0 where ranks may differ (all_to_all)
+  uint8_t kind = static_cast<uint8_t>(core::OpType::kUnknown);
+  uint8_t dtype = kNone;
+  uint8_t reduce = kNone;  // ReduceOp::Kind
+  uint8_t reserved = 0;
+  int32_t root = -1;
+
+  Signature() = default;
+  Signature(core::OpType op, uint64_t sequence) : seq(sequence), kind(static_cast<uint8_t>(op)) {}
+  // The dtype and element count of `t`.
+  Signature& of(const core::Tensor& t);
+  Signature& of(core::DType d, uint64_t elements);
+  // The first tensor's dtype and all their elements (a coalesced call's).
+  Signature& of(const std::vector<core::Tensor>& tensors);
+  Signature& with(const core::ReduceOp& op);
+  Signature& from(int64_t root_rank);
+
+  bool operator==(const Signature&) const = default;
+  // "allreduce sequence 5 of 4 float32 elements with SUM", "broadcast sequence 2 ... from root 1"
+  std::string str() const;
+  std::string_view name() const;  // "allreduce"
+};
+static_assert(std::is_trivially_copyable_v<Signature> && sizeof(Signature) == 24);
+
+// The bytes one rank moves to and from each peer in an operation whose sizes differ by rank:
+// sends[r] and receives[r] for every group rank r. Empty for the other operations.
+struct Traffic {
+  std::vector<int64_t> sends;
+  std::vector<int64_t> receives;
+};
+
+// One rank's part of the agreement: its signature, then sends and receives (size entries each,
+// zeros without traffic). Every rank's record has the same size, so they travel in one
+// all-gather.
+std::vector<int64_t> agreement_record(const Signature& sig, const Traffic& traffic, int size);
+
+// Fails unless `theirs`, the call of `peer`, is `mine`: DistBackendError "<label>: rank 0
+// called <mine>, but rank 1 called <theirs>: the ranks called different collectives".
+void check_same_call(std::string_view label, int rank, const Signature& mine, int peer,
+                     const Signature& theirs);
+
+// Checks every rank's record (`records`: size records of agreement_record's length, in rank
+// order) against this rank's: the same call, and for traffic, what each rank sends this one is
+// what this one expects from it (and the other way).
+void check_agreement(std::string_view label, int rank, int size, const int64_t* records);
+
+}  // namespace c10d::pg
