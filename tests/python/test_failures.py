@@ -160,3 +160,8 @@ def test_mismatched_calls_raise_on_every_rank(backend, world_size):
     results = harness.run("mismatched_calls", world_size, backend, timeout=240)
     harness.check_all_ok(results)
     assert all("MISMATCHES_OK" in r.stdout for r in results), results
+
+
+@pytest.mark.parametrize("backend,world_size", MISMATCH_RUNS)
+def test_collectives_from_several_threads_are_exact_or_raise(backend, world_size):
+    harness.check_all_ok(harness.run("concurrent_threads", world_size, backend, timeout=240))

@@ -37,6 +37,7 @@ from .failures import (  # noqa: F401
     p2p_size_mismatch,
     ring_disagreement,
     mismatched_calls,
+    concurrent_threads,
     destroy_with_pending,
     barrier_timeout_words,
     detail_missing_rank,

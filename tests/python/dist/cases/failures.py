@@ -337,6 +337,8 @@ def _mismatches(dist, rank, world):
             ),
         ),
         ("broadcast dtype", lambda g: dist.broadcast(np.ones(n, f32_or_i32), 0, group=g)),
+        # A receive buffer larger than the root's.
+        ("broadcast size", lambda g: dist.broadcast(np.ones(n + n * odd), 0, group=g)),
         (
             "all_gather_into_tensor dtype",
             lambda g: dist.all_gather_into_tensor(
@@ -415,6 +417,7 @@ def mismatched_calls(dist, backend):
     rank, world = dist.get_rank(), dist.get_world_size()
     one_sided = {
         "broadcast dtype": rank == 0,
+        "broadcast size": rank == 0,
         "reduce op": rank != 0,
         "gather size": rank != 0,
         "scatter size": rank == 0,
@@ -438,3 +441,42 @@ def mismatched_calls(dist, backend):
                 returned.append(name)
     assert not returned, f"rank {rank}: mismatched calls returned: {returned}"
     print("MISMATCHES_OK", flush=True)
+
+
+def concurrent_threads(dist, backend):
+    """Collectives issued from several threads at once on one group reach the ranks in
+    different orders: each returns the exact result or raises, never another call's data.
+    (Each thread's calls have a size of their own: calls alike in every respect cannot be told
+    apart, by c10d or by torch.)"""
+    import threading
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(world)), timeout=timedelta(seconds=10))
+    wrong, raised, exact = [], [], []
+
+    def run(t):
+        for i in range(5):
+            value = 10 * t + i + 1
+            n = 4 + t
+            try:
+                if t % 2:
+                    x = np.full(n, float(value) if rank == 0 else -1.0)
+                    dist.broadcast(x, 0, group=group)
+                    want = np.full(n, float(value))
+                else:
+                    x = np.full(n, float(value))
+                    dist.all_reduce(x, group=group)
+                    want = np.full(n, float(value * world))
+            except RuntimeError as e:
+                raised.append(str(e))
+                continue
+            (exact if np.array_equal(x, want) else wrong).append((t, i, x[0], want[0]))
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads), "a thread hung"
+    assert not wrong, f"rank {rank}: wrong results {wrong[:5]}"
+    print(f"THREADS exact={len(exact)} raised={len(raised)}", flush=True)
