@@ -1135,9 +1135,11 @@ def _new_group_with_tag(
         # Every rank advances the counter, members or not, so names stay in step.
         name = str(_world.group_count)
         _world.group_count += 1
+    store = _world.pg_map[default][1]
+    if not use_local_synchronization and world_size > 1:
+        _check_same_ranks(store, name, ranks, global_rank, world_size, timeout)
     if global_rank not in ranks:
         return GroupMember.NON_GROUP_MEMBER
-    store = _world.pg_map[default][1]
     # Without a timeout a group gets the default one (default_pg_timeout), as in torch, not
     # the default group's.
     pg = _new_process_group_helper(
@@ -1153,6 +1155,25 @@ def _new_group_with_tag(
     )
     pg._set_group_desc("undefined" if group_desc is None else group_desc)  # torch's default
     return pg
+
+
+def _check_same_ranks(store, name, ranks, global_rank, world_size, timeout) -> None:
+    """Every rank of the world publishes the ranks it asked for and reads everyone's (one
+    exchange through the store, as torch's barrier at group creation): ranks that disagree
+    would otherwise wire together members of different groups, and all of them raise now."""
+    mine = ",".join(map(str, ranks))
+    prefix = f"c10d/group_ranks/{name}/"
+    store.set(prefix + str(global_rank), mine)
+    keys = [prefix + str(r) for r in range(world_size)]
+    store.wait(keys, _timeout_or_default(timeout))
+    for r, theirs in enumerate(store.multi_get(keys)):
+        theirs = theirs.decode() if isinstance(theirs, bytes) else str(theirs)
+        if theirs != mine:
+            raise _DistValueError(
+                f"new_group: rank {global_rank} asked for a group of ranks [{mine}], but rank "
+                f"{r} asked for ranks [{theirs}]: every rank must pass the same ranks (group "
+                f"{name})"
+            )
 
 
 def _get_group_tag(pg: ProcessGroup) -> str:

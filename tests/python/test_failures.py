@@ -165,3 +165,10 @@ def test_mismatched_calls_raise_on_every_rank(backend, world_size):
 @pytest.mark.parametrize("backend,world_size", MISMATCH_RUNS)
 def test_collectives_from_several_threads_are_exact_or_raise(backend, world_size):
     harness.check_all_ok(harness.run("concurrent_threads", world_size, backend, timeout=240))
+
+
+@pytest.mark.parametrize(
+    "backend", ["gloo", "shm", "hier"] + (["mpi"] if harness.mpi_available() else [])
+)
+def test_new_group_rank_lists_that_differ_fail_on_every_rank(backend):
+    harness.check_all_ok(harness.run("new_group_rank_lists_differ", 3, backend, timeout=120))

@@ -25,6 +25,7 @@ from .p2p import (  # noqa: F401
 from .groups import (  # noqa: F401
     subgroups,
     reinit_on_one_store,
+    new_group_rank_lists_differ,
     state_queries,
     device_mesh,
     backend_object_checks,

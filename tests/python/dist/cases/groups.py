@@ -314,3 +314,20 @@ def pg_overloads(dist, backend):
     t = one(-1)
     pg.reduce_scatter(t, [one(r) for r in range(world)], dist.ReduceOp.SUM).wait()
     assert t[0] == world * rank, t
+
+
+def new_group_rank_lists_differ(dist, backend):
+    """Ranks that pass new_group different rank lists all fail at creation naming both lists
+    (they used to wire rank 0 and rank 2 into one group), and the next group still works."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ranks = [0, 1] if rank == 0 else [1, 2]
+    try:
+        dist.new_group(ranks)
+    except ValueError as e:
+        assert "asked for a group of ranks" in str(e) and "[0,1]" in str(e) and "[1,2]" in str(e), e
+    else:
+        raise AssertionError(f"rank {rank}: new_group with differing rank lists returned")
+    g = dist.new_group(list(range(world)))
+    t = np.ones(2)
+    dist.all_reduce(t, group=g)
+    assert (t == world).all(), t
