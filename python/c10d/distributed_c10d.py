@@ -15,6 +15,7 @@ import hashlib
 import io
 import os
 import pickle
+import time
 import warnings
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -958,18 +959,8 @@ def init_process_group(
             raise _ArgumentError(f"rank {rank} must be less than world_size {world_size}")
         store = _incarnation_store(store, world_size)
     else:
-        store, rank, world_size = next(
-            _rdzv.rendezvous(
-                init_method or "env://",
-                -1 if rank is None else rank,
-                -1 if world_size is None else world_size,
-                timeout=timeout,
-            )
-        )
-        store.set_timeout(timeout)
-        store = _incarnation_store(store, world_size)
-        _rdzv.store_based_barrier(
-            store, rank, world_size, timeout, key=f"c10d/init/{group_name or _world.group_count}"
+        store, rank, world_size = _rendezvous_default(
+            init_method, rank, world_size, timeout, group_name
         )
     if backend == Backend.UNDEFINED:
         backend = Backend.AUTO if is_backend_available(Backend.AUTO) else Backend.GLOO
@@ -1009,6 +1000,44 @@ def _unmirror_from_torch() -> None:
     torch_backend = sys.modules.get("c10d.torch_backend")
     if torch_backend is not None:
         torch_backend._unmirror()
+
+
+def _rendezvous_default(init_method, rank, world_size, timeout, group_name):
+    """The default group's store, rank and world size from `init_method`, once every rank
+    joined. A rank that is not the store's host may reach the previous incarnation's server
+    (its host is still in destroy_process_group() when this rank is already back in init):
+    when that server goes away before everyone joined, this rank joins again, on the server
+    that takes its place, until the timeout."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        joined_as = rank if rank is not None and rank >= 0 else None
+        try:
+            store, joined_as, size = next(
+                _rdzv.rendezvous(
+                    init_method or "env://",
+                    -1 if rank is None else rank,
+                    -1 if world_size is None else world_size,
+                    timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())),
+                )
+            )
+            store.set_timeout(timeout)
+            store = _incarnation_store(store, size)
+            _rdzv.store_based_barrier(
+                store, joined_as, size, timeout, key=f"c10d/init/{group_name or _world.group_count}"
+            )
+            return store, joined_as, size
+        except _C.DistTimeoutError:
+            raise
+        except (_C.DistNetworkError, _C.DistStoreError) as e:
+            if joined_as is None:
+                joined_as = int(os.environ.get("RANK", "0") or 0)
+            # Rank 0 hosts the store: for it a lost store is the end.
+            if joined_as == 0 or time.monotonic() >= deadline:
+                raise
+            _rdzv._log.info(
+                "rank %d: the rendezvous store went away (%s); joining again", joined_as, e
+            )
+            time.sleep(0.05)
 
 
 def _incarnation_store(store, world_size):

@@ -172,3 +172,8 @@ def test_collectives_from_several_threads_are_exact_or_raise(backend, world_size
 )
 def test_new_group_rank_lists_that_differ_fail_on_every_rank(backend):
     harness.check_all_ok(harness.run("new_group_rank_lists_differ", 3, backend, timeout=120))
+
+
+@pytest.mark.parametrize("backend", ["gloo", "shm", "hier"])
+def test_destroy_and_init_again_with_one_environment_100_times(backend):
+    harness.check_all_ok(harness.run("reinit_cycles", 3, backend, timeout=300))

@@ -161,6 +161,10 @@ void HierBackend::run_task(Task& task) {
   try {
     task.body(task.seq);
     task.work->finish(std::move(task.outputs));
+  } catch (const std::exception& e) {
+    // A host's step failed: the other hosts' carriers, waiting on the ring, learn at once.
+    if (ring_) ring_->break_off(str_cat("this rank's step on its host failed: ", e.what()));
+    task.work->finish_with_error(std::current_exception());
   } catch (...) {
     task.work->finish_with_error(std::current_exception());
   }

@@ -199,14 +199,21 @@ std::string Ring::describe_op() const {
                  " bytes)");
 }
 
+void Ring::mark_broken(const std::string& message) {
+  if (!broken_.empty()) return;
+  broken_ = message;
+  // The streams are out of step: the neighbours learn at once instead of at their timeout.
+  if (next_.valid()) ::shutdown(next_.fd(), SHUT_RDWR);
+  if (prev_.fd >= 0) ::shutdown(prev_.fd, SHUT_RDWR);
+}
+
+void Ring::break_off(const std::string& why) {
+  mark_broken(str_cat(label_.before, " ", describe_op(), label_.after, ": ", why));
+}
+
 void Ring::fail(const std::string& what, bool timeout) {
   const std::string message = str_cat(label_.before, " ", describe_op(), label_.after, ": ", what);
-  if (!connecting_ && broken_.empty()) {
-    broken_ = message;
-    // The streams are out of step: the neighbours learn at once instead of at their timeout.
-    if (next_.valid()) ::shutdown(next_.fd(), SHUT_RDWR);
-    if (prev_.fd >= 0) ::shutdown(prev_.fd, SHUT_RDWR);
-  }
+  if (!connecting_) mark_broken(message);
   if (timeout) throw core::DistTimeoutError(message);
   if (connecting_) throw core::DistNetworkError(message);
   throw core::DistBackendError(message);

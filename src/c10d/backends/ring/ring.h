@@ -62,6 +62,10 @@ class Ring {
   std::string host_of(int index) const { return hosts_[index]; }
   // Fails a running operation within a poll interval and every later one (backend shutdown).
   void abort();
+  // The caller's operation failed outside the ring (another step of it): the ring refuses
+  // further operations and closes its streams, so the other members fail at once instead of
+  // waiting for this one until their timeout. Only from the thread that runs operations.
+  void break_off(const std::string& why);
 
  private:
   struct Peer {
@@ -92,6 +96,8 @@ class Ring {
   // "rank 2 on host 10.0.0.2 (ring member 1, port 41234)"
   std::string describe(int index) const;
   [[noreturn]] void fail(const std::string& what, bool timeout);
+  // Records the first failure and closes the streams (the neighbours learn at once).
+  void mark_broken(const std::string& message);
 
   const int index_;
   const int size_;

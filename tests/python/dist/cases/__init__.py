@@ -26,6 +26,7 @@ from .groups import (  # noqa: F401
     subgroups,
     reinit_on_one_store,
     new_group_rank_lists_differ,
+    reinit_cycles,
     state_queries,
     device_mesh,
     backend_object_checks,

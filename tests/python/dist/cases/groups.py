@@ -331,3 +331,18 @@ def new_group_rank_lists_differ(dist, backend):
     t = np.ones(2)
     dist.all_reduce(t, group=g)
     assert (t == world).all(), t
+
+
+def reinit_cycles(dist, backend):
+    """destroy_process_group() then init_process_group() with the same environment (one
+    MASTER_PORT), again and again: every cycle meets the new store, never the one being torn
+    down."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cycles = int(os.environ.get("C10D_TEST_CYCLES", "100"))
+    for i in range(cycles):
+        if i:
+            dist.init_process_group(backend, timeout=timedelta(seconds=30))
+        t = np.array([rank + i], np.int64)
+        dist.all_reduce(t)
+        assert t[0] == sum(range(world)) + world * i, (i, t)
+        dist.destroy_process_group()
