@@ -44,7 +44,7 @@ struct Header {
   uint32_t kind;  // one of the k* below
   int32_t root;   // broadcast's root member, else -1
 };
-constexpr uint32_t kAllreduce = 1, kAllgather = 2, kBroadcast = 3;
+constexpr uint32_t kAllreduce = 1, kAllgather = 2, kBroadcast = 3, kCheck = 4;
 
 void set_nodelay_nonblocking(int fd) {
   const int one = 1;
@@ -195,8 +195,9 @@ std::string Ring::describe(int index) const {
 
 std::string Ring::describe_op() const {
   if (connecting_) return str_cat("connect (rank ", ranks_[index_], ")");
-  return str_cat(op_.name(), " (sequence ", op_.seq, ", rank ", ranks_[index_], ", ", op_bytes_,
-                 " bytes)");
+  // A check moves no data: no bytes to name.
+  return str_cat(op_.name(), " (sequence ", op_.seq, ", rank ", ranks_[index_],
+                 op_bytes_ == 0 ? std::string() : str_cat(", ", op_bytes_, " bytes"), ")");
 }
 
 void Ring::mark_broken(const std::string& message) {
@@ -311,6 +312,10 @@ void Ring::gather_around(char* bytes, Chunk chunk, int shift, const Deadline& de
     const auto [in_offset, in_bytes] = chunk(index_ + shift - s - 1);
     exchange(bytes + out_offset, out_bytes, bytes + in_offset, in_bytes, deadline, [](size_t) {});
   }
+}
+
+void Ring::check(pg::Millis timeout, const pg::Signature& call) {
+  begin(kCheck, call, 0, -1, timeout);
 }
 
 void Ring::allgather(void* data, size_t block_bytes, pg::Millis timeout,

@@ -62,6 +62,9 @@ class Ring {
   std::string host_of(int index) const { return hosts_[index]; }
   // Fails a running operation within a poll interval and every later one (backend shutdown).
   void abort();
+  // Only the header: the previous member runs `call` too (for a collective whose data takes
+  // another way; with two members that is every member's verdict).
+  void check(pg::Millis timeout, const pg::Signature& call);
   // The caller's operation failed outside the ring (another step of it): the ring refuses
   // further operations and closes its streams, so the other members fail at once instead of
   // waiting for this one until their timeout. Only from the thread that runs operations.
