@@ -1006,18 +1006,20 @@ def _rendezvous_default(init_method, rank, world_size, timeout, group_name):
     """The default group's store, rank and world size from `init_method`, once every rank
     joined. A rank that is not the store's host may reach the previous incarnation's server
     (its host is still in destroy_process_group() when this rank is already back in init):
-    when that server goes away before everyone joined, this rank joins again, on the server
-    that takes its place, until the timeout."""
+    when the server goes away before everyone joined, this rank joins again if a server takes
+    its place within a few seconds, and otherwise reports the loss."""
     deadline = time.monotonic() + timeout.total_seconds()
+    lost = None  # the first loss of the store, reported if no new server comes
     while True:
         joined_as = rank if rank is not None and rank >= 0 else None
+        left = max(0.001, deadline - time.monotonic())
         try:
             store, joined_as, size = next(
                 _rdzv.rendezvous(
                     init_method or "env://",
                     -1 if rank is None else rank,
                     -1 if world_size is None else world_size,
-                    timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())),
+                    timeout=timedelta(seconds=left if lost is None else min(left, _REJOIN_S)),
                 )
             )
             store.set_timeout(timeout)
@@ -1026,18 +1028,24 @@ def _rendezvous_default(init_method, rank, world_size, timeout, group_name):
                 store, joined_as, size, timeout, key=f"c10d/init/{group_name or _world.group_count}"
             )
             return store, joined_as, size
-        except _C.DistTimeoutError:
-            raise
         except (_C.DistNetworkError, _C.DistStoreError) as e:
+            if lost is not None:
+                raise lost from e
+            if isinstance(e, _C.DistTimeoutError):
+                raise
             if joined_as is None:
                 joined_as = int(os.environ.get("RANK", "0") or 0)
             # Rank 0 hosts the store: for it a lost store is the end.
             if joined_as == 0 or time.monotonic() >= deadline:
                 raise
+            lost = e
             _rdzv._log.info(
                 "rank %d: the rendezvous store went away (%s); joining again", joined_as, e
             )
-            time.sleep(0.05)
+
+
+# How long a rank whose rendezvous store went away looks for a server in its place.
+_REJOIN_S = 5.0
 
 
 def _incarnation_store(store, world_size):

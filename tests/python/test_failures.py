@@ -177,3 +177,13 @@ def test_new_group_rank_lists_that_differ_fail_on_every_rank(backend):
 @pytest.mark.parametrize("backend", ["gloo", "shm", "hier"])
 def test_destroy_and_init_again_with_one_environment_100_times(backend):
     harness.check_all_ok(harness.run("reinit_cycles", 3, backend, timeout=300))
+
+
+@pytest.mark.parametrize("backend,world_size", [("gloo", 3), ("hier", 3), ("shm", 3)])
+def test_survivors_name_the_killed_rank(backend, world_size):
+    results = harness.run(
+        "killed_rank_named", world_size, backend, env={"C10D_TEST_PG_TIMEOUT": "20"}, timeout=90
+    )
+    assert results[-1].code == -9, results[-1]
+    for r in results[:-1]:
+        assert r.code == 0 and "KILLED_RANK_NAMED" in r.stdout, (r.stdout, r.stderr[-3000:])

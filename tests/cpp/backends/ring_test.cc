@@ -30,7 +30,7 @@ pg::Signature allreduce_call(uint64_t seq) { return pg::Signature(core::OpType::
 // ranks 10, 11, ...); returns what each member threw ("" for nothing).
 template <typename Fn>
 std::vector<std::string> run_members(int size, pg::Millis timeout, Fn fn) {
-  store::HashStore store(10s);
+  auto store = std::make_shared<store::HashStore>(10s);
   std::vector<int> ranks;
   for (int m = 0; m < size; ++m) ranks.push_back(10 + m);
   std::vector<std::string> errors(size);
@@ -196,7 +196,7 @@ TEST(Ring, AbortEndsABlockedOperationAtOnce) {
 }
 
 TEST(Ring, AMemberThatNeverConnectsTimesOutNamingIt) {
-  store::HashStore store(2s);
+  auto store = std::make_shared<store::HashStore>(2s);
   const auto start = std::chrono::steady_clock::now();
   try {
     Ring ring(store, 0, {4, 5}, "127.0.0.1", 500ms, Ring::Label{"test", ""});

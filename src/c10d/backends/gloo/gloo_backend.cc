@@ -181,9 +181,9 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
     if (const std::string ip = listen_ip(); !ip.empty()) {
       std::vector<int> ranks(size);
       for (int r = 0; r < size; ++r) ranks[r] = r;
-      store::PrefixStore ring_store("gloo/ring", store_);
-      shared_->ring = std::make_unique<ring::Ring>(ring_store, rank, std::move(ranks), ip, timeout,
-                                                   ring::Ring::Label{"Gloo", ""});
+      auto ring_store = std::make_shared<store::PrefixStore>("gloo/ring", store_);
+      shared_->ring = std::make_unique<ring::Ring>(std::move(ring_store), rank, std::move(ranks),
+                                                   ip, timeout, ring::Ring::Label{"Gloo", ""});
     }
   }
   const int threads = std::max(1, opts.threads);

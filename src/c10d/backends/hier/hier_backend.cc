@@ -91,6 +91,7 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
   auto prefixed = [&](const std::string& p) {
     return std::make_shared<store::PrefixStore>(p, store);
   };
+  failures_ = prefixed("hier/failed/");
   if (t.local_size() > 1) {
     shm::ShmOptions so;
     so.timeout = timeout;
@@ -110,7 +111,7 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
     if (const std::string ip = cross->listen_ip(); !ip.empty()) {
       std::vector<int> members;
       for (const auto& host : t.hosts) members.push_back(host[t.local_rank]);
-      ring_ = std::make_unique<ring::Ring>(*prefixed(str_cat("hier/ring/", t.local_rank, "/")),
+      ring_ = std::make_unique<ring::Ring>(prefixed(str_cat("hier/ring/", t.local_rank, "/")),
                                            t.host, std::move(members), ip, timeout,
                                            ring::Ring::Label{"hier", " between hosts"});
     }
@@ -164,7 +165,7 @@ void HierBackend::run_task(Task& task) {
   } catch (const std::exception& e) {
     // A host's step failed: the other hosts' carriers, waiting on the ring, learn at once.
     if (ring_) ring_->break_off(str_cat("this rank's step on its host failed: ", e.what()));
-    task.work->finish_with_error(std::current_exception());
+    task.work->finish_with_error(with_host_failures(e));
   } catch (...) {
     task.work->finish_with_error(std::current_exception());
   }
@@ -174,6 +175,22 @@ void HierBackend::run_task(Task& task) {
   }
   idle_.notify_all();
   wake_.notify_one();
+}
+
+std::exception_ptr HierBackend::with_host_failures(const std::exception& error) {
+  std::string others;
+  try {
+    failures_->set(std::to_string(rank()), store::to_bytes(error.what()));
+    for (int peer : topology_.hosts[topology_.host]) {
+      const std::string key = std::to_string(peer);
+      if (peer == rank() || !failures_->check({key})) continue;
+      others += str_cat("; rank ", peer,
+                        " on this host failed first: ", store::to_string(failures_->get(key)));
+    }
+  } catch (...) {  // the store is gone: the error as it is
+  }
+  if (others.empty()) return std::current_exception();
+  return std::make_exception_ptr(DistBackendError(str_cat(error.what(), others)));
 }
 
 void HierBackend::worker_loop() {

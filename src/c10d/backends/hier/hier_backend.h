@@ -106,6 +106,10 @@ class HierBackend : public pg::Backend {
   void worker_loop();
   // Runs a task and completes its Work, then lets the worker take the next (mutex_ not held).
   void run_task(Task& task);
+  // A failed operation's error, with what the other ranks of this host reported of theirs (a
+  // carrier that failed between hosts leaves its host's ranks waiting until it shuts down;
+  // they name its failure, not the shutdown). Reports this rank's failure too.
+  std::exception_ptr with_host_failures(const std::exception& error);
   // The steps of the operations (one at a time: on the worker or on the caller's thread).
   void run_allreduce(Tensor& t, const core::ReduceOp& op, pg::Millis timeout, uint64_t seq);
   void run_broadcast(Tensor& t, int root, pg::Millis timeout, uint64_t seq);
@@ -122,10 +126,11 @@ class HierBackend : public pg::Backend {
   static bool hierarchical(const std::vector<Tensor>& tensors);
 
   const Topology topology_;
-  std::shared_ptr<pg::Backend> local_;  // the host's ranks (null when alone on its host)
-  std::shared_ptr<pg::Backend> cross_;  // this local rank's peers on the other hosts (or null)
-  std::shared_ptr<pg::Backend> world_;  // all ranks (Gloo)
-  std::unique_ptr<ring::Ring> ring_;    // all_reduce and broadcast between hosts, beside cross_
+  std::shared_ptr<pg::Backend> local_;      // the host's ranks (null when alone on its host)
+  std::shared_ptr<pg::Backend> cross_;      // this local rank's peers on the other hosts (or null)
+  std::shared_ptr<pg::Backend> world_;      // all ranks (Gloo)
+  std::shared_ptr<store::Store> failures_;  // "<rank>": why its operation failed
+  std::unique_ptr<ring::Ring> ring_;        // all_reduce and broadcast between hosts, beside cross_
   // The local rank whose cross group carries a broadcast or reduce rooted at each rank.
   std::vector<int> local_rank_of_;
   std::vector<int> host_of_;

@@ -60,20 +60,21 @@ std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int part) {
   return {offset, base + (part < extra ? 1 : 0)};
 }
 
-Ring::Ring(store::Store& store, int index, std::vector<int> ranks, const std::string& listen_ip,
-           pg::Millis timeout, Label label)
-    : index_(index), size_(static_cast<int>(ranks.size())), label_(std::move(label)),
-      ranks_(std::move(ranks)), hosts_(ranks_.size()), ports_(ranks_.size()), timeout_(timeout) {
+Ring::Ring(std::shared_ptr<store::Store> store, int index, std::vector<int> ranks,
+           const std::string& listen_ip, pg::Millis timeout, Label label)
+    : store_(std::move(store)), index_(index), size_(static_cast<int>(ranks.size())),
+      label_(std::move(label)), ranks_(std::move(ranks)), hosts_(ranks_.size()),
+      ports_(ranks_.size()), timeout_(timeout) {
   try {
-    connect_ring(store, listen_ip, Deadline(timeout));
+    connect_ring(listen_ip, Deadline(timeout));
   } catch (...) {
     close_fds();  // no destructor runs after a constructor throws
     throw;
   }
 }
 
-void Ring::connect_ring(store::Store& store, const std::string& listen_ip,
-                        const Deadline& deadline) {
+void Ring::connect_ring(const std::string& listen_ip, const Deadline& deadline) {
+  store::Store& store = *store_;
   const pg::Millis timeout = timeout_;
   const bool v6 = listen_ip.find(':') != std::string::npos;
   sockaddr_storage addr{};
@@ -182,7 +183,7 @@ void Ring::close_fds() {
 }
 
 void Ring::abort() {
-  aborted_ = true;
+  if (!aborted_.exchange(true)) report("the backend was shut down");
   // Wakes a poll() on them; the fds stay open until the destructor.
   if (next_.valid()) ::shutdown(next_.fd(), SHUT_RDWR);
   if (prev_.fd >= 0) ::shutdown(prev_.fd, SHUT_RDWR);
@@ -203,9 +204,29 @@ std::string Ring::describe_op() const {
 void Ring::mark_broken(const std::string& message) {
   if (!broken_.empty()) return;
   broken_ = message;
+  report(message);
   // The streams are out of step: the neighbours learn at once instead of at their timeout.
   if (next_.valid()) ::shutdown(next_.fd(), SHUT_RDWR);
   if (prev_.fd >= 0) ::shutdown(prev_.fd, SHUT_RDWR);
+}
+
+void Ring::report(const std::string& message) noexcept {
+  try {
+    store_->set(str_cat("failed/", index_), store::to_bytes(message));
+  } catch (...) {  // the store is gone too: the neighbours see the connection close alone
+  }
+}
+
+std::string Ring::closed_because(int index) const {
+  const std::string key = str_cat("failed/", index);
+  try {
+    store_->wait({key}, std::chrono::seconds(1));
+    return str_cat(" after it failed: ", store::to_string(store_->get(key)));
+  } catch (const core::DistStoreTimeoutError&) {
+    return " without reporting a failure (its process ended or its host is unreachable)";
+  } catch (...) {
+    return "";  // the store is gone: no way to tell
+  }
 }
 
 void Ring::break_off(const std::string& why) {
@@ -235,7 +256,10 @@ void Ring::exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes
         sent += static_cast<size_t>(n);
         moved = true;
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        fail(str_cat("sending to ", describe(next), " failed: ", errno_text(errno)), false);
+        const int err = errno;
+        fail(str_cat("sending to ", describe(next), " failed (", errno_text(err),
+                     "): it closed the connection", closed_because(next)),
+             false);
       }
     }
     if (got < in_bytes) {
@@ -245,7 +269,8 @@ void Ring::exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes
         received(got);
         moved = true;
       } else if (n == 0) {
-        fail(str_cat(describe(prev_.index), " closed the connection"), false);
+        fail(str_cat(describe(prev_.index), " closed the connection", closed_because(prev_.index)),
+             false);
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         fail(str_cat("receiving from ", describe(prev_.index), " failed: ", errno_text(errno)),
              false);

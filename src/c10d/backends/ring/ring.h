@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,8 +38,11 @@ class Ring {
     std::string before;  // "hier"
     std::string after;   // " between hosts"
   };
-  Ring(store::Store& store, int index, std::vector<int> ranks, const std::string& listen_ip,
-       pg::Millis timeout, Label label);
+  // A member whose ring breaks reports why under "failed/<member>" in `store`, so that a
+  // member that sees it close its connection can tell a peer that failed (and what it lost)
+  // from a peer that died without a word.
+  Ring(std::shared_ptr<store::Store> store, int index, std::vector<int> ranks,
+       const std::string& listen_ip, pg::Millis timeout, Label label);
   ~Ring();
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
@@ -76,8 +80,7 @@ class Ring {
     int index = -1;
   };
   // The constructor's work: listen, publish, connect to the next member, accept the previous.
-  void connect_ring(store::Store& store, const std::string& listen_ip,
-                    const core::Deadline& deadline);
+  void connect_ring(const std::string& listen_ip, const core::Deadline& deadline);
   // Closes the listener and the previous member's connection (next_ closes itself).
   void close_fds();
   // Sends `out_bytes` from `out` to the next member while receiving `in_bytes` into `in` from
@@ -99,9 +102,16 @@ class Ring {
   // "rank 2 on host 10.0.0.2 (ring member 1, port 41234)"
   std::string describe(int index) const;
   [[noreturn]] void fail(const std::string& what, bool timeout);
-  // Records the first failure and closes the streams (the neighbours learn at once).
+  // Records the first failure, reports it in the store and closes the streams (the
+  // neighbours learn at once).
   void mark_broken(const std::string& message);
+  // Best effort: `message` under this member's "failed/" key.
+  void report(const std::string& message) noexcept;
+  // Why member `index` closed its connection, from its report: ": it failed first: ..." or,
+  // without one within a second, that it ended without a word.
+  std::string closed_because(int index) const;
 
+  const std::shared_ptr<store::Store> store_;
   const int index_;
   const int size_;
   const Label label_;

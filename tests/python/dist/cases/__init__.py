@@ -40,6 +40,7 @@ from .failures import (  # noqa: F401
     ring_disagreement,
     mismatched_calls,
     concurrent_threads,
+    killed_rank_named,
     destroy_with_pending,
     barrier_timeout_words,
     detail_missing_rank,

@@ -484,3 +484,33 @@ def concurrent_threads(dist, backend):
     assert not any(th.is_alive() for th in threads), "a thread hung"
     assert not wrong, f"rank {rank}: wrong results {wrong[:5]}"
     print(f"THREADS exact={len(exact)} raised={len(raised)}", flush=True)
+
+
+def killed_rank_named(dist, backend):
+    """The last rank is killed (SIGKILL) between all_reduces: every survivor fails within the
+    timeout naming it, and none blames a survivor that merely passed the failure on."""
+    import re
+    import signal
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    victim = world - 1
+    t = np.ones(1 << 12)
+    for i in range(4):
+        dist.all_reduce(t)
+    dist.barrier()
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        for _ in range(50):
+            dist.all_reduce(t)
+    except RuntimeError as e:
+        text = str(e)
+        assert time.monotonic() - start < 25, (time.monotonic() - start, text)
+        assert f"rank {victim}" in text, text
+        # A rank said to have ended without a word is the victim.
+        for silent in re.findall(r"rank (\d+) [^:]*?closed the connection without reporting", text):
+            assert int(silent) == victim, text
+        print(f"KILLED_RANK_NAMED: {text}", flush=True)
+        return
+    raise AssertionError("all_reduces with a killed rank succeeded")
