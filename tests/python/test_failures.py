@@ -1,6 +1,7 @@
 """Failures become prompt, named errors: missing ranks at init, dead peers, dead store."""
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -187,3 +188,13 @@ def test_survivors_name_the_killed_rank(backend, world_size):
     assert results[-1].code == -9, results[-1]
     for r in results[:-1]:
         assert r.code == 0 and "KILLED_RANK_NAMED" in r.stdout, (r.stdout, r.stderr[-3000:])
+
+
+@pytest.mark.parametrize("backend,world_size", MISMATCH_RUNS)
+def test_random_mismatches_raise_on_every_rank(backend, world_size):
+    seed = int(os.environ.get("C10D_TEST_SEED") or random.randrange(1 << 30))
+    results = harness.run(
+        "random_mismatches", world_size, backend, env={"C10D_TEST_SEED": str(seed)}, timeout=400
+    )
+    harness.check_all_ok(results)
+    assert all("RANDOM_MISMATCHES_OK" in r.stdout for r in results), (seed, results)

@@ -41,6 +41,7 @@ from .failures import (  # noqa: F401
     mismatched_calls,
     concurrent_threads,
     killed_rank_named,
+    random_mismatches,
     destroy_with_pending,
     barrier_timeout_words,
     detail_missing_rank,

@@ -514,3 +514,142 @@ def killed_rank_named(dist, backend):
         print(f"KILLED_RANK_NAMED: {text}", flush=True)
         return
     raise AssertionError("all_reduces with a killed rank succeeded")
+
+
+_ONE_SIDED = {"broadcast": "root", "scatter": "root", "reduce": "others", "gather": "others"}
+
+
+def _random_call(rng, world):
+    kind = rng.choice(
+        ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor"]
+        + ["all_to_all_single", "gather", "scatter", "barrier"]
+    )
+    return {
+        "kind": kind,
+        "dtype": rng.choice(["float32", "int32", "float64", "int64"]),
+        "n": rng.randint(1, 6),
+        "op": rng.choice(["SUM", "MAX", "MIN"]),
+        "root": rng.randrange(world),
+    }
+
+
+def _deviate(rng, call, world):
+    """`call` changed in one respect that every backend must notice."""
+    call = dict(call)
+    choices = ["kind"]
+    if call["kind"] != "barrier":
+        choices += ["dtype", "n"]
+    if call["kind"] in ("all_reduce", "reduce", "reduce_scatter_tensor"):
+        choices.append("op")
+    if call["kind"] in ("broadcast", "reduce", "gather", "scatter") and world > 1:
+        choices.append("root")
+    what = rng.choice(choices)
+    if what == "kind":
+        call["kind"] = rng.choice(
+            [
+                k
+                for k in ("all_reduce", "broadcast", "all_gather_into_tensor", "barrier")
+                if k != call["kind"]
+            ]
+        )
+    elif what == "dtype":
+        call["dtype"] = {
+            "float32": "int32",
+            "int32": "float32",
+            "float64": "int64",
+            "int64": "float64",
+        }[call["dtype"]]
+    elif what == "n":
+        call["n"] += rng.randint(1, 3)
+    elif what == "op":
+        call["op"] = {"SUM": "MAX", "MAX": "MIN", "MIN": "SUM"}[call["op"]]
+    else:
+        call["root"] = (call["root"] + rng.randint(1, world - 1)) % world
+    return call, what
+
+
+def _run_call(dist, call, rank, world, group):
+    """Runs `call` with inputs every rank can predict; returns (output, expected)."""
+    dtype, n, root, kind = np.dtype(call["dtype"]), call["n"], call["root"], call["kind"]
+    op = getattr(dist.ReduceOp, call["op"])
+    mine = (np.arange(n) + 10 * rank + 1).astype(dtype)
+    alls = [(np.arange(n) + 10 * r + 1).astype(dtype) for r in range(world)]
+    reduce = {"SUM": np.sum, "MAX": np.max, "MIN": np.min}[call["op"]]
+    reduced = reduce(np.stack(alls), axis=0).astype(dtype)
+    if kind == "all_reduce":
+        dist.all_reduce(mine, op=op, group=group)
+        return mine, reduced
+    if kind == "broadcast":
+        dist.broadcast(mine, root, group=group)
+        return mine, alls[root]
+    if kind == "reduce":
+        dist.reduce(mine, root, op=op, group=group)
+        return (mine, reduced) if rank == root else (None, None)
+    if kind == "all_gather_into_tensor":
+        out = np.zeros(n * world, dtype)
+        dist.all_gather_into_tensor(out, mine, group=group)
+        return out, np.concatenate(alls)
+    if kind == "reduce_scatter_tensor":
+        out = np.zeros(n, dtype)
+        big = np.concatenate([mine + j for j in range(world)])
+        dist.reduce_scatter_tensor(out, big, op=op, group=group)
+        return out, reduce(np.stack([a + rank for a in alls]), axis=0).astype(dtype)
+    if kind == "all_to_all_single":
+        out = np.zeros(n * world, dtype)
+        dist.all_to_all_single(out, np.tile(mine, world), group=group)
+        return out, np.concatenate(alls)
+    if kind == "gather":
+        lst = [np.zeros(n, dtype) for _ in range(world)] if rank == root else None
+        dist.gather(mine, lst, root, group=group)
+        return (np.concatenate(lst), np.concatenate(alls)) if rank == root else (None, None)
+    if kind == "scatter":
+        out = np.zeros(n, dtype)
+        dist.scatter(out, [a.copy() for a in alls] if rank == root else None, root, group=group)
+        return out, alls[rank]
+    dist.barrier(group)
+    return None, None
+
+
+def random_mismatches(dist, backend):
+    """Randomized: every example runs a few matching calls (checked exactly), then one rank
+    calls the next differently in one respect. Every rank must raise within the timeout, or
+    return the exact result of its own call (a part that needed nothing from the deviant, as
+    a broadcast's receiver on shm); never a wrong value, and no mismatched barrier passes.
+    C10D_TEST_SEED replays a run (the seed is printed)."""
+    import random
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    seed = int(os.environ.get("C10D_TEST_SEED", "0"))
+    examples = int(os.environ.get("C10D_TEST_EXAMPLES", "8"))
+    timeout = 10
+    for e in range(examples):
+        rng = random.Random(seed * 1000 + e)
+        dist.barrier()  # as in mismatched_calls: ranks may leave the last example apart
+        group = dist.new_group(list(range(world)), timeout=timedelta(seconds=timeout))
+        for _ in range(rng.randint(0, 3)):
+            call = _random_call(rng, world)
+            got, want = _run_call(dist, call, rank, world, group)
+            if want is not None:
+                assert np.array_equal(got, want), (seed, e, call, got, want)
+        call = _random_call(rng, world)
+        deviant = rng.randrange(world)
+        changed, what = _deviate(rng, call, world)
+        mine = changed if rank == deviant else call
+        where = f"seed {seed} example {e}: rank {deviant} changed {what}: {call} -> {changed}"
+        start = time.monotonic()
+        try:
+            got, want = _run_call(dist, mine, rank, world, group)
+        except RuntimeError as err:
+            assert time.monotonic() - start < 2 * timeout + 5, (where, str(err))
+            continue
+        # Returning is allowed only with this rank's own result exact: the part of a call that
+        # needs nothing from the deviant (a broadcast's receiver on shm reads only the root).
+        side = _ONE_SIDED.get(mine["kind"])
+        own = (side == "root" and rank == mine["root"]) or (
+            side == "others" and rank != mine["root"]
+        )
+        assert mine["kind"] != "barrier", f"rank {rank}: a mismatched barrier passed ({where})"
+        assert own or want is not None, f"rank {rank}: a mismatched call returned ({where})"
+        if want is not None:
+            assert np.array_equal(got, want), (where, got, want)
+    print("RANDOM_MISMATCHES_OK", flush=True)
