@@ -198,3 +198,9 @@ def test_random_mismatches_raise_on_every_rank(backend, world_size):
     )
     harness.check_all_ok(results)
     assert all("RANDOM_MISMATCHES_OK" in r.stdout for r in results), (seed, results)
+
+
+def test_shm_send_and_recv_of_different_dtypes_fail():
+    results = harness.run("p2p_dtype_mismatch", 2, "shm", timeout=60)
+    harness.check_all_ok(results)
+    assert "P2P_DTYPE_OK" in results[1].stdout, results[1]

@@ -190,7 +190,15 @@ std::exception_ptr HierBackend::with_host_failures(const std::exception& error) 
   } catch (...) {  // the store is gone: the error as it is
   }
   if (others.empty()) return std::current_exception();
-  return std::make_exception_ptr(DistBackendError(str_cat(error.what(), others)));
+  // The same kind of error (a timeout stays a timeout), with the host's reports.
+  const std::string message = str_cat(error.what(), others);
+  if (dynamic_cast<const core::DistTimeoutError*>(&error)) {
+    return std::make_exception_ptr(core::DistTimeoutError(message));
+  }
+  if (dynamic_cast<const core::DistNetworkError*>(&error)) {
+    return std::make_exception_ptr(core::DistNetworkError(message));
+  }
+  return std::make_exception_ptr(DistBackendError(message));
 }
 
 void HierBackend::worker_loop() {

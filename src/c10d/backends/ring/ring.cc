@@ -183,7 +183,7 @@ void Ring::close_fds() {
 }
 
 void Ring::abort() {
-  if (!aborted_.exchange(true)) report("the backend was shut down");
+  if (!aborted_.exchange(true)) report("the backend was shut down", false);
   // Wakes a poll() on them; the fds stay open until the destructor.
   if (next_.valid()) ::shutdown(next_.fd(), SHUT_RDWR);
   if (prev_.fd >= 0) ::shutdown(prev_.fd, SHUT_RDWR);
@@ -201,41 +201,43 @@ std::string Ring::describe_op() const {
                  op_bytes_ == 0 ? std::string() : str_cat(", ", op_bytes_, " bytes"), ")");
 }
 
-void Ring::mark_broken(const std::string& message) {
+void Ring::mark_broken(const std::string& message, bool timeout) {
   if (!broken_.empty()) return;
   broken_ = message;
-  report(message);
+  report(message, timeout);
   // The streams are out of step: the neighbours learn at once instead of at their timeout.
   if (next_.valid()) ::shutdown(next_.fd(), SHUT_RDWR);
   if (prev_.fd >= 0) ::shutdown(prev_.fd, SHUT_RDWR);
 }
 
-void Ring::report(const std::string& message) noexcept {
+void Ring::report(const std::string& message, bool timeout) noexcept {
   try {
-    store_->set(str_cat("failed/", index_), store::to_bytes(message));
+    store_->set(str_cat("failed/", index_), store::to_bytes(str_cat(timeout ? "T" : "E", message)));
   } catch (...) {  // the store is gone too: the neighbours see the connection close alone
   }
 }
 
-std::string Ring::closed_because(int index) const {
+Ring::Closure Ring::closed_because(int index) const {
   const std::string key = str_cat("failed/", index);
   try {
     store_->wait({key}, std::chrono::seconds(1));
-    return str_cat(" after it failed: ", store::to_string(store_->get(key)));
+    const std::string report = store::to_string(store_->get(key));
+    if (report.empty()) return {};
+    return {str_cat(" after it failed: ", report.substr(1)), report[0] == 'T'};
   } catch (const core::DistStoreTimeoutError&) {
-    return " without reporting a failure (its process ended or its host is unreachable)";
+    return {" without reporting a failure (its process ended or its host is unreachable)"};
   } catch (...) {
-    return "";  // the store is gone: no way to tell
+    return {};  // the store is gone: no way to tell
   }
 }
 
 void Ring::break_off(const std::string& why) {
-  mark_broken(str_cat(label_.before, " ", describe_op(), label_.after, ": ", why));
+  mark_broken(str_cat(label_.before, " ", describe_op(), label_.after, ": ", why), false);
 }
 
 void Ring::fail(const std::string& what, bool timeout) {
   const std::string message = str_cat(label_.before, " ", describe_op(), label_.after, ": ", what);
-  if (!connecting_) mark_broken(message);
+  if (!connecting_) mark_broken(message, timeout);
   if (timeout) throw core::DistTimeoutError(message);
   if (connecting_) throw core::DistNetworkError(message);
   throw core::DistBackendError(message);
@@ -257,9 +259,10 @@ void Ring::exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes
         moved = true;
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         const int err = errno;
+        const Closure closure = closed_because(next);
         fail(str_cat("sending to ", describe(next), " failed (", errno_text(err),
-                     "): it closed the connection", closed_because(next)),
-             false);
+                     "): it closed the connection", closure.why),
+             closure.timeout);
       }
     }
     if (got < in_bytes) {
@@ -269,8 +272,9 @@ void Ring::exchange(const char* out, size_t out_bytes, char* in, size_t in_bytes
         received(got);
         moved = true;
       } else if (n == 0) {
-        fail(str_cat(describe(prev_.index), " closed the connection", closed_because(prev_.index)),
-             false);
+        const Closure closure = closed_because(prev_.index);
+        fail(str_cat(describe(prev_.index), " closed the connection", closure.why),
+             closure.timeout);
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         fail(str_cat("receiving from ", describe(prev_.index), " failed: ", errno_text(errno)),
              false);

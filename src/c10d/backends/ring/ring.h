@@ -104,12 +104,17 @@ class Ring {
   [[noreturn]] void fail(const std::string& what, bool timeout);
   // Records the first failure, reports it in the store and closes the streams (the
   // neighbours learn at once).
-  void mark_broken(const std::string& message);
-  // Best effort: `message` under this member's "failed/" key.
-  void report(const std::string& message) noexcept;
-  // Why member `index` closed its connection, from its report: ": it failed first: ..." or,
-  // without one within a second, that it ended without a word.
-  std::string closed_because(int index) const;
+  void mark_broken(const std::string& message, bool timeout);
+  // Best effort: `message` under this member's "failed/" key, marked as a timeout or not.
+  void report(const std::string& message, bool timeout) noexcept;
+  // Why member `index` closed its connection, from its report (" after it failed: ..."), or,
+  // without one within a second, that it ended without a word; and whether it timed out (a
+  // failure passed on from a timeout is a timeout too).
+  struct Closure {
+    std::string why;
+    bool timeout = false;
+  };
+  Closure closed_because(int index) const;
 
   const std::shared_ptr<store::Store> store_;
   const int index_;

@@ -114,6 +114,13 @@ void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
   }
 }
 
+std::exception_ptr P2PEngine::mismatch(const P2POp& op, int src, size_t bytes, core::DType dtype) {
+  return std::make_exception_ptr(
+      DistBackendError(str_cat("shm ", op.description, ": rank ", src, " sent ", bytes,
+                               " bytes of ", core::dtype_name(dtype), " for a receive of ",
+                               op.bytes, " bytes of ", core::dtype_name(op.dtype))));
+}
+
 bool P2PEngine::matches(const P2POp& op, int src, int tag) {
   return (op.peer < 0 || op.peer == src) && op.tag == tag;
 }
@@ -138,10 +145,8 @@ bool P2PEngine::claim_unexpected(const std::shared_ptr<P2POp>& op,
 
 void P2PEngine::deliver(P2POp& op, const Unexpected& u) {
   op.source = u.src;
-  if (u.data.size() != op.bytes) {
-    op.error = std::make_exception_ptr(
-        DistBackendError(str_cat("shm ", op.description, ": rank ", u.src, " sent ", u.data.size(),
-                                 " bytes for a receive of ", op.bytes, " bytes")));
+  if (u.data.size() != op.bytes || u.dtype != op.dtype) {
+    op.error = mismatch(op, u.src, u.data.size(), u.dtype);
   } else {
     copy(op.data, u.data.data(), op.bytes);
   }
@@ -163,6 +168,7 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done) {
       ch->bytes = static_cast<uint32_t>(len);
       ch->total = op.bytes;
       ch->offset = op.done;
+      ch->dtype = static_cast<uint8_t>(op.dtype);
       ch->posted.store(posted + 1, std::memory_order_release);
       ring(seg_.header(d)->doorbell);
       op.done += len;
@@ -184,6 +190,7 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done) {
       const size_t len = ch->bytes;
       const size_t total = ch->total;
       const size_t offset = ch->offset;
+      const auto dtype = static_cast<core::DType>(ch->dtype);
       const char* data = seg_.channel_data(src, rank_);
       Incoming& in = incoming_[src];
       if (offset == 0) {
@@ -196,16 +203,15 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done) {
         }
         if (in.op) {
           in.op->source = src;
-          if (in.op->bytes != total) {
-            in.op->error = std::make_exception_ptr(DistBackendError(
-                str_cat("shm ", in.op->description, ": rank ", src, " sent ", total,
-                        " bytes for a receive of ", in.op->bytes, " bytes")));
+          if (in.op->bytes != total || in.op->dtype != dtype) {
+            in.op->error = mismatch(*in.op, src, total, dtype);
             in.discard = true;
           }
         } else {
           in.buffer = std::make_shared<Unexpected>();
           in.buffer->src = src;
           in.buffer->tag = tag;
+          in.buffer->dtype = dtype;
           in.buffer->data.resize(total);
           unexpected_.push_back(in.buffer);
         }

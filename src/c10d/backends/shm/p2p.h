@@ -29,6 +29,7 @@ struct P2POp {
   int tag = 0;
   char* data = nullptr;
   size_t bytes = 0;
+  core::DType dtype = core::DType::kUInt8;
   size_t done = 0;
   bool started = false;
   bool finished = false;  // guarded by the engine's mutex
@@ -58,6 +59,7 @@ class P2PEngine {
   struct Unexpected {
     int src = -1;
     int tag = 0;
+    core::DType dtype = core::DType::kUInt8;
     std::vector<char> data;
     size_t got = 0;
     bool complete = false;
@@ -70,6 +72,8 @@ class P2PEngine {
   };
 
   static bool matches(const P2POp& op, int src, int tag);
+  // The error of a receive whose message (from `src`) has another size or dtype.
+  static std::exception_ptr mismatch(const P2POp& op, int src, size_t bytes, core::DType dtype);
   bool claim_unexpected(const std::shared_ptr<P2POp>& op,
                         std::vector<std::shared_ptr<P2POp>>& done);
   void deliver(P2POp& op, const Unexpected& u);

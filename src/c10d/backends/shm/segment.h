@@ -146,6 +146,7 @@ struct ChannelCtrl {
   uint32_t bytes;   // of this chunk
   uint64_t total;   // of the message
   uint64_t offset;  // of this chunk in the message
+  uint8_t dtype;    // of the message (core::DType): a receive of another dtype fails
   alignas(kLine) std::atomic<uint32_t> consumed;
 };
 

@@ -481,6 +481,7 @@ WorkPtr ShmBackend::post_p2p(OpType type, Tensor tensor, int peer, int tag) {
   op->tag = tag;
   op->data = tensor.data_as<char>();
   op->bytes = tensor.nbytes();
+  op->dtype = tensor.dtype();
   op->tensor = tensor;
   op->timeout = timeout();  // read once: set_timeout may run concurrently
   op->deadline = core::Deadline(op->timeout);

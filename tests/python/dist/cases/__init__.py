@@ -37,6 +37,7 @@ from .failures import (  # noqa: F401
     recv_timeout,
     default_timeout_change,
     p2p_size_mismatch,
+    p2p_dtype_mismatch,
     ring_disagreement,
     mismatched_calls,
     concurrent_threads,

@@ -653,3 +653,20 @@ def random_mismatches(dist, backend):
         if want is not None:
             assert np.array_equal(got, want), (where, got, want)
     print("RANDOM_MISMATCHES_OK", flush=True)
+
+
+def p2p_dtype_mismatch(dist, backend):
+    """Rank 0 sends float32, rank 1 receives int32 of the same size: the receiver raises
+    naming both dtypes instead of reinterpreting the bytes (shm carries the dtype with the
+    message; Gloo's and MPI's messages are bytes, as torch's)."""
+    rank = dist.get_rank()
+    if rank == 0:
+        dist.send(np.ones(4, np.float32), 1)
+        return
+    try:
+        dist.recv(np.zeros(4, np.int32), 0)
+    except RuntimeError as e:
+        assert "float32" in str(e) and "int32" in str(e), e
+        print("P2P_DTYPE_OK", e)
+        return
+    raise AssertionError("a float32 message was received as int32")
