@@ -789,27 +789,19 @@ TEST_F(TCPStoreRobustness, RepliesNeverReadHoldBoundedMemoryAndOthersStayFast) {
 // A server that answers the client's greeting, then announces a value of `length` bytes and
 // sends none of it.
 struct LyingServer {
-  int listener = -1;
-  uint16_t port = 0;
+  PreboundSocket listener;
   uint64_t length;
   std::thread thread;
   std::atomic<bool> stop{false};
 
   explicit LyingServer(uint64_t announced) : length(announced) {
-    listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(::listen(listener, 4), 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-    port = ntohs(addr.sin_port);
     thread = std::thread([this] { serve(); });
   }
   void serve() {
-    const int fd = ::accept(listener, nullptr, nullptr);
+    const int fd = ::accept(listener.fd, nullptr, nullptr);
     if (fd < 0) return;
+    const timeval limit{5, 0};  // a client that says nothing does not hold the test
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
     char hello[10];  // VALIDATE magic, PING nonce
     for (size_t got = 0; got < sizeof hello;) {
       const ssize_t n = ::recv(fd, hello + got, sizeof hello - got, 0);
@@ -825,15 +817,14 @@ struct LyingServer {
   }
   ~LyingServer() {
     stop = true;
-    ::shutdown(listener, SHUT_RDWR);
+    ::shutdown(listener.fd, SHUT_RDWR);  // wakes an accept still waiting
     thread.join();
-    ::close(listener);
   }
 };
 
 TEST(TCPStoreClient, ARepliedLengthPastTheLimitIsAProtocolErrorAtOnce) {
   LyingServer server((uint64_t{1} << 31) - 1);
-  TCPStoreOptions o = client_options(server.port, 10s);
+  TCPStoreOptions o = client_options(server.listener.port, 10s);
   TCPStore store(kHost, o);
   const size_t before = resident_bytes();
   const auto start = core::Clock::now();
@@ -847,7 +838,7 @@ TEST(TCPStoreClient, ARepliedLengthPastTheLimitIsAProtocolErrorAtOnce) {
 
 TEST(TCPStoreClient, ALengthUnderTheLimitCostsOnlyTheBytesThatArrive) {
   LyingServer server(uint64_t{200} << 20);
-  TCPStoreOptions o = client_options(server.port, 1s);
+  TCPStoreOptions o = client_options(server.listener.port, 1s);
   o.max_reply_bytes = uint64_t{256} << 20;
   TCPStore store(kHost, o);
   const size_t before = resident_bytes();
