@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "c10d/core/exception.h"
+#include "c10d/pg/flight_recorder.h"
 
 namespace c10d::pg {
 
@@ -47,31 +48,7 @@ Signature& Signature::from(int64_t root_rank) {
   return *this;
 }
 
-std::string_view Signature::name() const {
-  static constexpr std::string_view kNames[] = {
-      "broadcast",
-      "allreduce",
-      "allreduce_coalesced",
-      "reduce",
-      "allgather",
-      "allgather_base",
-      "allgather_coalesced",
-      "gather",
-      "scatter",
-      "reduce_scatter",
-      "alltoall_base",
-      "alltoall",
-      "send",
-      "recv",
-      "recv_anysource",
-      "barrier",
-      "reduce_scatter_base",
-      "coalesced",
-      "allreduce_sparse",
-      "operation",
-  };
-  return kind < std::size(kNames) ? kNames[kind] : "operation";
-}
+std::string Signature::name() const { return trace_op_name(static_cast<core::OpType>(kind)); }
 
 std::string Signature::str() const {
   std::string text = str_cat(name(), " sequence ", seq);
@@ -99,31 +76,27 @@ std::vector<int64_t> agreement_record(const Signature& sig, const Traffic& traff
   return record;
 }
 
-void check_same_call(std::string_view label, int rank, const Signature& mine, int peer,
-                     const Signature& theirs) {
-  if (mine == theirs) return;
-  throw core::DistBackendError(str_cat(label, ": rank ", rank, " called ", mine.str(),
-                                       ", but rank ", peer, " called ", theirs.str(),
-                                       ": the ranks called different collectives"));
-}
-
-void check_agreement(std::string_view label, int rank, int size, const int64_t* records) {
+std::string disagreement(int rank, int size, const int64_t* records) {
   const auto n = static_cast<size_t>(size);
   const size_t words = kSignatureWords + 2 * n;
   const Signature mine = signature_in(records + rank * words);
-  for (int r = 0; r < size; ++r)
-    check_same_call(label, rank, mine, r, signature_in(records + r * words));
+  for (int r = 0; r < size; ++r) {
+    const Signature theirs = signature_in(records + r * words);
+    if (theirs == mine) continue;
+    return str_cat("rank ", rank, " called ", mine.str(), ", but rank ", r, " called ",
+                   theirs.str(), ": the ranks called different collectives");
+  }
   // Every rank holds every record, so all reach the same verdict on every pair.
   for (size_t from = 0; from < n; ++from) {
     for (size_t to = 0; to < n; ++to) {
       const int64_t sent = records[from * words + kSignatureWords + to];
       const int64_t expected = records[to * words + kSignatureWords + n + from];
       if (sent == expected) continue;
-      throw core::DistBackendError(str_cat(label, ": ", mine.str(), ": rank ", from, " sends ",
-                                           sent, " bytes to rank ", to, ", which expects ",
-                                           expected, " from it: the ranks' sizes disagree"));
+      return str_cat(mine.str(), ": rank ", from, " sends ", sent, " bytes to rank ", to,
+                     ", which expects ", expected, " from it: the ranks' sizes disagree");
     }
   }
+  return {};
 }
 
 }  // namespace c10d::pg

@@ -42,7 +42,7 @@ struct Signature {
   bool operator==(const Signature&) const = default;
   // "allreduce sequence 5 of 4 float32 elements with SUM", "broadcast sequence 2 ... from root 1"
   std::string str() const;
-  std::string_view name() const;  // "allreduce"
+  std::string name() const;  // the flight recorder's name of the kind: "allreduce"
 };
 static_assert(std::is_trivially_copyable_v<Signature> && sizeof(Signature) == 24);
 
@@ -58,14 +58,11 @@ struct Traffic {
 // all-gather.
 std::vector<int64_t> agreement_record(const Signature& sig, const Traffic& traffic, int size);
 
-// Fails unless `theirs`, the call of `peer`, is `mine`: DistBackendError "<label>: rank 0
-// called <mine>, but rank 1 called <theirs>: the ranks called different collectives".
-void check_same_call(std::string_view label, int rank, const Signature& mine, int peer,
-                     const Signature& theirs);
-
-// Checks every rank's record (`records`: size records of agreement_record's length, in rank
-// order) against this rank's: the same call, and for traffic, what each rank sends this one is
-// what this one expects from it (and the other way).
-void check_agreement(std::string_view label, int rank, int size, const int64_t* records);
+// What is wrong with every rank's records (`records`: size records of agreement_record's
+// length, in rank order), or "" when they agree: every rank made this rank's call, and what
+// each rank sends every other is what that one expects ("rank 0 called <mine>, but rank 1
+// called <theirs>: the ranks called different collectives"). Allocates only on a mismatch;
+// callers put their operation in front.
+std::string disagreement(int rank, int size, const int64_t* records);
 
 }  // namespace c10d::pg

@@ -346,7 +346,6 @@ void GlooBackend::agree(const Shared& shared, Task& task) {
     op.ring->check(op.timeout, op.call);
     return;
   }
-  const std::string label = str_cat("Gloo ", shared.describe(task.name, op.tag));
   std::vector<int64_t> mine = pg::agreement_record(op.call, task.traffic, op.size);
   std::vector<int64_t> all(mine.size() * static_cast<size_t>(op.size));
   if (op.ring) {
@@ -363,7 +362,9 @@ void GlooBackend::agree(const Shared& shared, Task& task) {
     g.setTimeout(op.timeout);
     ::gloo::allgather(g);
   }
-  pg::check_agreement(label, op.rank, op.size, all.data());
+  if (std::string why = pg::disagreement(op.rank, op.size, all.data()); !why.empty()) {
+    throw DistBackendError(str_cat("Gloo ", shared.describe(task.name, op.tag), ": ", why));
+  }
 }
 
 void GlooBackend::worker_loop(std::shared_ptr<Shared> shared) {

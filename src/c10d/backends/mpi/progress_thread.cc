@@ -328,7 +328,10 @@ void ProgressThread::finish_check(Op& op) {
   op.checking = false;
   op.requests.clear();
   op.awaiting_turn = true;
-  pg::check_agreement(str_cat("MPI ", op.what), op.group->rank, op.group->size, op.records.data());
+  if (std::string why = pg::disagreement(op.group->rank, op.group->size, op.records.data());
+      !why.empty()) {
+    throw DistBackendError(str_cat("MPI ", op.what, ": ", why));
+  }
 }
 
 bool ProgressThread::take_turn(Op& op) {
