@@ -36,6 +36,12 @@ std::pair<uintptr_t, uintptr_t> byte_range(const Tensor& t) {
 
 }  // namespace
 
+bool Staging::share_bytes(const Tensor& a, const Tensor& b) {
+  const auto [a_first, a_last] = byte_range(a);
+  const auto [b_first, b_last] = byte_range(b);
+  return a_first != a_last && b_first != b_last && a_first < b_last && b_first < a_last;
+}
+
 std::vector<Tensor> Staging::flat(const std::vector<std::vector<Tensor>>& lists) {
   std::vector<Tensor> all;
   for (const auto& l : lists) all.insert(all.end(), l.begin(), l.end());

@@ -47,7 +47,13 @@ class Staging {
   static bool overlap(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs);
   template <typename Out, typename In>
   static bool overlap(const Out& outputs, const In& inputs) {
-    return overlap(flat(outputs), flat(inputs));
+    // Few pairs (every call but large all_to_alls): compared in place, without allocating.
+    if (count(outputs) * count(inputs) > kPairwise) return overlap(flat(outputs), flat(inputs));
+    bool found = false;
+    each(outputs, [&](const Tensor& o) {
+      each(inputs, [&](const Tensor& i) { found = found || share_bytes(o, i); });
+    });
+    return found;
   }
 
   // When any tensor needs a stand-in, or an input shares memory with an output, runs
@@ -74,6 +80,28 @@ class Staging {
   }
 
  private:
+  static constexpr size_t kPairwise = 64;
+  // Whether the elements of a and b share a byte.
+  static bool share_bytes(const Tensor& a, const Tensor& b);
+  static size_t count(const Tensor&) { return 1; }
+  static size_t count(const std::vector<Tensor>& tensors) { return tensors.size(); }
+  static size_t count(const std::vector<std::vector<Tensor>>& lists) {
+    size_t n = 0;
+    for (const auto& l : lists) n += l.size();
+    return n;
+  }
+  template <typename Fn>
+  static void each(const Tensor& tensor, Fn&& fn) {
+    fn(tensor);
+  }
+  template <typename Fn>
+  static void each(const std::vector<Tensor>& tensors, Fn&& fn) {
+    for (const auto& t : tensors) fn(t);
+  }
+  template <typename Fn>
+  static void each(const std::vector<std::vector<Tensor>>& lists, Fn&& fn) {
+    for (const auto& l : lists) each(l, fn);
+  }
   static std::vector<Tensor> flat(const Tensor& tensor) { return {tensor}; }
   static const std::vector<Tensor>& flat(const std::vector<Tensor>& tensors) { return tensors; }
   static std::vector<Tensor> flat(const std::vector<std::vector<Tensor>>& lists);
