@@ -87,7 +87,7 @@ def test_two_handles_and_basic_semantics(tmp_path):
     assert a.add("n", 4) == 7
     assert a.delete_key("k")
     assert not b.check(["k"])
-    assert a.num_keys() == 1
+    assert a.num_keys() == 2  # "n", and the handles' count, as torch counts
     assert "FileStore" in repr(a)
 
     del a
@@ -106,3 +106,52 @@ def test_wait_timeout_names_keys(tmp_path):
     store = c10d.FileStore(str(tmp_path / "store"))
     with pytest.raises(c10d.DistStoreTimeoutError, match="missing_key"):
         store.wait(["missing_key"], timedelta(milliseconds=50))
+
+
+def test_torch_and_c10d_share_one_file(tmp_path):
+    tdist = pytest.importorskip("torch.distributed")
+    path = str(tmp_path / "store")
+    theirs = tdist.FileStore(path, 2)
+    ours = c10d.FileStore(path, 2)
+    theirs.set("from_torch", b"t")
+    ours.set("from_c10d", b"c")
+    assert ours.get("from_torch") == b"t"
+    assert theirs.get("from_c10d") == b"c"
+    assert theirs.add("n", 2) == 2
+    assert ours.add("n", 3) == 5
+    assert theirs.add("n", 0) == 5
+    ours.append("log", b"po")
+    theirs.append("log", b"ta")
+    ours.append("log", b"to")
+    assert theirs.get("log") == b"potato"
+    assert ours.compare_set("cs", "", "one") == b"one"
+    assert theirs.compare_set("cs", "one", "two") == b"two"
+    assert ours.get("cs") == b"two"
+    assert ours.delete_key("from_torch")
+    assert not theirs.check(["from_torch"])
+    ours.multi_set(["a", "b"], [b"1", b"2"])
+    assert theirs.get("b") == b"2"
+    # Both count the same keys, the handles' counter among them.
+    assert ours.num_keys() == theirs.num_keys()
+    ours.queue_push("q", b"x")  # c10d's own: torch's handles read past it
+    assert theirs.get("a") == b"1" and ours.queue_pop("q", False) == b"x"
+    # Two workers of two: the file goes when both have finished, whichever closes last.
+    del theirs
+    gc.collect()
+    assert os.path.exists(path)
+    del ours
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_a_file_torch_left_behind_opens_in_c10d(tmp_path):
+    tdist = pytest.importorskip("torch.distributed")
+    path = str(tmp_path / "store")
+    first = tdist.FileStore(path)
+    first.set("kept", b"yes")
+    first.add("n", 7)
+    del first
+    gc.collect()
+    later = c10d.FileStore(path)
+    assert later.get("kept") == b"yes" and later.add("n", 1) == 8
+    assert later.num_keys() == tdist.FileStore(path).num_keys()

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -22,22 +24,47 @@ using core::detail::str_cat;
 
 namespace {
 
-// File layout: the 8-byte magic, then records. A record is
-//   [op: u8][key length: u32][value length: u32][key bytes][value bytes]
-// with lengths in host byte order (the file is shared between processes of one host).
-constexpr char kMagic[8] = {'c', '1', '0', 'd', 'F', 'S', '1', '\n'};
-constexpr off_t kMagicSize = sizeof(kMagic);
-constexpr size_t kRecordHeaderSize = 1 + 4 + 4;
+// torch's file layout, so that torch and c10d processes share one file: records
+//   [key length: u32][key bytes][value length: u32][value bytes]
+// (host byte order, no header), replayed in order. The key says what a record does:
+//   "/" + key         the user key's whole new value (set, add, append, compare_set)
+//   "-" + "/" + key   the user key is deleted
+//   "refcount/"       handles open on the file (ASCII decimal; +1 on open, -1 on close)
+//   "cleanup/"        workers that closed their handle (ASCII decimal)
+// and, c10d's own (torch keeps them as entries of its cache, harmlessly):
+//   "queue+/" + key   value pushed at the back of queue key
+//   "queue-/" + key   the front of queue key dropped
+constexpr std::string_view kUserPrefix = "/";
+constexpr char kDeleteMark = '-';
+constexpr std::string_view kRefcountKey = "refcount/";
+constexpr std::string_view kCleanupKey = "cleanup/";
+constexpr std::string_view kPushPrefix = "queue+/";
+constexpr std::string_view kPopPrefix = "queue-/";
 
-enum Op : uint8_t {
-  kSet = 1,        // key = value
-  kAppend = 2,     // key += value (created empty when missing)
-  kDelete = 3,     // tombstone: key is gone
-  kQueuePush = 4,  // push value at the back of queue key
-  kQueuePop = 5,   // drop the front of queue key
-  kJoin = 6,       // a user opened the file; value is one byte, the role
-  kLeave = 7,      // a user closed the file; value is one byte, the role
-};
+std::string user_key(const std::string& key) { return str_cat(kUserPrefix, key); }
+
+bool known_record(const std::string& key) {
+  return key.starts_with(kUserPrefix) || (!key.empty() && key.front() == kDeleteMark) ||
+         key == kRefcountKey || key == kCleanupKey || key.starts_with(kPushPrefix) ||
+         key.starts_with(kPopPrefix);
+}
+
+// Whether the `size` bytes at the start of a file can begin a "refcount/" record.
+bool starts_a_store(const uint8_t* data, size_t size) {
+  uint8_t head[4 + kRefcountKey.size()];
+  const auto len = static_cast<uint32_t>(kRefcountKey.size());
+  std::memcpy(head, &len, 4);
+  std::memcpy(head + 4, kRefcountKey.data(), kRefcountKey.size());
+  return std::memcmp(data, head, std::min(size, sizeof head)) == 0;
+}
+
+// A handle counter's value (ASCII decimal; torch reads an empty one as 0).
+int64_t counter_value(const Bytes& value) {
+  int64_t n = 0;
+  const char* first = reinterpret_cast<const char*>(value.data());
+  std::from_chars(first, first + value.size(), n);
+  return n;
+}
 
 constexpr Millis kFirstBackoff{1};
 constexpr Millis kMaxBackoff{16};
@@ -73,10 +100,13 @@ bool poll_until(const core::Deadline& deadline, Attempt&& attempt) {
 }  // namespace
 
 struct FileStore::Record {
-  uint8_t op;
-  std::string key;
+  std::string key;  // as in the file ("/" + the user's key, ...)
   Bytes value;
 };
+
+FileStore::Record FileStore::counter_record(std::string_view key, int64_t value) {
+  return {std::string(key), to_bytes(std::to_string(value))};
+}
 
 // Holds flock on the store's descriptor for one scope. flock (unlike fcntl record locks)
 // belongs to the open file description, so two FileStore handles in one process, each with
@@ -135,11 +165,15 @@ FileStore::~FileStore() {
     try {
       FileLock lock(*this, /*exclusive=*/true);
       sync(/*exclusive=*/true);
-      write_records({Record{kLeave, {}, Bytes{static_cast<uint8_t>(role_)}}});
-      const bool nobody_left = live_workers_ + live_clones_ <= 0;
-      // Without a fixed number of workers the file stays, as with torch: processes that use
-      // it one after another find what the earlier ones wrote.
-      const bool all_finished = num_workers_ > 0 && left_workers_ >= num_workers_;
+      // As torch's handles: a worker counts itself finished, then every handle lets go.
+      std::vector<Record> leaving;
+      if (role_ == Role::kWorker) leaving.push_back(counter_record(kCleanupKey, cleanup_ + 1));
+      leaving.push_back(counter_record(kRefcountKey, refcount_ - 1));
+      write_records(leaving);
+      const bool nobody_left = refcount_ <= 0;
+      // Without a fixed number of workers (negative) the file stays, as with torch: processes
+      // that use it one after another find what the earlier ones wrote.
+      const bool all_finished = num_workers_ >= 0 && cleanup_ >= num_workers_;
       if (nobody_left && all_finished) {
         // Remove the name only if it still points at our file. Holding the lock while
         // unlinking makes a concurrent opener notice (link count 0) and start a new file.
@@ -169,7 +203,8 @@ void FileStore::open_and_join() {
     synced_size_ = 0;
     kv_.clear();
     queues_.clear();
-    live_workers_ = live_clones_ = left_workers_ = 0;
+    refcount_ = cleanup_ = 0;
+    has_cleanup_ = false;
 
     {
       FileLock lock(*this, /*exclusive=*/true);
@@ -184,18 +219,7 @@ void FileStore::open_and_join() {
       }
       if (own.st_nlink > 0 && same_file) {
         sync(/*exclusive=*/true);
-        if (pos_ == 0) {
-          // A new (or emptied) file: this handle writes the magic.
-          off_t done = 0;
-          while (done < kMagicSize) {
-            ssize_t n = ::pwrite(fd_, kMagic + done, kMagicSize - done, done);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) throw_errno("write", errno);
-            done += n;
-          }
-          pos_ = synced_size_ = kMagicSize;
-        }
-        write_records({Record{kJoin, {}, Bytes{static_cast<uint8_t>(role_)}}});
+        write_records({counter_record(kRefcountKey, refcount_ + 1)});
         return;
       }
     }
@@ -245,41 +269,37 @@ void FileStore::sync(bool exclusive) {
 
   size_t cursor = 0;
   bool torn = false;
-  if (pos_ == 0) {
-    const size_t have = std::min(got, static_cast<size_t>(kMagicSize));
-    if (std::memcmp(buf.data(), kMagic, have) != 0) {
+  while (cursor < got) {
+    const uint8_t* head = buf.data() + cursor;
+    const size_t left = got - cursor;
+    // The first record of every FileStore file (torch's or c10d's) is a handle's "refcount/":
+    // anything else there is somebody else's file, which is never cut or written to.
+    if (pos_ == 0 && !starts_a_store(head, left)) {
       throw core::DistStoreError(
           str_cat(describe(), ": '", path_, "' exists but is not a FileStore file"));
     }
-    if (have < static_cast<size_t>(kMagicSize)) {
-      torn = true;
-    } else {
-      cursor = kMagicSize;
-      pos_ = kMagicSize;
-    }
-  }
-
-  while (!torn && cursor < got) {
-    if (got - cursor < kRecordHeaderSize) {
+    if (left < 4) {
       torn = true;
       break;
     }
-    const uint8_t* head = buf.data() + cursor;
-    const uint8_t op = head[0];
-    const size_t key_len = get_u32(head + 1);
-    const size_t value_len = get_u32(head + 5);
-    if (op < kSet || op > kLeave) {
-      throw core::DistStoreError(str_cat(describe(), ": corrupt record (op ", int(op),
-                                         ") at offset ", pos_, " of '", path_, "'"));
-    }
-    const size_t total = kRecordHeaderSize + key_len + value_len;
-    if (got - cursor < total) {
+    const size_t key_len = get_u32(head);
+    if (left < 4 + key_len + 4) {
       torn = true;
       break;
     }
-    const uint8_t* body = head + kRecordHeaderSize;
-    Record record{op, std::string(reinterpret_cast<const char*>(body), key_len),
-                  Bytes(body + key_len, body + key_len + value_len)};
+    const size_t value_len = get_u32(head + 4 + key_len);
+    const size_t total = 4 + key_len + 4 + value_len;
+    if (left < total) {
+      torn = true;
+      break;
+    }
+    Record record{std::string(reinterpret_cast<const char*>(head + 4), key_len),
+                  Bytes(head + 8 + key_len, head + total)};
+    if (!known_record(record.key)) {
+      throw core::DistStoreError(str_cat(describe(), ": corrupt record (key '",
+                                         record.key.substr(0, 64), "') at offset ", pos_, " of '",
+                                         path_, "'"));
+    }
     apply(record);
     cursor += total;
     pos_ += static_cast<off_t>(total);
@@ -301,10 +321,9 @@ void FileStore::write_records(const std::vector<Record>& records) {
     constexpr size_t kMax = std::numeric_limits<uint32_t>::max();
     C10D_CHECK_T(core::InvalidArgument, r.key.size() <= kMax && r.value.size() <= kMax, describe(),
                  ": key '", r.key.substr(0, 64), "' or its value exceeds 4 GiB");
-    buf.push_back(r.op);
     put_u32(buf, static_cast<uint32_t>(r.key.size()));
-    put_u32(buf, static_cast<uint32_t>(r.value.size()));
     buf.insert(buf.end(), r.key.begin(), r.key.end());
+    put_u32(buf, static_cast<uint32_t>(r.value.size()));
     buf.insert(buf.end(), r.value.begin(), r.value.end());
   }
   size_t done = 0;
@@ -327,43 +346,26 @@ void FileStore::write_records(const std::vector<Record>& records) {
 }
 
 void FileStore::apply(const Record& r) {
-  switch (r.op) {
-    case kSet:
-      kv_[r.key] = r.value;
-      break;
-    case kAppend: {
-      Bytes& v = kv_[r.key];
-      v.insert(v.end(), r.value.begin(), r.value.end());
-      break;
+  const std::string& key = r.key;
+  if (key.starts_with(kUserPrefix)) {
+    kv_[key.substr(kUserPrefix.size())] = r.value;
+  } else if (key.front() == kDeleteMark) {
+    if (std::string_view(key).substr(1).starts_with(kUserPrefix)) {
+      kv_.erase(key.substr(1 + kUserPrefix.size()));
     }
-    case kDelete:
-      kv_.erase(r.key);
-      break;
-    case kQueuePush:
-      queues_[r.key].push_back(r.value);
-      break;
-    case kQueuePop: {
-      auto it = queues_.find(r.key);
-      if (it != queues_.end()) {
-        if (!it->second.empty()) it->second.pop_front();
-        if (it->second.empty()) queues_.erase(it);
-      }
-      break;
+  } else if (key == kRefcountKey) {
+    refcount_ = counter_value(r.value);
+  } else if (key == kCleanupKey) {
+    cleanup_ = counter_value(r.value);
+    has_cleanup_ = true;
+  } else if (key.starts_with(kPushPrefix)) {
+    queues_[key.substr(kPushPrefix.size())].push_back(r.value);
+  } else if (key.starts_with(kPopPrefix)) {
+    auto it = queues_.find(key.substr(kPopPrefix.size()));
+    if (it != queues_.end()) {
+      if (!it->second.empty()) it->second.pop_front();
+      if (it->second.empty()) queues_.erase(it);
     }
-    case kJoin:
-    case kLeave: {
-      const bool worker = !r.value.empty() && r.value[0] == static_cast<uint8_t>(Role::kWorker);
-      const int64_t step = r.op == kJoin ? 1 : -1;
-      if (worker) {
-        live_workers_ += step;
-        if (r.op == kLeave) ++left_workers_;
-      } else {
-        live_clones_ += step;
-      }
-      break;
-    }
-    default:
-      break;  // rejected by sync() before getting here
   }
 }
 
@@ -393,7 +395,7 @@ void FileStore::set(const std::string& key, const Bytes& value) {
   std::lock_guard<std::mutex> guard(mutex_);
   FileLock lock(*this, true);
   sync(true);
-  write_records({Record{kSet, key, value}});
+  write_records({Record{user_key(key), value}});
 }
 
 Bytes FileStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
@@ -407,7 +409,7 @@ Bytes FileStore::compare_set(const std::string& key, const Bytes& expected, cons
   } else if (it->second != expected) {
     return it->second;
   }
-  write_records({Record{kSet, key, desired}});
+  write_records({Record{user_key(key), desired}});
   return desired;
 }
 
@@ -433,10 +435,13 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   FileLock lock(*this, true);
   sync(true);
   int64_t value = 0;
-  if (auto it = kv_.find(key); it != kv_.end()) value = parse_counter(key, it->second);
+  // An empty value counts as 0, as torch's FileStore reads it.
+  if (auto it = kv_.find(key); it != kv_.end() && !it->second.empty()) {
+    value = parse_counter(key, it->second);
+  }
   C10D_CHECK_T(core::DistStoreError, !__builtin_add_overflow(value, delta, &value), describe(),
                ": add on key '", key, "' overflows int64 (", value, " + ", delta, ")");
-  write_records({Record{kSet, key, to_bytes(std::to_string(value))}});
+  write_records({Record{user_key(key), to_bytes(std::to_string(value))}});
   return value;
 }
 
@@ -446,7 +451,7 @@ bool FileStore::delete_key(const std::string& key) {
   FileLock lock(*this, true);
   sync(true);
   if (kv_.count(key) == 0) return false;
-  write_records({Record{kDelete, key, {}}});
+  write_records({Record{str_cat(kDeleteMark, user_key(key)), {}}});
   return true;
 }
 
@@ -463,7 +468,9 @@ int64_t FileStore::num_keys() {
   std::lock_guard<std::mutex> guard(mutex_);
   FileLock lock(*this, false);
   sync(false);
-  return static_cast<int64_t>(kv_.size());
+  // As torch counts: the handle counters are keys too ("refcount/" exists while this handle
+  // is open); queues are not.
+  return static_cast<int64_t>(kv_.size()) + 1 + (has_cleanup_ ? 1 : 0);
 }
 
 void FileStore::wait(const std::vector<std::string>& keys, Millis timeout) {
@@ -481,7 +488,11 @@ void FileStore::append(const std::string& key, const Bytes& value) {
   std::lock_guard<std::mutex> guard(mutex_);
   FileLock lock(*this, true);
   sync(true);
-  write_records({Record{kAppend, key, value}});
+  // The whole new value, as torch writes it (its readers know no appends).
+  Bytes joined;
+  if (auto it = kv_.find(key); it != kv_.end()) joined = it->second;
+  joined.insert(joined.end(), value.begin(), value.end());
+  write_records({Record{user_key(key), std::move(joined)}});
 }
 
 std::vector<Bytes> FileStore::multi_get(const std::vector<std::string>& keys) {
@@ -507,7 +518,7 @@ void FileStore::multi_set(const std::vector<std::string>& keys, const std::vecto
   if (keys.empty()) return;
   std::vector<Record> records;
   records.reserve(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) records.push_back(Record{kSet, keys[i], values[i]});
+  for (size_t i = 0; i < keys.size(); ++i) records.push_back(Record{user_key(keys[i]), values[i]});
   std::lock_guard<std::mutex> guard(mutex_);
   FileLock lock(*this, true);
   sync(true);
@@ -519,7 +530,7 @@ void FileStore::queue_push(const std::string& key, const Bytes& value) {
   std::lock_guard<std::mutex> guard(mutex_);
   FileLock lock(*this, true);
   sync(true);
-  write_records({Record{kQueuePush, key, value}});
+  write_records({Record{str_cat(kPushPrefix, key), value}});
 }
 
 Bytes FileStore::queue_pop(const std::string& key, bool block) {
@@ -539,7 +550,7 @@ Bytes FileStore::queue_pop(const std::string& key, bool block) {
     auto it = queues_.find(key);
     if (it == queues_.end() || it->second.empty()) return false;
     value = it->second.front();
-    write_records({Record{kQueuePop, key, {}}});
+    write_records({Record{str_cat(kPopPrefix, key), {}}});
     return true;
   };
   if (!block) {

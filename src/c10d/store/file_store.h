@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -16,19 +17,20 @@
 
 namespace c10d::store {
 
-// FileStore keeps every change as an append-only record in the file at `path`: set, append,
-// delete (a tombstone), queue push/pop, and user join/leave. Each handle replays the records it
-// has not seen yet into a private cache, so a call reads only what other handles wrote since
-// its last call. Each call takes flock on the file (exclusive to write, shared to read) and a
-// per-handle mutex, so the store is thread-safe and any number of processes can share it.
+// FileStore keeps every change as an append-only record in the file at `path`, in torch's
+// format, so torch and c10d processes can share one file: a key's new value, a deletion, the
+// handle counters, and c10d's queue pushes and pops. Each handle replays the records it has not
+// seen yet into a private cache, so a call reads only what other handles wrote since its last
+// call. Each call takes flock on the file (exclusive to write, shared to read; torch's handles
+// take the same locks) and a per-handle mutex, so the store is thread-safe and any number of
+// processes can share it.
 //
-// Users. Every handle records a join when it opens and a leave when it is destroyed. A handle
-// made by clone() is one more user, but only handles built by the constructor ("workers") count
-// towards `num_workers`. With num_workers > 0 the file is removed when the last user leaves
-// once num_workers workers have left, so a worker that finishes before the others join does not
-// wipe the data; without (num_workers <= 0, the default) it is never removed, as with torch.
-// Opening a path that num_workers workers have already joined throws. A process that dies
-// without destroying its handle leaves its join behind; such a file is not removed
+// Users, as torch counts them: a handle adds one to "refcount/" when it opens and takes it away
+// when it is destroyed; a handle built by the constructor (a "worker", not a clone()) also adds
+// one to "cleanup/" then. With num_workers >= 0 the file is removed when no handle is left and
+// num_workers workers have finished, so a worker that finishes before the others join does not
+// wipe the data; without (num_workers < 0, the default) it is never removed. A process that
+// dies without destroying its handle leaves its count behind; such a file is not removed
 // automatically (use a fresh path per run, as with torch).
 //
 // Blocking calls (get, wait, multi_get, queue_pop with block) poll the file with a backoff
@@ -36,8 +38,8 @@ namespace c10d::store {
 class FileStore : public Store {
  public:
   // Opens (creating if needed) the store file. Throws DistStoreError naming the path and the
-  // errno text when the file cannot be opened, locked or read, when it is not a FileStore file,
-  // or when num_workers > 0 workers have already joined it.
+  // errno text when the file cannot be opened, locked or read, or when it is not a FileStore
+  // file (it is then left as it is).
   explicit FileStore(std::string path, int num_workers = -1, Millis timeout = kDefaultStoreTimeout);
   // Records this user's leave and removes the file when it was the last one and num_workers
   // workers have left (see above).
@@ -53,7 +55,7 @@ class FileStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   bool delete_key(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;
-  // Live user keys only; queues and the user count are not keys.
+  // Live user keys and the handle counters, as torch counts; queues are not keys.
   int64_t num_keys() override;
   using Store::wait;
   void wait(const std::vector<std::string>& keys, Millis timeout) override;
@@ -79,6 +81,7 @@ class FileStore : public Store {
  private:
   enum class Role : uint8_t { kWorker, kClone };
   struct Record;
+  static Record counter_record(std::string_view key, int64_t value);
   class FileLock;
 
   FileStore(std::string path, int num_workers, Millis timeout, Role role);
@@ -117,9 +120,9 @@ class FileStore : public Store {
   off_t synced_size_ = 0;  // file size seen by the last sync
   std::unordered_map<std::string, Bytes> kv_;
   std::unordered_map<std::string, std::deque<Bytes>> queues_;
-  int64_t live_workers_ = 0;
-  int64_t live_clones_ = 0;
-  int64_t left_workers_ = 0;
+  int64_t refcount_ = 0;  // handles open on the file
+  int64_t cleanup_ = 0;   // workers that closed theirs
+  bool has_cleanup_ = false;
 };
 
 }  // namespace c10d::store
