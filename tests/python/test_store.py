@@ -459,6 +459,27 @@ def test_append_fallback_keeps_every_append():
     assert p.get("new") == b""
 
 
+class StoresIntoMissingKeys(MinimalStore):
+    """compare_set stores into a missing key whatever was expected (as a store in torch's tests)."""
+
+    def compare_set(self, key, expected, desired):
+        current = self.data.get(key)
+        if current is None or current == expected:
+            self.data[key] = desired
+            return desired
+        return current
+
+
+def test_append_fallback_on_a_store_that_stores_into_missing_keys():
+    p = c10d.PrefixStore("p", StoresIntoMissingKeys())
+    p.append("foo", b"po")
+    p.append("foo", b"tato")
+    assert p.get("foo") == b"potato"
+    p.set("k", b"x")
+    p.append("k", b"x")
+    assert p.get("k") == b"xx"
+
+
 def test_prefix_store_timeout_is_the_underlying_stores():
     """As torch's PrefixStore: the timeout is read from and set on the wrapped store, so one
     set on the base after wrapping bounds the prefix store's waits too."""

@@ -10,18 +10,23 @@ using core::detail::str_cat;
 
 namespace {
 
-// What `key` holds, or empty bytes when it is missing, through compare_set alone (for stores
-// without check(), e.g. a Python store defining only set, get, add and compare_set): on a
-// missing key, compare_set with a non-empty expected value stores nothing and returns the
-// expected value, which here is a probe no user writes.
-Bytes current_or_empty(Store& store, const std::string& key) {
+// A value no user writes, for learning what a key holds through compare_set alone.
+const Bytes& probe() {
+  static const Bytes value = to_bytes(std::string("\0c10d:append-probe\0", 19));
+  return value;
+}
+
+// What `key` holds, or empty bytes when it is missing; for a store without check() (a Python
+// store defining only set, get, add and compare_set), what compare_set(key, probe, probe)
+// returned: the value, or the probe when the key is missing. A store following torch's rules
+// stores nothing then; one that stores into a missing key whatever was expected (torch's tests
+// have one) now holds the probe, which append replaces.
+Bytes current_or_probe(Store& store, const std::string& key) {
   try {
     return store.check({key}) ? store.get(key) : Bytes{};
   } catch (const core::NotSupported&) {
   }
-  static const Bytes probe = to_bytes(std::string("\0c10d:append-probe\0", 19));
-  Bytes now = store.compare_set(key, probe, probe);
-  return now == probe ? Bytes{} : now;
+  return store.compare_set(key, probe(), probe());
 }
 
 }  // namespace
@@ -29,13 +34,13 @@ Bytes current_or_empty(Store& store, const std::string& key) {
 void Store::append(const std::string& key, const Bytes& value) {
   // Optimistic read-modify-write on compare_set, which returns the new value when it swapped
   // and otherwise what the key holds (the expected value itself when the key is missing).
-  Bytes current = current_or_empty(*this, key);
+  Bytes current = current_or_probe(*this, key);
   while (true) {
-    Bytes desired = current;
+    Bytes desired = current == probe() ? Bytes{} : current;
     desired.insert(desired.end(), value.begin(), value.end());
     Bytes now = compare_set(key, current, desired);
     if (now == desired) return;
-    // Another writer changed the key: go on from its value; it was deleted: start over empty.
+    // Another writer changed the key: go on from its value; it is missing: start over empty.
     current = now == current ? Bytes{} : std::move(now);
   }
 }
