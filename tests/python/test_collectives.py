@@ -12,6 +12,7 @@ CASES = [
     "all_reduce_errors",
     "integer_overflow",
     "aliased_outputs",
+    "small_beside_async",
     "broadcast_reduce",
     "gathers",
     "reduce_scatters",

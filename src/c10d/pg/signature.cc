@@ -63,9 +63,11 @@ std::string Signature::str() const {
   return text;
 }
 
+size_t agreement_words(int size) { return kSignatureWords + 2 * static_cast<size_t>(size); }
+
 std::vector<int64_t> agreement_record(const Signature& sig, const Traffic& traffic, int size) {
   const auto n = static_cast<size_t>(size);
-  std::vector<int64_t> record(kSignatureWords + 2 * n, 0);
+  std::vector<int64_t> record(agreement_words(size), 0);
   std::memcpy(record.data(), &sig, sizeof sig);
   for (size_t r = 0; r < traffic.sends.size() && r < n; ++r) {
     record[kSignatureWords + r] = traffic.sends[r];
@@ -76,12 +78,11 @@ std::vector<int64_t> agreement_record(const Signature& sig, const Traffic& traff
   return record;
 }
 
-std::string disagreement(int rank, int size, const int64_t* records) {
+std::string disagreement(int rank, int size, const int64_t* records, size_t stride) {
   const auto n = static_cast<size_t>(size);
-  const size_t words = kSignatureWords + 2 * n;
-  const Signature mine = signature_in(records + rank * words);
+  const Signature mine = signature_in(records + rank * stride);
   for (int r = 0; r < size; ++r) {
-    const Signature theirs = signature_in(records + r * words);
+    const Signature theirs = signature_in(records + r * stride);
     if (theirs == mine) continue;
     return str_cat("rank ", rank, " called ", mine.str(), ", but rank ", r, " called ",
                    theirs.str(), ": the ranks called different collectives");
@@ -89,8 +90,8 @@ std::string disagreement(int rank, int size, const int64_t* records) {
   // Every rank holds every record, so all reach the same verdict on every pair.
   for (size_t from = 0; from < n; ++from) {
     for (size_t to = 0; to < n; ++to) {
-      const int64_t sent = records[from * words + kSignatureWords + to];
-      const int64_t expected = records[to * words + kSignatureWords + n + from];
+      const int64_t sent = records[from * stride + kSignatureWords + to];
+      const int64_t expected = records[to * stride + kSignatureWords + n + from];
       if (sent == expected) continue;
       return str_cat(mine.str(), ": rank ", from, " sends ", sent, " bytes to rank ", to,
                      ", which expects ", expected, " from it: the ranks' sizes disagree");

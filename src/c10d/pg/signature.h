@@ -57,12 +57,15 @@ struct Traffic {
 // zeros without traffic). Every rank's record has the same size, so they travel in one
 // all-gather.
 std::vector<int64_t> agreement_record(const Signature& sig, const Traffic& traffic, int size);
+// The length of agreement_record's records in a group of `size`, in words.
+size_t agreement_words(int size);
 
-// What is wrong with every rank's records (`records`: size records of agreement_record's
-// length, in rank order), or "" when they agree: every rank made this rank's call, and what
+// What is wrong with every rank's records (`records`: size records in rank order, each starting
+// every `stride` words, which is agreement_words(size) or more for a transport that sends more
+// with each), or "" when they agree: every rank made this rank's call, and what
 // each rank sends every other is what that one expects ("rank 0 called <mine>, but rank 1
 // called <theirs>: the ranks called different collectives"). Allocates only on a mismatch;
 // callers put their operation in front.
-std::string disagreement(int rank, int size, const int64_t* records);
+std::string disagreement(int rank, int size, const int64_t* records, size_t stride);
 
 }  // namespace c10d::pg

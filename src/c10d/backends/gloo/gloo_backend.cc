@@ -362,7 +362,7 @@ void GlooBackend::agree(const Shared& shared, Task& task) {
     g.setTimeout(op.timeout);
     ::gloo::allgather(g);
   }
-  if (std::string why = pg::disagreement(op.rank, op.size, all.data()); !why.empty()) {
+  if (std::string why = pg::disagreement(op.rank, op.size, all.data(), mine.size()); !why.empty()) {
     throw DistBackendError(str_cat("Gloo ", shared.describe(task.name, op.tag), ": ", why));
   }
 }

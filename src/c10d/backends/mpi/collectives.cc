@@ -43,6 +43,26 @@ std::vector<int64_t> as_int64(const std::vector<int>& counts) {
   return std::vector<int64_t>(counts.begin(), counts.end());
 }
 
+// Whether `t`'s data may travel in its call's check (Op::pack).
+bool fits_check(const Tensor& t) { return t.is_contiguous() && t.nbytes() <= detail::kInlineBytes; }
+
+// Has a small reduction travel in its check: every rank packs its (premultiplied) input, and a
+// rank that `receives` the result combines them all in rank order (each gets the same bits).
+void reduce_in_check(detail::Op& op, const Tensor& t, const ReduceOp& rop, bool receives) {
+  if (!fits_check(t)) return;
+  op.pack = [t, rop](std::byte* slot) {
+    std::memcpy(slot, t.data(), t.nbytes());
+    core::apply_premul(slot, static_cast<size_t>(t.numel()), t.dtype(), rop);
+  };
+  op.unpack = [t, rop, receives, n = static_cast<size_t>(op.group->size)](const std::byte* slots,
+                                                                          size_t stride) {
+    if (!receives) return;
+    std::vector<const void*> sources(n);
+    for (size_t r = 0; r < n; ++r) sources[r] = slots + r * stride;
+    core::reduce_many(t.data(), sources.data(), n, static_cast<size_t>(t.numel()), t.dtype(), rop);
+  };
+}
+
 }  // namespace
 
 WorkPtr MpiBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastOptions& opts) {
@@ -50,6 +70,15 @@ WorkPtr MpiBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastO
   const int root = static_cast<int>(opts.root_rank);
   OpPtr op = make_op(group_, OpType::kBroadcast, "broadcast", effective_timeout(opts.timeout), {t});
   check_call(*op, Signature(OpType::kBroadcast, 0).of(t).from(root));
+  if (fits_check(t)) {
+    const bool is_root = rank() == root;
+    op->pack = [t, is_root](std::byte* slot) {
+      if (is_root) std::memcpy(slot, t.data(), t.nbytes());
+    };
+    op->unpack = [t, is_root, root](const std::byte* slots, size_t stride) {
+      if (!is_root) std::memcpy(t.data(), slots + static_cast<size_t>(root) * stride, t.nbytes());
+    };
+  }
   MPI_Comm comm = group_->comm;
   op->start = [t, root, comm](std::vector<MPI_Request>& r) {
     const Buffer b = bytes_of(t, "broadcast");
@@ -65,6 +94,7 @@ WorkPtr MpiBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
   const int n = size();
   OpPtr op = make_op(group_, OpType::kAllreduce, "allreduce", effective_timeout(opts.timeout), {t});
   check_call(*op, Signature(OpType::kAllreduce, 0).of(t).with(rop));
+  reduce_in_check(*op, t, rop, true);
   MPI_Comm comm = group_->comm;
   op->start = [t, rop, n, comm](std::vector<MPI_Request>& r) {
     const size_t count = static_cast<size_t>(t.numel());
@@ -90,6 +120,7 @@ WorkPtr MpiBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
   const int n = size();
   OpPtr op = make_op(group_, OpType::kReduce, "reduce", effective_timeout(opts.timeout), tensors);
   check_call(*op, Signature(OpType::kReduce, 0).of(t).with(rop).from(root));
+  reduce_in_check(*op, t, rop, is_root);
   MPI_Comm comm = group_->comm;
   // Ranks other than the root keep their tensor: a PREMUL_SUM scales a copy.
   auto input = std::make_shared<Tensor>(t);
@@ -120,6 +151,16 @@ WorkPtr MpiBackend::allgather_base(Tensor& output, Tensor& input,
   OpPtr op = make_op(group_, OpType::kAllgatherBase, "allgather_base",
                      effective_timeout(opts.timeout), {output});
   check_call(*op, Signature(OpType::kAllgatherBase, 0).of(in));
+  if (fits_check(in) && out.is_contiguous()) {
+    op->pack = [in](std::byte* slot) {
+      std::memcpy(slot, in.data(), in.nbytes());
+    };
+    op->unpack = [in, out, n = static_cast<size_t>(size())](const std::byte* slots, size_t stride) {
+      auto* to = static_cast<std::byte*>(out.data());
+      for (size_t r = 0; r < n; ++r)
+        std::memcpy(to + r * in.nbytes(), slots + r * stride, in.nbytes());
+    };
+  }
   MPI_Comm comm = group_->comm;
   op->start = [in, out, comm](std::vector<MPI_Request>& r) {
     const Buffer b = bytes_of(in, "allgather");
@@ -364,6 +405,11 @@ WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
 WorkPtr MpiBackend::barrier(const pg::BarrierOptions& opts) {
   OpPtr op = make_op(group_, OpType::kBarrier, "barrier", effective_timeout(opts.timeout), {});
   check_call(*op, Signature(OpType::kBarrier, 0));
+  // Every rank's record arriving is the barrier.
+  op->pack = [](std::byte*) {
+  };
+  op->unpack = [](const std::byte*, size_t) {
+  };
   op->waits_prior = true;
   MPI_Comm comm = group_->comm;
   op->start = [comm](std::vector<MPI_Request>& r) {

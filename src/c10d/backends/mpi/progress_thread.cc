@@ -288,9 +288,21 @@ void ProgressThread::set_active(size_t n) {
   settled_.notify_all();
 }
 
+namespace {
+
+// A check record: the agreement record, then whether this rank packed its data, then the data.
+constexpr size_t kInlineWords = kInlineBytes / sizeof(int64_t);
+static_assert(kInlineBytes % sizeof(int64_t) == 0);
+
+size_t record_words(int size) { return pg::agreement_words(size) + 1 + kInlineWords; }
+
+}  // namespace
+
 bool ProgressThread::post(Op& op) {
+  bool alone;  // nothing else of the group in flight: this call's data may be packed now
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    alone = op.group->outstanding == 1;
     if (!op.group->broken.empty()) {
       // An earlier operation timed out after this one was queued.
       std::string why = op.group->broken;
@@ -304,13 +316,18 @@ bool ProgressThread::post(Op& op) {
   try {
     if (op.call && op.group->size > 1) {
       const std::vector<int64_t> mine = pg::agreement_record(*op.call, op.traffic, op.group->size);
-      op.records.assign(mine.size() * static_cast<size_t>(op.group->size), 0);
+      const size_t stride = record_words(op.group->size);
+      op.records.assign(stride * static_cast<size_t>(op.group->size), 0);
       op.checking = true;
       op.requests.emplace_back();
-      const int words = count_of(mine.size(), "call record");
+      const int words = count_of(stride, "call record");
       // In place: this rank's record lies in its slot, which lives as long as the operation.
-      std::copy(mine.begin(), mine.end(),
-                op.records.begin() + static_cast<ptrdiff_t>(op.group->rank * mine.size()));
+      int64_t* slot = op.records.data() + static_cast<size_t>(op.group->rank) * stride;
+      std::copy(mine.begin(), mine.end(), slot);
+      if (op.pack && alone) {
+        slot[mine.size()] = 1;
+        op.pack(reinterpret_cast<std::byte*>(slot + mine.size() + 1));
+      }
       check(MPI_Iallgather(MPI_IN_PLACE, words, MPI_INT64_T, op.records.data(), words, MPI_INT64_T,
                            op.group->control, &op.requests.back()),
             "MPI_Iallgather");
@@ -327,11 +344,22 @@ bool ProgressThread::post(Op& op) {
 void ProgressThread::finish_check(Op& op) {
   op.checking = false;
   op.requests.clear();
-  op.awaiting_turn = true;
-  if (std::string why = pg::disagreement(op.group->rank, op.group->size, op.records.data());
+  const int size = op.group->size;
+  const size_t stride = record_words(size);
+  if (std::string why = pg::disagreement(op.group->rank, size, op.records.data(), stride);
       !why.empty()) {
     throw DistBackendError(str_cat("MPI ", op.what, ": ", why));
   }
+  // The ranks agree, so each decided alike on packing but for what it had in flight.
+  const size_t packed_at = pg::agreement_words(size);
+  bool packed = static_cast<bool>(op.unpack);
+  for (int r = 0; r < size && packed; ++r) packed = op.records[r * stride + packed_at] == 1;
+  if (!packed) {
+    op.awaiting_turn = true;
+    return;
+  }
+  op.unpack(reinterpret_cast<const std::byte*>(op.records.data() + packed_at + 1),
+            stride * sizeof(int64_t));
 }
 
 bool ProgressThread::take_turn(Op& op) {
@@ -366,7 +394,9 @@ bool ProgressThread::progress(Op& op) {
       }
       op.start(op.requests);
     }
-    if (op.requests.size() == 1) {
+    if (op.requests.empty()) {
+      flag = 1;  // its data travelled in its check
+    } else if (op.requests.size() == 1) {
       check(MPI_Test(op.requests.data(), &flag, &status), "MPI_Test");
     } else {
       std::vector<MPI_Status> statuses(op.requests.size());

@@ -14,6 +14,7 @@ from .collectives import (  # noqa: F401
     writes_beside_outputs,
     integer_overflow,
     aliased_outputs,
+    small_beside_async,
 )
 from .p2p import (  # noqa: F401
     point_to_point,
