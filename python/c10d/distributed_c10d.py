@@ -1802,9 +1802,14 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     pg = _resolve_group(group)
     if timeout is None:
         timeout = pg._timeout
+    elif isinstance(timeout, float):
+        # torch takes seconds here too, with this warning; its own tests pass 0.1.
+        warnings.warn(
+            f"monitored_barrier: timeout {timeout} taken as seconds; pass a datetime.timedelta",
+            stacklevel=2,
+        )
+        timeout = timedelta(seconds=timeout)
     _check_valid_timeout(timeout)
-    # No time at all is the shortest wait (a zero timeout means none to the backends).
-    timeout = max(timeout, timedelta(milliseconds=1))
     return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 

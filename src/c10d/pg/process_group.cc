@@ -768,7 +768,11 @@ WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
                   [&](Backend& b) { return b.barrier(opts); });
 }
 
-void ProcessGroup::monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks) {
+void ProcessGroup::monitored_barrier(const BarrierOptions& given, bool wait_all_ranks) {
+  BarrierOptions opts = given;
+  // No time at all is the shortest wait: it fails at once unless every rank is there (a zero
+  // timeout means none to the backends' deadlines).
+  if (opts.timeout == Millis::zero()) opts.timeout = Millis(1);
   // Through dispatch like every operation, so that it takes a sequence number (the backends
   // count it too) and shows in the flight recorder.
   dispatch({.op = OpType::kBarrier, .timeout = opts.timeout}, DeviceType::kCPU, [&](Backend& b) {
