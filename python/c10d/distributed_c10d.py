@@ -905,7 +905,8 @@ def _new_process_group_helper(
     except Exception:  # a Python ProcessGroup subclass may not support it
         pass
     _C._register_process_group(group_name, pg)
-    _world.pg_map[pg] = (str(Backend(backend) if backend else Backend.GLOO), store)
+    # The group's own prefix of the store, as torch keeps it (new groups nest in it).
+    _world.pg_map[pg] = (str(Backend(backend) if backend else Backend.GLOO), prefix_store)
     _world.pg_names[pg] = group_name
     _world.pg_backend_config[pg] = str(config)
     _world.add_group(pg)
@@ -935,6 +936,7 @@ def init_process_group(
         raise _DistValueError("trying to initialize the default process group twice!")
     if store is not None and init_method is not None:
         raise _ArgumentError("Cannot specify both init_method and store.")
+    store_given = store
     timeout = _timeout_or_default(timeout)
     if backend is None:
         backend = Backend.UNDEFINED
@@ -962,6 +964,10 @@ def init_process_group(
         store, rank, world_size = _rendezvous_default(
             init_method, rank, world_size, timeout, group_name
         )
+    if store_given is None:
+        # A store c10d made may be shared with other users of its server (torch's RPC, a
+        # launcher): the groups keep to a prefix of their own, as torch's do.
+        store = _C.PrefixStore("default_pg", store)
     if backend == Backend.UNDEFINED:
         backend = Backend.AUTO if is_backend_available(Backend.AUTO) else Backend.GLOO
     name = group_name or str(_world.group_count)

@@ -99,6 +99,13 @@ def test_file_and_tcp_init_methods(tmp_path):
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}?rank=0&world_size=1"
     )
     dist.barrier()
+    # As torch's: the group's store is its prefix of the rendezvous store, and under the
+    # prefixes lies the TCPStore.
+    store = dist.distributed_c10d._get_process_group_store(dist.group.WORLD)
+    assert isinstance(store, dist.PrefixStore)
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    assert isinstance(store, dist.TCPStore)
     dist.destroy_process_group()
 
 
