@@ -15,6 +15,7 @@ import hashlib
 import io
 import os
 import pickle
+import sys
 import time
 import warnings
 from datetime import timedelta
@@ -376,8 +377,17 @@ def _get_process_group_store(pg: ProcessGroup):
     return _world.pg_map[pg][1]
 
 
+def _c10d_group(group):
+    """`group`, or the c10d group that a torch group stands for (torch's view of a c10d group,
+    made by c10d.torch_backend), so torch's groups can be handed to c10d as c10d's to torch."""
+    bridge = sys.modules.get("c10d.torch_backend")
+    if bridge is not None and isinstance(group, bridge.ProcessGroupC10d):
+        return group._pg
+    return group
+
+
 def _resolve_group(group) -> ProcessGroup:
-    return _get_default_group() if group is None else group
+    return _get_default_group() if group is None else _c10d_group(group)
 
 
 def _rank_not_in_group(group) -> bool:
@@ -513,6 +523,7 @@ def get_backend_config(group: Optional[ProcessGroup] = None) -> str:
 
 
 def _group_ranks(group: ProcessGroup) -> Dict[int, int]:
+    group = _c10d_group(group)
     if group is None or group is GroupMember.WORLD:
         group = _get_default_group()
     if group not in _world.pg_group_ranks:
@@ -983,7 +994,6 @@ def _mirror_into_torch(pg, store, rank, world_size, timeout) -> None:
     """When the program has loaded torch, torch.distributed's default group becomes this same
     group (c10d.torch_backend), so torch utilities asking torch for the world (DistributedSampler,
     ZeroRedundancyOptimizer) work unchanged. torch is never imported here."""
-    import sys
 
     if "torch" not in sys.modules:
         return
@@ -1001,7 +1011,6 @@ def _mirror_into_torch(pg, store, rank, world_size, timeout) -> None:
 
 def _unmirror_from_torch() -> None:
     """Destroys torch.distributed's default group if it is c10d's (see _mirror_into_torch)."""
-    import sys
 
     torch_backend = sys.modules.get("c10d.torch_backend")
     if torch_backend is not None:
@@ -1823,7 +1832,6 @@ def _rank_pdb():
     """A pdb for a process whose stdin is not the terminal (a launcher's child): while stopped
     it reads the controlling terminal, or the standard streams when there is none."""
     import pdb
-    import sys
 
     class RankPdb(pdb.Pdb):
         def interaction(self, *args, **kwargs):
@@ -1851,7 +1859,6 @@ def breakpoint(rank: int = 0, skip: int = 0):
     """Stops rank `rank` of the default group in the debugger while every other rank waits (in
     a barrier) until it continues. With `skip`, the first `skip` calls from this line of code
     pass without stopping."""
-    import sys
 
     if skip > 0:
         caller = sys._getframe(1)

@@ -348,7 +348,8 @@ class ProcessGroupC10d(tdist.ProcessGroup):
     def __init__(self, pg, backend_name: str, owned: bool = True):
         super().__init__(pg.rank(), pg.size())
         self._pg = pg
-        self._backend_name = backend_name
+        # torch's view of a c10d group is named as c10d names its backend (DDP logs the name).
+        self._backend_name = backend_name if owned else str(_dc._world.pg_map[pg][0])
         self._owned = owned
         self._group_name = "" if owned else str(getattr(pg, "group_name", ""))
         self._group_desc = "" if owned else str(getattr(pg, "group_desc", ""))

@@ -94,6 +94,15 @@ def test_the_join_tutorial_program_exits_cleanly(backend):
             assert f"Rank {rank} has exhausted all {5 + rank} of its inputs!" in out, out
 
 
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_the_join_tutorial_with_torchs_zero_redundancy_optimizer(backend):
+    pytest.importorskip("torch")
+    results = _launch("join_tutorial_zero", 2, env={"C10D_TEST_BACKEND": backend}, timeout=90)
+    assert all(code == 0 for code, _, _ in results), _report(results)
+    for rank, (_, out, _) in enumerate(results):
+        assert f"Rank {rank} has exhausted all {10 + rank} of its inputs!" in out, out
+
+
 # ---------------------------------------------------------------------------------------------
 # Cases (run by the ranks)
 
@@ -301,6 +310,31 @@ def case_join_tutorial(dist):
             model(x).sum().backward()
     print(f"Rank {rank} has exhausted all {num_inputs} of its inputs!")
     # Exits without destroy_process_group, as the tutorial does.
+
+
+def case_join_tutorial_zero(dist):
+    # The tutorial's second program: c10d's DDP beside torch's ZeroRedundancyOptimizer (a torch
+    # Joinable, on torch's view of c10d's group) in one Join.
+    import torch
+    from c10d.algorithms.join import Join
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    rank, _ = _init(dist)
+    model = dist.DistributedDataParallel(torch.nn.Linear(1, 1))
+    optim = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=0.01)
+    inputs = [torch.tensor([1]).float() for _ in range(10 + rank)]
+    num_inputs = 0
+    with Join([model, optim]):
+        for x in inputs:
+            num_inputs += 1
+            model(x).sum().backward()
+            optim.step()
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    mine = weights.clone()
+    dist.broadcast(weights, 0)
+    assert torch.equal(mine, weights), f"rank {rank}: {mine} against rank 0's {weights}"
+    print(f"Rank {rank} has exhausted all {num_inputs} of its inputs!")
+    dist.destroy_process_group()
 
 
 def _ones():

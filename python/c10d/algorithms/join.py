@@ -58,6 +58,18 @@ class Joinable:
         raise NotImplementedError(f"{type(self).__name__} must implement join_process_group")
 
 
+def _is_joinable(obj) -> bool:
+    """c10d's Joinables, and anything else with their interface (torch's Joinables: its
+    ZeroRedundancyOptimizer and DistributedDataParallel), whose notify_join_context reads the
+    same _join_config fields."""
+    if isinstance(obj, Joinable):
+        return True
+    kind = type(obj)
+    return callable(getattr(obj, "join_hook", None)) and all(
+        hasattr(kind, name) for name in ("join_device", "join_process_group")
+    )
+
+
 def _counter(value: float) -> np.ndarray:
     return np.full(1, value, np.float32)
 
@@ -78,7 +90,7 @@ class Join:
         if len(joinables) == 0:
             raise _dist._DistValueError("The join context manager requires at least one joinable")
         for j in joinables:
-            if not isinstance(j, Joinable):
+            if not _is_joinable(j):
                 raise _dist._DistTypeError(f"Join: {type(j).__name__} is not a Joinable")
         self._joinables = list(joinables)
         self._join_hooks = [j.join_hook(**kwargs) for j in self._joinables]
@@ -90,7 +102,11 @@ class Join:
                 throw_on_early_termination=throw_on_early_termination,
                 is_first_joinable=i == 0,
             )
-        groups = {id(j.join_process_group): j.join_process_group for j in self._joinables}
+        # torch's joinables (ZeroRedundancyOptimizer) name torch's view of a c10d group.
+        groups = {}
+        for j in self._joinables:
+            group = _dist._c10d_group(j.join_process_group)
+            groups[id(group)] = group
         if len(groups) > 1:
             raise _dist._DistValueError(
                 "Using join context manager with multiple process groups is not supported"

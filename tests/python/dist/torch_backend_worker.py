@@ -437,8 +437,11 @@ def case_mirror(rank, world, port):
     rank, world = dist.get_rank(), dist.get_world_size()
     assert tdist.is_initialized() and tdist.get_rank() == rank
     assert tdist.get_world_size() == world
-    # The same group: c10d's default group under torch's.
+    # The same group: c10d's default group under torch's, which c10d takes for its own.
     assert tdist.group.WORLD.c10d_group is dist.group.WORLD
+    assert dist.get_backend(tdist.group.WORLD) == dist.get_backend()
+    assert dist.get_rank(tdist.group.WORLD) == rank
+    assert dist.get_world_size(tdist.group.WORLD) == world
     data = TensorDataset(
         torch.arange(40, dtype=torch.float32).view(20, 2), torch.arange(20, dtype=torch.float32)
     )
@@ -467,6 +470,9 @@ def case_mirror(rank, world, port):
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(ddp(x), y).backward()
                 opt.step()
+        # torch's DDP logs the backend as c10d names it.
+        logged = ddp._get_ddp_logging_data().get("backend_name")
+        assert logged == dist.get_backend(), (logged, dist.get_backend())
         return [p.detach().clone() for p in model.parameters()]
 
     same(run(zero=True), run(zero=False), "ZeroRedundancyOptimizer vs SGD")
