@@ -9,7 +9,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "c10d/core/blocking.h"
 #include "c10d/core/clock.h"
@@ -52,7 +56,35 @@ size_t ranks_per_core(const Segment& seg) {
   return detail::ceil_div(static_cast<size_t>(seg.size()), static_cast<size_t>(seg.cpus()));
 }
 
+// The modes rank 0 chose in earlier calibrations, by the processes (pids, in rank order) and
+// the modes they tried.
+struct RememberedModes {
+  std::mutex mutex;
+  std::map<std::pair<std::vector<int>, std::vector<int>>, int> chosen;  // guarded by mutex
+};
+
+RememberedModes& remembered() {
+  static auto* modes = new RememberedModes;  // never destroyed: groups may outlive statics
+  return *modes;
+}
+
 }  // namespace
+
+std::optional<int> Engine::remembered_mode(const std::vector<int>& members,
+                                           const std::vector<int>& modes) {
+  RememberedModes& r = remembered();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.chosen.find({members, modes});
+  if (it == r.chosen.end()) return std::nullopt;
+  return it->second;
+}
+
+void Engine::remember_mode(const std::vector<int>& members, const std::vector<int>& modes,
+                           int mode) {
+  RememberedModes& r = remembered();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.chosen[{members, modes}] = mode;
+}
 
 Engine::Engine(std::shared_ptr<Segment> segment, bool pinned)
     : segment_(std::move(segment)), seg_(*segment_), rank_(seg_.rank()), size_(seg_.size()),
@@ -100,6 +132,21 @@ void Engine::calibrate(Millis timeout) {
   }
   if (size_ < 2 || modes.size() < 2) return;
   begin("chunk calibration", OpType::kAllreduce, 0, timeout);
+  // The placement that decides it lasts as long as the processes: a group of processes that
+  // calibrated together before (rank 0 remembers) takes that verdict at once, so creating
+  // subgroups again and again costs no timing.
+  std::vector<int> members(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) members[static_cast<size_t>(r)] = seg_.pid(r);
+  const uint32_t asked = next_step();
+  if (rank_ == 0) {
+    const std::optional<int> known = remembered_mode(members, modes);
+    rank0_word(asked) = known ? kRememberedBit | static_cast<uint64_t>(*known) : 0;
+  }
+  sync(asked);
+  if (const uint64_t word = rank0_word(asked); (word & kRememberedBit) != 0) {
+    adopt_mode(static_cast<int>(word & ~kRememberedBit));
+    return;
+  }
   const size_t count = kCalibrationBytes / sizeof(float);
   std::vector<float> data(count, 1.0f);
   char* bytes = reinterpret_cast<char*>(data.data());
@@ -130,13 +177,8 @@ void Engine::calibrate(Millis timeout) {
                                     std::memory_order_relaxed);
   }
   sync(s);
-  agreed_mode_ = static_cast<int>(rank0_word(s));
-  copy_shared.seed((agreed_mode_ & kModeStreaming) != 0);
-  // Streaming stores won calibration if the vCPUs were far apart (plain ones win otherwise);
-  // from here the round trips tell.
-  far_ = (agreed_mode_ & kModeStreaming) != 0;
-  watching_ = seg_.cpus() >= 2 && copy_shared.adaptive();
-  next_placement_ns_ = now_ns() + kPlacementPeriodNs;
+  if (rank_ == 0) remember_mode(members, modes, static_cast<int>(rank0_word(s)));
+  adopt_mode(static_cast<int>(rank0_word(s)));
   if (core::log_enabled(core::LogLevel::kDebug)) {
     std::string times;
     for (size_t m = 0; m < modes.size(); ++m) {
@@ -147,6 +189,16 @@ void Engine::calibrate(Millis timeout) {
                       kCalibrationBytes, " bytes (mode bit 0 streaming, bit 1 large chunks):",
                       times, " rank 0 chose ", agreed_mode_));
   }
+}
+
+void Engine::adopt_mode(int mode) {
+  agreed_mode_ = mode;
+  copy_shared.seed((agreed_mode_ & kModeStreaming) != 0);
+  // Streaming stores won calibration if the vCPUs were far apart (plain ones win otherwise);
+  // from here the round trips tell.
+  far_ = (agreed_mode_ & kModeStreaming) != 0;
+  watching_ = seg_.cpus() >= 2 && copy_shared.adaptive();
+  next_placement_ns_ = now_ns() + kPlacementPeriodNs;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -173,6 +173,15 @@ class Engine {
                 core::DType dtype);
 
  private:
+  // calibrate's verdict, timed now or remembered from an earlier group of the same processes
+  // (rank 0 sets kRememberedBit in its word when it remembers one).
+  void adopt_mode(int mode);
+  static constexpr uint64_t kRememberedBit = uint64_t{1} << 63;
+  static std::optional<int> remembered_mode(const std::vector<int>& members,
+                                            const std::vector<int>& modes);
+  static void remember_mode(const std::vector<int>& members, const std::vector<int>& modes,
+                            int mode);
+
   // --- the algorithms behind the collectives (collectives.cc, collectives_inl.h) ---
 
   void one_shot(const char* in, char* out, size_t count, core::DType dtype,
