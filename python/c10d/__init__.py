@@ -105,6 +105,10 @@ if hasattr(_C, "ProcessGroupMPI"):
 
 __version__ = _C.__version__
 
+from . import _profiling  # noqa: E402
+
+_profiling.watch_for_torch()  # torch's profiler records c10d's operations once torch loads
+
 
 def __getattr__(name):
     # DistributedDataParallel wraps torch modules: torch is imported on first use only.

@@ -165,3 +165,13 @@ def test_groups_rendezvous_through_each_others_stores_and_gloo_copies_coexist(tm
     for r in results:
         assert r.code == 0, f"rank {r.rank}:\n{r.stdout}\n{r.stderr}"
         assert "interop ok" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize(
+    "backend,world",
+    [("gloo", 1), ("gloo", 2), ("shm", 2)] + ([("mpi", 2)] if harness.mpi_available() else []),
+)
+def test_torchs_profiler_records_every_operation(backend, world):
+    results = harness.run("torch_profiler_events", world, backend, timeout=120)
+    harness.check_all_ok(results)
+    assert all("PROFILER_OK" in r.stdout for r in results), [r.stdout for r in results]

@@ -8,6 +8,7 @@
 
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
+#include "c10d/pg/profiler.h"
 #include "c10d/pg/staging.h"
 #include "c10d/pg/validate.h"
 
@@ -142,12 +143,26 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
     traced = FlightRecorder::instance().record(trace_, trace, /*started=*/true);
   }
   const auto started = core::Clock::now();
+  std::function<void()> close_event;  // torch's profiler's event for this operation
+  if (const ProfilerBridge* bridge = profiling()) {
+    close_event = open_profiler_event(*bridge, backend->name(), op,
+                                      trace.inputs == TensorRefs() ? trace.outputs : trace.inputs);
+  }
   WorkPtr work;
   try {
     work = fn(*backend);
   } catch (...) {
     if (traced) FlightRecorder::instance().record_finished(traced, std::current_exception());
+    if (close_event) close_event();
     throw;
+  }
+  if (close_event) {
+    if (!work || work->is_completed()) {
+      close_event();
+    } else {
+      work->get_future()->add_observer(
+          [close = std::move(close_event)](std::exception_ptr) { close(); });
+    }
   }
   if (work && any_coalescing_.load(std::memory_order_acquire)) {
     std::lock_guard lock(mutex_);
@@ -284,8 +299,10 @@ bool well_formed(const InlineOp& op, int rank, int size) {
 }  // namespace
 
 bool ProcessGroup::run_inline(const InlineOp& op) {
+  // Profiled operations take the general path, which opens their events.
   if (any_hooks_.load(std::memory_order_acquire) ||
-      any_coalescing_.load(std::memory_order_acquire) || !well_formed(op, rank_, size_)) {
+      any_coalescing_.load(std::memory_order_acquire) || profiling() != nullptr ||
+      !well_formed(op, rank_, size_)) {
     return false;
   }
   Backend* const backend = cpu_backend_.load(std::memory_order_acquire);

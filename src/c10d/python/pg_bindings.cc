@@ -14,6 +14,7 @@
 #include "c10d/pg/fake_backend.h"
 #include "c10d/pg/flight_recorder.h"
 #include "c10d/pg/process_group.h"
+#include "c10d/pg/profiler.h"
 #include "c10d/pg/registry.h"
 #include "c10d/pg/wrapper_backend.h"
 #include "c10d/python/bindings.h"
@@ -376,6 +377,43 @@ void bind_collectives(PyClass& cls) {
 
 void init_pg(py::module_& m) {
   m.attr("_DEFAULT_PG_TIMEOUT") = pg::kDefaultPgTimeout;
+
+  m.def(
+      "_set_profiler_bridge",
+      [](uintptr_t recording, py::function open) {
+        pg::ProfilerBridge bridge;
+        bridge.recording = reinterpret_cast<bool (*)()>(recording);
+        bridge.open =
+            [opener = hold_python(std::move(open))](
+                const std::string& name,
+                const std::vector<std::vector<int64_t>>& shapes) -> std::function<void()> {
+          GilGuard gil;
+          if (!gil)
+            return [] {
+            };
+          try {
+            std::shared_ptr<py::object> close = hold_python((*opener)(name, shapes));
+            return [close] {
+              GilGuard inner;
+              if (!inner) return;
+              try {
+                (*close)();
+              } catch (py::error_already_set& e) {
+                e.discard_as_unraisable("c10d: closing a torch profiler event");
+              }
+            };
+          } catch (py::error_already_set& e) {
+            e.discard_as_unraisable("c10d: opening a torch profiler event");
+            return [] {
+            };
+          }
+        };
+        pg::set_profiler_bridge(std::move(bridge));
+      },
+      py::arg("recording"), py::arg("open"),
+      "Makes every dispatched operation a torch profiler event while `recording` (the address "
+      "of torch's C++ bool() 'this thread profiles') says so: open(name, shapes) opens one and "
+      "returns what closes it.");
 
   py::class_<pg::BroadcastOptions>(m, "BroadcastOptions")
       .def(py::init<>())

@@ -15,6 +15,7 @@ from .collectives import (  # noqa: F401
     integer_overflow,
     aliased_outputs,
     small_beside_async,
+    torch_profiler_events,
 )
 from .p2p import (  # noqa: F401
     point_to_point,

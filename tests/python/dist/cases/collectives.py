@@ -732,3 +732,52 @@ def small_beside_async(dist, backend):
         if work is not None:
             work.wait()
             np.testing.assert_array_equal(big, np.full(1 << 16, total, np.float32))
+
+
+def torch_profiler_events(dist, backend):
+    """Under torch's profiler every operation is one event "<backend>:<op>", asynchronous (it
+    ends where the work completes), with the input shapes torch's backends record (complex
+    tensors as real views); outside it, none."""
+    import torch
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = dist.get_backend()
+    t = torch.ones(3, 4)
+    c = torch.ones(5, dtype=torch.complex64)
+    calls = {
+        "all_reduce": [lambda: dist.all_reduce(t), lambda: dist.all_reduce(c)],
+        "broadcast": [lambda: dist.broadcast(np.ones(6, np.float32), 0)],
+        "all_gather_into_tensor": [
+            lambda: dist.all_gather_into_tensor(torch.empty(world * 2), torch.ones(2))
+        ],
+        "barrier": [lambda: dist.barrier()],
+    }
+    shapes = {"all_reduce": [[[3, 4]], [[5, 2]]], "broadcast": [[[6]]]}
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        for op_calls in calls.values():
+            for call in op_calls:
+                call()
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        if world > 1:
+            peer = (rank + 1) % world
+            sent = dist.isend(torch.full((7,), float(rank)), peer)
+            got = torch.empty(7)
+            dist.recv(got, (rank - 1) % world)
+            sent.wait()
+            assert got[0] == (rank - 1) % world
+    dist.all_reduce(t)  # not profiled
+    events = [e for e in prof.function_events if e.name.startswith(name + ":")]
+    for op, op_calls in calls.items():
+        mine = [e for e in events if e.name == f"{name}:{op}"]
+        expected = len(op_calls) + (1 if op == "all_reduce" else 0)
+        assert len(mine) == expected, (op, [e.name for e in events])
+        for e in mine:
+            assert e.is_async and e.count == 1 and e.cpu_time >= 0, (op, e)
+        if op in shapes:
+            assert [e.input_shapes for e in mine[: len(shapes[op])]] == shapes[op], mine
+    if world > 1:
+        for op in ["send", "recv"]:
+            mine = [e for e in events if e.name == f"{name}:{op}"]
+            assert len(mine) == 1 and mine[0].input_shapes == [[7]], (op, mine)
+    print("PROFILER_OK")
