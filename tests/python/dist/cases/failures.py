@@ -621,40 +621,41 @@ def _run_call(dist, call, rank, world, group):
     return None, None
 
 
+def mismatch_scenario(rng, world):
+    """One example for random_mismatches, drawn from `rng` (hypothesis's, in the test): a few
+    matching calls, then a call that one rank (`deviant`) makes changed in one respect."""
+    prefix = [_random_call(rng, world) for _ in range(rng.randint(0, 3))]
+    call = _random_call(rng, world)
+    deviant = rng.randrange(world)
+    changed, what = _deviate(rng, call, world)
+    return {"prefix": prefix, "call": call, "deviant": deviant, "changed": changed, "what": what}
+
+
 def random_mismatches(dist, backend):
-    """Randomized: every example runs a few matching calls (checked exactly), then one rank
-    calls the next differently in one respect. Every rank must raise within the timeout, or
-    return the exact result of its own call (a part that needed nothing from the deviant, as
-    a broadcast's receiver on shm); never a wrong value, and no mismatched barrier passes.
-    C10D_TEST_SEED replays a run (the seed is printed)."""
-    import random
+    """The examples in C10D_TEST_SCENARIOS (JSON, from mismatch_scenario): the matching calls
+    are checked exactly; then every rank must raise within the timeout, or return the exact
+    result of its own call (a part that needed nothing from the deviant, as a broadcast's
+    receiver on shm); never a wrong value, and no mismatched barrier passes."""
+    import json
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    seed = int(os.environ.get("C10D_TEST_SEED", "0"))
-    examples = int(os.environ.get("C10D_TEST_EXAMPLES", "8"))
     timeout = 10
-    for e in range(examples):
-        rng = random.Random(seed * 1000 + e)
+    for e, scenario in enumerate(json.loads(os.environ["C10D_TEST_SCENARIOS"])):
         dist.barrier()  # as in mismatched_calls: ranks may leave the last example apart
         group = dist.new_group(list(range(world)), timeout=timedelta(seconds=timeout))
-        for _ in range(rng.randint(0, 3)):
-            call = _random_call(rng, world)
+        for call in scenario["prefix"]:
             got, want = _run_call(dist, call, rank, world, group)
             if want is not None:
-                assert np.array_equal(got, want), (seed, e, call, got, want)
-        call = _random_call(rng, world)
-        deviant = rng.randrange(world)
-        changed, what = _deviate(rng, call, world)
-        mine = changed if rank == deviant else call
-        where = f"seed {seed} example {e}: rank {deviant} changed {what}: {call} -> {changed}"
+                assert np.array_equal(got, want), (e, call, got, want)
+        call, deviant = scenario["call"], scenario["deviant"]
+        mine = scenario["changed"] if rank == deviant else call
+        where = f"example {e}: rank {deviant} changed {scenario['what']}: {call} -> {mine}"
         start = time.monotonic()
         try:
             got, want = _run_call(dist, mine, rank, world, group)
         except RuntimeError as err:
             assert time.monotonic() - start < 2 * timeout + 5, (where, str(err))
             continue
-        # Returning is allowed only with this rank's own result exact: the part of a call that
-        # needs nothing from the deviant (a broadcast's receiver on shm reads only the root).
         side = _ONE_SIDED.get(mine["kind"])
         own = (side == "root" and rank == mine["root"]) or (
             side == "others" and rank != mine["root"]
