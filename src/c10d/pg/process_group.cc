@@ -787,9 +787,14 @@ WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
 
 void ProcessGroup::monitored_barrier(const BarrierOptions& given, bool wait_all_ranks) {
   BarrierOptions opts = given;
-  // No time at all is the shortest wait: it fails at once unless every rank is there (a zero
-  // timeout means none to the backends' deadlines).
-  if (opts.timeout == Millis::zero()) opts.timeout = Millis(1);
+  if (opts.timeout == Millis::zero()) {
+    // No time at all: rank 0's wait is over before it starts, as torch's Gloo reports it; the
+    // others take the shortest wait (a zero timeout means none to the backends' deadlines).
+    if (rank_ == 0) {
+      throw core::DistTimeoutError("Rank 0 timed out in monitoredBarrier after 0 ms");
+    }
+    opts.timeout = Millis(1);
+  }
   // Through dispatch like every operation, so that it takes a sequence number (the backends
   // count it too) and shows in the flight recorder.
   dispatch({.op = OpType::kBarrier, .timeout = opts.timeout}, DeviceType::kCPU, [&](Backend& b) {

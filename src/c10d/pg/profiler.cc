@@ -44,8 +44,9 @@ std::string_view title(core::OpType op) {
     case OpType::kSend:
       return "send";
     case OpType::kRecv:
-    case OpType::kRecvAnySource:
       return "recv";
+    case OpType::kRecvAnySource:
+      return "recvAnySource";
     case OpType::kBarrier:
       return "barrier";
     default:
