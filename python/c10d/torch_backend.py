@@ -348,8 +348,9 @@ class ProcessGroupC10d(tdist.ProcessGroup):
     def __init__(self, pg, backend_name: str, owned: bool = True):
         super().__init__(pg.rank(), pg.size())
         self._pg = pg
-        # torch's view of a c10d group is named as c10d names its backend (DDP logs the name).
-        self._backend_name = backend_name if owned else str(_dc._world.pg_map[pg][0])
+        # Never "gloo" even over c10d's Gloo: torch's DDP takes a group of that name for its
+        # own ProcessGroupGloo and looks inside it.
+        self._backend_name = backend_name
         self._owned = owned
         self._group_name = "" if owned else str(getattr(pg, "group_name", ""))
         self._group_desc = "" if owned else str(getattr(pg, "group_desc", ""))
@@ -810,6 +811,39 @@ def _mirror_default_group(
             )
         finally:
             _pending_mirror.clear()
+    _let_ddp_take_c10d_groups()
+
+
+def _torch_group(group):
+    """The torch group that c10d group `group` stands for: torch's default group for c10d's
+    (when mirrored); anything else as it is."""
+    if type(group) is _C.ProcessGroup and is_mirrored():
+        world = tdist.distributed_c10d._get_default_group()
+        if world._pg is group:
+            return world
+    return group
+
+
+_ddp_takes_c10d_groups = False
+
+
+def _let_ddp_take_c10d_groups() -> None:
+    """torch's DistributedDataParallel accepts c10d's default group for process_group, as the
+    torch group it mirrors: programs written against c10d pass dist.group.WORLD to it. Its
+    C++ parts take torch's ProcessGroup class only, so the argument is swapped on the way in."""
+    global _ddp_takes_c10d_groups
+    if _ddp_takes_c10d_groups:
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    construct = DistributedDataParallel.__init__
+
+    @functools.wraps(construct)
+    def __init__(self, module, *args, process_group=None, **kwargs):
+        construct(self, module, *args, process_group=_torch_group(process_group), **kwargs)
+
+    DistributedDataParallel.__init__ = __init__
+    _ddp_takes_c10d_groups = True
 
 
 def is_mirrored() -> bool:
