@@ -14,7 +14,7 @@ NPROC ?= 2
 BACKEND ?= shm,shm-zc,gloo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps venv venv-bench configure build wheel format format-check test test-cpp test-python test-cpp-consumer stress exit-soak run run-multihost demo bench fuzz fuzz-build fuzz-smoke clean
+.PHONY: all deps venv venv-bench configure build wheel format format-check test test-cpp test-python test-cpp-consumer test-torch stress exit-soak run run-multihost demo bench fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -82,6 +82,18 @@ test-python:
 # an all_reduce on 2 processes.
 test-cpp-consumer: build
 	@bash examples/cpp/run.sh $(BUILD)
+
+# PyTorch's own distributed test suite from the installed wheel (tests/torch_suite/run.py) on
+# c10d through both doors, all of it, at world size 2 and (the part torch's Gloo runs there) 8;
+# make test runs a part (tests/python/test_torch_suite.py).
+TORCH_SUITE_WORLDS ?= 2 8
+test-torch: build
+	@for ws in $(TORCH_SUITE_WORLDS); do \
+	  for cfg in "torch gloo" "plugin c10d_shm" "plugin c10d_gloo" "c10d gloo" "c10d shm"; do \
+	    set -- $$cfg; $(PYTHON) tests/torch_suite/run.py --door $$1 --backend $$2 \
+	      --world-size $$ws || exit 1; \
+	  done; \
+	done
 
 # The randomized collective programs of tests/python/test_stress.py, STRESS_EXAMPLES per test
 # instead of the ~60 s default (2000: about half an hour on 2 cores).
