@@ -45,6 +45,8 @@ BACKENDS = ("c10d_shm", "c10d_gloo", "c10d")
 
 # torch's "no timeout given" option value (-1 ms): the group's own timeout applies.
 _UNSET_TIMEOUT = tdist.AllreduceOptions().timeout
+# Backend names torch's C++ knows, and treats a group of as its own backend's.
+_TORCH_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 _NO_WAIT_TIMEOUT = timedelta(0)
 
 
@@ -348,9 +350,13 @@ class ProcessGroupC10d(tdist.ProcessGroup):
     def __init__(self, pg, backend_name: str, owned: bool = True):
         super().__init__(pg.rank(), pg.size())
         self._pg = pg
-        # Never "gloo" even over c10d's Gloo: torch's DDP takes a group of that name for its
-        # own ProcessGroupGloo and looks inside it.
-        self._backend_name = backend_name
+        # torch's view of a c10d group is named as c10d names its backend (torch's DDP logs
+        # the name), but never as one of torch's own backends: torch's DDP takes a group
+        # named "gloo" for its ProcessGroupGloo and looks inside it.
+        c10d_name = "" if owned else str(_dc._world.pg_map.get(pg, ("",))[0])
+        self._backend_name = (
+            c10d_name if c10d_name and c10d_name not in _TORCH_BACKENDS else backend_name
+        )
         self._owned = owned
         self._group_name = "" if owned else str(getattr(pg, "group_name", ""))
         self._group_desc = "" if owned else str(getattr(pg, "group_desc", ""))
