@@ -3,6 +3,7 @@
 import logging
 import numbers
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import Iterator
@@ -57,21 +58,62 @@ def _env_int(name: str, query, url: str) -> int:
         ) from None
 
 
+def _torch_server_port(host: str, port: int, world_size: int, timeout, use_libuv: bool):
+    """The port of torch's multi-tenant rendezvous server on `port` in this process, when the
+    program loaded torch and torch runs one there (torch.distributed's init_process_group and
+    rpc.init_rpc share one on MASTER_PORT); else None."""
+    tdist = sys.modules.get("torch.distributed")
+    if tdist is None or not tdist.is_available():
+        return None
+    try:
+        # A multi-tenant master on a port torch already serves is that server, not a new one.
+        server = tdist.TCPStore(
+            host,
+            port,
+            world_size,
+            True,
+            timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+            use_libuv=use_libuv,
+        )
+    except Exception:  # the port is somebody else's
+        return None
+    _torch_servers.append(server)
+    return server.port
+
+
+_torch_servers = []  # torch's servers reached through _torch_server_port, kept alive
+
+
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta, query):
     # Rank 0 hosts the server. Nobody waits inside the constructor: init_process_group's
     # rendezvous barrier waits instead, and can say which ranks are missing. use_libuv comes
     # from the URL or USE_LIBUV, as in torch.
     use_libuv = (query.get("use_libuv") or [os.environ.get("USE_LIBUV", "1")])[0] != "0"
-    return _C.TCPStore(
-        host,
-        port,
-        world_size,
-        rank == 0,
-        timeout,
-        wait_for_workers=False,
-        multi_tenant=True,
-        use_libuv=use_libuv,
-    )
+    try:
+        return _C.TCPStore(
+            host,
+            port,
+            world_size,
+            rank == 0,
+            timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+            use_libuv=use_libuv,
+        )
+    except _C.DistNetworkError as e:
+        # The port is taken: if by torch's server in this process, c10d's clients share it as
+        # torch's own users do (the server c10d starts stays its own, with its bounds on what
+        # a client may make it hold).
+        if rank != 0 or "in use" not in str(e).lower():
+            raise
+        shared = _torch_server_port(host, port, world_size, timeout, use_libuv)
+        if shared is None:
+            raise
+        return _C.TCPStore(
+            host, shared, world_size, False, timeout, wait_for_workers=False, use_libuv=use_libuv
+        )
 
 
 def _check_rank(rank: int, world_size: int, url: str):

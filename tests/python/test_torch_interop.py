@@ -4,6 +4,8 @@ other's store, and c10d's Gloo groups next to torch's own (Debian's libgloo and 
 inside torch must not clash)."""
 
 import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -175,3 +177,36 @@ def test_torchs_profiler_records_every_operation(backend, world):
     results = harness.run("torch_profiler_events", world, backend, timeout=120)
     harness.check_all_ok(results)
     assert all("PROFILER_OK" in r.stdout for r in results), [r.stdout for r in results]
+
+
+def test_c10d_shares_the_rendezvous_port_torch_serves_in_the_process():
+    # torch's init_process_group serves MASTER_PORT first (torch's multi-tenant server, which
+    # its rpc shares too); c10d's rendezvous on the same port joins that server instead of
+    # failing with "address in use", and both see each other's keys.
+    script = (
+        "import os, sys\n"
+        "import torch, torch.distributed as tdist\n"
+        "import c10d\n"
+        "tdist.init_process_group('gloo', init_method='env://', rank=0, world_size=1)\n"
+        "c10d.init_process_group('gloo', init_method='env://', rank=0, world_size=1)\n"
+        "t = torch.ones(3)\n"
+        "c10d.all_reduce(t)\n"
+        "tdist.all_reduce(t)\n"
+        "assert t.tolist() == [1.0, 1.0, 1.0], t\n"
+        "server = tdist.TCPStore('127.0.0.1', int(os.environ['MASTER_PORT']), 1, True,\n"
+        "                        wait_for_workers=False, multi_tenant=True)\n"
+        "server.set('from_torch', 'x')\n"
+        "mine = c10d.distributed_c10d._get_default_store()\n"
+        "while isinstance(mine, c10d.PrefixStore):\n"
+        "    mine = mine.underlying_store\n"
+        "assert mine.get('from_torch') == b'x'\n"
+        "c10d.destroy_process_group()\n"
+        "tdist.destroy_process_group()\n"
+        "print('shared ok')\n"
+    )
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(harness.free_port()))
+    env["PYTHONPATH"] = os.path.join(HERE, "..", "..", "python")
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "shared ok" in out.stdout, out.stdout + out.stderr
