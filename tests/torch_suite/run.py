@@ -17,6 +17,7 @@ listed in REFUSED (failures whose cause lies in torch, with the reason).
 import argparse
 import fnmatch
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -56,6 +57,10 @@ def parse_args():
     return p.parse_args()
 
 
+def name_of(test):
+    return test.id().rsplit(".", 1)[-1]
+
+
 def door(module, backend):
     """`module` (torch.distributed or c10d) for the suite, with its default group made on
     `backend` where the suite asks for "gloo": its tests run the gloo branches they pick by
@@ -67,47 +72,12 @@ def door(module, backend):
 
         @staticmethod
         def init_process_group(*args, backend=None, **kwargs):
-            if backend == "gloo":
-                backend = door_backend
-            return module.init_process_group(*args, backend=backend, **kwargs)
+            return module.init_process_group(*args, backend=door_backend(backend), **kwargs)
 
-    door_backend = backend
+    def door_backend(asked):
+        return backend if asked == "gloo" else asked
+
     return Door(module.__name__)
-
-
-class Outcomes(unittest.TextTestResult):
-    """Keeps each test's outcome by name."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.outcomes = {}
-
-    def _name(self, test):
-        return test.id().rsplit(".", 1)[-1]
-
-    def addSuccess(self, test):
-        super().addSuccess(test)
-        self.outcomes[self._name(test)] = "pass"
-
-    def addFailure(self, test, err):
-        super().addFailure(test, err)
-        self.outcomes[self._name(test)] = "fail"
-
-    def addError(self, test, err):
-        super().addError(test, err)
-        self.outcomes[self._name(test)] = "fail"
-
-    def addSkip(self, test, reason):
-        super().addSkip(test, reason)
-        self.outcomes[self._name(test)] = "skip"
-
-    def addExpectedFailure(self, test, err):
-        super().addExpectedFailure(test, err)
-        self.outcomes[self._name(test)] = "pass"
-
-    def addUnexpectedSuccess(self, test):
-        super().addUnexpectedSuccess(test)
-        self.outcomes[self._name(test)] = "fail"
 
 
 def main():
@@ -149,14 +119,18 @@ def main():
         names = [n for n in names if any(fnmatch.fnmatch(n, p) for p in args.patterns)]
     tests = unittest.TestSuite(TestOnC10d(n) for n in names)
     start = time.monotonic()
-    runner = unittest.TextTestRunner(
-        resultclass=Outcomes, verbosity=2 if args.verbose else 1, stream=sys.stderr
-    )
-    result = runner.run(tests)
+    runner = unittest.TextTestRunner(verbosity=2 if args.verbose else 1, stream=sys.stderr)
+    try:
+        result = runner.run(tests)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    failed = {name_of(t) for t, _ in result.failures + result.errors}
+    failed |= {name_of(t) for t in result.unexpectedSuccesses}
+    skipped = {name_of(t) for t, _ in result.skipped}
     counts = {"pass": 0, "fail": 0, "skip": 0}
     unexpected = []
     for name in names:
-        outcome = result.outcomes.get(name, "fail")
+        outcome = "fail" if name in failed else "skip" if name in skipped else "pass"
         counts[outcome] += 1
         reason = REFUSED.get((args.door, name))
         if outcome == "fail" and reason is None:
