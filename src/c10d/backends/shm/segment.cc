@@ -70,11 +70,10 @@ PeerInfo decode(const std::string& text) {
   return p;
 }
 
-// Faults in the pages of [base, base + bytes) (the header, channels, slots and ring; never the
-// heap, which may be large and is touched as tensors use it). A first touch of a shared page
-// costs a microsecond or more in these VMs, so a collective's first use of its slots took up to
-// ~0.7 ms at 1 MiB; it is paid here, at init, instead. The owner writes (zeros, which is what a
-// new segment holds) before it publishes the segment; peers read.
+// Faults in the pages of [base, base + bytes) (see Segment::touch_control for which). A first
+// touch of a shared page costs a microsecond or more in these VMs; for the pages every
+// operation uses it is paid here, at init. The owner writes (zeros, which is what a new segment
+// holds) before it publishes the segment; peers read.
 void touch_pages(char* base, size_t bytes, bool write) {
   // One call faults the range in where the kernel can (Linux 5.14+).
   if (::madvise(base, bytes, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0) return;
