@@ -9,6 +9,7 @@ import os
 import queue
 import sys
 import threading
+import warnings
 
 from . import _C
 
@@ -75,7 +76,7 @@ def _open(name, shapes):
     # Shapes are what torch records of an event's inputs; tensors on "meta" have no data.
     inputs = [torch.empty(shape, device="meta") for shape in shapes]
     handle = torch.autograd._record_function_with_args_enter(name, *inputs)
-    return lambda: _closer.close(handle)
+    return lambda: _closer.close(name, handle)
 
 
 class _Closer:
@@ -88,10 +89,17 @@ class _Closer:
         self._queue = None
         self._pid = None
 
-    def close(self, handle) -> None:
+    # How long an operation waits for its event to end before it goes on without.
+    WAIT_S = 10
+
+    def close(self, name, handle) -> None:
         done = threading.Event()
         self._started().put((handle, done))
-        done.wait(10)
+        if not done.wait(self.WAIT_S):
+            warnings.warn(
+                f"c10d: torch's profiler did not end the event {name!r} within {self.WAIT_S} s "
+                "(thread c10d-profiler); the operation goes on without it"
+            )
 
     def _started(self):
         with self._lock:

@@ -19,7 +19,7 @@ namespace c10d::pg {
 struct ProfilerBridge {
   bool (*recording)() = nullptr;  // whether the calling thread profiles
   // Opens an event for an operation with these input shapes; returns what closes it (called
-  // once, from any thread).
+  // once, from any thread), or an empty function when no event was opened.
   std::function<std::function<void()>(const std::string& name,
                                       const std::vector<std::vector<int64_t>>& shapes)>
       open;
@@ -28,8 +28,8 @@ struct ProfilerBridge {
 // Installs the bridge (replacing an earlier one, which stays valid: events it opened close).
 void set_profiler_bridge(ProfilerBridge bridge);
 
-// The bridge when the calling thread profiles, else null: one relaxed load when no bridge is
-// installed, and torch's check when one is.
+// The bridge when the calling thread profiles, else null: one atomic load when no bridge is
+// installed, and torch's check when one is (no lock, no allocation: the inline path asks).
 const ProfilerBridge* profiling();
 
 // Opens the event of an operation of `op` on backend `backend` with the shapes of `inputs`

@@ -388,9 +388,7 @@ void init_pg(py::module_& m) {
                 const std::string& name,
                 const std::vector<std::vector<int64_t>>& shapes) -> std::function<void()> {
           GilGuard gil;
-          if (!gil)
-            return [] {
-            };
+          if (!gil) return {};
           try {
             std::shared_ptr<py::object> close = hold_python((*opener)(name, shapes));
             return [close] {
@@ -404,8 +402,7 @@ void init_pg(py::module_& m) {
             };
           } catch (py::error_already_set& e) {
             e.discard_as_unraisable("c10d: opening a torch profiler event");
-            return [] {
-            };
+            return {};
           }
         };
         pg::set_profiler_bridge(std::move(bridge));
