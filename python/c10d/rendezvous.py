@@ -106,7 +106,7 @@ def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: timede
         # The port is taken: if by torch's server in this process, c10d's clients share it as
         # torch's own users do (the server c10d starts stays its own, with its bounds on what
         # a client may make it hold).
-        if rank != 0 or "in use" not in str(e).lower():
+        if rank != 0 or "EADDRINUSE" not in str(e):  # the server names the errno
             raise
         shared = _torch_server_port(host, port, world_size, timeout, use_libuv)
         if shared is None:
