@@ -30,7 +30,13 @@ struct HashFactory {
   std::shared_ptr<Store> make() { return std::make_shared<HashStore>(); }
 };
 struct FileFactory {
-  std::shared_ptr<Store> make() { return std::make_shared<FileStore>(temp_path(), -1); }
+  // A leftover of an earlier run under the same name (pids repeat) is not this test's file;
+  // as the only worker, the store removes its file when it closes.
+  std::shared_ptr<Store> make() {
+    const std::string path = temp_path();
+    std::filesystem::remove(path);
+    return std::make_shared<FileStore>(path, 1);
+  }
 };
 struct TCPFactory {
   std::shared_ptr<Store> make() {
