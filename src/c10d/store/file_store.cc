@@ -275,8 +275,15 @@ void FileStore::sync(bool exclusive) {
     // The first record of every FileStore file (torch's or c10d's) is a handle's "refcount/":
     // anything else there is somebody else's file, which is never cut or written to.
     if (pos_ == 0 && !starts_a_store(head, left)) {
+      // c10d's FileStores wrote a format of their own, under this magic, before torch's.
+      constexpr std::string_view kOwnFormat = "c10dFS1\n";
+      const bool older =
+          left >= kOwnFormat.size() && std::memcmp(head, kOwnFormat.data(), kOwnFormat.size()) == 0;
       throw core::DistStoreError(
-          str_cat(describe(), ": '", path_, "' exists but is not a FileStore file"));
+          str_cat(describe(), ": '", path_, "' exists but is not a FileStore file",
+                  older ? " (an earlier c10d wrote it in a format of its own; FileStores now use "
+                          "torch's: remove the file, or use a fresh path per run)"
+                        : ""));
     }
     if (left < 4) {
       torn = true;

@@ -318,6 +318,18 @@ TEST_F(FileStoreTest, OpenErrorsNamePathAndErrno) {
   EXPECT_EQ(line, "this is somebody's notes file");
 }
 
+TEST_F(FileStoreTest, AFileInTheEarlierFormatIsRefusedSayingSo) {
+  { std::ofstream(path_, std::ios::binary) << std::string("c10dFS1\n\6\0\0\0\0\1", 14); }
+  try {
+    FileStore store(path_);
+    FAIL() << "opened a file of the earlier format";
+  } catch (const core::DistStoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("an earlier c10d wrote it"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(fs::file_size(path_), 14u);  // left as it was
+}
+
 TEST_F(FileStoreTest, TornRecordIsCutOff) {
   FileStore a(path_);
   a.set("before", b("1"));
