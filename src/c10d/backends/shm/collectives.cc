@@ -126,8 +126,8 @@ void Engine::broadcast(char* data, size_t bytes, DType dtype, int root) {
       return;
     }
   }
-  // One-sided: the root publishes and moves on; the others wait only for the root. Large
-  // tensors go in chunks, so the root writes one while the others read the one before.
+  // One-sided but for the last step: the root publishes a chunk and moves on while the
+  // others read the one before; the others wait only for the root.
   const bool small = fits_ring(bytes);
   const bool boxed = fits_mailbox(bytes);
   for (size_t off = 0; off < bytes; off += kPipelineChunk) {
@@ -136,12 +136,15 @@ void Engine::broadcast(char* data, size_t bytes, DType dtype, int root) {
     if (rank_ == root) {
       copy_shared(step_data(rank_, s, small, boxed), data + off, len);
       if (boxed) seal_mailbox(s, len);
-      sent_unchecked(s);
     } else {
       wait_step_data(root, s, boxed);
       copy(data + off, step_data(root, s, small, boxed), len);
     }
-    finish_step(s);
+    if (off + len < bytes) {
+      finish_step(s);
+    } else {
+      finish_last_step(s);
+    }
   }
 }
 
@@ -298,7 +301,7 @@ void Engine::one_shot(const char* in, char* out, size_t count, DType dtype, cons
   char* mine = slot(rank_, s, small);
   copy_shared(mine, in, bytes);
   if (premul) core::apply_premul(mine, count, dtype, op);
-  if (out == nullptr) return finish_step(s);  // reduce: only the root waits
+  if (out == nullptr) return finish_last_step(s);  // reduce: only the root reads
   sync(s);
   reduce_sources(out, count, dtype, op, [&](int r) { return slot(r, s, small); });
 }
@@ -316,14 +319,13 @@ void Engine::one_shot_mailbox(const char* in, char* out, size_t count, DType dty
   std::memcpy(mine, in, bytes);
   if (premul) core::apply_premul(mine, count, dtype, op);
   seal_mailbox(s, bytes);
-  if (out == nullptr) return finish_step(s);
+  if (out == nullptr) return finish_last_step(s);
   publish(s);
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) await_mailbox(r, s);
   }
   step_ = s;
   all_reached_ = s;
-  check_unchecked();
   reduce_sources(out, count, dtype, op, [&](int r) { return mailbox_data(r, s); });
   claim_next_mailbox();
 }

@@ -69,7 +69,11 @@ void Engine::gather(const char* in, size_t bytes, core::DType dtype, int root, O
         }
       }
     }
-    finish_step(s);
+    if (off + len < bytes) {
+      finish_step(s);
+    } else {
+      finish_last_step(s);
+    }
   }
 }
 
@@ -111,13 +115,16 @@ void Engine::scatter(Src&& src_of, char* out, size_t bytes, core::DType dtype, i
         if (j != root) copy_shared(parts + j * quota, src_of(j) + off, len);
       }
       if (boxed) seal_mailbox(s, quota * static_cast<size_t>(size_));
-      sent_unchecked(s);
       detail::copy(out + off, src_of(rank_) + off, len);
     } else {
       wait_step_data(root, s, boxed);
       detail::copy(out + off, step_data(root, s, small, boxed) + rank_ * quota, len);
     }
-    finish_step(s);
+    if (off + len < bytes) {
+      finish_step(s);
+    } else {
+      finish_last_step(s);
+    }
   }
 }
 

@@ -259,8 +259,8 @@ uint32_t Engine::next_step(bool small, bool one_sided) {
       if (!reached(seen, lowest)) lowest = seen;
     }
     all_reached_ = lowest;
-    check_unchecked();
   }
+  show_step();  // after the wait: peers no longer read the description entry it overwrites
   return s;
 }
 
@@ -276,7 +276,6 @@ void Engine::sync(uint32_t s) {
   }
   step_ = s;
   all_reached_ = s;
-  check_unchecked();
   if (watching_) watch_placement(s, time_trips);
 }
 
@@ -305,6 +304,31 @@ void Engine::sync_after_reads() {
                                      "buffer, so the result cannot be trusted"));
     }
   }
+}
+
+void Engine::finish_last_step(uint32_t s) {
+  publish(s);
+  step_ = s;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) await_arrival(r, s);
+  }
+  claim_next_mailbox();
+}
+
+// Until peer r opened step s of this operation (or published it); a peer not there within
+// the spins is waited for until it published it (wait_peer: deadlines, dead peers, sleeping).
+void Engine::await_arrival(int r, uint32_t s) {
+  const SegmentHeader* h = seg_.header(r);
+  for (int i = 0; i < kMailboxSpins * policy_.blind_spins; ++i) {
+    if (reached(h->step.value.load(std::memory_order_acquire), s)) break;
+    const uint64_t at = h->blocked.load(std::memory_order_acquire);
+    if (at >> 32 == s) {
+      if (static_cast<uint32_t>(at) == op_) return;
+      fail_mismatch(r, peer_call(r, s, static_cast<uint32_t>(at)), "is in");
+    }
+    cpu_relax();
+  }
+  wait_peer(r, s);
 }
 
 // Waits until peer r published step s of this operation.
@@ -451,83 +475,60 @@ std::string Engine::description_text(const StepDescription& d) {
                  shape_text(d));
 }
 
-// Fails unless peer r ran `ours` (signature `sig`) at step s, as check_same_op; `as_root`
-// when this rank sent step s earlier as the root of a one-sided operation.
-void Engine::check_peer_ran(int r, uint32_t s, const StepDescription& ours, uint32_t sig,
-                            bool as_root) {
+// Fails unless peer r ran this rank's operation, with its shape, at step s.
+void Engine::check_same_op(int r, uint32_t s) {
   const SegmentHeader* h = seg_.header(r);
-  if (h->step.op[s % kSignatureDepth].load(std::memory_order_relaxed) == sig) return;
+  if (h->step.op[s % kSignatureDepth].load(std::memory_order_relaxed) == op_) return;
   const StepDescription theirs = h->described[s % kRingDepth];
-  if (theirs == ours) return;
-  fail<DistBackendError>(str_cat(describe(), ": rank ", r, as_root ? " ran " : " runs ",
-                                 description_text(theirs),
-                                 as_root ? " at the step where this rank, as its root, ran "
-                                         : " at this step while this rank runs ",
-                                 description_text(ours),
+  if (theirs == described_) return;
+  fail_mismatch(r, description_text(theirs), "runs");
+}
+
+// What rank r runs at step s, which it showed with signature `sig` (show_step): in full when
+// its description of the step is there, else the kind (a rank that waited in next_step
+// showed the step before it described it).
+std::string Engine::peer_call(int r, uint32_t s, uint32_t sig) const {
+  const StepDescription d = seg_.header(r)->described[s % kRingDepth];
+  if (signature(d) == sig) return description_text(d);
+  return str_cat(core::op_type_name(static_cast<OpType>(static_cast<uint8_t>(sig))),
+                 " (another collective, or one with other sizes, dtypes, roots or reductions)");
+}
+
+// Rank r is at this step (`verb`: "runs", "is in") in `theirs`, another operation than ours.
+void Engine::fail_mismatch(int r, const std::string& theirs, const char* verb) {
+  fail<DistBackendError>(str_cat(describe(), ": rank ", r, " ", verb, " ", theirs,
+                                 " at this step while this rank runs ",
+                                 description_text(described_),
                                  "; every rank must issue the same collectives in the same "
                                  "order, with the same sizes, dtypes, roots and reductions"));
-}
-
-// The root of a one-sided broadcast or scatter waits for nobody, so a mismatch there (every
-// rank naming itself as the root, say) would pass unseen: such a step is checked against
-// every peer's once they are seen past it (sync, one_shot_mailbox, next_step). One at a
-// time, the earliest: in a loop of them a rank ahead of its peers still finds one they
-// passed.
-void Engine::sent_unchecked(uint32_t s) {
-  if (has_unchecked_) return;
-  unchecked_ = s;
-  unchecked_op_ = op_;
-  unchecked_described_ = described_;
-  has_unchecked_ = true;
-}
-
-// Checks the step of sent_unchecked against the peers seen past it; forgets it once every
-// peer passed it, or when the peers' records of it may be gone.
-void Engine::check_unchecked() {
-  if (!has_unchecked_) return;
-  bool all_checked = true;
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    const uint32_t seen = seg_.header(r)->step.value.load(std::memory_order_acquire);
-    if (!reached(seen, unchecked_)) {
-      all_checked = false;
-      continue;
-    }
-    // Rank r keeps step s's description until it publishes s + kRingDepth.
-    if (seen - unchecked_ >= kRingDepth - 1) continue;
-    check_peer_ran(r, unchecked_, unchecked_described_, unchecked_op_, true);
-  }
-  if (all_checked || step_ - unchecked_ >= kRingDepth - 1) has_unchecked_ = false;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Failure diagnosis
 
-// A rank still waiting here says so (the step it is in and its operation's signature), and
-// fails if one of the ranks it waits for is blocked in the same step in another operation:
-// then neither can go on (e.g. both are the root of a gather, each waiting for the other's
-// data), and only the timeout would end it. Ranks that did issue the same operation never
-// differ here: a step belongs to one operation on every rank.
+// Where this rank stands, for peers that wait for it: the step it opened and its operation,
+// in `blocked` (step high, signature low), and in full in its description of that step.
+void Engine::show_step() {
+  SegmentHeader* h = seg_.header(rank_);
+  h->described[in_step_ % kRingDepth] = described_;
+  h->blocked.store(uint64_t{in_step_} << 32 | op_, std::memory_order_release);
+}
+
+// Fails if one of the ranks this one waits for is in the same step in another operation
+// (show_step), blocked or given up: then neither can go on (e.g. both are the root of a
+// gather, each waiting for the other's data), and only the timeout would end it. Ranks that did
+// issue the same operation never differ here: a step belongs to one operation on every rank.
 void Engine::check_not_waiting_for_each_other(const std::vector<int>& missing) {
   const uint64_t mine = uint64_t{in_step_} << 32 | op_;
   std::atomic<uint64_t>& blocked = seg_.header(rank_)->blocked;
   if (blocked.load(std::memory_order_relaxed) != mine) {
-    blocked.store(mine, std::memory_order_release);
+    blocked.store(mine, std::memory_order_release);  // waiting in next_step: not shown yet
   }
   for (int r : missing) {
     if (r == rank_) continue;
     const uint64_t theirs = seg_.header(r)->blocked.load(std::memory_order_acquire);
     if (theirs >> 32 != in_step_ || theirs == mine) continue;
-    const auto type = static_cast<OpType>(static_cast<uint8_t>(theirs));
-    fail<DistBackendError>(str_cat(
-        describe(), ": rank ", r, " waits in ", core::op_type_name(type),
-        " at this step "
-        "(another collective, or one with other sizes, dtypes, roots or reductions) while this "
-        "rank waits for it in ",
-        description_text(described_),
-        "; every rank must issue the "
-        "same collectives in the same order, with the same sizes, dtypes, roots and "
-        "reductions"));
+    fail_mismatch(r, peer_call(r, in_step_, static_cast<uint32_t>(theirs)), "is in");
   }
 }
 

@@ -10,7 +10,11 @@
 // saw s there (or in the mailbox). A rank publishes s only after it finished reading
 // everything of step s - 1, so no step needs a second barrier: a two-sided step (sync) waits
 // for every peer, a one-sided one (finish_step) only for the peers whose data it reads, so a
-// root can run ahead. Before it writes, a rank waits until no peer can still read what it
+// root can run ahead. Every rank announces each step it opens (show_step), and the last step
+// of a one-sided operation waits until every peer opened it too (finish_last_step), not until
+// it finished: every rank checks every peer's signature once per operation, so a mismatch
+// fails on all of them, while a root still writes operation k + 1 as its peers read
+// operation k. Before it writes, a rank waits until no peer can still read what it
 // overwrites (next_step): until every peer published s - 1 for the parity slots (s - 2 for a
 // one-sided step when the step two back was one-sided too), s - (kRingDepth - 1) for a ring
 // entry or mailbox.
@@ -18,7 +22,7 @@
 // With each step a rank publishes its operation's signature (OpType and a hash of sequence
 // number and shape) on the step word's line, and the full description in its header, so a
 // peer that ran another collective at that step, or the same one with another shape, is named
-// at once (check_peer_ran). Waits spin, yield and then sleep on the step word's futex
+// at once (check_same_op). Waits spin, yield and then sleep on the step word's futex
 // (WaitPolicy), checking every kCheckNs whether the awaited peers are alive, the deadline
 // passed, shutdown() was called, or a peer waits in the same step in another operation
 // (check_waiting). A failed wait or check (fail) leaves the engine `broken`: the step words no
@@ -281,6 +285,11 @@ class Engine {
     step_ = s;
     claim_next_mailbox();
   }
+  // The last step of a one-sided operation: also waits until every peer reached it (await_
+  // arrival), so a mismatch raises on every rank (a broadcast's root, a gather's senders),
+  // not only on the ranks that read the mismatched data.
+  void finish_last_step(uint32_t s);
+  void await_arrival(int r, uint32_t s);
 
   std::vector<int> not_arrived(uint32_t s) const;
   void wait_peer(int r, uint32_t s);
@@ -331,16 +340,16 @@ class Engine {
   // roots or reductions: fail naming both sides. Valid while this rank has not published
   // s + 1: r cannot reuse the entry (s + kRingDepth) before that. The signature on the step
   // word's line decides at once unless r ran kSignatureDepth steps further and replaced it.
-  void check_same_op(int r, uint32_t s) { check_peer_ran(r, s, described_, op_, false); }
-  void check_peer_ran(int r, uint32_t s, const StepDescription& ours, uint32_t sig, bool as_root);
-  void sent_unchecked(uint32_t s);
-  void check_unchecked();
+  void check_same_op(int r, uint32_t s);
+  std::string peer_call(int r, uint32_t s, uint32_t sig) const;
+  [[noreturn]] void fail_mismatch(int r, const std::string& theirs, const char* verb);
 
   // --- failure diagnosis (engine.cc) ---
 
   void check_not_waiting_for_each_other(const std::vector<int>& missing);
   void check_waiting(uint32_t s);
 
+  void show_step();
   template <typename Error>
   [[noreturn]] void fail(std::string message) {
     broken = message;
@@ -377,11 +386,6 @@ class Engine {
   size_t sealed_bytes_ = 0;   // ... with this many bytes; 0 once claim_next_mailbox ran
   uint32_t in_step_ = 0;      // the step this rank works in (opened by next_step)
   uint32_t all_reached_ = 0;  // a step every peer is known to have published
-  // sent_unchecked: a step this rank sent as a one-sided root, not yet checked.
-  bool has_unchecked_ = false;
-  uint32_t unchecked_ = 0;
-  uint32_t unchecked_op_ = 0;
-  StepDescription unchecked_described_;
   // The mode of the next pipelined allreduce (kModeStreaming, kModeLargeChunks), agreed in
   // the previous one (see pipelined).
   int agreed_mode_ = 0;

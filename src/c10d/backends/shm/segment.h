@@ -108,9 +108,11 @@ struct SegmentHeader {
   // Set when this rank gave up on an operation (Engine::fail), before its caller can reuse the
   // buffers peers may still be reading (Engine::sync_after_reads).
   std::atomic<uint32_t> abandoned;
-  // Written only by a rank that has waited a while: the step it is in (high 32 bits) and its
-  // operation's signature (low 32). Two ranks blocked in one step with different operations
-  // wait for each other (Engine::check_waiting), e.g. gathers to different roots.
+  // The step this rank opened last (high 32 bits) and its operation's signature (low 32),
+  // written as it opens it (Engine::show_step). Two ranks blocked in one step with different
+  // operations wait for each other (Engine::check_waiting), e.g. gathers to different roots;
+  // the end of a one-sided operation waits only for its peers to be here
+  // (Engine::finish_last_step).
   std::atomic<uint64_t> blocked;
   // Set once this rank has mapped every peer's segment.
   std::atomic<uint32_t> mapped;
