@@ -364,11 +364,17 @@ void Ring::broadcast(void* data, size_t bytes, int root, pg::Millis timeout,
   if (bytes == 0 || size_ == 1) return;
   auto* p = static_cast<char*>(data);
   const bool last = (index_ + 1) % size_ == root;  // the member before the root keeps it
+  // With three members or more the last one answers the root once it has the data: a root
+  // whose neighbour agreed would otherwise return while members further round the ring fail
+  // (each header check sees one neighbour; a failure closes the streams on down the ring).
+  const bool answer = size_ > 2;
+  char done = 1;
   if (index_ == root) {
-    exchange(p, bytes, nullptr, 0, deadline, [](size_t) {});
+    exchange(p, bytes, &done, answer ? 1 : 0, deadline, [](size_t) {});
   } else {
     exchange(
         p, last ? 0 : bytes, p, bytes, deadline, [](size_t) {}, /*relay=*/true);
+    if (last && answer) exchange(&done, 1, nullptr, 0, deadline, [](size_t) {});
   }
 }
 

@@ -60,7 +60,8 @@ class Ring {
   // all-gather half). Same checks and errors as allreduce.
   void allgather(void* data, size_t block_bytes, pg::Millis timeout, const pg::Signature& call);
   // Member `root`'s `bytes` at `data` reach every member, passed on along the ring piece by
-  // piece as they arrive. Same checks (the root too) and errors as allreduce.
+  // piece as they arrive; the last member's answer ends the root's part. Same checks (the
+  // root too) and errors as allreduce.
   void broadcast(void* data, size_t bytes, int root, pg::Millis timeout, const pg::Signature& call);
   // The address member `index` listens on, without the port.
   std::string host_of(int index) const { return hosts_[index]; }
