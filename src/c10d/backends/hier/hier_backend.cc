@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -165,6 +166,9 @@ void HierBackend::run_task(Task& task) {
   } catch (const std::exception& e) {
     // A host's step failed: the other hosts' carriers, waiting on the ring, learn at once.
     if (ring_) ring_->break_off(str_cat("this rank's step on its host failed: ", e.what()));
+    // And the ranks of its host waiting in a step with it (settle_hosts) learn at once too:
+    // with its ring broken the group cannot run another operation anyway.
+    if (local_ && ring_) local_->shutdown();
     task.work->finish_with_error(with_host_failures(e));
   } catch (...) {
     task.work->finish_with_error(std::current_exception());
@@ -403,6 +407,8 @@ void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout, uint64_t se
   const Topology& top = topology_;
   const int root_host = host_of_[root], root_local = local_rank_of_[root];
   const int carrier = top.uniform() ? root_local : 0;
+  const pg::Signature call = pg::Signature(OpType::kBroadcast, seq).of(t).from(root);
+  agree_on_host(call, timeout);
   std::vector<Tensor> whole = {t};
   pg::BroadcastOptions bo;
   bo.timeout = timeout;
@@ -412,8 +418,7 @@ void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout, uint64_t se
     step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
   }
   if (ring_ && top.local_rank == carrier) {
-    ring_->broadcast(t.data(), t.nbytes(), root_host, timeout,
-                     pg::Signature(OpType::kBroadcast, seq).of(t).from(root));
+    ring_->broadcast(t.data(), t.nbytes(), root_host, timeout, call);
   } else if (cross_ && top.local_rank == carrier) {
     bo.root_rank = root_host;
     step(cross_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
@@ -422,6 +427,44 @@ void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout, uint64_t se
     bo.root_rank = carrier;
     step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
   }
+  settle_hosts(timeout);
+}
+
+// The first step of a rooted operation on every host: its ranks compare their calls (one
+// all-gather of the signatures), as the carriers' steps between hosts compare theirs. Only
+// the carriers' calls meet there, and a host's own steps (shm's) see only their part of the
+// call (a root on another host is not theirs), so a difference on a host would otherwise go
+// unseen by the other hosts' ranks.
+void HierBackend::agree_on_host(const pg::Signature& call, Millis timeout) {
+  if (!local_ || topology_.host_count() == 1) return;
+  constexpr int64_t kWords = sizeof(pg::Signature) / sizeof(int64_t);
+  const int n = topology_.local_size();
+  Tensor mine = Tensor::empty({kWords}, core::DType::kInt64);
+  Tensor all = Tensor::empty({kWords * n}, core::DType::kInt64);
+  std::memcpy(mine.data(), &call, sizeof call);
+  pg::AllgatherOptions o;
+  o.timeout = timeout;
+  o.async_op = false;
+  step(local_, [&](pg::Backend& b) { return b.allgather_base(all, mine, o); });
+  const auto* records = static_cast<const pg::Signature*>(all.data());
+  for (int l = 0; l < n; ++l) {
+    if (records[l] == call) continue;
+    throw core::DistBackendError(
+        str_cat("hier ", call.str(), ": rank ", topology_.hosts[topology_.host][l], " called ",
+                records[l].str(), ": the ranks called different collectives"));
+  }
+}
+
+// The last step of a rooted operation on every host: the ranks whose part ended before the
+// network's (the root's host in a broadcast, the senders of a reduce) wait for their carrier,
+// so that a failure between hosts (ranks that called different collectives) fails them too
+// instead of some ranks returning.
+void HierBackend::settle_hosts(Millis timeout) {
+  if (!local_ || topology_.host_count() == 1) return;
+  pg::BarrierOptions o;
+  o.timeout = timeout;
+  o.async_op = false;
+  step(local_, [&](pg::Backend& b) { return b.barrier(o); });
 }
 
 WorkPtr HierBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
@@ -434,14 +477,16 @@ WorkPtr HierBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
   const Millis timeout = effective_timeout(opts.timeout);
   return submit(
       OpType::kReduce, "reduce", opts.async_op,
-      [this, t, root, op, timeout](uint64_t) mutable { run_reduce(t, root, op, timeout); },
+      [this, t, root, op, timeout](uint64_t seq) mutable { run_reduce(t, root, op, timeout, seq); },
       tensors);
 }
 
 // Every host reduces to its carrier (the root's local rank, or the first), the carriers
 // reduce to the root's host, whose carrier hands the result to the root if it is not the root.
 // Only the root's tensor changes: a carrier that is not the root works on a copy.
-void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis timeout) {
+void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis timeout,
+                             uint64_t seq) {
+  agree_on_host(pg::Signature(OpType::kReduce, seq).of(t).with(op).from(root), timeout);
   const Topology& top = topology_;
   const int root_host = host_of_[root], root_local = local_rank_of_[root];
   const int carrier = top.uniform() ? root_local : 0;
@@ -473,6 +518,7 @@ void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis tim
       step(local_, [&](pg::Backend& b) { return b.recv(into, carrier, 0); });
     }
   }
+  settle_hosts(timeout);
   if (is_root) core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), op, size());
 }
 

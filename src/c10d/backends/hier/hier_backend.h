@@ -113,7 +113,9 @@ class HierBackend : public pg::Backend {
   // The steps of the operations (one at a time: on the worker or on the caller's thread).
   void run_allreduce(Tensor& t, const core::ReduceOp& op, pg::Millis timeout, uint64_t seq);
   void run_broadcast(Tensor& t, int root, pg::Millis timeout, uint64_t seq);
-  void run_reduce(Tensor& t, int root, const core::ReduceOp& op, pg::Millis timeout);
+  void run_reduce(Tensor& t, int root, const core::ReduceOp& op, pg::Millis timeout, uint64_t seq);
+  void agree_on_host(const pg::Signature& call, pg::Millis timeout);
+  void settle_hosts(pg::Millis timeout);
   // All-reduces `t` (contiguous) with this rank's peers on the other hosts: the ring, or the
   // cross Gloo group when there is none.
   void cross_allreduce(Tensor t, const pg::AllreduceOptions& o, uint64_t seq);
