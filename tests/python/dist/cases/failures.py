@@ -527,9 +527,6 @@ def killed_rank_named(dist, backend):
     raise AssertionError("all_reduces with a killed rank succeeded")
 
 
-_ONE_SIDED = {"broadcast": "root", "scatter": "root", "reduce": "others", "gather": "others"}
-
-
 def _random_call(rng, world):
     kind = rng.choice(
         ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor"]
@@ -633,9 +630,8 @@ def mismatch_scenario(rng, world):
 
 def random_mismatches(dist, backend):
     """The examples in C10D_TEST_SCENARIOS (JSON, from mismatch_scenario): the matching calls
-    are checked exactly; then every rank must raise within the timeout, or return the exact
-    result of its own call (a part that needed nothing from the deviant, as a broadcast's
-    receiver on shm); never a wrong value, and no mismatched barrier passes."""
+    are checked exactly; then every rank must raise within the timeout, the root of a
+    broadcast and the senders of a gather as much as the ranks whose data is wrong."""
     import json
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -656,14 +652,7 @@ def random_mismatches(dist, backend):
         except RuntimeError as err:
             assert time.monotonic() - start < 2 * timeout + 5, (where, str(err))
             continue
-        side = _ONE_SIDED.get(mine["kind"])
-        own = (side == "root" and rank == mine["root"]) or (
-            side == "others" and rank != mine["root"]
-        )
-        assert mine["kind"] != "barrier", f"rank {rank}: a mismatched barrier passed ({where})"
-        assert own or want is not None, f"rank {rank}: a mismatched call returned ({where})"
-        if want is not None:
-            assert np.array_equal(got, want), (where, got, want)
+        raise AssertionError(f"rank {rank}: a mismatched call returned {got} ({where})")
     print("RANDOM_MISMATCHES_OK", flush=True)
 
 
