@@ -1,7 +1,7 @@
 """Store demo: N local processes rendezvous on a TCPStore hosted by rank 0, exchange values
 and pass a store barrier. `make run` runs this until collectives land.
 
-    PYTHONPATH=python /usr/bin/python3 examples/store_demo.py --nproc 4
+    PYTHONPATH=python .venv/bin/python examples/store_demo.py --nproc 4
 """
 
 import argparse

@@ -41,6 +41,28 @@ from . import distributed_c10d as _dc
 
 __all__ = ["BACKENDS", "ProcessGroupC10d", "register", "is_mirrored"]
 
+# The torch releases this module is tested with (pyproject.toml's "torch" extra).
+TESTED_TORCH = ((2, 11), (2, 14))
+
+
+def _check_torch_version(version: str) -> None:
+    """Warns when `version` (torch.__version__) lies outside TESTED_TORCH."""
+    try:
+        found = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        found = None
+    low, high = TESTED_TORCH
+    if found is None or not low <= found <= high:
+        warnings.warn(
+            f"c10d.torch_backend is tested with torch {low[0]}.{low[1]} to {high[0]}.{high[1]}; "
+            f"torch {version} may work but is untested",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_check_torch_version(torch.__version__)
+
 BACKENDS = ("c10d_shm", "c10d_gloo", "c10d")
 
 # torch's "no timeout given" option value (-1 ms): the group's own timeout applies.

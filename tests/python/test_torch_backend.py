@@ -196,3 +196,20 @@ def test_dead_peer_raises_instead_of_hanging():
     )
     assert results[0].code == 0, results[0].stdout + results[0].stderr
     assert "OK killed" in results[0].stdout, results[0].stdout + results[0].stderr
+
+
+def test_torch_outside_the_tested_range_warns_naming_the_range():
+    import warnings
+
+    from c10d import torch_backend
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch_backend._check_torch_version("2.13.0+cpu")
+        assert not caught
+        torch_backend._check_torch_version("3.0.0")
+        torch_backend._check_torch_version("2.9.1")
+        torch_backend._check_torch_version("nightly")
+    assert len(caught) == 3, caught
+    assert "tested with torch 2.11 to 2.14" in str(caught[0].message)
+    assert "torch 3.0.0" in str(caught[0].message)
