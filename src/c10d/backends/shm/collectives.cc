@@ -68,7 +68,7 @@ void Engine::monitored_barrier(bool wait_all_ranks, Millis monitored) {
   try {
     for (int r = 1; r < size_; ++r) wait_peer(r, s);
     rank0_word(s) = kMonitoredPassed;
-    finish_step(s);
+    finish_step(s, false);
     all_reached_ = s;
     return;
   } catch (const DistTimeoutError&) {
@@ -99,7 +99,7 @@ void Engine::monitored_barrier(bool wait_all_ranks, Millis monitored) {
   // may have come in just after the deadline).
   rank0_word(s) = missing.empty() ? kMonitoredPassed
                                   : kMonitoredFirstMissing + static_cast<uint64_t>(missing[0]);
-  finish_step(s);
+  finish_step(s, false);
   if (missing.empty()) return;
   if (!wait_all_ranks && missing.size() > 1) missing.resize(1);
   std::string why;
@@ -140,11 +140,7 @@ void Engine::broadcast(char* data, size_t bytes, DType dtype, int root) {
       wait_step_data(root, s, boxed);
       copy(data + off, step_data(root, s, small, boxed), len);
     }
-    if (off + len < bytes) {
-      finish_step(s);
-    } else {
-      finish_last_step(s);
-    }
+    finish_step(s, off + len == bytes);
   }
 }
 
@@ -301,7 +297,7 @@ void Engine::one_shot(const char* in, char* out, size_t count, DType dtype, cons
   char* mine = slot(rank_, s, small);
   copy_shared(mine, in, bytes);
   if (premul) core::apply_premul(mine, count, dtype, op);
-  if (out == nullptr) return finish_last_step(s);  // reduce: only the root reads
+  if (out == nullptr) return finish_step(s, true);  // reduce: only the root reads
   sync(s);
   reduce_sources(out, count, dtype, op, [&](int r) { return slot(r, s, small); });
 }
@@ -319,7 +315,7 @@ void Engine::one_shot_mailbox(const char* in, char* out, size_t count, DType dty
   std::memcpy(mine, in, bytes);
   if (premul) core::apply_premul(mine, count, dtype, op);
   seal_mailbox(s, bytes);
-  if (out == nullptr) return finish_last_step(s);
+  if (out == nullptr) return finish_step(s, true);
   publish(s);
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) await_mailbox(r, s);

@@ -69,11 +69,7 @@ void Engine::gather(const char* in, size_t bytes, core::DType dtype, int root, O
         }
       }
     }
-    if (off + len < bytes) {
-      finish_step(s);
-    } else {
-      finish_last_step(s);
-    }
+    finish_step(s, off + len == bytes);
   }
 }
 
@@ -120,11 +116,7 @@ void Engine::scatter(Src&& src_of, char* out, size_t bytes, core::DType dtype, i
       wait_step_data(root, s, boxed);
       detail::copy(out + off, step_data(root, s, small, boxed) + rank_ * quota, len);
     }
-    if (off + len < bytes) {
-      finish_step(s);
-    } else {
-      finish_last_step(s);
-    }
+    finish_step(s, off + len == bytes);
   }
 }
 

@@ -207,9 +207,8 @@ void Engine::adopt_mode(int mode) {
 void Engine::publish(uint32_t s) {
   SegmentHeader* h = seg_.header(rank_);
   if (own_core_) note_cpu(h);
-  h->described[s % kRingDepth] = described_;
   h->step.op[s % kSignatureDepth].store(op_, std::memory_order_relaxed);
-  post(h->step, s);  // releases the description and the signature with the step
+  post(h->step, s);  // releases the signature, and the description show_step wrote, with it
 }
 
 // Records the CPU this rank runs on in its header when it changed (for peer_on_my_cpu).
@@ -306,10 +305,10 @@ void Engine::sync_after_reads() {
   }
 }
 
-void Engine::finish_last_step(uint32_t s) {
+void Engine::finish_step(uint32_t s, bool last) {
   publish(s);
   step_ = s;
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; last && r < size_; ++r) {
     if (r != rank_) await_arrival(r, s);
   }
   claim_next_mailbox();

@@ -11,7 +11,7 @@
 // everything of step s - 1, so no step needs a second barrier: a two-sided step (sync) waits
 // for every peer, a one-sided one (finish_step) only for the peers whose data it reads, so a
 // root can run ahead. Every rank announces each step it opens (show_step), and the last step
-// of a one-sided operation waits until every peer opened it too (finish_last_step), not until
+// of a one-sided operation waits until every peer opened it too (finish_step), not until
 // it finished: every rank checks every peer's signature once per operation, so a mismatch
 // fails on all of them, while a root still writes operation k + 1 as its peers read
 // operation k. Before it writes, a rank waits until no peer can still read what it
@@ -280,15 +280,10 @@ class Engine {
 
   void sync(uint32_t s);
 
-  void finish_step(uint32_t s) {
-    publish(s);
-    step_ = s;
-    claim_next_mailbox();
-  }
-  // The last step of a one-sided operation: also waits until every peer reached it (await_
-  // arrival), so a mismatch raises on every rank (a broadcast's root, a gather's senders),
-  // not only on the ranks that read the mismatched data.
-  void finish_last_step(uint32_t s);
+  // Ends a one-sided step. The `last` of its operation also waits until every peer reached
+  // it (await_arrival), so a mismatch raises on every rank (a broadcast's root, a gather's
+  // senders), not only on the ranks that read the mismatched data.
+  void finish_step(uint32_t s, bool last);
   void await_arrival(int r, uint32_t s);
 
   std::vector<int> not_arrived(uint32_t s) const;

@@ -112,7 +112,7 @@ struct SegmentHeader {
   // written as it opens it (Engine::show_step). Two ranks blocked in one step with different
   // operations wait for each other (Engine::check_waiting), e.g. gathers to different roots;
   // the end of a one-sided operation waits only for its peers to be here
-  // (Engine::finish_last_step).
+  // (Engine::finish_step).
   std::atomic<uint64_t> blocked;
   // Set once this rank has mapped every peer's segment.
   std::atomic<uint32_t> mapped;
@@ -134,8 +134,8 @@ struct SegmentHeader {
   alignas(kLine) std::atomic<uint64_t> ping;
   // What this rank ran at each of its last kRingDepth steps, in full (the step word carries
   // only a hash of the last kSignatureDepth), read when a peer's signature differs: a peer
-  // that ran more than kSignatureDepth steps ahead overwrote it. Written before the step is
-  // published.
+  // that ran more than kSignatureDepth steps ahead overwrote it. Written as the step opens
+  // (Engine::show_step), before it is published.
   alignas(kLine) StepDescription described[kRingDepth];
   alignas(2 * kLine) Mailbox mailbox[kRingDepth];
 };
