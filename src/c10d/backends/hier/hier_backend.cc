@@ -69,6 +69,12 @@ ReduceOp step_op(const ReduceOp& op) {
   return op.kind == ReduceOp::AVG ? ReduceOp(ReduceOp::SUM) : op;
 }
 
+// What is left of an operation's `deadline` for its next step (at least 1 ms, so a step
+// never runs without a timeout); the whole `timeout` when it has none.
+Millis left_of(const core::Deadline& deadline, Millis timeout) {
+  return deadline.infinite() ? timeout : std::max(deadline.remaining(), Millis(1));
+}
+
 // Runs one step on a sub-backend and waits for it (on the worker thread).
 template <typename Call>
 void step(const std::shared_ptr<pg::Backend>& backend, Call call) {
@@ -295,7 +301,7 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout, u
   // One deadline for the whole operation: each step gets what is left of it.
   const core::Deadline deadline(timeout);
   auto left = [&] {
-    return deadline.infinite() ? timeout : std::max(deadline.remaining(), Millis(1));
+    return left_of(deadline, timeout);
   };
   pg::AllreduceOptions o;
   o.reduce_op = step_op(op);
@@ -407,27 +413,31 @@ void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout, uint64_t se
   const Topology& top = topology_;
   const int root_host = host_of_[root], root_local = local_rank_of_[root];
   const int carrier = top.uniform() ? root_local : 0;
+  // One deadline for the whole operation, as all_reduce's.
+  const core::Deadline deadline(timeout);
   const pg::Signature call = pg::Signature(OpType::kBroadcast, seq).of(t).from(root);
-  agree_on_host(call, timeout);
+  agree_on_host(call, left_of(deadline, timeout));
   std::vector<Tensor> whole = {t};
   pg::BroadcastOptions bo;
-  bo.timeout = timeout;
   bo.async_op = false;
   if (top.host == root_host && local_) {
     bo.root_rank = root_local;
+    bo.timeout = left_of(deadline, timeout);
     step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
   }
   if (ring_ && top.local_rank == carrier) {
-    ring_->broadcast(t.data(), t.nbytes(), root_host, timeout, call);
+    ring_->broadcast(t.data(), t.nbytes(), root_host, left_of(deadline, timeout), call);
   } else if (cross_ && top.local_rank == carrier) {
     bo.root_rank = root_host;
+    bo.timeout = left_of(deadline, timeout);
     step(cross_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
   }
   if (top.host != root_host && local_) {
     bo.root_rank = carrier;
+    bo.timeout = left_of(deadline, timeout);
     step(local_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
   }
-  settle_hosts(timeout);
+  settle_hosts(left_of(deadline, timeout));
 }
 
 // The first step of a rooted operation on every host: its ranks compare their calls (one
@@ -486,7 +496,9 @@ WorkPtr HierBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
 // Only the root's tensor changes: a carrier that is not the root works on a copy.
 void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis timeout,
                              uint64_t seq) {
-  agree_on_host(pg::Signature(OpType::kReduce, seq).of(t).with(op).from(root), timeout);
+  const core::Deadline deadline(timeout);  // for the whole operation
+  agree_on_host(pg::Signature(OpType::kReduce, seq).of(t).with(op).from(root),
+                left_of(deadline, timeout));
   const Topology& top = topology_;
   const int root_host = host_of_[root], root_local = local_rank_of_[root];
   const int carrier = top.uniform() ? root_local : 0;
@@ -500,14 +512,15 @@ void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis tim
   std::vector<Tensor> mine = {carries ? acc : t};
   pg::ReduceOptions ro;
   ro.reduce_op = step_op(op);
-  ro.timeout = timeout;
   ro.async_op = false;
   if (local_) {
     ro.root_rank = carrier;
+    ro.timeout = left_of(deadline, timeout);
     step(local_, [&](pg::Backend& b) { return b.reduce(mine, ro); });
   }
   if (cross_ && carries) {
     ro.root_rank = root_host;
+    ro.timeout = left_of(deadline, timeout);
     step(cross_, [&](pg::Backend& b) { return b.reduce(mine, ro); });
   }
   if (top.host == root_host && root_local != carrier && local_) {
@@ -518,7 +531,7 @@ void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis tim
       step(local_, [&](pg::Backend& b) { return b.recv(into, carrier, 0); });
     }
   }
-  settle_hosts(timeout);
+  settle_hosts(left_of(deadline, timeout));
   if (is_root) core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), op, size());
 }
 
