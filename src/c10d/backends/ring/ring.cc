@@ -361,8 +361,12 @@ void Ring::allgather(void* data, size_t block_bytes, pg::Millis timeout,
 void Ring::broadcast(void* data, size_t bytes, int root, pg::Millis timeout,
                      const pg::Signature& call) {
   const Deadline deadline = begin(kBroadcast, call, bytes, root, timeout);
-  if (bytes == 0 || size_ == 1) return;
-  auto* p = static_cast<char*>(data);
+  if (size_ == 1) return;
+  // Nothing to send: a one-byte token travels the ring instead, so that a member that failed
+  // its check stops the token (and with it the root) as it would stop the data.
+  char token = 0;
+  auto* p = bytes == 0 ? &token : static_cast<char*>(data);
+  if (bytes == 0) bytes = 1;
   const bool last = (index_ + 1) % size_ == root;  // the member before the root keeps it
   // With three members or more the last one answers the root once it has the data: a root
   // whose neighbour agreed would otherwise return while members further round the ring fail

@@ -114,7 +114,7 @@ void Engine::monitored_barrier(bool wait_all_ranks, Millis monitored) {
 
 void Engine::broadcast(char* data, size_t bytes, DType dtype, int root) {
   expect_moved(bytes, dtype, root);
-  if (bytes == 0 || size_ == 1) return;
+  if (nothing_to_move(bytes) || size_ == 1) return;
   if (bytes > kOneShotBytes) {
     // A root tensor in the shared heap is read in place by every other rank; a large one
     // elsewhere is read through the kernel.
@@ -148,7 +148,7 @@ void Engine::allreduce(const char* in, char* out, size_t count, DType dtype, con
                        int root, bool premul_done) {
   expect(count, dtype, root, op.kind);
   const bool everyone = root < 0;
-  if (count == 0) return;
+  if (nothing_to_move(count)) return;
   const size_t es = core::element_size(dtype);
   const size_t bytes = count * es;
   const bool premul = !premul_done && op.kind == ReduceOp::PREMUL_SUM;

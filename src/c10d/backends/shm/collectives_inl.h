@@ -13,7 +13,7 @@ namespace c10d::backends::shm {
 template <typename Dst>
 void Engine::allgather(const char* in, size_t bytes, core::DType dtype, Dst&& dst) {
   expect_moved(bytes, dtype);
-  if (bytes == 0) return;
+  if (nothing_to_move(bytes)) return;
   if (bytes > detail::kOneShotBytes && size_ > 1) {
     // Inputs are read in place when every rank's is in the shared heap, or through the
     // kernel when large.
@@ -47,7 +47,7 @@ void Engine::allgather(const char* in, size_t bytes, core::DType dtype, Dst&& ds
 template <typename Out>
 void Engine::gather(const char* in, size_t bytes, core::DType dtype, int root, Out&& out_of) {
   expect_moved(bytes, dtype, root);
-  if (bytes == 0) return;
+  if (nothing_to_move(bytes)) return;
   if (direct_fanout(bytes) && size_ > 1) {
     return allgather(in, bytes, dtype, [&](int r) { return rank_ == root ? out_of(r) : nullptr; });
   }
@@ -76,7 +76,7 @@ void Engine::gather(const char* in, size_t bytes, core::DType dtype, int root, O
 template <typename Src>
 void Engine::scatter(Src&& src_of, char* out, size_t bytes, core::DType dtype, int root) {
   expect_moved(bytes, dtype, root);
-  if (bytes == 0) return;
+  if (nothing_to_move(bytes)) return;
   if ((direct(bytes) || direct_mid(bytes)) && size_ > 1 && size_ <= kMaxRanks) {
     // Every rank reads its part from the root's list through the kernel (mid-sized parts
     // too with a core per rank: see docs/design/shm.md#direct-or-slots).
@@ -124,7 +124,7 @@ template <typename Block>
 void Engine::reduce_scatter(Block&& block_of, char* out, size_t count, core::DType dtype,
                             const core::ReduceOp& op) {
   expect(count, dtype, -1, op.kind);
-  if (count == 0) return;
+  if (nothing_to_move(count)) return;
   const size_t es = core::element_size(dtype);
   const bool premul = op.kind == core::ReduceOp::PREMUL_SUM;
   const size_t quota = kSlotBytes / size_ / kLine * kLine / es;  // elements per rank per round

@@ -327,6 +327,14 @@ class Engine {
   void expect(size_t count, std::optional<core::DType> dtype = std::nullopt, int root = -1,
               std::optional<core::ReduceOp::Kind> reduce = std::nullopt);
   void expect_moved(size_t bytes, core::DType dtype, int root = -1);
+  // Whether the expected operation moves nothing (`n` bytes or elements is 0); if so, its
+  // ranks still compare their calls in one step, so that a rank whose call differs fails
+  // everywhere instead of everyone returning.
+  bool nothing_to_move(size_t n) {
+    if (n != 0) return false;
+    if (size_ > 1) barrier();
+    return true;
+  }
   static uint32_t signature(const StepDescription& d);
   static std::string shape_text(const StepDescription& d);
   static std::string description_text(const StepDescription& d);

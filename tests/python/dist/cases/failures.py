@@ -348,6 +348,12 @@ def _mismatches(dist, rank, world):
             ),
         ),
         ("broadcast dtype", lambda g: dist.broadcast(np.ones(n, f32_or_i32), 0, group=g)),
+        # Nothing to send, and only rank 1 differs: on a ring of three or more, neither the
+        # root nor the member after rank 1's successor sees rank 1's call in its header check.
+        (
+            "broadcast of nothing dtype",
+            lambda g: dist.broadcast(np.ones(0, np.int32 if rank == 1 else np.float32), 0, group=g),
+        ),
         # A receive buffer larger than the root's.
         ("broadcast size", lambda g: dist.broadcast(np.ones(n + n * odd), 0, group=g)),
         (
