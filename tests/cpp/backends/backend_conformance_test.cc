@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -702,6 +703,76 @@ TYPED_TEST(BackendConformance, ShutdownDoesNotWaitForPeers) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
     std::vector<Tensor> more{filled(4, DType::kFloat32, rank)};
     EXPECT_THROW(b.allreduce(more, pg::AllreduceOptions{})->wait(), core::DistBackendError);
+  });
+}
+
+// The operation queue's rules (pg/op_queue.h), the same on every backend that runs on it.
+
+// After shutdown an operation is refused through its Work, not by throwing at the call.
+TYPED_TEST(BackendConformance, OperationsAfterShutdownReturnFailedWork) {
+  this->run_ranks(2, [](int rank, auto& b) {
+    b.shutdown();
+    for (bool async : {false, true}) {
+      std::vector<Tensor> ts{filled(4, DType::kFloat32, rank)};
+      pg::AllreduceOptions opts;
+      opts.async_op = async;
+      pg::WorkPtr work;
+      ASSERT_NO_THROW(work = b.allreduce(ts, opts));
+      try {
+        work->wait();
+        ADD_FAILURE() << "an allreduce after shutdown succeeded";
+      } catch (const core::DistBackendError& e) {
+        EXPECT_NE(std::string(e.what()).find("shut down"), std::string::npos) << e.what();
+      }
+    }
+  });
+}
+
+// A synchronous operation runs after the asynchronous ones submitted before it: when it is
+// done, so are they.
+TYPED_TEST(BackendConformance, SyncOperationEndsAfterEarlierAsyncOnes) {
+#ifdef C10D_TEST_GLOO
+  if constexpr (std::is_same_v<TypeParam, GlooFactory>) {
+    GTEST_SKIP() << "Gloo keeps its own queue, which runs a synchronous call on the caller "
+                    "while asynchronous ones wait for its workers";
+  }
+#endif
+  this->run_ranks(3, [](int rank, auto& b) {
+    std::vector<Tensor> tensors;
+    std::vector<pg::WorkPtr> works;
+    for (int i = 0; i < 8; ++i) {
+      tensors.push_back(filled(1000 * (i + 1), DType::kFloat32, rank, i));
+      std::vector<Tensor> ts{tensors.back()};
+      works.push_back(b.allreduce(ts, pg::AllreduceOptions{}));
+    }
+    std::vector<Tensor> last{filled(3, DType::kFloat32, rank)};
+    pg::AllreduceOptions sync;
+    sync.async_op = false;
+    b.allreduce(last, sync)->wait();
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_TRUE(works[i]->is_completed()) << "async allreduce " << i;
+      expect_same(tensors[i], expected_reduce(1000 * (i + 1), DType::kFloat32, 3, ReduceOp::SUM, i),
+                  "async " + std::to_string(i));
+    }
+  });
+}
+
+// finish_pending runs what is queued to its end without anyone waiting on the Works.
+TYPED_TEST(BackendConformance, FinishPendingCompletesQueuedOperations) {
+  this->run_ranks(2, [](int rank, auto& b) {
+    std::vector<Tensor> tensors;
+    std::vector<pg::WorkPtr> works;
+    for (int i = 0; i < 6; ++i) {
+      tensors.push_back(filled(500, DType::kFloat32, rank, i));
+      std::vector<Tensor> ts{tensors.back()};
+      works.push_back(b.allreduce(ts, pg::AllreduceOptions{}));
+    }
+    b.finish_pending(10s);
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_TRUE(works[i]->is_completed()) << "async allreduce " << i;
+      expect_same(tensors[i], expected_reduce(500, DType::kFloat32, 2, ReduceOp::SUM, i),
+                  "async " + std::to_string(i));
+    }
   });
 }
 

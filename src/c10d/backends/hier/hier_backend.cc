@@ -124,7 +124,11 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
     }
   }
   world_ = std::make_shared<gloo::GlooBackend>(prefixed("hier/world/"), rank, size, go);
-  worker_ = std::thread([this] { worker_loop(); });
+  pg::OpQueue::Config queue;
+  queue.backend = "hier";
+  queue.rank = rank;
+  queue.size = size;
+  queue_ = std::make_shared<pg::OpQueue>(std::move(queue));
 }
 
 HierBackend::~HierBackend() { shutdown(); }
@@ -141,50 +145,29 @@ std::shared_ptr<pg::Backend> HierBackend::create_auto(std::shared_ptr<store::Sto
   return std::make_shared<HierBackend>(std::move(store), rank, size, std::move(t), timeout);
 }
 
-// --- The worker --------------------------------------------------------------------------
+// --- The queue ---------------------------------------------------------------------------
 
-WorkPtr HierBackend::submit(OpType type, const std::string& description, bool async,
+WorkPtr HierBackend::submit(OpType type, const char* name, Millis timeout, bool async,
                             std::function<void(uint64_t)> body, std::vector<Tensor> outputs) {
-  auto work = std::make_shared<core::Work>(type, description);
-  Task task{std::move(body), work, std::move(outputs), 0};
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) {
-      throw DistBackendError(str_cat("hier ", description, " (rank ", rank(), " of ", size(),
-                                     "): the backend was shut down"));
-    }
-    task.seq = sequence_++;
-    if (async || running_task_ || !queue_.empty()) {
-      queue_.push_back(std::move(task));
-      wake_.notify_one();
-      return work;
-    }
-    running_task_ = true;  // the worker waits until this caller has run it
-  }
-  run_task(task);
-  return work;
+  return queue_->submit(
+      type, name, timeout, async,
+      [this, body = std::move(body)](const pg::QueuedOp& op) {
+        try {
+          body(op.seq);
+        } catch (const std::exception& e) {
+          std::rethrow_exception(failed(e));
+        }
+      },
+      std::move(outputs));
 }
 
-void HierBackend::run_task(Task& task) {
-  try {
-    task.body(task.seq);
-    task.work->finish(std::move(task.outputs));
-  } catch (const std::exception& e) {
-    // A host's step failed: the other hosts' carriers, waiting on the ring, learn at once.
-    if (ring_) ring_->break_off(str_cat("this rank's step on its host failed: ", e.what()));
-    // And the ranks of its host waiting in a step with it (settle_hosts) learn at once too:
-    // with its ring broken the group cannot run another operation anyway.
-    if (local_ && ring_) local_->shutdown();
-    task.work->finish_with_error(with_host_failures(e));
-  } catch (...) {
-    task.work->finish_with_error(std::current_exception());
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    running_task_ = false;
-  }
-  idle_.notify_all();
-  wake_.notify_one();
+std::exception_ptr HierBackend::failed(const std::exception& error) {
+  // A host's step failed: the other hosts' carriers, waiting on the ring, learn at once.
+  if (ring_) ring_->break_off(str_cat("this rank's step on its host failed: ", error.what()));
+  // And the ranks of its host waiting in a step with it (settle_hosts) learn at once too:
+  // with its ring broken the group cannot run another operation anyway.
+  if (local_ && ring_) local_->shutdown();
+  return with_host_failures(error);
 }
 
 std::exception_ptr HierBackend::with_host_failures(const std::exception& error) {
@@ -211,20 +194,6 @@ std::exception_ptr HierBackend::with_host_failures(const std::exception& error) 
   return std::make_exception_ptr(DistBackendError(message));
 }
 
-void HierBackend::worker_loop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    wake_.wait(lock, [&] { return !running_task_ && (stopping_ || !queue_.empty()); });
-    if (queue_.empty()) return;  // stopping, nothing left
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
-    running_task_ = true;
-    lock.unlock();
-    run_task(task);
-    lock.lock();
-  }
-}
-
 void HierBackend::set_timeout(pg::Millis timeout) {
   pg::Backend::set_timeout(timeout);
   for (const auto& b : {local_, cross_, world_}) {
@@ -233,48 +202,21 @@ void HierBackend::set_timeout(pg::Millis timeout) {
 }
 
 void HierBackend::finish_pending(Millis timeout) {
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    auto done = [&] {
-      return queue_.empty() && !running_task_;
-    };
-    if (timeout <= Millis(0)) {
-      idle_.wait(lock, done);
-    } else {
-      idle_.wait_for(lock, timeout, done);
-    }
-  }
+  queue_->finish_pending(timeout);
   for (const auto& b : {local_, cross_, world_}) {
     if (b) b->finish_pending(timeout);
   }
 }
 
 void HierBackend::shutdown() {
-  std::deque<Task> dropped;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_ && !worker_.joinable()) return;
-    stopping_ = true;
-    dropped.swap(queue_);
-  }
-  wake_.notify_all();
-  for (Task& task : dropped) {
-    task.work->finish_with_error(std::make_exception_ptr(
-        DistBackendError(str_cat("hier ", task.work->description(), " (rank ", rank(), " of ",
-                                 size(), "): the backend was shut down before it ran"))));
-  }
-  // The running step ends by itself or fails once its sub-backend is shut down.
-  if (ring_) ring_->abort();
-  for (const auto& b : {local_, cross_, world_}) {
-    if (b) b->shutdown();
-  }
-  if (worker_.joinable()) {
-    if (worker_.get_id() == std::this_thread::get_id()) {
-      worker_.detach();
-    } else {
-      worker_.join();
+  if (queue_->stop()) {
+    // The running step ends by itself or fails once its sub-backend is shut down.
+    if (ring_) ring_->abort();
+    for (const auto& b : {local_, cross_, world_}) {
+      if (b) b->shutdown();
     }
   }
+  queue_->join();
 }
 
 bool HierBackend::hierarchical(const std::vector<Tensor>& tensors) {
@@ -292,7 +234,7 @@ WorkPtr HierBackend::allreduce(std::vector<Tensor>& tensors, const pg::Allreduce
   const Millis timeout = effective_timeout(opts.timeout);
   const ReduceOp op = opts.reduce_op;
   return submit(
-      OpType::kAllreduce, "allreduce", opts.async_op,
+      OpType::kAllreduce, "allreduce", timeout, opts.async_op,
       [this, t, op, timeout](uint64_t seq) mutable { run_allreduce(t, op, timeout, seq); },
       tensors);
 }
@@ -401,7 +343,7 @@ WorkPtr HierBackend::broadcast(std::vector<Tensor>& tensors, const pg::Broadcast
   const int root = static_cast<int>(opts.root_rank);
   const Millis timeout = effective_timeout(opts.timeout);
   return submit(
-      OpType::kBroadcast, "broadcast", opts.async_op,
+      OpType::kBroadcast, "broadcast", timeout, opts.async_op,
       [this, t, root, timeout](uint64_t seq) mutable { run_broadcast(t, root, timeout, seq); },
       tensors);
 }
@@ -486,7 +428,7 @@ WorkPtr HierBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
   const ReduceOp op = opts.reduce_op;
   const Millis timeout = effective_timeout(opts.timeout);
   return submit(
-      OpType::kReduce, "reduce", opts.async_op,
+      OpType::kReduce, "reduce", timeout, opts.async_op,
       [this, t, root, op, timeout](uint64_t seq) mutable { run_reduce(t, root, op, timeout, seq); },
       tensors);
 }
@@ -541,7 +483,7 @@ WorkPtr HierBackend::barrier(const pg::BarrierOptions& opts) {
   pg::BarrierOptions o = opts;
   o.timeout = effective_timeout(opts.timeout);
   o.async_op = false;
-  return submit(OpType::kBarrier, "barrier", opts.async_op,
+  return submit(OpType::kBarrier, "barrier", o.timeout, opts.async_op,
                 [this, o](uint64_t) { world_->barrier(o)->wait(); }, {});
 }
 

@@ -12,17 +12,14 @@
 // groups below see the same sequence of operations on every rank.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "c10d/backends/ring/ring.h"
 #include "c10d/pg/backend.h"
+#include "c10d/pg/op_queue.h"
 #include "c10d/store/store.h"
 
 namespace c10d::backends::hier {
@@ -90,22 +87,13 @@ class HierBackend : public pg::Backend {
   void set_timeout(pg::Millis timeout) override;
 
  private:
-  struct Task {
-    std::function<void(uint64_t)> body;  // takes the operation's sequence number
-    WorkPtr work;
-    std::vector<Tensor> outputs;
-    uint64_t seq;
-  };
-
-  // Runs `body` after every operation submitted before it: on the calling thread when the
-  // caller waits right away (`async` false) and nothing is queued or running, which saves two
-  // thread hand-offs per operation; otherwise on the worker thread. The returned Work completes
-  // when it has run.
-  WorkPtr submit(core::OpType type, const std::string& description, bool async,
+  // Queues `body` (which takes the operation's sequence number) on the shared queue; a
+  // failure breaks the ring and is reported with the host's (failed()).
+  WorkPtr submit(core::OpType type, const char* name, pg::Millis timeout, bool async,
                  std::function<void(uint64_t)> body, std::vector<Tensor> outputs);
-  void worker_loop();
-  // Runs a task and completes its Work, then lets the worker take the next (mutex_ not held).
-  void run_task(Task& task);
+  // What a failed step leaves behind: the ring broken and the host's shm group shut (their
+  // ranks learn at once), and the error to report (with_host_failures).
+  std::exception_ptr failed(const std::exception& error);
   // A failed operation's error, with what the other ranks of this host reported of theirs (a
   // carrier that failed between hosts leaves its host's ranks waiting until it shuts down;
   // they name its failure, not the shutdown). Reports this rank's failure too.
@@ -138,14 +126,8 @@ class HierBackend : public pg::Backend {
   std::vector<int> host_of_;
   Tensor scratch_;  // the largest part all-reduced across hosts so far
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable idle_;
-  std::deque<Task> queue_;
-  uint64_t sequence_ = 0;      // of the next operation with steps, in submission order
-  bool running_task_ = false;  // on the worker or on a caller's thread
-  bool stopping_ = false;
-  std::thread worker_;
+  // The operations with steps, in submission order.
+  std::shared_ptr<pg::OpQueue> queue_;
 };
 
 }  // namespace c10d::backends::hier

@@ -1,5 +1,5 @@
 // Engine: the collective algorithms of ShmBackend over the step protocol. One operation at a
-// time runs in an Engine: the one whose caller set the backend's Queue::running (op_queue.h);
+// time runs in an Engine: the one the backend's pg::OpQueue lets run (pg/op_queue.h);
 // `aborted` may be set from any thread.
 //
 // Step protocol. Every rank maps every peer's segment (segment.h), and a collective advances

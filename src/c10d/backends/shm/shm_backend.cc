@@ -1,13 +1,12 @@
 // ShmBackend: the pg::Backend overrides, which turn tensors into Engine calls (see
-// shm_backend.h). The step protocol and the algorithms are described in engine.h; the
-// operation queue is in op_queue.cc, the point-to-point engine in p2p.cc.
+// shm_backend.h). The step protocol and the algorithms are described in engine.h, the
+// point-to-point engine in p2p.cc; operations run on the shared pg::OpQueue.
 #include "c10d/backends/shm/shm_backend.h"
 
 #include <utility>
 
 #include "c10d/backends/shm/alias.h"
 #include "c10d/backends/shm/engine.h"
-#include "c10d/backends/shm/op_queue.h"
 #include "c10d/backends/shm/p2p.h"
 #include "c10d/backends/shm/segment.h"
 #include "c10d/core/blocking.h"
@@ -29,8 +28,7 @@ using pg::wants_async;
 using pg::WorkPtr;
 
 ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, ShmOptions opts)
-    : pg::Backend(rank, size, opts.timeout), store_(std::move(store)),
-      queue_(std::make_shared<Queue>()) {
+    : pg::Backend(rank, size, opts.timeout), store_(std::move(store)) {
   size_t heap = opts.heap_bytes;
   if (heap == 0) heap = static_cast<size_t>(core::env_int(core::kEnvShmHeapBytes));
   const Millis rendezvous_timeout =
@@ -45,14 +43,52 @@ ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, 
   engine_ = std::make_shared<Engine>(segment_, cpu >= 0);
   engine_->calibrate(rendezvous_timeout);  // before any operation can be submitted
   p2p_ = std::make_shared<P2PEngine>(segment_, engine_);
+  pg::OpQueue::Config queue;
+  queue.backend = "shm";
+  queue.rank = rank;
+  queue.size = size;
+  // Waking the worker for every asynchronous operation costs more than the operation (see
+  // docs/design/shm.md#operation-queue): it polls while they are in use.
+  queue.poll_while_async = true;
+  queue.hooks.before = [engine = engine_](const pg::QueuedOp& op) {
+    engine->begin(op.name, op.type, op.seq, op.timeout);
+  };
+  queue.hooks.after = [engine = engine_] {
+    engine->end();
+  };
+  queue_ = std::make_shared<pg::OpQueue>(std::move(queue));
+}
+
+WorkPtr ShmBackend::submit(OpType type, const char* name, Millis timeout, bool async, Body body,
+                           std::vector<Tensor> outputs) {
+  return queue_->submit(
+      type, name, effective_timeout(timeout), async,
+      [engine = engine_.get(), body = std::move(body)](const pg::QueuedOp&) { body(*engine); },
+      std::move(outputs));
+}
+
+void ShmBackend::finish_pending(Millis timeout) { queue_->finish_pending(timeout); }
+
+void ShmBackend::shutdown() {
+  std::lock_guard<std::mutex> shutdown_lock(shutdown_mutex_);
+  const bool stopped = queue_->stop([this](bool running) {
+    // An operation cut short here fails (Engine::fail marks it too, but only once it
+    // notices): peers still reading this rank's buffers must know before this returns.
+    if (running) segment_->header(rank())->abandoned.store(1, std::memory_order_seq_cst);
+  });
+  if (!stopped) return;
+  engine_->aborted.store(true);
+  // Peers blocked on this rank fail at once instead of at their timeout.
+  segment_->header(rank())->closed.store(1, std::memory_order_release);
+  // A running operation notices `aborted` within a few milliseconds.
+  queue_->join();
+  // Adopted arrays keep their shared pages (and so the segment) until they are freed: moving
+  // them back now would lose what other threads write into them meanwhile (alias.h).
 }
 
 ShmBackend::~ShmBackend() { shutdown(); }
 
-uint64_t ShmBackend::next_sequence() const {
-  std::lock_guard<std::mutex> lock(queue_->mutex);
-  return queue_->next_seq;
-}
+uint64_t ShmBackend::next_sequence() const { return queue_->next_sequence(); }
 
 std::optional<bool> ShmBackend::cpus_far_apart() const { return engine_->far_apart(); }
 
@@ -98,10 +134,11 @@ ShmBackend::Adoption ShmBackend::adopt(void* data, size_t bytes) {
   // The worker thread, a thread waiting on a receive, or a peer may write into the buffer for
   // an operation in flight, and a write between the copy and the remapping would be lost:
   // adopt only while none is.
-  std::lock_guard<std::mutex> lock(queue_->mutex);
-  if (queue_->stopping) return Adoption::kRefused;
-  if (queue_->pending != 0 || p2p_->receiving()) return Adoption::kBusy;
-  return adopt_into_heap(segment_, data, bytes) ? Adoption::kDone : Adoption::kRefused;
+  return queue_->while_held([&](pg::OpQueue::State state) {
+    if (state == pg::OpQueue::State::kStopped) return Adoption::kRefused;
+    if (state == pg::OpQueue::State::kBusy || p2p_->receiving()) return Adoption::kBusy;
+    return adopt_into_heap(segment_, data, bytes) ? Adoption::kDone : Adoption::kRefused;
+  });
 }
 
 bool ShmBackend::aliased(const void* data, size_t bytes, bool verify) const {
@@ -240,28 +277,16 @@ bool ShmBackend::has_inline(OpType type) const { return inline_name(type) != nul
 
 void ShmBackend::run_inline(const pg::InlineOp& op) {
   const char* name = inline_name(op.type);
-  Queue& q = *queue_;
-  uint64_t seq;
-  {
-    std::unique_lock<std::mutex> lock(q.mutex);
-    if (q.stopping || q.pending != 0) {
-      // Earlier asynchronous operations are queued (or the backend is shut down): queue this
-      // one behind them and wait, which keeps the order and reports the state.
-      lock.unlock();
-      core::before_blocking();
-      submit(op.type, name, op.timeout, false, [&op](Engine& e) { run_inline_op(e, op); }, {})
-          ->wait();
-      return;
-    }
-    seq = q.next_seq++;
-    ++q.pending;
-    q.running = true;  // the engine is this thread's until finished_one
+  const pg::OpQueue::RunNow now(*queue_);  // the engine is this thread's while it is held
+  if (!now.seq()) {
+    // Earlier asynchronous operations are queued (or the backend is shut down): queue this
+    // one behind them and wait, which keeps the order and reports the state.
+    core::before_blocking();
+    submit(op.type, name, op.timeout, false, [&op](Engine& e) { run_inline_op(e, op); }, {})
+        ->wait();
+    return;
   }
-  struct Finish {
-    Queue& q;
-    ~Finish() { finished_one(q); }
-  } finish{q};
-  engine_->begin(name, op.type, seq, effective_timeout(op.timeout));
+  engine_->begin(name, op.type, *now.seq(), effective_timeout(op.timeout));
   run_inline_op(*engine_, op);
   engine_->end();
 }

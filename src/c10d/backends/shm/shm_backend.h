@@ -16,26 +16,25 @@
 // after this rank gave up on an operation cannot write into memory this rank reused.
 // Point-to-point messages go through one channel per ordered pair of ranks.
 //
-// Sync operations (async_op = false) run on the caller's thread; asynchronous ones run in FIFO
-// order on one worker thread. Collectives must be issued in the same order on every rank.
+// Operations run one at a time in submission order on the shared queue (pg/op_queue.h): a
+// synchronous one with nothing before it on the caller's thread, others on its worker thread
+// or a thread waiting for them. Collectives must be issued in the same order on every rank.
 // After an operation fails (timeout, dead peer) the backend's step flags no longer agree, so
 // every later collective fails at once with the original error.
 //
 // Thread-safety: all methods may be called from any thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "c10d/pg/backend.h"
+#include "c10d/pg/op_queue.h"
 #include "c10d/store/store.h"
 
 namespace c10d::backends::shm {
@@ -133,37 +132,18 @@ class ShmBackend : public pg::Backend {
 
  private:
   using Body = std::function<void(Engine&)>;
-  struct Task {
-    std::shared_ptr<core::Work> work;
-    const char* name = "";
-    core::OpType type = core::OpType::kUnknown;
-    uint64_t seq = 0;
-    pg::Millis timeout{0};
-    Body body;
-    std::vector<pg::Tensor> outputs;
-  };
-  struct Queue;
 
-  class QueuedWork;
-
+  // Queues `body` on the Engine (between Engine::begin and end, the queue's hooks).
   pg::WorkPtr submit(core::OpType type, const char* name, pg::Millis timeout, bool async, Body body,
                      std::vector<pg::Tensor> outputs);
-  static void run_task(Engine& engine, Task& task) noexcept;
-  // Runs queued operations on the calling thread, in order, up to and including sequence
-  // `seq`, while no other thread runs one; returns once `seq` ran or that cannot be done here.
-  static void run_queued_until(Queue& queue, Engine& engine, uint64_t seq);
-  // Bookkeeping after an operation ran, on whichever thread ran it.
-  static void finished_one(Queue& queue);
-  static void worker_loop(std::shared_ptr<Queue> queue, std::shared_ptr<Engine> engine);
   pg::WorkPtr post_p2p(core::OpType type, pg::Tensor tensor, int peer, int tag);
 
   std::shared_ptr<store::Store> store_;
   std::shared_ptr<Segment> segment_;
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<P2PEngine> p2p_;
-  std::shared_ptr<Queue> queue_;
+  std::shared_ptr<pg::OpQueue> queue_;
   std::mutex shutdown_mutex_;
-  std::thread worker_;  // started on the first asynchronous operation; guarded by queue_->mutex
 };
 
 }  // namespace c10d::backends::shm

@@ -1,0 +1,236 @@
+// OpQueue: operations run one at a time, in submission order, on the caller's thread, the
+// worker's, or a waiter's (see op_queue.h).
+#include "c10d/pg/op_queue.h"
+
+#include <exception>
+#include <utility>
+
+#include "c10d/core/blocking.h"
+#include "c10d/core/env.h"
+#include "c10d/core/exception.h"
+
+namespace c10d::pg {
+
+using core::DistBackendError;
+using core::DistTimeoutError;
+using core::detail::str_cat;
+
+// A queued operation's Work: waiting on it (or on a future chained to it) runs the operation
+// on the waiting thread when it is still queued and nobody else runs one.
+class OpQueue::QueuedWork : public core::Work {
+ public:
+  QueuedWork(core::OpType type, std::string description, std::weak_ptr<OpQueue> queue, uint64_t seq,
+             Millis op_timeout)
+      : core::Work(type, std::move(description)) {
+    get_future()->set_driver([queue = std::move(queue), seq, op_timeout](Millis timeout) {
+      // A waiter with a shorter timeout only waits: running the operation here would bind it
+      // to the waiter's deadline, while it must keep running past it.
+      if (timeout > core::kNoTimeout && timeout < op_timeout) return;
+      if (const std::shared_ptr<OpQueue> q = queue.lock()) q->run_until(seq);
+    });
+  }
+};
+
+OpQueue::OpQueue(Config config) : config_(std::move(config)) {}
+
+OpQueue::~OpQueue() {
+  // stop() and join() ran (the owner's shutdown); a worker still here outlives nothing of ours.
+  if (worker_.joinable()) worker_.detach();
+}
+
+std::string OpQueue::describe(const QueuedOp& op) const {
+  return str_cat(config_.backend, " ", op.name, " (sequence ", op.seq, ", rank ", config_.rank,
+                 " of ", config_.size, ")");
+}
+
+uint64_t OpQueue::next_sequence() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_seq_;
+}
+
+std::shared_ptr<core::Work> OpQueue::submit(core::OpType type, const char* name, Millis timeout,
+                                            bool async, Body body,
+                                            std::vector<core::Tensor> outputs) {
+  Task task;
+  task.op.name = name;
+  task.op.type = type;
+  task.op.timeout = timeout;
+  task.body = std::move(body);
+  task.outputs = std::move(outputs);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    task.op.seq = next_seq_++;
+    // Plain concatenation: this runs on every operation's critical path.
+    task.work = std::make_shared<QueuedWork>(
+        type, config_.backend + ":" + name + "#" + std::to_string(task.op.seq), weak_from_this(),
+        task.op.seq, timeout);
+    if (stopping_) {
+      lock.unlock();
+      task.work->finish_with_error(std::make_exception_ptr(
+          DistBackendError(str_cat(describe(task.op), ": the backend was shut down"))));
+      return task.work;
+    }
+    ++pending_;
+    last_ = task.work;
+    if (async || pending_ != 1) {
+      if (!worker_.joinable()) worker_ = std::thread(worker_loop, shared_from_this());
+      if (async) last_async_ = std::chrono::steady_clock::now();
+      const bool wake = deep_sleep_ || !config_.poll_while_async;
+      std::shared_ptr<core::Work> work = task.work;
+      tasks_.push_back(std::move(task));
+      lock.unlock();
+      if (wake) wake_.notify_one();
+      return work;
+    }
+    running_ = true;  // nothing before it: run here, without a thread hand-off
+  }
+  run(task);
+  finished_one();
+  return task.work;
+}
+
+OpQueue::RunNow::RunNow(OpQueue& queue) : queue_(queue) {
+  std::lock_guard<std::mutex> lock(queue.mutex_);
+  if (queue.stopping_ || queue.pending_ != 0) return;
+  seq_ = queue.next_seq_++;
+  ++queue.pending_;
+  queue.running_ = true;
+}
+
+OpQueue::RunNow::~RunNow() {
+  if (seq_) queue_.finished_one();
+}
+
+void OpQueue::run(Task& task) noexcept {
+  std::exception_ptr error;
+  try {
+    if (config_.hooks.before) config_.hooks.before(task.op);
+    task.body(task.op);
+    if (config_.hooks.after) config_.hooks.after();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  try {
+    if (error) {
+      task.work->finish_with_error(error);
+    } else {
+      task.work->finish(std::move(task.outputs));
+    }
+  } catch (...) {
+    // completed already
+  }
+}
+
+void OpQueue::finished_one() {
+  bool more;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --pending_;
+    running_ = false;
+    more = !tasks_.empty() && (deep_sleep_ || !config_.poll_while_async);
+  }
+  // Wake the worker only for work, and only when it does not poll: a waiter usually runs the
+  // next operation itself.
+  if (more) wake_.notify_one();
+}
+
+void OpQueue::run_until(uint64_t seq) {
+  for (;;) {
+    Task task;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (running_ || stopping_ || tasks_.empty() || tasks_.front().op.seq > seq) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      running_ = true;
+    }
+    run(task);
+    finished_one();
+    if (task.op.seq == seq) return;
+  }
+}
+
+void OpQueue::worker_loop(std::shared_ptr<OpQueue> self) {
+  OpQueue& q = *self;
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(q.mutex_);
+      for (;;) {
+        if (q.stopping_) return;  // stop() failed what was queued
+        if (!q.tasks_.empty() && !q.running_) break;
+        if (q.config_.poll_while_async &&
+            std::chrono::steady_clock::now() - q.last_async_ < kPollWindow) {
+          q.wake_.wait_for(lock, kPoll);
+        } else {
+          q.deep_sleep_ = true;
+          q.wake_.wait(lock);
+          q.deep_sleep_ = false;
+        }
+      }
+      task = std::move(q.tasks_.front());
+      q.tasks_.pop_front();
+      q.running_ = true;
+    }
+    q.run(task);
+    q.finished_one();
+  }
+}
+
+void OpQueue::finish_pending(Millis timeout) {
+  // Operations run in order, so waiting for the last one submitted waits for all.
+  std::shared_ptr<core::Work> last;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopping_) last = last_.lock();
+  }
+  if (!last || last->is_completed()) return;
+  try {
+    last->wait(timeout);
+  } catch (const DistTimeoutError&) {
+    if (last->is_completed()) return;  // the operation's own timeout: its error says so
+    core::log(core::LogLevel::kWarning,
+              str_cat(config_.backend, " rank ", config_.rank, " of ", config_.size,
+                      ": operations up to ", last->description(), " did not finish within ",
+                      core::format_timeout(timeout), " while the backend shut down; they fail"));
+  } catch (...) {
+    // Its error is the caller's to see; what is still queued fails at stop().
+  }
+}
+
+bool OpQueue::stop(const std::function<void(bool running)>& mark) {
+  std::deque<Task> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return false;
+    stopping_ = true;
+    dropped.swap(tasks_);
+    pending_ -= dropped.size();
+    if (mark) mark(running_);
+  }
+  wake_.notify_all();
+  for (Task& task : dropped) {
+    try {
+      task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
+          str_cat(describe(task.op), ": the backend was shut down before it ran"))));
+    } catch (...) {
+    }
+  }
+  return true;
+}
+
+void OpQueue::join() {
+  std::thread worker;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    worker = std::move(worker_);
+  }
+  if (!worker.joinable()) return;
+  if (worker.get_id() == std::this_thread::get_id()) {
+    worker.detach();
+  } else {
+    worker.join();
+  }
+}
+
+}  // namespace c10d::pg

@@ -1,0 +1,149 @@
+// OpQueue: a backend's operations, numbered and run one at a time in submission order. It owns
+// what every backend's operations share: sequence numbers, the Work, running a synchronous
+// call on the caller's thread, ordering it behind asynchronous work submitted before it,
+// letting a waiter run a queued operation itself, finish_pending and shutdown. Backends supply
+// the bodies and a few hooks (what runs around every body; how a running operation is cut
+// short at shutdown). The rules, the same for every backend that uses it:
+//   - an operation runs only after every operation submitted before it has finished;
+//   - a synchronous one with nothing queued or running runs on the caller, without a hand-off;
+//   - otherwise the worker thread runs it, or a thread that waits on its Work (and on the
+//     Works before it) while nobody else runs one: a thread hand-off costs many times a small
+//     operation;
+//   - after stop(), submit() returns a failed Work ("the backend was shut down") and the
+//     operations still queued fail ("... before it ran").
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "c10d/core/tensor.h"
+#include "c10d/core/work.h"
+#include "c10d/pg/options.h"
+
+namespace c10d::pg {
+
+// The operation a body runs: what the queue knows of it.
+struct QueuedOp {
+  const char* name = "";  // "allreduce"
+  core::OpType type = core::OpType::kUnknown;
+  uint64_t seq = 0;
+  Millis timeout{0};  // resolved: never kUnsetTimeout
+};
+
+class OpQueue : public std::enable_shared_from_this<OpQueue> {
+ public:
+  // Runs one operation; its exception fails the operation's Work.
+  using Body = std::function<void(const QueuedOp&)>;
+
+  struct Hooks {
+    // Around every body, on the thread that runs it: `before` may refuse the operation by
+    // throwing; `after` runs only when the body returned.
+    std::function<void(const QueuedOp&)> before;
+    std::function<void()> after;
+  };
+
+  struct Config {
+    std::string backend;  // "shm": Works are named "shm:allreduce#3", errors begin "shm ..."
+    int rank = 0;
+    int size = 1;
+    // While asynchronous operations are in use (kPollWindow since the last one), the worker
+    // looks for work every kPoll instead of sleeping until woken: waking an idle vCPU costs
+    // more than a small operation, and a waiter usually runs it first (shm).
+    bool poll_while_async = false;
+    Hooks hooks;
+  };
+  static constexpr std::chrono::microseconds kPoll{1000};
+  static constexpr std::chrono::milliseconds kPollWindow{200};
+
+  explicit OpQueue(Config config);
+  ~OpQueue();
+  OpQueue(const OpQueue&) = delete;
+  OpQueue& operator=(const OpQueue&) = delete;
+
+  // Numbers the operation and runs it by the rules above; `timeout` is the resolved one.
+  // `outputs` become the Work's result.
+  std::shared_ptr<core::Work> submit(core::OpType type, const char* name, Millis timeout,
+                                     bool async, Body body, std::vector<core::Tensor> outputs);
+
+  // The inline fast path's "run now": while it is held, the caller runs one synchronous
+  // operation itself, without a Work, exactly as submit() would have on the caller (`before`
+  // and `after` are the caller's to call). Empty (seq() is nullopt) when something is queued
+  // or running or the queue is stopped: the caller then submits and waits instead.
+  class RunNow {
+   public:
+    explicit RunNow(OpQueue& queue);
+    ~RunNow();
+    RunNow(const RunNow&) = delete;
+    RunNow& operator=(const RunNow&) = delete;
+    const std::optional<uint64_t>& seq() const { return seq_; }
+
+   private:
+    OpQueue& queue_;
+    std::optional<uint64_t> seq_;
+  };
+
+  enum class State { kIdle, kBusy, kStopped };  // kBusy: an operation is queued or running
+  // Runs `fn(state)` while no operation can start or be submitted.
+  template <typename Fn>
+  auto while_held(Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fn(stopping_ ? State::kStopped : pending_ != 0 ? State::kBusy : State::kIdle);
+  }
+
+  // The number the next operation gets.
+  uint64_t next_sequence() const;
+
+  // Waits at most `timeout` (kNoTimeout: as long as it takes) for the operations submitted so
+  // far to finish, running them on this thread when nobody else does; warns if they did not.
+  void finish_pending(Millis timeout);
+  // Later submissions fail and queued operations fail now. `mark(running)`, with whether an
+  // operation is running, runs while none can start or finish (it must not block): a backend
+  // marks a running operation as cut short there. False when already stopped.
+  bool stop(const std::function<void(bool running)>& mark = {});
+  // Waits until the worker thread has left (a running operation must end by itself, which the
+  // backend arranges after stop()); from the worker itself it only lets it go.
+  void join();
+
+ private:
+  struct Task {
+    QueuedOp op;
+    Body body;
+    std::shared_ptr<core::Work> work;
+    std::vector<core::Tensor> outputs;
+  };
+  class QueuedWork;
+
+  void run(Task& task) noexcept;
+  // Bookkeeping after an operation ran, on whichever thread ran it.
+  void finished_one();
+  // Runs queued operations on this thread, in order, up to and including `seq`, while no
+  // other thread runs one.
+  void run_until(uint64_t seq);
+  static void worker_loop(std::shared_ptr<OpQueue> self);
+  // "shm allreduce (sequence 3, rank 0 of 2)"
+  std::string describe(const QueuedOp& op) const;
+
+  const Config config_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Task> tasks_;          // guarded by mutex_
+  size_t pending_ = 0;              // queued or running operations; guarded by mutex_
+  uint64_t next_seq_ = 0;           // guarded by mutex_
+  bool running_ = false;            // guarded by mutex_: someone runs an operation
+  bool stopping_ = false;           // guarded by mutex_
+  bool deep_sleep_ = false;         // guarded by mutex_: the worker waits to be woken
+  std::weak_ptr<core::Work> last_;  // guarded by mutex_
+  std::chrono::steady_clock::time_point last_async_{};  // guarded by mutex_
+  std::thread worker_;  // started by the first queued operation; guarded by mutex_
+};
+
+}  // namespace c10d::pg
