@@ -171,23 +171,28 @@ std::exception_ptr HierBackend::failed(const std::exception& error) {
 }
 
 std::exception_ptr HierBackend::with_host_failures(const std::exception& error) {
+  // Reports are "T <message>" for a timeout, "E <message>" otherwise: a rank whose step was
+  // cut short because a rank of its host timed out (and shut the host's group) failed by a
+  // timeout too, as a failure passed on around the ring stays one.
+  bool timeout = dynamic_cast<const core::DistTimeoutError*>(&error) != nullptr;
   std::string others;
   try {
-    failures_->set(std::to_string(rank()), store::to_bytes(error.what()));
+    failures_->set(std::to_string(rank()),
+                   store::to_bytes(str_cat(timeout ? "T " : "E ", error.what())));
     for (int peer : topology_.hosts[topology_.host]) {
       const std::string key = std::to_string(peer);
       if (peer == rank() || !failures_->check({key})) continue;
-      others += str_cat("; rank ", peer,
-                        " on this host failed first: ", store::to_string(failures_->get(key)));
+      const std::string report = store::to_string(failures_->get(key));
+      if (report.size() < 2) continue;
+      timeout = timeout || report[0] == 'T';
+      others += str_cat("; rank ", peer, " on this host failed first: ", report.substr(2));
     }
   } catch (...) {  // the store is gone: the error as it is
   }
   if (others.empty()) return std::current_exception();
   // The same kind of error (a timeout stays a timeout), with the host's reports.
   const std::string message = str_cat(error.what(), others);
-  if (dynamic_cast<const core::DistTimeoutError*>(&error)) {
-    return std::make_exception_ptr(core::DistTimeoutError(message));
-  }
+  if (timeout) return std::make_exception_ptr(core::DistTimeoutError(message));
   if (dynamic_cast<const core::DistNetworkError*>(&error)) {
     return std::make_exception_ptr(core::DistNetworkError(message));
   }
