@@ -2,6 +2,7 @@
 // worker's, or a waiter's (see op_queue.h).
 #include "c10d/pg/op_queue.h"
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -16,22 +17,33 @@ using core::DistTimeoutError;
 using core::detail::str_cat;
 
 // A queued operation's Work: waiting on it (or on a future chained to it) runs the operation
-// on the waiting thread when it is still queued and nobody else runs one.
+// on the waiting thread when it is still queued and nobody else runs one, and ends the wait
+// at the operation's deadline if it is still queued then.
 class OpQueue::QueuedWork : public core::Work {
  public:
   QueuedWork(core::OpType type, std::string description, std::weak_ptr<OpQueue> queue, uint64_t seq,
              Millis op_timeout)
       : core::Work(type, std::move(description)) {
-    get_future()->set_driver([queue = std::move(queue), seq, op_timeout](Millis timeout) {
+    get_future()->set_driver([queue = std::move(queue), seq, op_timeout,
+                              deadline = core::Deadline(op_timeout)](Millis timeout) {
       // A waiter with a shorter timeout only waits: running the operation here would bind it
       // to the waiter's deadline, while it must keep running past it.
       if (timeout > core::kNoTimeout && timeout < op_timeout) return;
-      if (const std::shared_ptr<OpQueue> q = queue.lock()) q->run_until(seq);
+      if (const std::shared_ptr<OpQueue> q = queue.lock()) q->run_until(seq, deadline);
     });
   }
 };
 
-OpQueue::OpQueue(Config config) : config_(std::move(config)) {}
+namespace {
+
+OpQueue::Config labelled(OpQueue::Config config) {
+  if (config.label.empty()) config.label = config.backend;
+  return config;
+}
+
+}  // namespace
+
+OpQueue::OpQueue(Config config) : config_(labelled(std::move(config))) {}
 
 OpQueue::~OpQueue() {
   // stop() and join() ran (the owner's shutdown); a worker still here outlives nothing of ours.
@@ -39,7 +51,7 @@ OpQueue::~OpQueue() {
 }
 
 std::string OpQueue::describe(const QueuedOp& op) const {
-  return str_cat(config_.backend, " ", op.name, " (sequence ", op.seq, ", rank ", config_.rank,
+  return str_cat(config_.label, " ", op.name, " (sequence ", op.seq, ", rank ", config_.rank,
                  " of ", config_.size, ")");
 }
 
@@ -83,18 +95,21 @@ std::shared_ptr<core::Work> OpQueue::submit(core::OpType type, const char* name,
       return work;
     }
     running_ = true;  // nothing before it: run here, without a thread hand-off
+    running_op_ = task.op;
   }
   run(task);
   finished_one();
   return task.work;
 }
 
-OpQueue::RunNow::RunNow(OpQueue& queue) : queue_(queue) {
+OpQueue::RunNow::RunNow(OpQueue& queue, const char* name) : queue_(queue) {
   std::lock_guard<std::mutex> lock(queue.mutex_);
   if (queue.stopping_ || queue.pending_ != 0) return;
   seq_ = queue.next_seq_++;
   ++queue.pending_;
   queue.running_ = true;
+  queue.running_op_.name = name;
+  queue.running_op_.seq = *seq_;
 }
 
 OpQueue::RunNow::~RunNow() {
@@ -129,24 +144,62 @@ void OpQueue::finished_one() {
     running_ = false;
     more = !tasks_.empty() && (deep_sleep_ || !config_.poll_while_async);
   }
+  turn_.notify_all();
   // Wake the worker only for work, and only when it does not poll: a waiter usually runs the
   // next operation itself.
   if (more) wake_.notify_one();
 }
 
-void OpQueue::run_until(uint64_t seq) {
+void OpQueue::run_until(uint64_t seq, const core::Deadline& deadline) {
+  const auto is_seq = [seq](const Task& t) {
+    return t.op.seq == seq;
+  };
+  std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    Task task;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (running_ || stopping_ || tasks_.empty() || tasks_.front().op.seq > seq) return;
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
-      running_ = true;
+    auto queued = std::find_if(tasks_.begin(), tasks_.end(), is_seq);
+    if (queued == tasks_.end() || stopping_) return;  // ran, runs, or failed at stop()
+    if (!running_ && tasks_.front().op.seq <= seq) {
+      bool mine;
+      {
+        // Destroyed before the lock is taken again: a body may hold Python objects, whose
+        // release needs the GIL, which a thread waiting for the lock may hold.
+        Task task = std::move(tasks_.front());
+        tasks_.pop_front();
+        running_ = true;
+        running_op_ = task.op;
+        lock.unlock();
+        run(task);
+        finished_one();
+        mine = task.op.seq == seq;
+      }
+      if (mine) return;
+      lock.lock();
+      continue;
     }
-    run(task);
-    finished_one();
-    if (task.op.seq == seq) return;
+    if (deadline.infinite()) {
+      turn_.wait(lock);
+      continue;
+    }
+    if (turn_.wait_until(lock, deadline.time_point()) == std::cv_status::no_timeout ||
+        !deadline.expired()) {
+      continue;
+    }
+    queued = std::find_if(tasks_.begin(), tasks_.end(), is_seq);
+    if (queued == tasks_.end() || stopping_) return;
+    // Still waiting for its turn at its deadline: it will not run (its peers time out on it).
+    Task task = std::move(*queued);
+    tasks_.erase(queued);
+    --pending_;
+    const std::string holder =
+        running_ ? str_cat(running_op_.name, ", sequence ", running_op_.seq) : "none";
+    lock.unlock();
+    try {
+      task.work->finish_with_error(std::make_exception_ptr(DistTimeoutError(
+          str_cat(describe(task.op), ": timed out after ", core::format_timeout(task.op.timeout),
+                  " waiting for the operations submitted before it (running: ", holder, ")"))));
+    } catch (...) {
+    }
+    return;
   }
 }
 
@@ -157,7 +210,11 @@ void OpQueue::worker_loop(std::shared_ptr<OpQueue> self) {
     {
       std::unique_lock<std::mutex> lock(q.mutex_);
       for (;;) {
-        if (q.stopping_) return;  // stop() failed what was queued
+        if (q.stopping_) {  // stop() failed what was queued
+          q.worker_left_ = true;
+          q.left_.notify_all();
+          return;
+        }
         if (!q.tasks_.empty() && !q.running_) break;
         if (q.config_.poll_while_async &&
             std::chrono::steady_clock::now() - q.last_async_ < kPollWindow) {
@@ -171,8 +228,14 @@ void OpQueue::worker_loop(std::shared_ptr<OpQueue> self) {
       task = std::move(q.tasks_.front());
       q.tasks_.pop_front();
       q.running_ = true;
+      q.running_op_ = task.op;
+      q.worker_running_ = task.work;
     }
     q.run(task);
+    {
+      std::lock_guard<std::mutex> lock(q.mutex_);
+      q.worker_running_.reset();
+    }
     q.finished_one();
   }
 }
@@ -190,7 +253,7 @@ void OpQueue::finish_pending(Millis timeout) {
   } catch (const DistTimeoutError&) {
     if (last->is_completed()) return;  // the operation's own timeout: its error says so
     core::log(core::LogLevel::kWarning,
-              str_cat(config_.backend, " rank ", config_.rank, " of ", config_.size,
+              str_cat(config_.label, " rank ", config_.rank, " of ", config_.size,
                       ": operations up to ", last->description(), " did not finish within ",
                       core::format_timeout(timeout), " while the backend shut down; they fail"));
   } catch (...) {
@@ -209,6 +272,7 @@ bool OpQueue::stop(const std::function<void(bool running)>& mark) {
     if (mark) mark(running_);
   }
   wake_.notify_all();
+  turn_.notify_all();
   for (Task& task : dropped) {
     try {
       task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
@@ -219,17 +283,30 @@ bool OpQueue::stop(const std::function<void(bool running)>& mark) {
   return true;
 }
 
-void OpQueue::join() {
+void OpQueue::join(Millis grace) {
   std::thread worker;
+  std::shared_ptr<core::Work> abandoned;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     worker = std::move(worker_);
+    if (!worker.joinable()) return;
+    if (worker.get_id() != std::this_thread::get_id() && grace != core::kNoTimeout &&
+        !left_.wait_for(lock, grace, [&] { return worker_left_; })) {
+      abandoned = worker_running_;
+    }
   }
-  if (!worker.joinable()) return;
-  if (worker.get_id() == std::this_thread::get_id()) {
+  if (worker.get_id() == std::this_thread::get_id() || abandoned) {
     worker.detach();
   } else {
     worker.join();
+  }
+  if (!abandoned) return;
+  try {
+    abandoned->finish_with_error(std::make_exception_ptr(DistBackendError(
+        str_cat(config_.label, " ", abandoned->description(), " on rank ", config_.rank, " of ",
+                config_.size, ": the backend was shut down while it ran"))));
+  } catch (...) {
+    // It completed in the meantime.
   }
 }
 

@@ -9,6 +9,8 @@
 //   - otherwise the worker thread runs it, or a thread that waits on its Work (and on the
 //     Works before it) while nobody else runs one: a thread hand-off costs many times a small
 //     operation;
+//   - a thread waiting on an operation still queued at its deadline (counted from submission)
+//     gets a timeout naming the operation that holds the queue, and the operation never runs;
 //   - after stop(), submit() returns a failed Work ("the backend was shut down") and the
 //     operations still queued fail ("... before it ran").
 #pragma once
@@ -25,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "c10d/core/deadline.h"
 #include "c10d/core/tensor.h"
 #include "c10d/core/work.h"
 #include "c10d/pg/options.h"
@@ -52,7 +55,8 @@ class OpQueue : public std::enable_shared_from_this<OpQueue> {
   };
 
   struct Config {
-    std::string backend;  // "shm": Works are named "shm:allreduce#3", errors begin "shm ..."
+    std::string backend;  // "shm": Works are named "shm:allreduce#3"
+    std::string label;    // errors begin "<label> allreduce (sequence 3, ...)"; "": backend
     int rank = 0;
     int size = 1;
     // While asynchronous operations are in use (kPollWindow since the last one), the worker
@@ -80,7 +84,7 @@ class OpQueue : public std::enable_shared_from_this<OpQueue> {
   // or running or the queue is stopped: the caller then submits and waits instead.
   class RunNow {
    public:
-    explicit RunNow(OpQueue& queue);
+    RunNow(OpQueue& queue, const char* name);
     ~RunNow();
     RunNow(const RunNow&) = delete;
     RunNow& operator=(const RunNow&) = delete;
@@ -110,8 +114,12 @@ class OpQueue : public std::enable_shared_from_this<OpQueue> {
   // marks a running operation as cut short there. False when already stopped.
   bool stop(const std::function<void(bool running)>& mark = {});
   // Waits until the worker thread has left (a running operation must end by itself, which the
-  // backend arranges after stop()); from the worker itself it only lets it go.
-  void join();
+  // backend arranges after stop()); from the worker itself it only lets it go. With a `grace`
+  // (not kNoTimeout), a worker still running an operation after it is let go, and that
+  // operation fails ("shut down while it ran"): a backend whose operation may wait on a peer
+  // past shutdown (Gloo) must not make its caller wait for it, and the worker touches only
+  // what its body owns.
+  void join(Millis grace = core::kNoTimeout);
 
  private:
   struct Task {
@@ -125,25 +133,33 @@ class OpQueue : public std::enable_shared_from_this<OpQueue> {
   void run(Task& task) noexcept;
   // Bookkeeping after an operation ran, on whichever thread ran it.
   void finished_one();
-  // Runs queued operations on this thread, in order, up to and including `seq`, while no
-  // other thread runs one.
-  void run_until(uint64_t seq);
+  // For a thread about to wait on operation `seq`: runs queued operations on this thread, in
+  // order, up to and including `seq`, whenever no other thread runs one, and fails `seq` if
+  // it is still queued at `deadline`. Returns once `seq` is no longer queued.
+  void run_until(uint64_t seq, const core::Deadline& deadline);
   static void worker_loop(std::shared_ptr<OpQueue> self);
   // "shm allreduce (sequence 3, rank 0 of 2)"
   std::string describe(const QueuedOp& op) const;
 
   const Config config_;
+  // Never held while a task is destroyed: its body may hold Python objects, and a thread that
+  // waits for this lock may hold the GIL (the inline path).
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Task> tasks_;          // guarded by mutex_
   size_t pending_ = 0;              // queued or running operations; guarded by mutex_
   uint64_t next_seq_ = 0;           // guarded by mutex_
   bool running_ = false;            // guarded by mutex_: someone runs an operation
+  QueuedOp running_op_;             // guarded by mutex_: the one running (for messages)
+  std::condition_variable turn_;    // an operation finished, or the queue stopped
   bool stopping_ = false;           // guarded by mutex_
   bool deep_sleep_ = false;         // guarded by mutex_: the worker waits to be woken
   std::weak_ptr<core::Work> last_;  // guarded by mutex_
   std::chrono::steady_clock::time_point last_async_{};  // guarded by mutex_
-  std::thread worker_;  // started by the first queued operation; guarded by mutex_
+  std::thread worker_;            // started by the first queued operation; guarded by mutex_
+  bool worker_left_ = false;      // guarded by mutex_
+  std::condition_variable left_;  // worker_left_ became true
+  std::shared_ptr<core::Work> worker_running_;  // guarded by mutex_: the worker's operation
 };
 
 }  // namespace c10d::pg

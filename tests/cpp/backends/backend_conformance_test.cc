@@ -10,7 +10,6 @@
 #include <numeric>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -731,12 +730,6 @@ TYPED_TEST(BackendConformance, OperationsAfterShutdownReturnFailedWork) {
 // A synchronous operation runs after the asynchronous ones submitted before it: when it is
 // done, so are they.
 TYPED_TEST(BackendConformance, SyncOperationEndsAfterEarlierAsyncOnes) {
-#ifdef C10D_TEST_GLOO
-  if constexpr (std::is_same_v<TypeParam, GlooFactory>) {
-    GTEST_SKIP() << "Gloo keeps its own queue, which runs a synchronous call on the caller "
-                    "while asynchronous ones wait for its workers";
-  }
-#endif
   this->run_ranks(3, [](int rank, auto& b) {
     std::vector<Tensor> tensors;
     std::vector<pg::WorkPtr> works;

@@ -57,8 +57,9 @@ TEST(GlooBackend, AllreduceInlineMixedWithAsync) {
     pg::AllreduceOptions opts;
     opts.reduce_op = ReduceOp::AVG;
     opts.async_op = false;
-    auto second = backend.allreduce(inline_tensors, opts);
-    EXPECT_TRUE(second->is_completed());
+    // The synchronous one runs after the queued one (the caller waits for its turn).
+    backend.allreduce(inline_tensors, opts)->wait();
+    EXPECT_TRUE(first->is_completed());
     expect_same(inline_tensors[0], expected_reduce(7, DType::kFloat32, 3, ReduceOp::AVG),
                 "sync allreduce");
     first->wait();
@@ -148,8 +149,8 @@ TEST(GlooBackend, DeadPeerErrorNamesThePeer) {
   }
 }
 
-// all_reduce and reduce_scatter share one ring: operations that several workers and the
-// caller run at once still meet their peers' in the same order, and give exact results.
+// all_reduce and reduce_scatter share one ring: asynchronous operations and synchronous ones
+// between them meet their peers' in the same order, and give exact results.
 TEST(GlooBackend, RingOperationsFromSeveralThreadsKeepTheirOrder) {
   GlooOptions opts = with_ring(true);
   opts.threads = 3;
@@ -188,8 +189,8 @@ TEST(GlooBackend, RingOperationsFromSeveralThreadsKeepTheirOrder) {
 }
 
 // An operation waiting for its turn behind one blocked on the ring times out at its own
-// timeout, naming the operation that holds the ring.
-TEST(GlooBackend, WaitingForTheRingTimesOutNamingItsHolder) {
+// timeout, naming the operation that holds the queue.
+TEST(GlooBackend, WaitingBehindABlockedOperationTimesOutNamingIt) {
   GlooOptions opts = with_ring(true);
   std::atomic<bool> done{false};
   run_ranks(
@@ -213,11 +214,11 @@ TEST(GlooBackend, WaitingForTheRingTimesOutNamingItsHolder) {
           ADD_FAILURE() << "an allreduce behind a blocked one returned";
         } catch (const core::DistTimeoutError& e) {
           const std::string what = e.what();
-          EXPECT_NE(what.find("Gloo allreduce (sequence 1, rank 0 of 2): Timed out after 300ms "
-                              "waiting for the ring"),
+          EXPECT_NE(what.find("Gloo allreduce (sequence 1, rank 0 of 2): timed out after 300ms "
+                              "waiting for the operations submitted before it"),
                     std::string::npos)
               << what;
-          EXPECT_NE(what.find("the last to start on it: sequence 0"), std::string::npos) << what;
+          EXPECT_NE(what.find("(running: allreduce, sequence 0)"), std::string::npos) << what;
         }
         EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
         backend.shutdown();

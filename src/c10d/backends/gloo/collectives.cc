@@ -443,27 +443,11 @@ WorkPtr GlooBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>&
 }
 
 WorkPtr GlooBackend::barrier(const pg::BarrierOptions& opts) {
-  // A barrier also waits for the asynchronous operations issued before it, as torch's Gloo
-  // barrier does: the workers run them concurrently, so they may still be writing their
-  // outputs when the ranks meet.
-  std::vector<std::weak_ptr<core::Work>> prior;
-  {
-    std::lock_guard<std::mutex> lock(shared_->mutex);
-    for (const auto& work : shared_->in_flight) prior.push_back(work);
-    for (const Task& task : shared_->queue) prior.push_back(task.work);
-  }
+  // The operations issued before it have finished when it runs (the queue runs them in
+  // order), as torch's Gloo barrier waits for them.
   return submit(
       "barrier", Signature(OpType::kBarrier, 0), opts.timeout, wants_async(opts),
-      [prior = std::move(prior)](const OpContext& c) {
-        const core::Deadline deadline(c.timeout);
-        for (const auto& weak : prior) {
-          auto work = weak.lock();
-          if (!work) continue;
-          // An expired deadline still gets a wait of 1 ms, which fails naming that
-          // operation.
-          work->wait(deadline.infinite() ? core::kNoTimeout
-                                         : std::max(deadline.remaining(), Millis(1)));
-        }
+      [](const OpContext& c) {
         if (c.ring) {
           // Every member's byte is in the result: nobody finishes before all started.
           uint8_t byte = 0;

@@ -94,7 +94,7 @@ std::exception_ptr GlooBackend::Shared::translate(std::exception_ptr error, cons
     } catch (const DistTimeoutError& e) {
       // The ring's own: it names the member waited for, which may itself be waiting; the
       // probe names the peers whose hosts no longer answer, as Gloo's timeouts do.
-      if (op.ring_ticket < 0) return error;
+      if (!ring) return error;
       return std::make_exception_ptr(
           DistTimeoutError(str_cat(e.what(), silent_peers_note(peer_addresses))));
     } catch (const core::DistError&) {
@@ -118,40 +118,14 @@ std::exception_ptr GlooBackend::Shared::translate(std::exception_ptr error, cons
   }
 }
 
-void GlooBackend::Shared::wait_ring_turn(const char* op_name, const OpContext& op) {
-  if (ring_turn.load(std::memory_order_acquire) != op.ring_ticket) {
-    std::unique_lock<std::mutex> lock(mutex);
-    const auto turn = [&] {
-      return stopping || ring_turn.load(std::memory_order_relaxed) == op.ring_ticket;
-    };
-    if (!ring_turn_changed.wait_until(lock, core::Deadline(op.timeout).time_point(), turn)) {
-      throw DistTimeoutError(str_cat(
-          "Gloo ", describe(op_name, op.tag), ": Timed out after ",
-          core::format_timeout(op.timeout), " waiting for the ring, which this rank's earlier ",
-          "operations hold (the last to start on it: sequence ", ring_holder.load(), ")"));
-    }
-    if (ring_turn.load(std::memory_order_relaxed) != op.ring_ticket) {
-      throw DistBackendError(
-          str_cat("Gloo ", describe(op_name, op.tag), ": the backend was shut down before it ran"));
-    }
-  }
-  ring_holder.store(op.tag, std::memory_order_relaxed);
-}
-
-void GlooBackend::Shared::finish_ring_turn(int64_t ticket) {
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    int64_t turn = ring_turn.load(std::memory_order_relaxed);
-    if (ticket != turn) {
-      ring_done.insert(ticket);  // gave up waiting: its turn passes when it comes
-      return;
-    }
-    for (++turn; !ring_done.empty() && *ring_done.begin() == turn; ++turn) {
-      ring_done.erase(ring_done.begin());
-    }
-    ring_turn.store(turn, std::memory_order_release);
-  }
-  ring_turn_changed.notify_all();
+GlooBackend::OpContext GlooBackend::Shared::context_for(uint32_t tag, Millis timeout) const {
+  OpContext op;
+  op.context = contexts[tag % contexts.size()];
+  op.tag = tag;
+  op.timeout = timeout;
+  op.rank = rank;
+  op.size = size;
+  return op;
 }
 
 GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size, GlooOptions opts)
@@ -186,10 +160,13 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
                                                    ip, timeout, ring::Ring::Label{"Gloo", ""});
     }
   }
-  const int threads = std::max(1, opts.threads);
-  shared_->running_workers = threads;
-  workers_.reserve(threads);
-  for (int i = 0; i < threads; ++i) workers_.emplace_back(worker_loop, shared_);
+  shared_->contexts = contexts_;
+  pg::OpQueue::Config queue;
+  queue.backend = "gloo";
+  queue.label = "Gloo";
+  queue.rank = rank;
+  queue.size = size;
+  queue_ = std::make_shared<pg::OpQueue>(std::move(queue));
 }
 
 GlooBackend::~GlooBackend() { shutdown(); }
@@ -243,119 +220,56 @@ void GlooBackend::exchange_addresses() {
 }
 
 uint32_t GlooBackend::next_sequence() const {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
-  return shared_->next_seq;
-}
-
-GlooBackend::OpContext GlooBackend::next_op(Millis op_timeout) {
-  std::lock_guard<std::mutex> lock(shared_->mutex);
-  return context_for(shared_->next_seq++, op_timeout);
-}
-
-GlooBackend::OpContext GlooBackend::context_for(uint32_t tag, Millis op_timeout) const {
-  OpContext op;
-  op.context = contexts_[tag % contexts_.size()];
-  op.tag = tag;
-  op.timeout = resolve_timeout(effective_timeout(op_timeout));
-  op.rank = rank();
-  op.size = size();
-  return op;
+  return static_cast<uint32_t>(queue_->next_sequence());
 }
 
 WorkPtr GlooBackend::submit(const char* op_name, pg::Signature call, Millis op_timeout, bool async,
                             Body body, std::vector<Tensor> outputs, bool on_ring,
                             pg::Traffic traffic) {
   const auto type = static_cast<OpType>(call.kind);
-  Task task;
-  task.name = op_name;
-  task.body = std::move(body);
-  task.outputs = std::move(outputs);
   // A collective that moves nothing (but barrier, which the ring runs as one byte) has its
   // call compared like one whose data takes another way: its body returns at once.
-  task.ring_data = on_ring && (call.count != 0 || type == OpType::kBarrier);
-  task.traffic = std::move(traffic);
-  Shared& shared = *shared_;
-  {
-    std::unique_lock<std::mutex> lock(shared.mutex);
-    const uint32_t tag = shared.next_seq++;
-    task.op = context_for(tag, op_timeout);
-    call.seq = tag;
-    task.op.call = call;
-    // Every collective takes a turn on the ring: those whose data goes another way check
-    // their call there.
-    if (shared.ring) {
-      task.op.ring = shared.ring.get();
-      task.op.ring_ticket = shared.next_ring_ticket++;
-    }
-    // Plain concatenation: this runs on every operation's critical path.
-    task.work = std::make_shared<core::Work>(
-        type, std::string("gloo:") + op_name + "#" + std::to_string(tag));
-    if (shared.stopping) {
-      lock.unlock();
-      task.work->finish_with_error(std::make_exception_ptr(DistBackendError(
-          str_cat("Gloo ", shared.describe(op_name, tag), ": the backend was shut down"))));
-      return task.work;
-    }
-    if (async) {
-      WorkPtr work = task.work;
-      shared.queue.push_back(std::move(task));
-      lock.unlock();
-      shared.wake.notify_one();
-      return work;
-    }
-  }
-  run_task(shared, task);
-  return task.work;
+  const bool ring_data = on_ring && (call.count != 0 || type == OpType::kBarrier);
+  return queue_->submit(
+      type, op_name, resolve_timeout(effective_timeout(op_timeout)), async,
+      [shared = shared_, op_name, call, ring_data, traffic = std::move(traffic),
+       body = std::move(body)](const pg::QueuedOp& queued) {
+        OpContext op = shared->context_for(static_cast<uint32_t>(queued.seq), queued.timeout);
+        op.call = call;
+        op.call.seq = op.tag;
+        run(*shared, op_name, op, ring_data, traffic, body);
+      },
+      std::move(outputs));
 }
 
-void GlooBackend::run_task(Shared& shared, Task& task) noexcept {
-  std::exception_ptr error;
+void GlooBackend::run(const Shared& shared, const char* op_name, OpContext& op, bool ring_data,
+                      const pg::Traffic& traffic, const Body& body) {
   try {
-    if (task.op.ring_ticket >= 0) shared.wait_ring_turn(task.name, task.op);
-    if (!task.ring_data || !task.op.ring) agree(shared, task);
-    if (!task.ring_data && task.op.ring_ticket >= 0) {
-      // The check was all this operation needed the ring for.
-      shared.finish_ring_turn(task.op.ring_ticket);
-      task.op.ring_ticket = -1;
-      task.op.ring = nullptr;
-    }
-    task.body(task.op);
+    if (!ring_data || !shared.ring) agree(shared, op_name, op, traffic);
+    if (ring_data) op.ring = shared.ring.get();
+    body(op);
   } catch (...) {
-    error = shared.translate(std::current_exception(), task.name, task.op);
-  }
-  if (task.op.ring_ticket >= 0) {
-    try {
-      shared.finish_ring_turn(task.op.ring_ticket);
-    } catch (...) {  // std::set's allocation: later turns then fail at their timeout
-    }
-  }
-  // shutdown() may have failed the Work already; completing it twice throws.
-  try {
-    if (error) {
-      task.work->finish_with_error(error);
-    } else {
-      task.work->finish(std::move(task.outputs));
-    }
-  } catch (...) {
+    std::rethrow_exception(shared.translate(std::current_exception(), op_name, op));
   }
 }
 
-void GlooBackend::agree(const Shared& shared, Task& task) {
-  const OpContext& op = task.op;
+void GlooBackend::agree(const Shared& shared, const char* op_name, const OpContext& op,
+                        const pg::Traffic& traffic) {
   if (op.size == 1) return;
-  if (op.ring && op.size == 2 && task.traffic.sends.empty()) {
+  ring::Ring* ring = shared.ring.get();
+  if (ring && op.size == 2 && traffic.sends.empty()) {
     // Two members compare with each other: the ring's header is the whole check.
-    op.ring->check(op.timeout, op.call);
+    ring->check(op.timeout, op.call);
     return;
   }
-  std::vector<int64_t> mine = pg::agreement_record(op.call, task.traffic, op.size);
+  std::vector<int64_t> mine = pg::agreement_record(op.call, traffic, op.size);
   std::vector<int64_t> all(mine.size() * static_cast<size_t>(op.size));
-  if (op.ring) {
+  if (ring) {
     // Everyone's record, so every rank reaches the verdict (a member whose neighbours agree
     // with it would otherwise go on into Gloo's algorithm and wait there).
     std::copy(mine.begin(), mine.end(),
               all.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(op.rank) * mine.size()));
-    op.ring->allgather(all.data(), mine.size() * sizeof(int64_t), op.timeout, op.call);
+    ring->allgather(all.data(), mine.size() * sizeof(int64_t), op.timeout, op.call);
   } else {
     ::gloo::AllgatherOptions g(op.context);
     g.setInput(mine.data(), mine.size());
@@ -365,103 +279,27 @@ void GlooBackend::agree(const Shared& shared, Task& task) {
     ::gloo::allgather(g);
   }
   if (std::string why = pg::disagreement(op.rank, op.size, all.data(), mine.size()); !why.empty()) {
-    throw DistBackendError(str_cat("Gloo ", shared.describe(task.name, op.tag), ": ", why));
+    throw DistBackendError(str_cat("Gloo ", shared.describe(op_name, op.tag), ": ", why));
   }
 }
 
-void GlooBackend::worker_loop(std::shared_ptr<Shared> shared) {
-  for (;;) {
-    Task task;
-    {
-      std::unique_lock<std::mutex> lock(shared->mutex);
-      shared->wake.wait(lock, [&] { return shared->stopping || !shared->queue.empty(); });
-      if (shared->queue.empty()) {
-        --shared->running_workers;
-        shared->exited.notify_all();
-        return;
-      }
-      task = std::move(shared->queue.front());
-      shared->queue.pop_front();
-      shared->in_flight.push_back(task.work);
-    }
-    run_task(*shared, task);
-    std::lock_guard<std::mutex> lock(shared->mutex);
-    auto& in_flight = shared->in_flight;
-    in_flight.erase(std::find(in_flight.begin(), in_flight.end(), task.work));
-    shared->exited.notify_all();  // finish_pending() waits for the queue to drain
-  }
-}
-
-void GlooBackend::finish_pending(Millis timeout) {
-  Shared& shared = *shared_;
-  std::unique_lock<std::mutex> lock(shared.mutex);
-  auto drained = [&] {
-    return shared.queue.empty() && shared.in_flight.empty();
-  };
-  if (timeout <= Millis::zero()) return shared.exited.wait(lock, drained);
-  if (shared.exited.wait_for(lock, timeout, drained)) return;
-  const std::string first = !shared.in_flight.empty() ? shared.in_flight.front()->description()
-                                                      : shared.queue.front().work->description();
-  core::log(core::LogLevel::kWarning,
-            str_cat("Gloo rank ", rank(), " of ", size(), ": ",
-                    shared.queue.size() + shared.in_flight.size(), " operation(s) (first: ", first,
-                    ") did not finish within ", core::format_timeout(timeout),
-                    " while the backend shut down; they fail"));
-}
+void GlooBackend::finish_pending(Millis timeout) { queue_->finish_pending(timeout); }
 
 void GlooBackend::shutdown() {
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mutex_);
-  if (workers_.empty()) return;
-  Shared& shared = *shared_;
-  std::deque<Task> dropped;
-  {
-    std::lock_guard<std::mutex> lock(shared.mutex);
-    shared.stopping = true;
-    dropped.swap(shared.queue);
-  }
-  shared.wake.notify_all();
-  shared.ring_turn_changed.notify_all();
-  if (shared.ring) shared.ring->abort();
-  for (Task& task : dropped) {
-    task.work->finish_with_error(std::make_exception_ptr(
-        DistBackendError(str_cat("Gloo ", shared.describe(task.name, task.op.tag),
-                                 ": the backend was shut down before it ran"))));
-  }
+  if (!queue_->stop()) return;
+  if (shared_->ring) shared_->ring->abort();
   // Closing the connections makes peers see us leave, and running operations that touch the
-  // network fail. An operation merely waiting on a peer is not woken by Gloo, though, so
-  // workers still busy after a short grace period are left to finish (at their timeout) on
-  // their own: they hold only the shared state and their task, never the backend.
+  // network fail. An operation merely waiting on a peer is not woken by Gloo, though, so a
+  // worker still busy after a short grace period is left to finish (at its timeout) on its
+  // own: it holds only the shared state and its operation, never the backend.
   for (auto& context : contexts_) {
     try {
       context->closeConnections();
     } catch (...) {
     }
   }
-  bool all_exited;
-  std::vector<std::shared_ptr<core::Work>> abandoned;
-  {
-    std::unique_lock<std::mutex> lock(shared.mutex);
-    all_exited = shared.exited.wait_for(lock, std::chrono::milliseconds(100),
-                                        [&] { return shared.running_workers == 0; });
-    if (!all_exited) abandoned = shared.in_flight;
-  }
-  for (auto& work : abandoned) {
-    try {
-      work->finish_with_error(std::make_exception_ptr(
-          DistBackendError(str_cat("Gloo ", work->description(), " on rank ", rank(), " of ",
-                                   size(), ": the backend was shut down while it ran"))));
-    } catch (...) {
-      // It completed in the meantime.
-    }
-  }
-  for (auto& worker : workers_) {
-    if (all_exited) {
-      worker.join();
-    } else {
-      worker.detach();
-    }
-  }
-  workers_.clear();
+  queue_->join(std::chrono::milliseconds(100));
 }
 
 }  // namespace c10d::backends::gloo

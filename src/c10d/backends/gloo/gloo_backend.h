@@ -10,12 +10,12 @@
 // (backends/ring) next to the Gloo context, unless GlooOptions::ring says otherwise: Gloo's
 // transport hands every message to an event-loop thread that spins until the receive is
 // posted, which with a few ranks per core costs milliseconds per operation
-// (docs/design/gloo.md). Ring operations take turns in the order they were issued, so every
-// rank runs them in the same order on one set of streams.
+// (docs/design/gloo.md).
 //
-// Asynchronous operations go into one FIFO queue served by `threads` worker threads; the
-// returned Work completes from the worker. Operations whose options say async_op = false run
-// on the caller's thread and return a completed Work, which saves two thread hand-offs.
+// Collectives run one at a time in submission order on the shared queue (pg/op_queue.h): a
+// synchronous one with nothing before it on the caller's thread, others on the queue's worker
+// or a thread waiting for them. So every rank runs them in the same order, on the ring's one
+// set of streams too.
 // Point-to-point operations are posted at once on the caller's thread and complete when their
 // Work is waited on (like Gloo's own unbound buffers).
 //
@@ -31,18 +31,16 @@
 // caller orders them identically on every rank.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "c10d/pg/backend.h"
+#include "c10d/pg/op_queue.h"
 #include "c10d/pg/signature.h"
 #include "c10d/store/store.h"
 
@@ -67,7 +65,8 @@ struct GlooOptions {
   // One Gloo context per device; operations alternate between them by sequence number.
   // Empty means create_default_device().
   std::vector<DevicePtr> devices;
-  // Worker threads running asynchronous operations.
+  // torch's option for worker threads running asynchronous operations; accepted, but
+  // operations run one at a time in submission order (pg/op_queue.h).
   int threads = 2;
   // Timeout of rendezvous and of every operation that does not set its own.
   pg::Millis timeout = pg::kDefaultPgTimeout;
@@ -134,7 +133,8 @@ class GlooBackend : public pg::Backend {
   void monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) override;
 
   // Fails queued operations, closes the connections (so running operations fail at once
-  // instead of waiting for peers) and joins the workers. Idempotent.
+  // instead of waiting for peers) and lets the queue's worker go: one still in a Gloo call
+  // after a short grace fails its operation and finishes on its own. Idempotent.
   void finish_pending(pg::Millis timeout) override;
   void shutdown() override;
 
@@ -149,48 +149,35 @@ class GlooBackend : public pg::Backend {
     pg::Millis timeout{0};  // already resolved: > 0
     int rank = 0;
     int size = 0;
-    // The ring, for operations that run on it (their turn is taken before the body runs).
+    // The ring, for operations whose data runs on it.
     ring::Ring* ring = nullptr;
-    int64_t ring_ticket = -1;
     // The user's call, which every rank checks against the others' before data moves.
     pg::Signature call;
   };
 
  private:
   using Body = std::function<void(const OpContext&)>;
-  struct Task {
-    std::shared_ptr<core::Work> work;
-    const char* name = "";
-    OpContext op;
-    Body body;
-    std::vector<pg::Tensor> outputs;  // what the Work's future resolves to
-    bool ring_data = false;           // the body moves its data on the ring
-    pg::Traffic traffic;              // checked across ranks with the call
-  };
-  // The queue, sequence counter and what error messages need, shared with the workers so that
-  // a worker stuck in a Gloo call after shutdown() (which does not wait for it) never touches
-  // a destroyed backend. Defined in internal.h.
+  // What running an operation needs, shared with the queue's worker. Defined in internal.h.
   struct Shared;
 
-  // Runs `body` inline (async == false) or on the workers; the Work completes with `outputs`.
-  // `call` (its sequence number filled in here) and `traffic` are checked against every
-  // rank's before the body runs (see run_task). `on_ring`: the body may run its reductions on
-  // the ring, whose messages carry the call.
+  // Queues `body` on the shared queue; the Work completes with `outputs`. `call` (its sequence
+  // number filled in) and `traffic` are checked against every rank's before the body runs
+  // (see run). `on_ring`: the body may run its reductions on the ring, whose messages carry
+  // the call.
   WorkPtr submit(const char* op_name, pg::Signature call, pg::Millis op_timeout, bool async,
                  Body body, std::vector<pg::Tensor> outputs, bool on_ring = false,
                  pg::Traffic traffic = {});
-  // The next sequence number with its context and resolved timeout.
-  OpContext next_op(pg::Millis op_timeout);
-  OpContext context_for(uint32_t tag, pg::Millis op_timeout) const;
-  // Runs the task, storing its result or error in its Work. Never throws. Every collective
-  // first checks its call against the other ranks': on the ring (the previous member's, and
-  // with traffic, everyone's), else through one Gloo all-gather of every rank's call. Either
-  // way the first message of every operation has the same size on every rank, so ranks in
-  // different operations fail naming both instead of Gloo aborting on a message of the wrong
-  // size.
-  static void run_task(Shared& shared, Task& task) noexcept;
-  static void agree(const Shared& shared, Task& task);
-  static void worker_loop(std::shared_ptr<Shared> shared);
+  // Runs one operation, throwing its error in our terms. Every collective first checks its
+  // call against the other ranks': on the ring (the previous member's, and with traffic,
+  // everyone's), else through one Gloo all-gather of every rank's call. Either way the first
+  // message of every operation has the same size on every rank, so ranks in different
+  // operations fail naming both instead of Gloo aborting on a message of the wrong size.
+  static void run(const Shared& shared, const char* op_name, OpContext& op, bool ring_data,
+                  const pg::Traffic& traffic, const Body& body);
+  static void agree(const Shared& shared, const char* op_name, const OpContext& op,
+                    const pg::Traffic& traffic);
+  // monitored_barrier's messages, run as operation `c` (the caller waits for it).
+  void run_monitored_barrier(const OpContext& c, bool wait_all_ranks);
   // Publishes this rank's listening address and reads everyone else's (for error messages).
   void exchange_addresses();
   WorkPtr post_p2p(core::OpType type, std::vector<pg::Tensor>& tensors, int peer, int tag);
@@ -199,6 +186,7 @@ class GlooBackend : public pg::Backend {
   std::vector<DevicePtr> devices_;
   std::vector<std::shared_ptr<::gloo::Context>> contexts_;
   std::shared_ptr<Shared> shared_;
+  std::shared_ptr<pg::OpQueue> queue_;
   // Receives given up on (monitored_barrier) but still registered with Gloo: a late message
   // must find its buffer alive, or the pair stalls. Kept until the backend goes away.
   struct Parked {
@@ -206,9 +194,8 @@ class GlooBackend : public pg::Backend {
     std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
   };
   std::mutex parked_mutex_;
-  std::vector<Parked> parked_;        // guarded by parked_mutex_
-  std::mutex shutdown_mutex_;         // serialises shutdown()
-  std::vector<std::thread> workers_;  // guarded by shutdown_mutex_ after construction
+  std::vector<Parked> parked_;  // guarded by parked_mutex_
+  std::mutex shutdown_mutex_;   // serialises shutdown()
 };
 
 }  // namespace c10d::backends::gloo

@@ -232,7 +232,20 @@ WorkPtr GlooBackend::post_p2p(OpType type, std::vector<Tensor>& tensors, int pee
 // Monitored barrier
 
 void GlooBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
-  const OpContext c = next_op(opts.timeout);
+  // In its turn among the collectives; the caller runs it (or waits for it) and sees its error.
+  queue_
+      ->submit(OpType::kBarrier, "monitored_barrier",
+               resolve_timeout(effective_timeout(opts.timeout)), false,
+               [this, wait_all_ranks](const pg::QueuedOp& queued) {
+                 run_monitored_barrier(
+                     shared_->context_for(static_cast<uint32_t>(queued.seq), queued.timeout),
+                     wait_all_ranks);
+               },
+               {})
+      ->wait();
+}
+
+void GlooBackend::run_monitored_barrier(const OpContext& c, bool wait_all_ranks) {
   if (c.size == 1) return;
   const core::Deadline deadline(c.timeout);
   const uint64_t arrive_slot = (kMonitoredBarrierPrefix << 56) | (uint64_t{c.tag} << 24);

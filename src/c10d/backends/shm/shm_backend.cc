@@ -277,7 +277,7 @@ bool ShmBackend::has_inline(OpType type) const { return inline_name(type) != nul
 
 void ShmBackend::run_inline(const pg::InlineOp& op) {
   const char* name = inline_name(op.type);
-  const pg::OpQueue::RunNow now(*queue_);  // the engine is this thread's while it is held
+  const pg::OpQueue::RunNow now(*queue_, name);  // the engine is this thread's while it is held
   if (!now.seq()) {
     // Earlier asynchronous operations are queued (or the backend is shut down): queue this
     // one behind them and wait, which keeps the order and reports the state.
