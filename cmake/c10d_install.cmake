@@ -27,7 +27,7 @@ install(FILES ${PROJECT_BINARY_DIR}/c10dConfig.cmake ${PROJECT_BINARY_DIR}/c10dC
 
 # pkg-config: the libraries in link order (dependents first), then what they need.
 set(c10d_pc_libs "")
-foreach(lib IN ITEMS backends_hier backends_gloo backends_ring backends_shm backends_mpi ddp control pg store core)
+foreach(lib IN ITEMS backends_hier backends_gloo net_ring backends_shm backends_mpi ddp control pg store net core)
   if(TARGET c10d_${lib})
     string(APPEND c10d_pc_libs " -lc10d_${lib}")
   endif()

@@ -9,9 +9,9 @@
 #include <mutex>
 #include <utility>
 
+#include "c10d/backends/fake/fake_backend.h"
 #include "c10d/control/handlers.h"
 #include "c10d/core/exception.h"
-#include "c10d/pg/fake_backend.h"
 #include "c10d/pg/flight_recorder.h"
 #include "c10d/pg/process_group.h"
 #include "c10d/pg/profiler.h"
@@ -482,7 +482,7 @@ void init_pg(py::module_& m) {
            "The timeout of the operations submitted from now on that set none.");
   bind_collectives<Backend>(backend);
 
-  py::class_<pg::FakeBackend, Backend, std::shared_ptr<pg::FakeBackend>>(
+  py::class_<backends::fake::FakeBackend, Backend, std::shared_ptr<backends::fake::FakeBackend>>(
       m, "FakeProcessGroup", "A backend that completes every operation at once, for tests.")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("world_size"));
 

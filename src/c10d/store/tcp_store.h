@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "c10d/store/socket.h"
+#include "c10d/net/socket.h"
 #include "c10d/store/store.h"
 
 namespace c10d::store {

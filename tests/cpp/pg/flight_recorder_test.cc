@@ -11,14 +11,15 @@
 #include <sstream>
 #include <thread>
 
+#include "c10d/backends/fake/fake_backend.h"
 #include "c10d/core/exception.h"
-#include "c10d/pg/fake_backend.h"
 #include "c10d/pg/process_group.h"
 #include "c10d/store/hash_store.h"
 
 namespace c10d::pg {
 namespace {
 
+using backends::fake::FakeBackend;
 using core::DType;
 using core::OpType;
 using core::Tensor;

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "c10d/core/exception.h"
-#include "c10d/store/socket.h"
+#include "c10d/net/socket.h"
 #include "c10d/store/tcp_server.h"
 #include "c10d/store/tcp_store.h"
 #include "c10d/store/wire.h"

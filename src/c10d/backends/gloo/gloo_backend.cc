@@ -156,8 +156,8 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
       std::vector<int> ranks(size);
       for (int r = 0; r < size; ++r) ranks[r] = r;
       auto ring_store = std::make_shared<store::PrefixStore>("gloo/ring", store_);
-      shared_->ring = std::make_unique<ring::Ring>(std::move(ring_store), rank, std::move(ranks),
-                                                   ip, timeout, ring::Ring::Label{"Gloo", ""});
+      shared_->ring = std::make_unique<net::Ring>(std::move(ring_store), rank, std::move(ranks), ip,
+                                                  timeout, net::Ring::Label{"Gloo", ""});
     }
   }
   shared_->contexts = contexts_;
@@ -256,7 +256,7 @@ void GlooBackend::run(const Shared& shared, const char* op_name, OpContext& op, 
 void GlooBackend::agree(const Shared& shared, const char* op_name, const OpContext& op,
                         const pg::Traffic& traffic) {
   if (op.size == 1) return;
-  ring::Ring* ring = shared.ring.get();
+  net::Ring* ring = shared.ring.get();
   if (ring && op.size == 2 && traffic.sends.empty()) {
     // Two members compare with each other: the ring's header is the whole check.
     ring->check(op.timeout, op.call);

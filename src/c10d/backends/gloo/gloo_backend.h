@@ -7,7 +7,7 @@
 // the same order (the usual process-group contract).
 //
 // all_reduce, reduce_scatter, all_gather, broadcast and barrier run on a TCP ring of c10d's own
-// (backends/ring) next to the Gloo context, unless GlooOptions::ring says otherwise: Gloo's
+// (net/ring.h) next to the Gloo context, unless GlooOptions::ring says otherwise: Gloo's
 // transport hands every message to an event-loop thread that spins until the receive is
 // posted, which with a few ranks per core costs milliseconds per operation
 // (docs/design/gloo.md).
@@ -52,9 +52,9 @@ class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
-namespace c10d::backends::ring {
+namespace c10d::net {
 class Ring;
-}  // namespace c10d::backends::ring
+}  // namespace c10d::net
 
 namespace c10d::backends::gloo {
 
@@ -150,7 +150,7 @@ class GlooBackend : public pg::Backend {
     int rank = 0;
     int size = 0;
     // The ring, for operations whose data runs on it.
-    ring::Ring* ring = nullptr;
+    net::Ring* ring = nullptr;
     // The user's call, which every rank checks against the others' before data moves.
     pg::Signature call;
   };

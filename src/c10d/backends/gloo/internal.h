@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "c10d/backends/gloo/gloo_backend.h"
-#include "c10d/backends/ring/ring.h"
+#include "c10d/net/ring.h"
 
 namespace c10d::backends::gloo {
 
@@ -59,7 +59,7 @@ struct GlooBackend::Shared {
   // One Gloo context per device; operations alternate between them by sequence number.
   std::vector<std::shared_ptr<::gloo::Context>> contexts;
   // The ring (null without one). Operations run one at a time, so at most one uses it.
-  std::unique_ptr<ring::Ring> ring;
+  std::unique_ptr<net::Ring> ring;
 };
 
 }  // namespace c10d::backends::gloo

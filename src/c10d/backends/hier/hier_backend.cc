@@ -7,10 +7,10 @@
 #include <utility>
 
 #include "c10d/backends/gloo/gloo_backend.h"
-#include "c10d/backends/shm/segment.h"
 #include "c10d/backends/shm/shm_backend.h"
 #include "c10d/core/exception.h"
 #include "c10d/core/reduce.h"
+#include "c10d/net/host.h"
 #include "c10d/store/prefix_store.h"
 
 namespace c10d::backends::hier {
@@ -27,7 +27,7 @@ bool Topology::uniform() const {
 }
 
 Topology discover_topology(store::Store& store, int rank, int size, const std::string& prefix) {
-  store.set(str_cat(prefix, rank), store::to_bytes(shm::host_identity()));
+  store.set(str_cat(prefix, rank), store::to_bytes(net::host_identity()));
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(str_cat(prefix, r));
   const std::vector<store::Bytes> ids = store.multi_get(keys);
@@ -118,9 +118,9 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
     if (const std::string ip = cross->listen_ip(); !ip.empty()) {
       std::vector<int> members;
       for (const auto& host : t.hosts) members.push_back(host[t.local_rank]);
-      ring_ = std::make_unique<ring::Ring>(prefixed(str_cat("hier/ring/", t.local_rank, "/")),
-                                           t.host, std::move(members), ip, timeout,
-                                           ring::Ring::Label{"hier", " between hosts"});
+      ring_ = std::make_unique<net::Ring>(prefixed(str_cat("hier/ring/", t.local_rank, "/")),
+                                          t.host, std::move(members), ip, timeout,
+                                          net::Ring::Label{"hier", " between hosts"});
     }
   }
   world_ = std::make_shared<gloo::GlooBackend>(prefixed("hier/world/"), rank, size, go);
@@ -287,7 +287,7 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout, u
     o.timeout = left();
     if (cross_) {
       if (split) {
-        const auto [offset, count] = ring::part_of(t.numel(), parts, top.local_rank);
+        const auto [offset, count] = net::part_of(t.numel(), parts, top.local_rank);
         if (count > 0) cross_allreduce(t.flatten().flat_slice(offset, count), o, seq);
       } else {
         cross_allreduce(t, o, seq);
@@ -299,7 +299,7 @@ void HierBackend::run_allreduce(Tensor& t, const ReduceOp& op, Millis timeout, u
       for (int l = 0; l < (split ? parts : 1); ++l) {
         bo.timeout = left();
         const auto [offset, count] =
-            split ? ring::part_of(t.numel(), parts, l) : std::pair<int64_t, int64_t>{0, t.numel()};
+            split ? net::part_of(t.numel(), parts, l) : std::pair<int64_t, int64_t>{0, t.numel()};
         if (count == 0) continue;
         std::vector<Tensor> piece = {t.flatten().flat_slice(offset, count)};
         bo.root_rank = l;

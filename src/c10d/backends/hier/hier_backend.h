@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "c10d/backends/ring/ring.h"
+#include "c10d/net/ring.h"
 #include "c10d/pg/backend.h"
 #include "c10d/pg/op_queue.h"
 #include "c10d/store/store.h"
@@ -120,7 +120,7 @@ class HierBackend : public pg::Backend {
   std::shared_ptr<pg::Backend> cross_;      // this local rank's peers on the other hosts (or null)
   std::shared_ptr<pg::Backend> world_;      // all ranks (Gloo)
   std::shared_ptr<store::Store> failures_;  // "<rank>": why its operation failed
-  std::unique_ptr<ring::Ring> ring_;        // all_reduce and broadcast between hosts, beside cross_
+  std::unique_ptr<net::Ring> ring_;         // all_reduce and broadcast between hosts, beside cross_
   // The local rank whose cross group carries a broadcast or reduce rooted at each rank.
   std::vector<int> local_rank_of_;
   std::vector<int> host_of_;

@@ -19,6 +19,7 @@
 
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
+#include "c10d/net/host.h"
 
 namespace c10d::backends::shm {
 
@@ -101,13 +102,6 @@ void write_cpu_mask(uint64_t (&mask)[kMaxCpus / 64]) {
 }
 
 }  // namespace
-
-std::string host_identity() {
-  if (core::env_is_set(core::kEnvShmHostId)) return core::env_string(core::kEnvShmHostId);
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  return str_cat(host, "/", read_first_line("/proc/sys/kernel/random/boot_id"));
-}
 
 Layout::Layout(int size, size_t heap_bytes_in) {
   const size_t n = static_cast<size_t>(size);
@@ -208,7 +202,7 @@ Segment::Segment(store::Store& store, int rank, int size, size_t heap_bytes, cor
   h->self_address = reinterpret_cast<uint64_t>(mine);
   pids_[rank] = h->pid;
 
-  PeerInfo me{h->pid, fd, layout_.total, host_identity()};
+  PeerInfo me{h->pid, fd, layout_.total, net::host_identity()};
   try {
     store.set(str_cat("shm/info/", rank), store::to_bytes(encode(me)));
     std::vector<PeerInfo> peers(size);

@@ -264,8 +264,4 @@ class Segment {
   Heap heap_;
 };
 
-// This machine's identity for the same-host check: C10D_SHM_HOST_ID if set, else
-// "<hostname>/<boot id>".
-std::string host_identity();
-
 }  // namespace c10d::backends::shm

@@ -9,19 +9,20 @@
 #include <thread>
 #include <vector>
 
-#include "c10d/backends/ring/ring.h"
+#include "../backends/rank_threads.h"
 #include "c10d/core/exception.h"
+#include "c10d/net/ring.h"
 #include "c10d/store/hash_store.h"
-#include "rank_threads.h"
 
-namespace c10d::backends::ring {
+namespace c10d::net {
 namespace {
 
-using core::DType;
-using core::ReduceOp;
+namespace rank_threads = backends::rank_threads;
 using rank_threads::expect_same;
 using rank_threads::expected_reduce;
 using rank_threads::filled;
+using core::DType;
+using core::ReduceOp;
 using namespace std::chrono_literals;
 
 pg::Signature allreduce_call(uint64_t seq) { return pg::Signature(core::OpType::kAllreduce, seq); }
@@ -210,4 +211,4 @@ TEST(Ring, AMemberThatNeverConnectsTimesOutNamingIt) {
 }
 
 }  // namespace
-}  // namespace c10d::backends::ring
+}  // namespace c10d::net

@@ -5,7 +5,22 @@
 
 #include "c10d/pg/backend.h"
 
-namespace c10d::pg {
+namespace c10d::backends::fake {
+
+using pg::AllgatherOptions;
+using pg::AllreduceCoalescedOptions;
+using pg::AllreduceOptions;
+using pg::AllToAllOptions;
+using pg::Backend;
+using pg::BarrierOptions;
+using pg::BroadcastOptions;
+using pg::GatherOptions;
+using pg::ReduceOptions;
+using pg::ReduceScatterOptions;
+using pg::ScatterOptions;
+using pg::Tensor;
+using pg::Work;
+using pg::WorkPtr;
 
 class FakeBackend : public Backend {
  public:
@@ -82,4 +97,4 @@ class FakeBackend : public Backend {
   }
 };
 
-}  // namespace c10d::pg
+}  // namespace c10d::backends::fake

@@ -1,4 +1,5 @@
-// Small RAII helpers over blocking-style TCP client sockets, used by the TCPStore client.
+// Small RAII helpers over blocking-style TCP client sockets, used by the TCPStore client and
+// the ring (net/ring.h).
 // Every operation takes a core::Deadline, implemented with non-blocking sockets and poll(), so
 // a dead or silent peer can never hang the caller past its deadline.
 #pragma once
@@ -10,7 +11,7 @@
 
 #include "c10d/core/deadline.h"
 
-namespace c10d::store::net {
+namespace c10d::net {
 
 // The text of errno value `err`.
 std::string errno_text(int err);
@@ -76,4 +77,4 @@ class Socket {
   size_t rend_ = 0;
 };
 
-}  // namespace c10d::store::net
+}  // namespace c10d::net

@@ -2,7 +2,7 @@
 // operation: the Gloo backend's all_reduce over its group, and the hierarchical backend's
 // between hosts (one member per host). Gloo's transport hands every message to an event-loop
 // thread that polls for it; with a few ranks per core those hand-offs and polls cost more than
-// the transfer (see docs/design/gloo.md). Private to the backends.
+// the transfer (see docs/design/gloo.md). For the backends.
 #pragma once
 
 #include <atomic>
@@ -16,12 +16,12 @@
 #include "c10d/core/deadline.h"
 #include "c10d/core/dtype.h"
 #include "c10d/core/reduce_op.h"
+#include "c10d/net/socket.h"
 #include "c10d/pg/options.h"
 #include "c10d/pg/signature.h"
-#include "c10d/store/socket.h"
 #include "c10d/store/store.h"
 
-namespace c10d::backends::ring {
+namespace c10d::net {
 
 // The [offset, offset + count) piece `part` of `parts` nearly equal pieces of `n` elements.
 std::pair<int64_t, int64_t> part_of(int64_t n, int parts, int part);
@@ -125,10 +125,10 @@ class Ring {
   std::vector<std::string> hosts_;  // the address each member listens on, by member
   std::vector<int> ports_;
   int listen_fd_ = -1;
-  store::net::Socket next_;  // to member index_ + 1
-  Peer prev_;                // from member index_ - 1
-  bool connecting_ = true;   // still in the constructor
-  pg::Signature op_;         // the running operation, for messages (formatted only on error)
+  net::Socket next_;        // to member index_ + 1
+  Peer prev_;               // from member index_ - 1
+  bool connecting_ = true;  // still in the constructor
+  pg::Signature op_;        // the running operation, for messages (formatted only on error)
   size_t op_bytes_ = 0;
   pg::Millis timeout_{0};
   std::string broken_;  // why the ring refuses operations, once it does
@@ -136,4 +136,4 @@ class Ring {
   std::atomic<bool> aborted_{false};
 };
 
-}  // namespace c10d::backends::ring
+}  // namespace c10d::net

@@ -1,4 +1,4 @@
-#include "c10d/store/socket.h"
+#include "c10d/net/socket.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -14,7 +14,7 @@
 
 #include "c10d/core/exception.h"
 
-namespace c10d::store::net {
+namespace c10d::net {
 namespace {
 
 using core::detail::str_cat;
@@ -207,4 +207,4 @@ void Socket::recv_exact(void* data, size_t size, const core::Deadline& deadline)
   }
 }
 
-}  // namespace c10d::store::net
+}  // namespace c10d::net

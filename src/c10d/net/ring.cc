@@ -1,4 +1,4 @@
-#include "c10d/backends/ring/ring.h"
+#include "c10d/net/ring.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,12 +15,10 @@
 #include "c10d/core/exception.h"
 #include "c10d/core/reduce.h"
 
-namespace c10d::backends::ring {
+namespace c10d::net {
 
 using core::Deadline;
 using core::detail::str_cat;
-using store::net::errno_text;
-using store::net::wait_for;
 
 namespace {
 
@@ -131,10 +129,10 @@ void Ring::connect_ring(const std::string& listen_ip, const Deadline& deadline) 
   // previous one; both say who they are first.
   const int next = (index_ + 1) % size_;
   {
-    store::net::Status status;
+    net::Status status;
     for (;;) {
-      status = store::net::Socket::connect(hosts_[next], static_cast<uint16_t>(ports_[next]),
-                                           deadline, next_);
+      status =
+          net::Socket::connect(hosts_[next], static_cast<uint16_t>(ports_[next]), deadline, next_);
       if (status.ok() || status.error != ECONNREFUSED || deadline.expired()) break;
       ::usleep(10'000);
     }
@@ -414,4 +412,4 @@ void Ring::allreduce(void* data, size_t count, core::DType dtype, const core::Re
   gather_around(bytes, chunk, 1, deadline);
 }
 
-}  // namespace c10d::backends::ring
+}  // namespace c10d::net
