@@ -34,6 +34,8 @@ from ._C import (  # noqa: F401  (re-exported API)
     DistStoreError,
     DistStoreTimeoutError,
     DistTimeoutError,
+    DistTypeError,
+    DistValueError,
     FakeProcessGroup,
     FileStore,
     Future,

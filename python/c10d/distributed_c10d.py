@@ -49,8 +49,8 @@ default_pg_timeout = _C._DEFAULT_PG_TIMEOUT
 # Bad arguments raise these: a ValueError (TypeError) that is also a RuntimeError, since
 # torch.distributed raises RuntimeError for the checks its C++ layer makes (and older releases
 # for most Python ones) and ValueError/TypeError for others.
-_DistValueError = _C._ArgumentValueError
-_DistTypeError = _C._ArgumentTypeError
+_DistValueError = _C.DistValueError
+_DistTypeError = _C.DistTypeError
 
 
 class _ArgumentError(_DistValueError, AssertionError):

@@ -29,9 +29,7 @@ def register_rendezvous_handler(scheme, handler):
 def _error(init_method: str, message: str) -> ValueError:
     # A ValueError, as torch's rendezvous raises for a bad URL or environment, that is also a
     # RuntimeError, as torch's backends raise for a rank outside the world.
-    return _C._ArgumentValueError(
-        f"Error initializing c10d using {init_method} rendezvous: {message}"
-    )
+    return _C.DistValueError(f"Error initializing c10d using {init_method} rendezvous: {message}")
 
 
 def _query_int(query, name, url):
@@ -181,10 +179,10 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs) -> Iter
     the scheme's handler gets the URL and `kwargs` (`timeout`)."""
     if not isinstance(url, str):
         # A TypeError that is also a RuntimeError, which torch raises here.
-        raise _C._ArgumentTypeError(f"init_method must be a str URL, got {type(url).__name__}")
+        raise _C.DistTypeError(f"init_method must be a str URL, got {type(url).__name__}")
     for name, value in (("rank", rank), ("world_size", world_size)):
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-            raise _C._ArgumentTypeError(f"`{name}` must be an integer, got {value!r}")
+            raise _C.DistTypeError(f"`{name}` must be an integer, got {value!r}")
     parsed = urlparse(url)
     if rank != -1 or world_size != -1:
         query = parse_qs(parsed.query)
@@ -194,7 +192,7 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs) -> Iter
         extra = [f"{k}={v}" for k, v in (("rank", rank), ("world_size", world_size)) if v != -1]
         url = urlunparse(parsed._replace(query="&".join(filter(None, [parsed.query] + extra))))
     if parsed.scheme not in _handlers:
-        raise _C._ArgumentValueError(
+        raise _C.DistValueError(
             f"No rendezvous handler for {parsed.scheme}:// (known: {', '.join(sorted(_handlers))})"
         )
     result = _handlers[parsed.scheme](url, **kwargs)

@@ -449,6 +449,28 @@ def test_argument_errors_are_also_runtime_errors(world1):
         dist.init_process_group("gloo", init_method="nope://x", rank=0, world_size=1)
 
 
+def test_errors_show_public_class_names(world1):
+    # A traceback prints the class's module and name: both must be what users can import.
+    t = np.ones(2, dtype=np.float32)
+    calls = [
+        lambda: dist.broadcast(t, src=1),
+        lambda: dist.all_gather(np.zeros(2), t),
+        lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND),
+        lambda: dist.P2POp(dist.send, t, 0),
+        lambda: dist.get_group_rank(dist.new_group([0]), 5),
+    ]
+    for call in calls:
+        with pytest.raises(Exception) as info:
+            call()
+        cls = type(info.value)
+        if cls.__module__ == "builtins":
+            continue
+        assert cls.__module__ == "c10d" and not cls.__name__.startswith("_"), cls
+        assert getattr(dist, cls.__name__) is cls, cls
+    assert issubclass(dist.DistValueError, ValueError)
+    assert issubclass(dist.DistTypeError, TypeError)
+
+
 def test_public_functions_keep_identity_and_signature():
     import inspect
 

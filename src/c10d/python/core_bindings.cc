@@ -71,11 +71,11 @@ void register_exceptions(py::module_& m) {
   // are both: code written for either catches them.
   py::tuple value_bases =
       py::make_tuple(py::handle(PyExc_ValueError), py::handle(PyExc_RuntimeError));
-  g_argument_value_error = new_exception(m, "_ArgumentValueError", value_bases.ptr(),
+  g_argument_value_error = new_exception(m, "DistValueError", value_bases.ptr(),
                                          "A bad argument (a ValueError and a RuntimeError).");
   py::tuple type_bases =
       py::make_tuple(py::handle(PyExc_TypeError), py::handle(PyExc_RuntimeError));
-  g_argument_type_error = new_exception(m, "_ArgumentTypeError", type_bases.ptr(),
+  g_argument_type_error = new_exception(m, "DistTypeError", type_bases.ptr(),
                                         "An argument of the wrong type (a TypeError and a "
                                         "RuntimeError).");
 
