@@ -187,31 +187,49 @@ def test_process_group_built_by_hand_as_in_torch():
     assert issubclass(dist.ProcessGroupGloo, dist._Backend)
 
 
-def test_log_lines_name_the_global_rank(tmp_path):
-    # init_process_group sets it (torch's _set_global_rank); a raising completion hook logs.
+# A raising completion hook logs a WARNING for each operation it sees.
+_HOOK_WARNS = """
+import numpy as np
+import c10d as dist
+store = dist.TCPStore("127.0.0.1", 0, 1, True)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+def broken(info):
+    raise KeyError("hook failure")
+dist.group.WORLD._register_on_completion_hook(broken)
+dist.all_reduce(np.ones(2))
+dist._set_global_rank(5)
+dist.all_reduce(np.ones(2))
+dist.destroy_process_group()
+"""
+
+
+def _hook_warnings(tmp_path, **env):
     script = tmp_path / "job.py"
-    script.write_text(
-        textwrap.dedent("""
-        import numpy as np
-        import c10d as dist
-        store = dist.TCPStore("127.0.0.1", 0, 1, True)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        def broken(info):
-            raise KeyError("hook failure")
-        dist.group.WORLD._register_on_completion_hook(broken)
-        dist.all_reduce(np.ones(2))
-        dist._set_global_rank(5)
-        dist.all_reduce(np.ones(2))
-        dist.destroy_process_group()
-        """)
-    )
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    script.write_text(_HOOK_WARNS)
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), **env)
+    for name in ("C10D_LOG_LEVEL", "TORCH_CPP_LOG_LEVEL"):
+        if not env[name]:
+            del env[name]
     out = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out
-    lines = [line for line in out.stderr.splitlines() if "hook failure" in line]
-    assert len(lines) == 2, out.stderr
+    return [line for line in out.stderr.splitlines() if "hook failure" in line]
+
+
+def test_log_level_follows_c10d_then_torch_variable(tmp_path):
+    assert _hook_warnings(tmp_path, TORCH_CPP_LOG_LEVEL="ERROR", C10D_LOG_LEVEL="") == []
+    assert _hook_warnings(tmp_path, TORCH_CPP_LOG_LEVEL="3", C10D_LOG_LEVEL="") == []
+    assert len(_hook_warnings(tmp_path, TORCH_CPP_LOG_LEVEL="INFO", C10D_LOG_LEVEL="")) == 2
+    # C10D_LOG_LEVEL, when set, wins.
+    both = _hook_warnings(tmp_path, TORCH_CPP_LOG_LEVEL="ERROR", C10D_LOG_LEVEL="WARNING")
+    assert len(both) == 2
+
+
+def test_log_lines_name_the_global_rank(tmp_path):
+    # init_process_group sets it (torch's _set_global_rank).
+    lines = _hook_warnings(tmp_path, C10D_LOG_LEVEL="", TORCH_CPP_LOG_LEVEL="")
+    assert len(lines) == 2, lines
     assert lines[0].startswith("[c10d rank 0 WARNING]"), lines
     assert lines[1].startswith("[c10d rank 5 WARNING]"), lines
 

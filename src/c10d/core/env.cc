@@ -29,11 +29,12 @@ DebugLevel parse_debug_level(const std::string& text) {
                         " must be one of OFF, INFO, DETAIL; got '" + text + "'");
 }
 
+// c10d's names, and torch's (TORCH_CPP_LOG_LEVEL: FATAL, and 0-3 for INFO to FATAL).
 LogLevel parse_log_level(const std::string& text) {
   const std::string value = upper(text);
   if (value == "DEBUG") return LogLevel::kDebug;
-  if (value == "INFO") return LogLevel::kInfo;
-  if (value == "ERROR") return LogLevel::kError;
+  if (value == "INFO" || value == "0") return LogLevel::kInfo;
+  if (value == "ERROR" || value == "FATAL" || value == "2" || value == "3") return LogLevel::kError;
   return LogLevel::kWarning;
 }
 
@@ -119,7 +120,11 @@ std::string_view debug_level_name(DebugLevel level) {
 bool log_enabled(LogLevel level) {
   int threshold = g_log_level.load(std::memory_order_relaxed);
   if (threshold < 0) {
-    threshold = static_cast<int>(parse_log_level(env_string(kEnvLogLevel)));
+    // C10D_LOG_LEVEL, else the level torch users set.
+    const EnvVar& source = env_is_set(kEnvLogLevel) || !env_is_set(kEnvTorchCppLogLevel)
+                               ? kEnvLogLevel
+                               : kEnvTorchCppLogLevel;
+    threshold = static_cast<int>(parse_log_level(env_string(source)));
     g_log_level.store(threshold, std::memory_order_relaxed);
   }
   // INFO messages also appear when the distributed debug level asks for them.

@@ -44,6 +44,9 @@ struct EnvVar {
     "Accepted for compatibility with torch; the TCPStore server always runs on libuv.")        \
   X(kEnvLogLevel, "C10D_LOG_LEVEL", "WARNING",                                                 \
     "Least severe log message printed to stderr: DEBUG, INFO, WARNING or ERROR.")              \
+  X(kEnvTorchCppLogLevel, "TORCH_CPP_LOG_LEVEL", "WARNING",                                    \
+    "torch's log level (INFO, WARNING, ERROR, FATAL or 0-3), used when C10D_LOG_LEVEL is not " \
+    "set.")                                                                                    \
   X(kEnvControlSecret, "C10D_CONTROL_SECRET", "",                                              \
     "Shared secret of the control plane: worker servers refuse requests without the header "   \
     "'Authorization: Bearer <secret>'; empty means no authentication.")                        \
