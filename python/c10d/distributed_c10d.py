@@ -17,6 +17,7 @@ import os
 import pickle
 import sys
 import time
+import uuid
 import warnings
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -983,11 +984,41 @@ def init_process_group(
         backend = Backend.AUTO if is_backend_available(Backend.AUTO) else Backend.GLOO
     name = group_name or str(_world.group_count)
     _world.group_count += 1
+    job = _announce_job(store, rank)
     pg = _new_process_group_helper(world_size, rank, [], backend, store, name, pg_options, timeout)
+    _C._set_trace_job(job if job is not None else _announced_job(store))
     pg._set_group_desc("default_pg")
     _world.set_default(pg)
     _C._set_global_rank(rank)  # c10d's log lines name the rank from here on
     _mirror_into_torch(pg, store, rank, world_size, timeout)
+
+
+_JOB_KEY = "c10d/job"
+
+
+def _announce_job(store, rank) -> Optional[str]:
+    """The job's name in flight-recorder dumps, so that jobs sharing a dump directory keep
+    apart: the launcher's run id (TORCHELASTIC_RUN_ID), else a name rank 0 makes up and
+    publishes before the default group exists. None on the other ranks, which read it once
+    the group exists (its creation meets rank 0 after the publication)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return run_id
+    if rank != 0:
+        return None
+    job = uuid.uuid4().hex[:12]
+    try:
+        store.set(_JOB_KEY, job)
+    except Exception:  # a store that refuses it: the dumps go without a shared name
+        return ""
+    return job
+
+
+def _announced_job(store) -> str:
+    try:
+        return store.get(_JOB_KEY).decode() if store.check([_JOB_KEY]) else ""
+    except Exception:
+        return ""
 
 
 def _mirror_into_torch(pg, store, rank, world_size, timeout) -> None:

@@ -1,11 +1,14 @@
 """Reads the flight-recorder dumps of every rank and says what went wrong.
 
-    python -m c10d.trace DIR [--verbose]
+    python -m c10d.trace DIR [--job JOB] [--verbose]
 
-Each rank writes ``c10d_trace_rank<rank>.json`` into ``C10D_TRACE_DUMP_DIR`` when one of its
+Each rank writes ``c10d_trace_<job>_rank<rank>.json`` into ``C10D_TRACE_DUMP_DIR`` when one of its
 operations fails with a backend error (and asks the others, through the store, to do the
-same), on SIGUSR1, or when ``c10d._dump_trace_to_file()`` is called. This command compares
-the dumps group by group:
+same), on SIGUSR1, or when ``c10d._dump_trace_to_file()`` is called. ``<job>`` is the
+launcher's run id (TORCHELASTIC_RUN_ID) or a name rank 0 made up at init_process_group, the
+same on every rank of a job. The dumps of one job are read together, never those of two: a
+directory holding several jobs' dumps needs ``--job``. This command compares the dumps group by
+group:
 
 - collectives are matched by their per-group sequence number, which every member assigns in
   the same order: the first one not completed by every member is the suspect. Members that
@@ -53,9 +56,12 @@ class GroupView:
     p2p: List[dict] = field(default_factory=list)
 
 
-def load_dumps(directory: str) -> Tuple[Dict[int, Dump], List[str]]:
+def load_dumps(directory: str, job: Optional[str] = None) -> Tuple[Dict[int, Dump], List[str]]:
+    """The dumps of one job in `directory` by rank (of `job`, or of the only job there; a
+    ValueError names the jobs when there are several), and warnings about files skipped."""
     dumps: Dict[int, Dump] = {}
     warnings: List[str] = []
+    by_job: Dict[str, List[str]] = {}
     for path in sorted(glob.glob(os.path.join(directory, "c10d_trace_*.json"))):
         try:
             with open(path) as f:
@@ -70,6 +76,10 @@ def load_dumps(directory: str) -> Tuple[Dict[int, Dump], List[str]]:
                 f"supported (expected {SUPPORTED_MAJOR}.x)"
             )
             continue
+        dump_job = str(data.get("job") or "")
+        by_job.setdefault(dump_job, []).append(os.path.basename(path))
+        if job is not None and dump_job != job:
+            continue
         rank = data.get("rank")
         if not isinstance(rank, int) or rank < 0:
             m = re.search(r"rank(\d+)", os.path.basename(path))
@@ -81,6 +91,15 @@ def load_dumps(directory: str) -> Tuple[Dict[int, Dump], List[str]]:
             warnings.append(f"{os.path.basename(path)}: a second dump of rank {rank}, skipped")
             continue
         dumps[rank] = Dump(rank, path, data)
+    if job is None and len(by_job) > 1:
+        listed = "; ".join(
+            f"job {name or '(unnamed)'}: {', '.join(files)}"
+            for name, files in sorted(by_job.items())
+        )
+        raise ValueError(
+            f"{directory} holds the dumps of {len(by_job)} jobs, which must not be read "
+            f"together ({listed}): choose one with --job"
+        )
     return dumps, warnings
 
 
@@ -344,8 +363,12 @@ class Analysis:
         return self.problems
 
 
-def report(directory: str, verbose: bool = False, out=sys.stdout) -> int:
-    dumps, warnings = load_dumps(directory)
+def report(directory: str, verbose: bool = False, out=sys.stdout, job: Optional[str] = None) -> int:
+    try:
+        dumps, warnings = load_dumps(directory, job)
+    except ValueError as e:
+        print(f"c10d.trace: {e}", file=out)
+        return 2
     if not dumps:
         print(f"c10d.trace: no flight-recorder dumps (c10d_trace_*.json) in {directory}", file=out)
         for w in warnings:
@@ -400,7 +423,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         description="Explain a hang or failure from the flight-recorder dumps of every rank.",
     )
     parser.add_argument(
-        "directory", help="where the c10d_trace_rank*.json files are (C10D_TRACE_DUMP_DIR)"
+        "directory", help="where the c10d_trace_*.json files are (C10D_TRACE_DUMP_DIR)"
+    )
+    parser.add_argument(
+        "--job",
+        default=None,
+        help="read only this job's dumps (the name in their files, c10d_trace_<job>_rank<N>.json); "
+        "needed when the directory holds several jobs' (default: the only job there)",
     )
     parser.add_argument(
         "-v",
@@ -409,7 +438,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="also print every group's sequence numbers per rank",
     )
     args = parser.parse_args(argv)
-    return report(args.directory, args.verbose)
+    return report(args.directory, args.verbose, job=args.job)
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ def _entry(id, op, seq, state, sizes=((4,),), dtype="float32", p2p=False, peer=N
     return e
 
 
-def _write_dump(directory, rank, entries, world=2):
+def _write_dump(directory, rank, entries, world=2, job=""):
     collectives = [e for e in entries if not e["p2p"]]
     done = [e["seq"] for e in collectives if e["state"] == "completed"]
     data = {
@@ -132,6 +132,7 @@ def _write_dump(directory, rank, entries, world=2):
         "hostname": "h",
         "timestamp_ns": 10**10,
         "reason": "test",
+        "job": job,
         "entries": entries,
         "groups": [
             {
@@ -146,7 +147,8 @@ def _write_dump(directory, rank, entries, world=2):
             }
         ],
     }
-    (directory / f"c10d_trace_rank{rank}.json").write_text(json.dumps(data))
+    name = f"c10d_trace_{job}_rank{rank}.json" if job else f"c10d_trace_rank{rank}.json"
+    (directory / name).write_text(json.dumps(data))
 
 
 def test_analyzer_reports_mismatched_calls(tmp_path):
@@ -179,6 +181,59 @@ def test_analyzer_reports_missing_dump_and_bad_directory(tmp_path):
     assert "no dump from rank(s) 1" in text
 
 
+def test_analyzer_reads_one_job_at_a_time(tmp_path):
+    # Two jobs dumped into one directory: job a is healthy, job b has a rank that never
+    # joined. Merged, they would say nothing true about either.
+    for rank in (0, 1):
+        _write_dump(tmp_path, rank, [_entry(1, "allreduce", 1, "completed")], job="a")
+    _write_dump(tmp_path, 0, [_entry(1, "allreduce", 1, "started")], job="b")
+    out = []
+    assert trace.report(str(tmp_path), out=_Lines(out)) == 2
+    text = "".join(out)
+    assert "2 jobs" in text and "job a:" in text and "job b:" in text and "--job" in text, text
+    out = []
+    assert trace.report(str(tmp_path), out=_Lines(out), job="a") == 0, "".join(out)
+    out = []
+    assert trace.report(str(tmp_path), out=_Lines(out), job="b") == 1
+    assert "no dump from rank(s) 1" in "".join(out)
+    assert _analyze_job(tmp_path, "b").returncode == 1
+
+
+def _analyze_job(directory, job):
+    return subprocess.run(
+        [sys.executable, "-m", "c10d.trace", str(directory), "--job", job],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("run_id", ["", "job-42"])
+def test_dumps_are_named_after_their_job(tmp_path, run_id):
+    # The launcher's run id names the job; without one, rank 0 makes a name up at init.
+    script = textwrap.dedent("""
+        import c10d
+        c10d.init_process_group("gloo", store=c10d.HashStore(), rank=0, world_size=1)
+        print("JOB", c10d._C._trace_job())
+        print("PATH", c10d._dump_trace_to_file())
+        c10d.destroy_process_group()
+    """)
+    env = _env(C10D_TRACE_DUMP_DIR=str(tmp_path))
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    if run_id:
+        env["TORCHELASTIC_RUN_ID"] = run_id
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    job = lines["JOB"]
+    assert job == run_id if run_id else len(job) == 12, job
+    assert os.path.basename(lines["PATH"]) == f"c10d_trace_{job}_rank0.json"
+    assert json.loads(open(lines["PATH"]).read())["job"] == job
+
+
 class _Lines:
     def __init__(self, sink):
         self.sink = sink
@@ -203,11 +258,13 @@ def test_induced_hang_is_explained(tmp_path, backend):
     )
     harness.check_all_ok(results)
     assert "TRACE_HANG_TIMEOUT" in results[0].stdout, results[0].stdout
-    dump0 = json.loads((tmp_path / "c10d_trace_rank0.json").read_text())
+    (path0,) = tmp_path.glob("c10d_trace_*rank0.json")
+    dump0 = json.loads(path0.read_text())
     failed = [e for e in dump0["entries"] if e["state"] == "failed"]
     assert len(failed) == 1 and failed[0]["op"] == "allreduce", failed
     seq = failed[0]["seq"]
-    dump1 = json.loads((tmp_path / "c10d_trace_rank1.json").read_text())
+    (path1,) = tmp_path.glob("c10d_trace_*rank1.json")
+    dump1 = json.loads(path1.read_text())
     assert "requested" in dump1["reason"], dump1["reason"]
 
     result = _analyze(tmp_path)

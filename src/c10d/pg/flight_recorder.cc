@@ -512,6 +512,7 @@ std::string FlightRecorder::dump_json_locked(bool include_completed, bool only_a
   out["format"] = "c10d flight recorder";
   out["pid"] = static_cast<int64_t>(getpid());
   out["rank"] = dump_rank_locked();
+  out["job"] = job_;
   out["hostname"] = hostname();
   out["timestamp_ns"] = wall_ns();
   out["reason"] = reason;
@@ -604,18 +605,38 @@ std::string FlightRecorder::dump_trace_json(bool include_completed, bool only_ac
   return dump_json_locked(include_completed, only_active, "on demand", -1);
 }
 
+void FlightRecorder::set_job(const std::string& job) {
+  std::string kept;
+  for (char c : job) {
+    if (kept.size() == 64) break;
+    const bool plain = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    kept += plain ? c : '-';
+  }
+  std::lock_guard lock(lock_);
+  job_ = std::move(kept);
+}
+
+std::string FlightRecorder::job() const {
+  std::lock_guard lock(lock_);
+  return job_;
+}
+
 std::string FlightRecorder::dump_to_file(const std::string& reason) const {
   std::string text;
   int rank;
+  std::string job;
   {
     std::lock_guard lock(lock_);
     rank = dump_rank_locked();
+    job = job_;
     text = dump_json_locked(/*include_completed=*/true, /*only_active=*/false, reason, 1);
   }
   namespace fs = std::filesystem;
   const fs::path dir = core::env_string(core::kEnvTraceDumpDir);
-  const std::string name = rank >= 0 ? "c10d_trace_rank" + std::to_string(rank) + ".json"
-                                     : "c10d_trace_pid" + std::to_string(getpid()) + ".json";
+  const std::string name = "c10d_trace_" + (job.empty() ? "" : job + "_") +
+                           (rank >= 0 ? "rank" + std::to_string(rank)
+                                      : "pid" + std::to_string(getpid())) +
+                           ".json";
   const fs::path path = dir / name;
   const fs::path tmp = dir / (name + ".tmp" + std::to_string(getpid()));
   std::error_code ec;

@@ -212,8 +212,14 @@ class FlightRecorder {
   // The trace as JSON (see trace.py for the format). Without include_completed, successful
   // operations are left out; with only_active, only operations still in flight.
   std::string dump_trace_json(bool include_completed = true, bool only_active = false) const;
-  // Writes the trace to <C10D_TRACE_DUMP_DIR>/c10d_trace_rank<rank>.json (atomically, through
-  // a rename) and returns the path; throws DistError naming the path on I/O failure.
+  // The job this process belongs to (every rank of a job the same; init_process_group sets
+  // it): dumps carry it, and their file names too, so that jobs sharing a dump directory do
+  // not overwrite or mix with each other's. Kept to [A-Za-z0-9._-], at most 64 characters.
+  void set_job(const std::string& job);
+  std::string job() const;
+  // Writes the trace to <C10D_TRACE_DUMP_DIR>/c10d_trace_<job>_rank<rank>.json
+  // (c10d_trace_rank<rank>.json without a job; atomically, through a rename) and returns the
+  // path; throws DistError naming the path on I/O failure.
   std::string dump_to_file(const std::string& reason) const;
   // The global rank the dump file is named after: the first registered group's rank (mapped
   // through its global ranks), else the RANK env var, else -1.
@@ -252,6 +258,7 @@ class FlightRecorder {
   uint64_t next_group_uid_ = 1;                    // guarded by lock_
   std::vector<std::weak_ptr<TraceGroup>> groups_;  // guarded by lock_, registration order
   int64_t in_flight_ = 0;                          // guarded by lock_
+  std::string job_;                                // guarded by lock_
 
   std::atomic<bool> auto_dumped_{false};
 

@@ -626,7 +626,16 @@ void init_pg(py::module_& m) {
       "_dump_trace_to_file",
       [](const std::string& reason) { return pg::FlightRecorder::instance().dump_to_file(reason); },
       py::arg("reason") = "on demand", py::call_guard<py::gil_scoped_release>(),
-      "Writes the trace to <C10D_TRACE_DUMP_DIR>/c10d_trace_rank<rank>.json; returns the path.");
+      "Writes the trace to <C10D_TRACE_DUMP_DIR>/c10d_trace_<job>_rank<rank>.json; returns the "
+      "path.");
+  m.def(
+      "_set_trace_job", [](const std::string& job) { pg::FlightRecorder::instance().set_job(job); },
+      py::arg("job"),
+      "Names the job this process belongs to in its flight-recorder dumps (init_process_group "
+      "sets it).");
+  m.def(
+      "_trace_job", [] { return pg::FlightRecorder::instance().job(); },
+      "The job named in this process's flight-recorder dumps.");
   // The control plane's dump_trace_json handler serves this process's recorder, with the
   // query parameters onlyActive and includeCompleted ("true"/"false", also snake_case).
   control::set_trace_json_provider([](const std::map<std::string, std::string>& params) {

@@ -312,7 +312,8 @@ def trace_hang(dist, backend):
     dump_dir = os.environ["C10D_TRACE_DUMP_DIR"]
 
     def wait_for_dump(r, seconds=20.0):
-        path = os.path.join(dump_dir, f"c10d_trace_rank{r}.json")
+        job = dist._C._trace_job()
+        path = os.path.join(dump_dir, f"c10d_trace_{job + '_' if job else ''}rank{r}.json")
         deadline = time.monotonic() + seconds
         while not os.path.exists(path):
             assert time.monotonic() < deadline, f"rank {r} wrote no dump in {seconds}s"
