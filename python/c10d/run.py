@@ -11,6 +11,7 @@ and number themselves; with the static one each node gives its --node-rank.
 
 import argparse
 import collections
+import glob
 import json
 import os
 import shutil
@@ -62,10 +63,76 @@ def _streams(spec: str, local_rank: int) -> int:
     return 0
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="c10drun", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module's text as written, and every option's default."""
+
+
+# What --numa-binding groups CPUs by: the sysfs file naming each CPU's group.
+_CPU_GROUPINGS = {
+    "node": None,  # /sys/devices/system/node/node<N>/cpulist
+    "socket": "topology/physical_package_id",
+    "core-complex": "cache/index3/id",  # CPUs sharing a last-level cache
+}
+
+
+def _cpu_list(text: str) -> List[int]:
+    """ "0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11]."""
+    cpus: List[int] = []
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _cpu_groups(mode: str) -> List[List[int]]:
+    """The usable CPUs of this machine in groups: NUMA nodes ("node", "exclusive"), sockets, or
+    core complexes (CPUs sharing a last-level cache); one group of every CPU where sysfs does
+    not tell."""
+    usable = sorted(os.sched_getaffinity(0))
+    groups: Dict[str, List[int]] = {}
+    if mode in ("node", "exclusive"):
+        for path in sorted(glob.glob("/sys/devices/system/node/node[0-9]*/cpulist")):
+            with open(path) as f:
+                groups[path] = [c for c in _cpu_list(f.read()) if c in usable]
+    else:
+        for cpu in usable:
+            try:
+                with open(f"/sys/devices/system/cpu/cpu{cpu}/{_CPU_GROUPINGS[mode]}") as f:
+                    groups.setdefault(f.read().strip(), []).append(cpu)
+            except OSError:
+                groups.setdefault("", []).append(cpu)
+    found = [g for g in groups.values() if g]
+    return found or [usable]
+
+
+def _numa_cpus(mode: Optional[str], nproc: int) -> List[Optional[List[int]]]:
+    """The CPUs each local worker is bound to: workers go round the groups in turn; with
+    "exclusive" each takes its own share of its group's CPUs."""
+    if not mode:
+        return [None] * nproc
+    groups = _cpu_groups(mode)
+    bound: List[Optional[List[int]]] = []
+    for local_rank in range(nproc):
+        group = groups[local_rank % len(groups)]
+        if mode == "exclusive":
+            sharers = len(range(local_rank % len(groups), nproc, len(groups)))
+            index = local_rank // len(groups)
+            share = max(1, len(group) // sharers)
+            start = (index * share) % len(group)
+            group = group[start : start + share]
+        bound.append(list(group))
+    return bound
+
+
+def _filters(text: str) -> List[str]:
+    """--duplicate-*-filters: comma-separated substrings, ",," standing for a comma."""
+    return [f.replace("\0", ",") for f in text.replace(",,", "\0").split(",") if f]
+
+
+def _parser() -> argparse.ArgumentParser:
+    """torchrun's options, their defaults taken from PET_<OPTION> where set."""
+    p = argparse.ArgumentParser(prog="c10drun", description=__doc__, formatter_class=_HelpFormatter)
     p.add_argument(
         "--nproc-per-node",
         "--nproc_per_node",
@@ -79,9 +146,29 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="number of nodes: N, or MIN:MAX (a dynamic rendezvous starts with MAX "
         "nodes, or with MIN or more once last_call_timeout passed)",
     )
-    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0)
-    p.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None)
-    p.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None)
+    p.add_argument(
+        "--node-rank",
+        "--node_rank",
+        dest="node_rank",
+        type=int,
+        default=0,
+        help="this node's rank among the nodes (static rendezvous)",
+    )
+    p.add_argument(
+        "--master-addr",
+        "--master_addr",
+        dest="master_addr",
+        default=None,
+        help="host of rank 0's store (static rendezvous); else --rdzv-endpoint's, else 127.0.0.1",
+    )
+    p.add_argument(
+        "--master-port",
+        "--master_port",
+        dest="master_port",
+        type=int,
+        default=None,
+        help="port of rank 0's store; else --rdzv-endpoint's, else a free one (one node) or 29500",
+    )
     p.add_argument(
         "--rdzv-endpoint",
         "--rdzv_endpoint",
@@ -97,7 +184,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="static (each node gives --node-rank) or c10d (the nodes' launchers "
         "meet at --rdzv-endpoint and number themselves)",
     )
-    p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default="none")
+    p.add_argument(
+        "--rdzv-id",
+        "--rdzv_id",
+        dest="rdzv_id",
+        default="none",
+        help="the job's id: the same on every node (TORCHELASTIC_RUN_ID; names log folders "
+        "and flight-recorder dumps)",
+    )
     p.add_argument(
         "--rdzv-conf",
         "--rdzv_conf",
@@ -120,7 +214,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="send workers' streams to files in --log-dir instead of the console: "
         "0 none, 1 stdout, 2 stderr, 3 both, or per local rank (0:1,1:3)",
     )
-    p.add_argument("-t", "--tee", default="0", help="as --redirects, but also to the console")
+    p.add_argument(
+        "-t",
+        "--tee",
+        default="0",
+        help="as --redirects, but also to the console, each line there prefixed with its "
+        "worker ([<role><local rank>]:)",
+    )
     p.add_argument(
         "--local-addr",
         "--local_addr",
@@ -148,16 +248,89 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         action="store_true",
         help="single node: pick a free local port for the rendezvous",
     )
-    p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0)
     p.add_argument(
-        "--monitor-interval", "--monitor_interval", dest="monitor_interval", type=float, default=0.1
+        "--max-restarts",
+        "--max_restarts",
+        dest="max_restarts",
+        type=int,
+        default=0,
+        help="how many times the workers start again after one failed",
+    )
+    p.add_argument(
+        "--monitor-interval",
+        "--monitor_interval",
+        dest="monitor_interval",
+        type=float,
+        default=0.1,
+        help="seconds between looks at the workers' state",
     )
     p.add_argument(
         "--grace-period",
+        "--shutdown-timeout",
+        "--shutdown_timeout",
         dest="grace_period",
         type=float,
-        default=5.0,
-        help="seconds between SIGTERM and SIGKILL when stopping workers",
+        default=float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 5.0)),
+        help="seconds between SIGTERM and SIGKILL when stopping workers "
+        "(TORCH_ELASTIC_SHUTDOWN_TIMEOUT)",
+    )
+    p.add_argument(
+        "--signals-to-handle",
+        "--signals_to_handle",
+        dest="signals_to_handle",
+        default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        help="signals the launcher passes on to the workers (then stops them and exits), "
+        "comma-separated",
+    )
+    p.add_argument(
+        "--virtual-local-rank",
+        "--virtual_local_rank",
+        dest="virtual_local_rank",
+        action="store_true",
+        help="LOCAL_RANK=0 for every worker (torchrun's mode for one GPU per worker; there "
+        "are no GPU devices to remap on the CPU)",
+    )
+    p.add_argument(
+        "--numa-binding",
+        "--numa_binding",
+        dest="numa_binding",
+        default=None,
+        choices=["node", "socket", "exclusive", "core-complex"],
+        help="bind each worker to the CPUs of one NUMA node (node), socket, or last-level "
+        "cache (core-complex), workers going round them in turn; exclusive: a share of its "
+        "node's CPUs of its own",
+    )
+    p.add_argument(
+        "--event-log-handler",
+        "--event_log_handler",
+        dest="event_log_handler",
+        default="null",
+        choices=["null", "console"],
+        help="where the launcher's events go (the workers starting, failing, restarting, the "
+        "run ending): nowhere, or as JSON lines on stderr",
+    )
+    p.add_argument(
+        "--logs-specs",
+        "--logs_specs",
+        dest="logs_specs",
+        default=None,
+        help="refused: c10drun has no LogsSpecs plugins; --log-dir, --redirects, --tee and "
+        "--local-ranks-filter say where the workers' output goes",
+    )
+    p.add_argument(
+        "--duplicate-stdout-filters",
+        "--duplicate_stdout_filters",
+        dest="duplicate_stdout_filters",
+        default="",
+        help="also write the workers' stdout lines containing any of these comma-separated "
+        "strings (,, for a comma) to <log-dir>/<rdzv id>/attempt_<n>/filtered_stdout.log",
+    )
+    p.add_argument(
+        "--duplicate-stderr-filters",
+        "--duplicate_stderr_filters",
+        dest="duplicate_stderr_filters",
+        default="",
+        help="the same for stderr (filtered_stderr.log)",
     )
     p.add_argument(
         "--local-ranks-filter",
@@ -175,8 +348,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         action="store_true",
         help="run the script as an executable, not with Python",
     )
-    p.add_argument("training_script")
-    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    p.add_argument(
+        "training_script",
+        help="the program every worker runs (a Python script, or see -m and --no-python)",
+    )
+    p.add_argument(
+        "training_script_args", nargs=argparse.REMAINDER, help="the program's own arguments"
+    )
     # As torchrun: PET_<OPTION> (PET_NPROC_PER_NODE=4, PET_STANDALONE=1) gives an option's
     # default, so a job's environment can configure the launcher.
     for action in p._actions:
@@ -184,6 +362,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         if value is None or action.dest == "help":
             continue
         action.default = value == "1" if isinstance(action, argparse._StoreTrueAction) else value
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = _parser()
     args = p.parse_args(argv)
     if args.nproc_per_node in ("cpu", "auto"):  # auto: one per GPU in torchrun; there are none
         args.nproc_per_node = os.cpu_count() or 1
@@ -211,7 +394,30 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             "--local-ranks-filter must be a comma-separated list of integers, e.g. 0,1,2; "
             f"got {args.local_ranks_filter!r}"
         )
-    to_files = any(
+    if args.logs_specs:
+        p.error(
+            f"--logs-specs {args.logs_specs!r}: c10drun has no LogsSpecs plugins (torchrun's "
+            "torchrun.logs_specs entry points); --log-dir, --redirects, --tee and "
+            "--local-ranks-filter say where the workers' output goes"
+        )
+    try:
+        args.signals_to_handle = [
+            signal.Signals[s.strip().upper()]
+            for s in args.signals_to_handle.split(",")
+            if s.strip()
+        ]
+    except KeyError as e:
+        p.error(
+            f"--signals-to-handle: unknown signal {e.args[0]!r} (names such as SIGTERM,SIGUSR1)"
+        )
+    for s in args.signals_to_handle:
+        if s in (signal.SIGKILL, signal.SIGSTOP):
+            p.error(f"--signals-to-handle: {s.name} cannot be handled")
+    args.duplicate_filters = {
+        "stdout": _filters(args.duplicate_stdout_filters),
+        "stderr": _filters(args.duplicate_stderr_filters),
+    }
+    to_files = any(args.duplicate_filters.values()) or any(
         _streams(args.redirects, r) | _streams(args.tee, r) for r in range(args.nproc_per_node)
     )
     if to_files and not args.log_dir:
@@ -365,11 +571,30 @@ def _dynamic_rendezvous(args):
     return node_rank, nodes, master_addr, int(master_port), store
 
 
+# The launcher's console: workers' lines pass through it whole, one at a time.
+_console_lock = threading.Lock()
+
+
+class _Filtered:
+    """One attempt's filtered_<stream>.log (--duplicate-*-filters), shared by its workers."""
+
+    def __init__(self, path: str, filters: List[str]):
+        self.filters = [f.encode() for f in filters]
+        self.file = open(path, "wb")
+        self.lock = threading.Lock()
+
+    def offer(self, line: bytes):
+        if any(f in line for f in self.filters):
+            with self.lock:
+                self.file.write(line)
+                self.file.flush()
+
+
 class _Worker:
     """One worker process. Its stderr always passes through the launcher (the summary quotes
-    its last lines); stdout only when redirected or teed to a file. A stream redirected to
-    --log-dir goes only there; teed, to both. A rank --local-ranks-filter leaves out shows
-    nothing on the console."""
+    its last lines); stdout only when redirected or teed to a file or filtered. A stream
+    redirected to --log-dir goes only there; teed, to both, its console lines prefixed with
+    `prefix`. A rank --local-ranks-filter leaves out shows nothing on the console."""
 
     def __init__(
         self,
@@ -379,6 +604,9 @@ class _Worker:
         env: Dict[str, str],
         files: Dict[str, Optional[str]],
         console: Dict[str, bool],
+        prefix: Dict[str, bytes],
+        filtered: Dict[str, Optional[_Filtered]],
+        cpus: Optional[List[int]] = None,
     ):
         self.local_rank = local_rank
         self.rank = rank
@@ -386,9 +614,17 @@ class _Worker:
         self.tail = collections.deque(maxlen=20)
         self.files = {name: open(path, "wb") if path else None for name, path in files.items()}
         self.console = console
-        pipe_out = self.files["stdout"] is not None
+        self.prefix = prefix
+        self.filtered = filtered
+        pipe_out = self.files["stdout"] is not None or filtered["stdout"] is not None
         stdout = subprocess.PIPE if pipe_out else None if console["stdout"] else subprocess.DEVNULL
-        self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=stdout)
+        self.proc = subprocess.Popen(
+            command,
+            env=env,
+            stderr=subprocess.PIPE,
+            stdout=stdout,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
         self.readers = [threading.Thread(target=self._forward, args=("stderr",), daemon=True)]
         if pipe_out:
             self.readers.append(
@@ -401,14 +637,19 @@ class _Worker:
         source = getattr(self.proc, name)
         sink = getattr(sys, name)
         for raw in iter(source.readline, b""):
+            if not raw.endswith(b"\n"):  # the last line, unfinished: kept apart from others
+                raw += b"\n"
             if name == "stderr":
                 self.tail.append(raw.decode(errors="replace").rstrip("\n"))
             if self.files[name] is not None:
                 self.files[name].write(raw)
                 self.files[name].flush()
+            if self.filtered[name] is not None:
+                self.filtered[name].offer(raw)
             if self.console[name]:
-                sink.buffer.write(raw)
-                sink.flush()
+                with _console_lock:
+                    sink.buffer.write(self.prefix[name] + raw)
+                    sink.flush()
 
     def join(self):
         for t in self.readers:
@@ -445,6 +686,13 @@ def _stop(workers: List[_Worker], grace: float, signum: int = signal.SIGTERM) ->
 
 def _start_group(args, command, base_env, attempt) -> List[_Worker]:
     workers = []
+    filtered: Dict[str, Optional[_Filtered]] = {"stdout": None, "stderr": None}
+    for name, filters in args.duplicate_filters.items():
+        if filters:
+            folder = os.path.join(args.log_dir, args.rdzv_id, f"attempt_{attempt}")
+            os.makedirs(folder, exist_ok=True)
+            filtered[name] = _Filtered(os.path.join(folder, f"filtered_{name}.log"), filters)
+    cpus = _numa_cpus(args.numa_binding, args.nproc_per_node)
     for local_rank in range(args.nproc_per_node):
         rank = args.rank_offset + local_rank
         # Where a worker may record why it failed (torch's @record writes this JSON file).
@@ -455,7 +703,7 @@ def _start_group(args, command, base_env, attempt) -> List[_Worker]:
         env = dict(
             base_env,
             RANK=str(rank),
-            LOCAL_RANK=str(local_rank),
+            LOCAL_RANK="0" if args.virtual_local_rank else str(local_rank),
             ROLE_RANK=str(rank),
             TORCHELASTIC_RESTART_COUNT=str(attempt),
             TORCHELASTIC_ERROR_FILE=error_file,
@@ -464,6 +712,7 @@ def _start_group(args, command, base_env, attempt) -> List[_Worker]:
         files: Dict[str, Optional[str]] = {"stdout": None, "stderr": None}
         shown = args.local_ranks_filter is None or local_rank in args.local_ranks_filter
         console = {"stdout": shown, "stderr": shown}
+        prefix = {"stdout": b"", "stderr": b""}
         to_file = _streams(args.redirects, local_rank) | _streams(args.tee, local_rank)
         if args.log_dir and to_file:
             folder = os.path.join(args.log_dir, args.rdzv_id, f"attempt_{attempt}", str(local_rank))
@@ -472,7 +721,13 @@ def _start_group(args, command, base_env, attempt) -> List[_Worker]:
                 if to_file & bit:
                     files[name] = os.path.join(folder, f"{name}.log")
                     console[name] = shown and bool(_streams(args.tee, local_rank) & bit)
-        workers.append(_Worker(local_rank, rank, command, env, files, console))
+                    if console[name]:  # teed: as torchrun, the console says whose line it is
+                        prefix[name] = f"[{args.role}{local_rank}]:".encode()
+        workers.append(
+            _Worker(
+                local_rank, rank, command, env, files, console, prefix, filtered, cpus[local_rank]
+            )
+        )
     return workers
 
 
@@ -493,7 +748,24 @@ def _watch(workers: List[_Worker], args) -> Optional[_Worker]:
         _stop(workers, args.grace_period)
     for w in workers:
         w.join()
+    for f in {id(f): f for w in workers for f in w.filtered.values() if f}.values():
+        f.file.close()
     return failed
+
+
+def _event(args, name: str, **metadata) -> None:
+    """One of the launcher's events, to --event-log-handler (console: a JSON line on stderr,
+    in the shape of torchelastic's events)."""
+    if args.event_log_handler != "console":
+        return
+    record = {
+        "name": f"c10drun.{name}",
+        "source": "AGENT",
+        "timestamp": int(time.time() * 1000),
+        "metadata": {"run_id": args.rdzv_id, "node_rank": args.node_rank, **metadata},
+    }
+    with _console_lock:
+        print(json.dumps(record), file=sys.stderr, flush=True)
 
 
 def _recorded_error(path: str) -> Optional[str]:
@@ -588,7 +860,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         _stop(workers, args.grace_period, signum)
         sys.exit(128 + signum)
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    for signum in args.signals_to_handle:
         signal.signal(signum, forward_signal)
 
     error_dir = tempfile.mkdtemp(prefix="c10drun_errors_")
@@ -606,9 +878,19 @@ def _run_attempts(args, command, base_env, workers: List[_Worker]) -> int:
             # A fresh port where the launcher picks it: the last attempt's may still be taken.
             base_env["MASTER_PORT"] = str(_endpoint(args)[1])
         workers[:] = _start_group(args, command, base_env, attempt)
+        _event(args, "workers_started", attempt=attempt, pids=[w.proc.pid for w in workers])
         failed = _watch(workers, args)
         if failed is None:
+            _event(args, "run_finished", state="SUCCEEDED", attempts=attempt + 1)
             return 0
+        _event(
+            args,
+            "worker_failed",
+            attempt=attempt,
+            rank=failed.rank,
+            local_rank=failed.local_rank,
+            exit=_describe_exit(failed.proc.returncode),
+        )
         if attempt < args.max_restarts:
             print(
                 f"c10drun: worker rank {failed.rank} failed "
@@ -616,6 +898,7 @@ def _run_attempts(args, command, base_env, workers: List[_Worker]) -> int:
                 f"(restart {attempt + 1} of {args.max_restarts})",
                 file=sys.stderr,
             )
+    _event(args, "run_finished", state="FAILED", attempts=args.max_restarts + 1)
     _report(failed, workers, args.max_restarts + 1)
     code = failed.proc.returncode
     return code if code > 0 else 1

@@ -1,6 +1,8 @@
 """The torch.distributed API surface on one process, plus the launcher."""
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -430,6 +432,146 @@ def test_launcher_passes_sigint_on(tmp_path):
     launcher.communicate(timeout=60)
     assert launcher.returncode == 128 + signal.SIGINT
     assert all((tmp_path / f"interrupted{r}").exists() for r in range(2))
+
+
+def test_launcher_takes_every_torchrun_option():
+    # Each option torch's torchrun lists is accepted (or refused saying what c10d does instead).
+    torch_run = pytest.importorskip("torch.distributed.run")
+    from c10d import run
+
+    ours = {s for a in run._parser()._actions for s in a.option_strings}
+    theirs = {s for a in torch_run.get_args_parser()._actions for s in a.option_strings}
+    assert not theirs - ours, sorted(theirs - ours)
+
+
+def test_launcher_help_describes_every_option_with_its_default(capsys):
+    from c10d import run
+
+    for action in run._parser()._actions:
+        assert action.help, action.option_strings or action.dest
+    with pytest.raises(SystemExit):
+        run.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: none)" in text and "(default: SIGTERM,SIGINT,SIGHUP,SIGQUIT)" in text, text
+
+
+def test_launcher_refuses_logs_specs_saying_what_to_use(capsys):
+    from c10d import run
+
+    with pytest.raises(SystemExit):
+        run.parse_args(["--logs-specs", "mine", "job.py"])
+    assert "--log-dir, --redirects, --tee" in capsys.readouterr().err
+
+
+def test_launcher_tee_prefixes_whole_lines(tmp_path):
+    # Lines written in pieces, unbuffered, by two workers: each console line is one worker's
+    # whole line behind its prefix, as torchrun writes them.
+    out = _launch(
+        """
+        import os, sys, time
+        r = os.environ["LOCAL_RANK"]
+        for i in range(20):
+            sys.stdout.write(f"rank{r}-")
+            time.sleep(0.001)
+            sys.stdout.write(f"line{i}\\n")
+        sys.stdout.write(f"last{r}")
+    """,
+        2,
+        tmp_path,
+        "--tee",
+        "3",
+        "--log-dir",
+        str(tmp_path / "logs"),
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 42, lines
+    for line in lines:
+        assert re.fullmatch(r"\[default(\d)\]:(rank\1-line\d+|last\1)", line), line
+
+
+def test_launcher_torchrun_options_take_effect(tmp_path):
+    logs = tmp_path / "logs"
+    out = _launch(
+        """
+        import os
+        cpus = sorted(os.sched_getaffinity(0))
+        line = f"rank {os.environ['RANK']} local {os.environ['LOCAL_RANK']} cpus {cpus}"
+        rank = os.environ["RANK"]
+        os.write(1, (line + chr(10) + "apple " + rank + chr(10) + "pear" + chr(10)).encode())
+    """,
+        2,
+        tmp_path,
+        "--virtual-local-rank",
+        "--numa-binding",
+        "exclusive",
+        "--duplicate-stdout-filters",
+        "apple,kiwi",
+        "--log-dir",
+        str(logs),
+        "--rdzv-id",
+        "job7",
+        "--event-log-handler",
+        "console",
+        "--shutdown-timeout",
+        "2",
+    )
+    assert out.returncode == 0, out.stderr
+    found = dict(
+        (m.group(1), (m.group(2), m.group(3)))
+        for m in re.finditer(r"rank (\d) local (\d) cpus \[([\d, ]+)\]", out.stdout)
+    )
+    assert sorted(found) == ["0", "1"] and {v[0] for v in found.values()} == {"0"}, out.stdout
+    cpus = [set(map(int, v[1].split(","))) for v in found.values()]
+    usable = os.sched_getaffinity(0)
+    assert all(c <= usable for c in cpus)
+    if len(usable) >= 2:
+        assert not cpus[0] & cpus[1], cpus  # exclusive: a share of their own
+    filtered = (logs / "job7" / "attempt_0" / "filtered_stdout.log").read_text().splitlines()
+    assert sorted(filtered) == ["apple 0", "apple 1"], filtered
+    events = [json.loads(l) for l in out.stderr.splitlines() if l.startswith("{")]
+    names = [e["name"] for e in events]
+    assert names == ["c10drun.workers_started", "c10drun.run_finished"], out.stderr
+    assert events[-1]["metadata"]["state"] == "SUCCEEDED"
+
+
+def test_launcher_passes_on_the_signals_it_is_told_to(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os, signal, sys, time
+        def got(signum, frame):
+            open(os.path.join({str(tmp_path)!r}, "got" + os.environ["RANK"]), "w").close()
+            sys.exit(0)
+        signal.signal(signal.SIGUSR1, got)
+        open(os.path.join({str(tmp_path)!r}, "up" + os.environ["RANK"]), "w").close()
+        time.sleep(60)
+    """)
+    )
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "c10d.run",
+            "--nproc-per-node",
+            "2",
+            "--signals-to-handle",
+            "SIGTERM,SIGUSR1",
+            str(script),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"up{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.poll()
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGUSR1)
+    launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + signal.SIGUSR1
+    assert all((tmp_path / f"got{r}").exists() for r in range(2))
 
 
 def test_argument_errors_are_also_runtime_errors(world1):
