@@ -30,7 +30,7 @@ struct EnvVar {
   X(kEnvTraceBufferSize, "C10D_TRACE_BUFFER_SIZE", "2000",                                     \
     "Operations the flight recorder keeps (a ring buffer per process); 0 turns it off.")       \
   X(kEnvTraceDumpDir, "C10D_TRACE_DUMP_DIR", "/tmp",                                           \
-    "Directory the flight recorder writes c10d_trace_<job>_rank<rank>.json to.")                     \
+    "Directory the flight recorder writes c10d_trace_<job>_rank<rank>.json to.")               \
   X(kEnvStoreMaxKeyBytes, "C10D_STORE_MAX_KEY_BYTES", "8192",                                  \
     "Largest key the TCPStore server accepts; longer keys drop the client.")                   \
   X(kEnvStoreMaxValueBytes, "C10D_STORE_MAX_VALUE_BYTES", "8388608",                           \

@@ -609,7 +609,8 @@ void FlightRecorder::set_job(const std::string& job) {
   std::string kept;
   for (char c : job) {
     if (kept.size() == 64) break;
-    const bool plain = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    const bool plain =
+        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
     kept += plain ? c : '-';
   }
   std::lock_guard lock(lock_);
@@ -633,10 +634,9 @@ std::string FlightRecorder::dump_to_file(const std::string& reason) const {
   }
   namespace fs = std::filesystem;
   const fs::path dir = core::env_string(core::kEnvTraceDumpDir);
-  const std::string name = "c10d_trace_" + (job.empty() ? "" : job + "_") +
-                           (rank >= 0 ? "rank" + std::to_string(rank)
-                                      : "pid" + std::to_string(getpid())) +
-                           ".json";
+  const std::string name =
+      "c10d_trace_" + (job.empty() ? "" : job + "_") +
+      (rank >= 0 ? "rank" + std::to_string(rank) : "pid" + std::to_string(getpid())) + ".json";
   const fs::path path = dir / name;
   const fs::path tmp = dir / (name + ".tmp" + std::to_string(getpid()));
   std::error_code ec;

@@ -18,11 +18,11 @@ namespace c10d::net {
 namespace {
 
 namespace rank_threads = backends::rank_threads;
+using core::DType;
+using core::ReduceOp;
 using rank_threads::expect_same;
 using rank_threads::expected_reduce;
 using rank_threads::filled;
-using core::DType;
-using core::ReduceOp;
 using namespace std::chrono_literals;
 
 pg::Signature allreduce_call(uint64_t seq) { return pg::Signature(core::OpType::kAllreduce, seq); }
