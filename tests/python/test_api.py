@@ -402,24 +402,14 @@ def test_launcher_takes_an_ipv6_master_addr_in_brackets(tmp_path):
     assert out.stdout.count("SUM 2 ::1") == 2, out.stdout
 
 
-def test_launcher_passes_sigint_on(tmp_path):
-    """SIGINT reaches the workers as SIGINT (KeyboardInterrupt, so their cleanup runs), as
-    torchrun passes it on, instead of a SIGTERM."""
+def _signal_launcher(tmp_path, body, signum, *extra):
+    """Starts a 2-worker launcher on `body` (which touches up<RANK> in tmp_path once it runs),
+    sends it `signum` once both workers run, and returns its exit code."""
     script = tmp_path / "job.py"
-    script.write_text(
-        textwrap.dedent(f"""
-        import os, time
-        open(os.path.join({str(tmp_path)!r}, "up" + os.environ["RANK"]), "w").close()
-        try:
-            time.sleep(60)
-        except KeyboardInterrupt:
-            open(os.path.join({str(tmp_path)!r}, "interrupted" + os.environ["RANK"]),
-                 "w").close()
-    """)
-    )
+    script.write_text(textwrap.dedent(body))
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "c10d.run", "--nproc-per-node", "2", str(script)],
+        [sys.executable, "-m", "c10d.run", "--nproc-per-node", "2", *extra, str(script)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -428,9 +418,28 @@ def test_launcher_passes_sigint_on(tmp_path):
     while not all((tmp_path / f"up{r}").exists() for r in range(2)):
         assert time.monotonic() < deadline and launcher.poll() is None, launcher.poll()
         time.sleep(0.05)
-    launcher.send_signal(signal.SIGINT)
+    launcher.send_signal(signum)
     launcher.communicate(timeout=60)
-    assert launcher.returncode == 128 + signal.SIGINT
+    return launcher.returncode
+
+
+def test_launcher_passes_sigint_on(tmp_path):
+    """SIGINT reaches the workers as SIGINT (KeyboardInterrupt, so their cleanup runs), as
+    torchrun passes it on, instead of a SIGTERM."""
+    code = _signal_launcher(
+        tmp_path,
+        f"""
+        import os, time
+        open(os.path.join({str(tmp_path)!r}, "up" + os.environ["RANK"]), "w").close()
+        try:
+            time.sleep(60)
+        except KeyboardInterrupt:
+            open(os.path.join({str(tmp_path)!r}, "interrupted" + os.environ["RANK"]),
+                 "w").close()
+    """,
+        signal.SIGINT,
+    )
+    assert code == 128 + signal.SIGINT
     assert all((tmp_path / f"interrupted{r}").exists() for r in range(2))
 
 
@@ -536,9 +545,9 @@ def test_launcher_torchrun_options_take_effect(tmp_path):
 
 
 def test_launcher_passes_on_the_signals_it_is_told_to(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(
-        textwrap.dedent(f"""
+    code = _signal_launcher(
+        tmp_path,
+        f"""
         import os, signal, sys, time
         def got(signum, frame):
             open(os.path.join({str(tmp_path)!r}, "got" + os.environ["RANK"]), "w").close()
@@ -546,31 +555,12 @@ def test_launcher_passes_on_the_signals_it_is_told_to(tmp_path):
         signal.signal(signal.SIGUSR1, got)
         open(os.path.join({str(tmp_path)!r}, "up" + os.environ["RANK"]), "w").close()
         time.sleep(60)
-    """)
+    """,
+        signal.SIGUSR1,
+        "--signals-to-handle",
+        "SIGTERM,SIGUSR1",
     )
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "c10d.run",
-            "--nproc-per-node",
-            "2",
-            "--signals-to-handle",
-            "SIGTERM,SIGUSR1",
-            str(script),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"up{r}").exists() for r in range(2)):
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.poll()
-        time.sleep(0.05)
-    launcher.send_signal(signal.SIGUSR1)
-    launcher.communicate(timeout=60)
-    assert launcher.returncode == 128 + signal.SIGUSR1
+    assert code == 128 + signal.SIGUSR1
     assert all((tmp_path / f"got{r}").exists() for r in range(2))
 
 
