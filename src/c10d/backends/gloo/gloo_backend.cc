@@ -148,7 +148,7 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
                                      " through ", store_->describe(), " (device ",
                                      devices_[i]->str(), "): ", e.what()));
     }
-    contexts_.push_back(std::move(context));
+    shared_->contexts.push_back(std::move(context));
   }
   exchange_addresses();
   if (opts.ring.value_or(core::env_bool(core::kEnvGlooRing)) && size > 1) {
@@ -160,7 +160,6 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
                                                   timeout, net::Ring::Label{"Gloo", ""});
     }
   }
-  shared_->contexts = contexts_;
   pg::OpQueue::Config queue;
   queue.backend = "gloo";
   queue.label = "Gloo";
@@ -172,9 +171,9 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
 GlooBackend::~GlooBackend() { shutdown(); }
 
 std::string GlooBackend::listen_ip() const {
-  if (contexts_.empty() || size() < 2) return "";
+  if (shared_->contexts.empty() || size() < 2) return "";
   const std::string text =
-      tcp_address_text(contexts_[0]->getPair(rank() == 0 ? 1 : 0)->address().str());
+      tcp_address_text(shared_->contexts[0]->getPair(rank() == 0 ? 1 : 0)->address().str());
   const size_t close = text.find(']');
   if (text.empty() || text[0] != '[' || close == std::string::npos) return "";
   return text.substr(1, close - 1);
@@ -188,7 +187,7 @@ void GlooBackend::exchange_addresses() {
     // messages (see Shared::peer_addresses): our pair's address now, and the one it advertised,
     // read back from our rendezvous record (checked first: a get would wait for a missing key).
     std::string mine;
-    for (size_t d = 0; d < contexts_.size(); ++d) {
+    for (size_t d = 0; d < shared_->contexts.size(); ++d) {
       const std::string record = str_cat("gloo/", d, "/", rank());
       std::vector<std::string> advertised(size());
       if (store_->check({record})) {
@@ -196,8 +195,8 @@ void GlooBackend::exchange_addresses() {
       }
       for (int p = 0; p < size(); ++p) {
         if (p == rank()) continue;
-        mine += str_cat(p, ' ', tcp_address_text(contexts_[d]->getPair(p)->address().str()), ' ',
-                        advertised[p], '\n');
+        mine += str_cat(p, ' ', tcp_address_text(shared_->contexts[d]->getPair(p)->address().str()),
+                        ' ', advertised[p], '\n');
       }
     }
     store_->set(str_cat("gloo/address/", rank()), store::to_bytes(mine));
@@ -293,7 +292,7 @@ void GlooBackend::shutdown() {
   // network fail. An operation merely waiting on a peer is not woken by Gloo, though, so a
   // worker still busy after a short grace period is left to finish (at its timeout) on its
   // own: it holds only the shared state and its operation, never the backend.
-  for (auto& context : contexts_) {
+  for (auto& context : shared_->contexts) {
     try {
       context->closeConnections();
     } catch (...) {

@@ -184,7 +184,6 @@ class GlooBackend : public pg::Backend {
 
   std::shared_ptr<store::Store> store_;
   std::vector<DevicePtr> devices_;
-  std::vector<std::shared_ptr<::gloo::Context>> contexts_;
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<pg::OpQueue> queue_;
   // Receives given up on (monitored_barrier) but still registered with Gloo: a late message

@@ -189,7 +189,8 @@ WorkPtr GlooBackend::post_p2p(OpType type, std::vector<Tensor>& tensors, int pee
   const Tensor tensor = tensors[0];
   // Point-to-point operations do not take a sequence number: the user's tag is the slot, so
   // they match regardless of how collectives interleave with them.
-  const auto& context = contexts_[static_cast<uint32_t>(tag) % contexts_.size()];
+  const auto& contexts = shared_->contexts;
+  const auto& context = contexts[static_cast<uint32_t>(tag) % contexts.size()];
   const char* what = type == OpType::kSend   ? "send"
                      : type == OpType::kRecv ? "recv"
                                              : "recv_anysource";
