@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "c10d/core/exception.h"
 
@@ -138,6 +140,49 @@ WorkPtr Backend::recv_anysource(std::vector<Tensor>&, int) {
   throw_not_supported("recv_anysource");
 }
 WorkPtr Backend::barrier(const BarrierOptions&) { throw_not_supported("barrier"); }
+namespace {
+struct AdoptedMemoryRegistry {
+  std::mutex mutex;
+  std::vector<AdoptedMemoryHandlers> handlers;
+};
+// Never destroyed: owners release memory from callbacks that may run while the process exits.
+AdoptedMemoryRegistry& adopted_memory_registry() {
+  static auto* registry = new AdoptedMemoryRegistry;
+  return *registry;
+}
+
+template <typename Pick>
+void each_adopted_memory_handler(Pick pick, const void* data, size_t bytes) {
+  AdoptedMemoryRegistry& r = adopted_memory_registry();
+  std::vector<AdoptedMemoryHandlers> handlers;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    handlers = r.handlers;
+  }
+  for (const AdoptedMemoryHandlers& h : handlers) {
+    if (auto fn = pick(h)) fn(data, bytes);
+  }
+}
+}  // namespace
+
+void register_adopted_memory_handlers(AdoptedMemoryHandlers handlers) {
+  AdoptedMemoryRegistry& r = adopted_memory_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const AdoptedMemoryHandlers& h : r.handlers) {
+    if (h.release == handlers.release && h.forget == handlers.forget) return;
+  }
+  r.handlers.push_back(handlers);
+}
+
+void release_adopted_memory(const void* data, size_t bytes) {
+  each_adopted_memory_handler([](const AdoptedMemoryHandlers& h) { return h.release; }, data,
+                              bytes);
+}
+
+void forget_adopted_memory(const void* data, size_t bytes) {
+  each_adopted_memory_handler([](const AdoptedMemoryHandlers& h) { return h.forget; }, data, bytes);
+}
+
 std::string monitored_barrier_failure_on(int rank) {
   return core::detail::str_cat("Rank ", rank,
                                " successfully reached monitoredBarrier, but "

@@ -55,6 +55,20 @@ struct InlineOp {
   Millis timeout = kUnsetTimeout;
 };
 
+// The process-level side of adoption (Backend::adopt), for memory that backends of any group
+// may have adopted: a backend kind that adopts registers its handlers once; the owner of the
+// memory calls these, with the GIL or its own lock, from any thread.
+struct AdoptedMemoryHandlers {
+  // [data, data + bytes) is about to be freed: give its pages back as private memory.
+  void (*release)(const void* data, size_t bytes) = nullptr;
+  // The owner no longer holds [data, data + bytes) (already freed or replaced): drop the
+  // records without touching a page.
+  void (*forget)(const void* data, size_t bytes) = nullptr;
+};
+void register_adopted_memory_handlers(AdoptedMemoryHandlers handlers);
+void release_adopted_memory(const void* data, size_t bytes);
+void forget_adopted_memory(const void* data, size_t bytes);
+
 // How a failed monitored barrier begins on a rank other than 0, in torch's words (its users
 // match them): those ranks hear of the failure from rank 0.
 std::string monitored_barrier_failure_on(int rank);
@@ -148,6 +162,23 @@ class Backend : public std::enable_shared_from_this<Backend> {
   // anything that can wait for long (a peer, a queue, a lock another thread holds).
   virtual bool has_inline(core::OpType /*type*/) const { return false; }
   virtual void run_inline(const InlineOp& op);
+
+  // Adoption: a backend whose collectives work in place on memory it shares with its peers
+  // (shm's heap) may move the whole pages of an ordinary buffer there, at the same addresses,
+  // so that a buffer reduced again and again (a numpy array all_reduced every step) takes that
+  // path too. The caller, which tracks who owns the memory, must tell the process-level
+  // registry (release_adopted_memory / forget_adopted_memory below) before the memory is freed
+  // or changes hands. kBusy: try again later (an operation is in flight); kRefused: this
+  // buffer cannot be adopted now. Nothing changes unless kDone.
+  enum class Adoption { kDone, kBusy, kRefused };
+  virtual bool adopts_memory() const { return false; }
+  // Adopts [data, data + bytes), the buffer of an all_reduce the caller is about to run.
+  virtual Adoption adopt(void* /*data*/, size_t /*bytes*/) { return Adoption::kRefused; }
+  // Whether part of [data, data + bytes) was adopted by this backend (without `verify`, the
+  // record is trusted as it is: only for decisions a stale record cannot make unsafe).
+  virtual bool adopted(const void* /*data*/, size_t /*bytes*/, bool /*verify*/) const {
+    return false;
+  }
 
   // An uninitialised C-contiguous tensor in memory this backend's collectives work on in place,
   // without staging copies (the shm backend's shared heap), for buffers allocated once and

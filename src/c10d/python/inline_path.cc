@@ -21,10 +21,8 @@
 #include <unordered_map>
 #include <vector>
 
-#if defined(C10D_HAVE_SHM) && defined(C10D_HAVE_NUMPY_HEADERS)
-#define C10D_ADOPT_ARRAYS 1  // numpy arrays reused by shm allreduces move into the shared heap
-#include "c10d/backends/shm/alias.h"
-#include "c10d/backends/shm/shm_backend.h"
+#ifdef C10D_HAVE_NUMPY_HEADERS
+#define C10D_ADOPT_ARRAYS 1  // numpy arrays reused by allreduces move into a backend's memory
 #endif
 #include "c10d/core/blocking.h"
 #include "c10d/core/dtype.h"
@@ -46,8 +44,8 @@ using pg::InlineOp;
 struct InlineState {
   std::shared_ptr<pg::ProcessGroup> group;
 #ifdef C10D_ADOPT_ARRAYS
-  // The group's CPU backend when it is the shm backend (for adopt_reused), else null.
-  std::shared_ptr<backends::shm::ShmBackend> shm;
+  // The group's CPU backend when it adopts memory (for adopt_reused), else null.
+  std::shared_ptr<pg::Backend> adopter;
   size_t adopt_bytes = 0;  // C10D_SHM_ADOPT_BYTES; 0: never
 #endif
   // The ReduceOp.RedOpType members accepted, compared by identity.
@@ -143,17 +141,17 @@ bool dense_ndarray(PyObject* obj, bool writable, Buffer& buffer, DenseView& out)
 #endif
 
 #ifdef C10D_ADOPT_ARRAYS
-// Numpy arrays that a shm group all_reduces again get the zero-copy path of shm_empty's
-// (backends/shm/alias.h): from the second all_reduce of C10D_SHM_ADOPT_BYTES or more on the
-// memory of one array (the array that owns it: views count for their owner, so the buckets of
-// a flat gradient buffer count together), the whole pages of the buffer being reduced, and
-// only those, move into the rank's shared heap. A weak reference to the owner, taken at the
-// first, forgets it when it goes, and gives the pages back before numpy frees the memory (numpy
-// calls weak-reference callbacks first in its dealloc). Counting by address alone would take a
-// fresh array where a dead one was for the same, and adopt (and soon release) arrays that are
-// all_reduced once per step. numpy refuses to resize an array with weak references in place:
-// that is the visible cost.
-// The GIL guards this state; never destroyed (callbacks may run while the process exits).
+// Numpy arrays that a group all_reduces again get the zero-copy path of memory its backend
+// shares with its peers (Backend::adopt; shm's heap, as shm_empty's arrays): from the second
+// all_reduce of C10D_SHM_ADOPT_BYTES or more on the memory of one array (the array that owns
+// it: views count for their owner, so the buckets of a flat gradient buffer count together),
+// the whole pages of the buffer being reduced, and only those, are adopted. A weak reference to the
+// owner, taken at the first, forgets it when it goes, and gives the pages back before numpy frees
+// the memory (numpy calls weak-reference callbacks first in its dealloc). Counting by address alone
+// would take a fresh array where a dead one was for the same, and adopt (and soon release) arrays
+// that are all_reduced once per step. numpy refuses to resize an array with weak references in
+// place: that is the visible cost. The GIL guards this state; never destroyed (callbacks may run
+// while the process exits).
 struct Tracked {
   PyObject* owner = nullptr;  // borrowed: only a key of g_ref_of, dropped when it goes
   void* data = nullptr;       // the owner's memory when first seen
@@ -169,7 +167,7 @@ auto& g_ref_of = *new std::unordered_map<PyObject*, PyObject*>;  // owner -> wea
 // The memory `t` recorded is no longer its owner's (ndarray.data assigned, __setstate__):
 // numpy freed it, and what lies there now is not ours to touch.
 void owner_memory_replaced(Tracked& t) {
-  if (t.adopted) backends::shm::forget_aliases_in(t.data, t.bytes);
+  if (t.adopted) pg::forget_adopted_memory(t.data, t.bytes);
   t.adopted = false;
 }
 
@@ -185,7 +183,7 @@ PyObject* owner_collected(PyObject* /*self*/, PyObject* weakref) {
     if (PyArray_DATA(owner) != t.data || (PyArray_FLAGS(owner) & NPY_ARRAY_OWNDATA) == 0) {
       owner_memory_replaced(t);
     } else if (t.adopted) {
-      backends::shm::release_aliases_in(t.data, t.bytes);
+      pg::release_adopted_memory(t.data, t.bytes);
     }
     Py_DECREF(weakref);  // ours; the caller holds another for the callback
   }
@@ -246,20 +244,20 @@ void adopt_reused(const InlineState& state, PyObject* array, const DenseView& vi
     return;
   }
   // Unverified: the all_reduce's own lookup checks the record (and drops it if stale) next.
-  if (state.shm->aliased(view.data, view.nbytes(), /*verify=*/false)) {
+  if (state.adopter->adopted(view.data, view.nbytes(), /*verify=*/false)) {
     t.adopted = true;  // perhaps by an array that had this memory before: released with this one
     return;
   }
   if (t.uses < 2) ++t.uses;
   if (t.uses < 2) return;
-  switch (state.shm->adopt(view.data, view.nbytes())) {
-    case backends::shm::ShmBackend::Adoption::kDone:
+  switch (state.adopter->adopt(view.data, view.nbytes())) {
+    case pg::Backend::Adoption::kDone:
       t.adopted = true;
       break;
-    case backends::shm::ShmBackend::Adoption::kBusy:
+    case pg::Backend::Adoption::kBusy:
       t.uses = 1;  // at the next all_reduce again
       break;
-    case backends::shm::ShmBackend::Adoption::kRefused:
+    case pg::Backend::Adoption::kRefused:
       t.uses = 2 - kRetryUses;
       break;
   }
@@ -436,7 +434,7 @@ PyObject* in_place(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpTy
   }
 #ifdef C10D_ADOPT_ARRAYS
   if (type == OpType::kAllreduce && state->adopt_bytes != 0 && buffer.array != nullptr &&
-      op.input.numel * core::element_size(op.input.dtype) >= state->adopt_bytes && state->shm) {
+      op.input.numel * core::element_size(op.input.dtype) >= state->adopt_bytes && state->adopter) {
     adopt_reused(*state, buffer.array, op.input);
   }
 #endif
@@ -545,8 +543,8 @@ py::dict make_inline_ops(std::shared_ptr<pg::ProcessGroup> group) {
   state->group = std::move(group);
 #ifdef C10D_ADOPT_ARRAYS
   try {
-    state->shm = std::dynamic_pointer_cast<backends::shm::ShmBackend>(
-        state->group->get_backend(core::DeviceType::kCPU));
+    auto cpu = state->group->get_backend(core::DeviceType::kCPU);
+    if (cpu && cpu->adopts_memory()) state->adopter = std::move(cpu);
   } catch (const std::exception&) {
     // No CPU backend: nothing to adopt for.
   }

@@ -41,7 +41,8 @@ void init_shm(py::module_& m) {
           "_aliased",
           [](const ShmBackend& self, const py::buffer& array) {
             const py::buffer_info info = array.request();
-            return self.aliased(info.ptr, static_cast<size_t>(info.size * info.itemsize));
+            return self.adopted(info.ptr, static_cast<size_t>(info.size * info.itemsize),
+                                /*verify=*/true);
           },
           py::arg("array"),
           "Whether part of the array's memory was moved into this rank's shared heap (after "

@@ -29,6 +29,9 @@ using pg::WorkPtr;
 
 ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, ShmOptions opts)
     : pg::Backend(rank, size, opts.timeout), store_(std::move(store)) {
+  // Before any buffer can be adopted: their owners release them through the registry.
+  pg::register_adopted_memory_handlers(
+      {.release = &release_aliases_in, .forget = &forget_aliases_in});
   size_t heap = opts.heap_bytes;
   if (heap == 0) heap = static_cast<size_t>(core::env_int(core::kEnvShmHeapBytes));
   const Millis rendezvous_timeout =
@@ -127,7 +130,7 @@ bool ShmBackend::in_shared_heap(const void* data, size_t bytes) const {
   return segment_->heap_offset(data, bytes) >= 0;
 }
 
-ShmBackend::Adoption ShmBackend::adopt(void* data, size_t bytes) {
+pg::Backend::Adoption ShmBackend::adopt(void* data, size_t bytes) {
   // Without cross-memory attach the bytes outside the whole pages could not be reached, so
   // the backend would never use the alias.
   if (!segment_->cma()) return Adoption::kRefused;
@@ -141,7 +144,7 @@ ShmBackend::Adoption ShmBackend::adopt(void* data, size_t bytes) {
   });
 }
 
-bool ShmBackend::aliased(const void* data, size_t bytes, bool verify) const {
+bool ShmBackend::adopted(const void* data, size_t bytes, bool verify) const {
   const AliasedPart part = find_alias(*segment_, data, bytes, verify);
   return part.hi > part.lo;
 }

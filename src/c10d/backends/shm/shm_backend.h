@@ -65,18 +65,17 @@ class ShmBackend : public pg::Backend {
   core::Tensor empty(std::vector<int64_t> sizes, core::DType dtype);
   // Whether [data, data + bytes) lies in this rank's shared heap (memory from empty()).
   bool in_shared_heap(const void* data, size_t bytes) const;
-  // Moves the whole pages of an ordinary buffer, the output of an allreduce the caller is about
-  // to run, into this rank's shared heap at the same addresses (see alias.h), so that
-  // allreduces on it read in place like on empty()'s tensors. kBusy while an operation of this
-  // backend is queued or running, or a receive is posted (one could write into the buffer while
-  // it moves); kRefused when it cannot (see adopt_into_heap; also without cross-memory attach).
-  // Nothing changes unless kDone. The caller must call release_aliases_in() before the
-  // buffer's memory is freed.
-  enum class Adoption { kDone, kBusy, kRefused };
-  Adoption adopt(void* data, size_t bytes);
+  // Adoption (pg::Backend): the whole pages of an ordinary buffer move into this rank's shared
+  // heap at the same addresses (see alias.h), so that allreduces on it read in place like on
+  // empty()'s tensors. kBusy while an operation of this backend is queued or running, or a
+  // receive is posted (one could write into the buffer while it moves); kRefused when it
+  // cannot (see adopt_into_heap; also without cross-memory attach). The process-level
+  // handlers are alias.h's release_aliases_in / forget_aliases_in.
+  bool adopts_memory() const override { return true; }
+  Adoption adopt(void* data, size_t bytes) override;
   // Whether part of [data, data + bytes) is such an alias of this backend's heap (checked
   // against pagemap unless `verify` is false: see find_alias).
-  bool aliased(const void* data, size_t bytes, bool verify = true) const;
+  bool adopted(const void* data, size_t bytes, bool verify) const override;
   // empty(), but nullopt when the heap is full.
   std::optional<core::Tensor> empty_for_collectives(const std::vector<int64_t>& sizes,
                                                     core::DType dtype) override;
