@@ -228,81 +228,11 @@ WorkPtr ProcessGroup::allreduce(std::vector<Tensor>& tensors, const AllreduceOpt
       device_of(tensors), [&](Backend& b) { return b.allreduce(tensors, opts); });
 }
 
-namespace {
-
-bool same_dtype_and_numel(const DenseView& a, const DenseView& b) {
-  return a.dtype == b.dtype && a.numel == b.numel;
-}
-
-bool share_bytes(const DenseView& a, const DenseView& b) {
-  return a.nbytes() != 0 && b.nbytes() != 0 && a.bytes() < b.bytes() + b.nbytes() &&
-         b.bytes() < a.bytes() + a.nbytes();
-}
-
-// Whether an input shares memory with an output: the general path stages such calls.
-bool aliased(const InlineOp& op) {
-  switch (op.type) {
-    case OpType::kAllgatherBase:
-    case OpType::kReduceScatterBase:
-    case OpType::kAlltoallBase:
-      return share_bytes(op.output, op.input);
-    case OpType::kGather:
-    case OpType::kScatter:
-      for (size_t i = 0; i < op.list_size; ++i) {
-        if (share_bytes(op.list[i], op.type == OpType::kGather ? op.input : op.output)) return true;
-      }
-      return false;
-    default:
-      return false;  // in place, or no tensors
-  }
-}
-
-// Whether `op` is a call the general path would accept as it is, on `rank` of `size` ranks.
-bool well_formed(const InlineOp& op, int rank, int size) {
-  const bool root_ok = op.root >= 0 && op.root < size;
-  const auto n = static_cast<size_t>(size);
-  if (aliased(op)) return false;
-  switch (op.type) {
-    case OpType::kAllreduce:
-      return usable_reduce(op.input.dtype, op.reduce_op);
-    case OpType::kBroadcast:
-      return root_ok;
-    case OpType::kReduce:
-      return root_ok && usable_reduce(op.input.dtype, op.reduce_op);
-    case OpType::kAllgatherBase:
-      return op.output.dtype == op.input.dtype && op.output.numel == op.input.numel * n;
-    case OpType::kReduceScatterBase:
-      return op.output.dtype == op.input.dtype && op.input.numel == op.output.numel * n &&
-             usable_reduce(op.input.dtype, op.reduce_op);
-    case OpType::kAlltoallBase:
-      // Equal splits of dimension 0 on both sides.
-      return same_dtype_and_numel(op.output, op.input) && op.input.ndim >= 1 &&
-             op.output.ndim >= 1 && op.input.sizes[0] % size == 0 && op.output.sizes[0] % size == 0;
-    case OpType::kGather:
-    case OpType::kScatter: {
-      if (!root_ok) return false;
-      if (rank != op.root) return op.list_size == 0;
-      const DenseView& mine = op.type == OpType::kGather ? op.input : op.output;
-      if (op.list_size != n) return false;
-      for (size_t i = 0; i < n; ++i) {
-        if (!same_dtype_and_numel(op.list[i], mine)) return false;
-      }
-      return true;
-    }
-    case OpType::kBarrier:
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
 bool ProcessGroup::run_inline(const InlineOp& op) {
   // Profiled operations take the general path, which opens their events.
   if (any_hooks_.load(std::memory_order_acquire) ||
       any_coalescing_.load(std::memory_order_acquire) || profiling() != nullptr ||
-      !well_formed(op, rank_, size_)) {
+      !inline_well_formed(op, rank_, size_)) {
     return false;
   }
   Backend* const backend = cpu_backend_.load(std::memory_order_acquire);

@@ -3,13 +3,14 @@
 #include <numeric>
 
 #include "c10d/core/exception.h"
+#include "c10d/pg/backend.h"
 
 namespace c10d::pg {
 
 using core::detail::str_cat;
 
 void check_rank(std::string_view op, std::string_view what, int64_t rank, int size) {
-  C10D_CHECK_ARG(rank >= 0 && rank < size, op, ": invalid ", what, " ", rank,
+  C10D_CHECK_ARG(valid_rank(rank, size), op, ": invalid ", what, " ", rank,
                  " (the group has ranks 0..", size - 1, ")");
 }
 
@@ -78,15 +79,16 @@ void check_same_dtype(std::string_view op, const Tensor& output, const Tensor& i
 
 void check_numel_ratio(std::string_view op, const Tensor& big, const Tensor& small,
                        int64_t factor) {
-  C10D_CHECK_ARG(big.numel() == small.numel() * factor, op, ": invalid tensor size: ", big.str(),
-                 " must hold exactly ", factor, " x the elements of ", small.str());
+  C10D_CHECK_ARG(valid_numel_ratio(big.numel(), small.numel(), factor), op,
+                 ": invalid tensor size: ", big.str(), " must hold exactly ", factor,
+                 " x the elements of ", small.str());
 }
 
 void check_splits(std::string_view op, std::string_view what, const Tensor& tensor,
                   const std::vector<int64_t>& splits, int size) {
   const int64_t dim0 = tensor.dim() == 0 ? 1 : tensor.sizes()[0];
   if (splits.empty()) {
-    C10D_CHECK_ARG(dim0 % size == 0, op, ": ", what, " dimension 0 (", dim0,
+    C10D_CHECK_ARG(valid_even_split(dim0, size), op, ": ", what, " dimension 0 (", dim0,
                    ") does not divide evenly among ", size, " ranks; pass split sizes");
     return;
   }
@@ -100,6 +102,85 @@ void check_splits(std::string_view op, std::string_view what, const Tensor& tens
   }
   C10D_CHECK_ARG(total == dim0, op, ": Split sizes doesn't match total dim 0 size: ", what,
                  " sum to ", total, " but the tensor's dimension 0 is ", dim0);
+}
+
+namespace {
+
+bool same_dtype_and_numel(const DenseView& a, const DenseView& b) {
+  return a.dtype == b.dtype && a.numel == b.numel;
+}
+
+bool share_bytes(const DenseView& a, const DenseView& b) {
+  return a.nbytes() != 0 && b.nbytes() != 0 && a.bytes() < b.bytes() + b.nbytes() &&
+         b.bytes() < a.bytes() + a.nbytes();
+}
+
+// Whether an input shares memory with an output: the general path stages such calls.
+bool aliased(const InlineOp& op) {
+  switch (op.type) {
+    case core::OpType::kAllgatherBase:
+    case core::OpType::kReduceScatterBase:
+    case core::OpType::kAlltoallBase:
+      return share_bytes(op.output, op.input);
+    case core::OpType::kGather:
+    case core::OpType::kScatter:
+      for (size_t i = 0; i < op.list_size; ++i) {
+        if (share_bytes(op.list[i], op.type == core::OpType::kGather ? op.input : op.output)) {
+          return true;
+        }
+      }
+      return false;
+    default:
+      return false;  // in place, or no tensors
+  }
+}
+
+int64_t dim0(const DenseView& v) { return v.ndim == 0 ? 1 : v.sizes[0]; }
+
+}  // namespace
+
+bool inline_well_formed(const InlineOp& op, int rank, int size) {
+  using core::OpType;
+  const bool root_ok = valid_rank(op.root, size);
+  const auto n = static_cast<size_t>(size);
+  if (aliased(op)) return false;
+  switch (op.type) {
+    case OpType::kAllreduce:
+      return usable_reduce(op.input.dtype, op.reduce_op);
+    case OpType::kBroadcast:
+      return root_ok;
+    case OpType::kReduce:
+      return root_ok && usable_reduce(op.input.dtype, op.reduce_op);
+    case OpType::kAllgatherBase:
+      return op.output.dtype == op.input.dtype &&
+             valid_numel_ratio(static_cast<int64_t>(op.output.numel),
+                               static_cast<int64_t>(op.input.numel), size);
+    case OpType::kReduceScatterBase:
+      return op.output.dtype == op.input.dtype &&
+             valid_numel_ratio(static_cast<int64_t>(op.input.numel),
+                               static_cast<int64_t>(op.output.numel), size) &&
+             usable_reduce(op.input.dtype, op.reduce_op);
+    case OpType::kAlltoallBase:
+      // Equal splits of dimension 0 on both sides.
+      return same_dtype_and_numel(op.output, op.input) && valid_even_split(dim0(op.input), size) &&
+             valid_even_split(dim0(op.output), size);
+    case OpType::kGather:
+    case OpType::kScatter: {
+      if (!root_ok) return false;
+      // A non-root's list is the general path's to judge.
+      if (rank != op.root) return op.list_size == 0;
+      const DenseView& mine = op.type == OpType::kGather ? op.input : op.output;
+      if (op.list_size != n) return false;
+      for (size_t i = 0; i < n; ++i) {
+        if (!same_dtype_and_numel(op.list[i], mine)) return false;
+      }
+      return true;
+    }
+    case OpType::kBarrier:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace c10d::pg

@@ -1,6 +1,8 @@
 // Argument checks shared by every backend: the ProcessGroup runs them once before dispatch,
 // so backends can assume well-formed input. Each throws core::InvalidArgument with a message
-// naming the operation and the offending argument.
+// naming the operation and the offending argument. The rules themselves are the predicates at
+// the end, which the inline fast path asks too: a call that breaks one goes to the general
+// path, whose check then throws.
 #pragma once
 
 #include <string_view>
@@ -12,6 +14,7 @@
 namespace c10d::pg {
 
 using core::Tensor;
+struct InlineOp;
 
 // A rank argument (root, peer) must lie in [0, size).
 void check_rank(std::string_view op, std::string_view what, int64_t rank, int size);
@@ -43,5 +46,16 @@ void check_numel_ratio(std::string_view op, const Tensor& big, const Tensor& sma
 // `size` non-negative entries summing to dim 0.
 void check_splits(std::string_view op, std::string_view what, const Tensor& tensor,
                   const std::vector<int64_t>& splits, int size);
+
+// The rules, without the throw.
+inline bool valid_rank(int64_t rank, int size) { return rank >= 0 && rank < size; }
+inline bool valid_numel_ratio(int64_t big, int64_t small, int64_t factor) {
+  return big == small * factor;
+}
+// Equal splits: dimension 0 (1 for a 0-d tensor) divides among `size` ranks.
+inline bool valid_even_split(int64_t dim0, int size) { return dim0 % size == 0; }
+// Whether the inline fast path's `op`, on `rank` of `size` ranks, is a call the general path
+// would accept and run as it is (not staged: no input shares memory with an output).
+bool inline_well_formed(const InlineOp& op, int rank, int size);
 
 }  // namespace c10d::pg
