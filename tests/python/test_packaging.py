@@ -92,3 +92,47 @@ def test_wheel_installs_into_a_fresh_venv_with_numpy_1_26(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     lines = run_installed(python, tmp_path)
     assert all(line.split()[-1] == "1.26.4" for line in lines), lines
+
+
+def pinned(requirement_file, *names):
+    """The pinned requirement lines of `names` in requirements/<requirement_file>."""
+    path = os.path.join(harness.REPO, "requirements", requirement_file)
+    with open(path) as f:
+        pins = {line.split("==")[0]: line.strip() for line in f if "==" in line}
+    return [pins[name] for name in names]
+
+
+def test_editable_install_uses_the_trees_python_files(tmp_path):
+    # `pip install -e .` with the project's pinned build tools, as a developer would: the
+    # package's Python files must be the tree's own (an edit is seen at the next import), the
+    # extension the one pip built, and the launcher must run from outside the tree.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    tools = pinned("test.txt", "numpy", "scikit-build-core", "pybind11")
+    for args in (tools, ["--no-build-isolation", "--no-deps", "-e", harness.REPO]):
+        p = subprocess.run(
+            pip + args, capture_output=True, text=True, timeout=1200, env=clean_env()
+        )
+        assert p.returncode == 0, p.stdout + p.stderr
+    probe = (
+        "import c10d, c10d.futures, c10d._C; print(c10d.futures.__file__); print(c10d._C.__file__)"
+    )
+    p = subprocess.run(
+        [python, "-c", probe],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    module, extension = p.stdout.split()
+    assert module == os.path.join(harness.REPO, "python", "c10d", "futures.py"), module
+    assert extension.startswith(str(venv)), extension  # not the tree's `make` build
+    launcher = os.path.join(os.path.dirname(python), "c10drun")
+    p = subprocess.run(
+        [launcher, "--help"], env=clean_env(), capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0 and "--nproc-per-node" in p.stdout, p.stdout + p.stderr
