@@ -102,9 +102,6 @@ if hasattr(_C, "ProcessGroupShm"):
     from ._C import ProcessGroupShm  # noqa: F401
 from ._C import _Backend  # noqa: F401,E402  (torch.distributed's name for the backend base)
 
-if hasattr(_C, "ProcessGroupMPI"):
-    from ._C import ProcessGroupMPI  # noqa: F401
-
 __version__ = _C.__version__
 
 from . import _profiling  # noqa: E402
@@ -118,6 +115,11 @@ def __getattr__(name):
         from .parallel import DistributedDataParallel
 
         return DistributedDataParallel
+    if name == "ProcessGroupMPI":  # its module links the MPI library: loaded on first use
+        from . import _mpi_loader
+
+        if _mpi_loader.module() is not None:
+            return _mpi_loader.module().ProcessGroupMPI
     from ._binding_additions import gpu_only_error
 
     raise gpu_only_error(name) or AttributeError(f"module 'c10d' has no attribute '{name}'")

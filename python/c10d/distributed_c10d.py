@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _C
+from . import _C, _mpi_loader
 from . import rendezvous as _rdzv
 from ._binding_additions import _DistributedBackendOptions, _track_pending
 from ._C import (
@@ -348,6 +348,8 @@ _WORLD_ATTRIBUTES = {
 
 
 def __getattr__(name: str):
+    if name == "_MPI_AVAILABLE":  # torch's constant, computed when read: it loads c10d._mpi
+        return is_mpi_available()
     attribute = _WORLD_ATTRIBUTES.get(name)
     if attribute is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -419,7 +421,8 @@ def is_gloo_available() -> bool:
 
 
 def is_mpi_available() -> bool:
-    return hasattr(_C, "ProcessGroupMPI")
+    # Loads c10d._mpi (and with it the MPI library) the first time.
+    return _mpi_loader.module() is not None
 
 
 def is_shm_available() -> bool:
@@ -440,7 +443,6 @@ def is_xccl_available() -> bool:
 
 # Which backends this build has, as module constants (torch's names; read once at import).
 _GLOO_AVAILABLE = is_gloo_available()
-_MPI_AVAILABLE = is_mpi_available()
 _NCCL_AVAILABLE = _UCC_AVAILABLE = _XCCL_AVAILABLE = False
 PG_WRAPPER_STORE_PREFIX = "pg_wrapper"
 _backend: Optional[str] = None  # torch's deprecated global, never set
@@ -763,11 +765,12 @@ def _create_backend(
         return _C.ProcessGroupHier(store, rank, size, timeout)
     if name == Backend.AUTO and is_backend_available(Backend.AUTO):
         return _C._create_auto_backend(store, rank, size, timeout)
-    if name == Backend.MPI and is_mpi_available():
+    if name == Backend.MPI:
+        mpi = _mpi_loader.process_group_class()  # raises, saying what is missing
         _finalize_mpi_at_exit()
-        created = _C.ProcessGroupMPI.create(list(global_ranks), timeout)
+        created = mpi.create(list(global_ranks), timeout)
         if created is None or (created.rank(), created.size()) != (rank, size):
-            mpi_rank, mpi_size = _C.ProcessGroupMPI._world()
+            mpi_rank, mpi_size = mpi._world()
             raise _DistValueError(
                 f"MPI assigns this process rank {mpi_rank} of {mpi_size}, but the group expects "
                 f"rank {rank} of {size} (global ranks {list(global_ranks) or 'all'}): with the "
@@ -806,7 +809,7 @@ def _finalize_mpi_at_exit():
     global _mpi_finalizer_registered
     if not _mpi_finalizer_registered:
         _mpi_finalizer_registered = True
-        atexit.register(_C.ProcessGroupMPI._finalize)
+        atexit.register(_mpi_loader.process_group_class()._finalize)
 
 
 def _mpi_store(timeout):
@@ -815,8 +818,9 @@ def _mpi_store(timeout):
     everything built on the default store (other backends' groups, store barriers) works."""
     import socket
 
+    mpi = _mpi_loader.process_group_class()
     _finalize_mpi_at_exit()
-    rank, world_size = _C.ProcessGroupMPI._world()
+    rank, world_size = mpi._world()
     host = socket.gethostname()
     server = None
     if rank == 0:
@@ -828,7 +832,7 @@ def _mpi_store(timeout):
         text = pickle.dumps((host, server.port))
         payload[0] = len(text)
         payload[1 : 1 + len(text)] = np.frombuffer(text, np.uint8)
-    world = _C.ProcessGroupMPI.create([], timeout)
+    world = mpi.create([], timeout)
     world.broadcast([payload], _opts(BroadcastOptions, True)).wait()
     del world
     if rank == 0:
@@ -955,8 +959,7 @@ def init_process_group(
     BackendConfig(backend)  # validate the name before any rendezvous
     if str(backend).lower() == Backend.MPI and store is None and init_method is None:
         # MPI's launcher assigns the ranks; the group needs no rendezvous.
-        if not is_mpi_available():
-            raise RuntimeError("Backend mpi is not available in this build of c10d")
+        _mpi_loader.process_group_class()  # raises, saying what is missing
         if (world_size is not None and world_size != -1) or (rank is not None and rank != -1):
             warnings.warn(
                 f"For MPI backend, world_size ({world_size}) and rank ({rank}) are "

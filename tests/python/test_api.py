@@ -961,3 +961,29 @@ def test_elastic_node_count_starts_with_min_nodes_after_the_last_call(tmp_path):
         timeout=60,
     )
     assert bad.returncode != 0 and "MIN <= MAX" in bad.stderr, bad.stderr
+
+
+def test_mpi_without_an_mpi_library_says_what_to_install():
+    # c10d._mpi loads the host's MPI library first: where there is none, importing c10d and
+    # every other backend still works, and the mpi backend is refused naming what is missing.
+    program = textwrap.dedent("""
+        import numpy as np
+        import c10d
+        from c10d import _mpi_loader
+        _mpi_loader._LIBRARY = "libmpi-that-is-not-installed.so.40"
+        assert not c10d.is_mpi_available() and not c10d.is_backend_available("mpi")
+        try:
+            c10d.init_process_group("mpi")
+        except RuntimeError as e:
+            print(e)
+        else:
+            raise SystemExit("the mpi backend started without its library")
+        c10d.init_process_group("gloo", store=c10d.HashStore(), rank=0, world_size=1)
+        x = np.ones(4, np.float32)
+        c10d.all_reduce(x)
+        c10d.destroy_process_group()
+    """)
+    p = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Backend mpi is not available" in p.stdout, p.stdout
+    assert "libmpi" in p.stdout and "apt install libopenmpi3" in p.stdout, p.stdout

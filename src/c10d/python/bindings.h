@@ -22,7 +22,7 @@ void init_pg(pybind11::module_& m);         // pg_bindings.cc: options, Backend,
 void init_gloo(pybind11::module_& m);       // gloo_bindings.cc: ProcessGroupGloo (C10D_WITH_GLOO)
 void init_control(pybind11::module_& m);    // control_bindings.cc: StoreCollectives, WorkerServer
 void init_shm(pybind11::module_& m);        // shm_bindings.cc: ProcessGroupShm (C10D_WITH_SHM)
-void init_mpi(pybind11::module_& m);        // mpi_bindings.cc: ProcessGroupMPI (C10D_WITH_MPI)
+void init_mpi(pybind11::module_& m);        // mpi_bindings.cc: ProcessGroupMPI (module c10d._mpi)
 void init_hier(pybind11::module_& m);       // hier_bindings.cc: ProcessGroupHier (gloo and shm)
 void init_ddp(pybind11::module_& m);        // ddp_bindings.cc: Reducer, GradBucket, comm hooks
 

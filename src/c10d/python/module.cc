@@ -1,4 +1,6 @@
 // The c10d._C extension module: every component adds its bindings here, in dependency order.
+// The MPI backend is the module c10d._mpi (mpi_module.cc), so that this one needs no MPI
+// library.
 #include "c10d/config.h"
 #include "c10d/python/bindings.h"
 
@@ -17,9 +19,6 @@ PYBIND11_MODULE(_C, m) {
 #endif
 #if C10D_WITH_SHM
   c10d::python::init_shm(m);
-#endif
-#if C10D_WITH_MPI
-  c10d::python::init_mpi(m);
 #endif
 #if C10D_WITH_GLOO && C10D_WITH_SHM
   c10d::python::init_hier(m);
