@@ -29,3 +29,15 @@ function(c10d_test name)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)
 endfunction()
+
+# c10d_require(<found-variable> <what> <Debian packages>)
+# Stops the configuration when a library c10d needs was not found, naming it, the Debian
+# packages that provide it and scripts/install-deps.sh (which installs them all).
+function(c10d_require found what packages)
+  if(NOT ${found})
+    message(FATAL_ERROR
+      "c10d needs ${what}, which CMake did not find. On Debian or Ubuntu, "
+      "scripts/install-deps.sh installs everything c10d builds with (for this one: apt install "
+      "${packages}); elsewhere, install it and add its prefix to CMAKE_PREFIX_PATH.")
+  endif()
+endfunction()
