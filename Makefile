@@ -9,12 +9,13 @@ VENV ?= .venv
 BASE_PYTHON ?= python3
 PYTHON := $(abspath $(VENV))/bin/python
 WHEELS ?= $(BUILD)/wheels
+PORTABLE_WHEELS ?= $(BUILD)/wheels-portable
 JOBS ?= $(shell nproc)
 NPROC ?= 2
 BACKEND ?= shm,shm-zc,gloo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps venv venv-bench configure build wheel format format-check test test-cpp test-python test-cpp-consumer test-torch stress exit-soak run run-multihost demo bench fuzz fuzz-build fuzz-smoke clean
+.PHONY: all deps venv venv-bench configure build wheel wheel-portable format format-check test test-cpp test-python test-cpp-consumer test-torch stress exit-soak run run-multihost demo bench fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -55,6 +56,15 @@ wheel: venv
 	@$(PYTHON) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
 	  $(WHEELS)/c10d-*.whl
 
+# The wheel for any x86-64 Linux with glibc 2.34+ and libstdc++ of GCC 12+
+# (manylinux_2_35): auditwheel copies the libraries c10d._C needs from Debian (Gloo, libuv,
+# cpp-httplib and theirs) into it. libmpi stays the host's: c10d._mpi loads it on first use.
+# tests/python/test_portable_wheel.py installs it into a bare Debian root file system.
+wheel-portable: wheel
+	@rm -rf $(PORTABLE_WHEELS)
+	@PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m auditwheel repair \
+	  --exclude libmpi.so.40 -w $(PORTABLE_WHEELS) $(WHEELS)/c10d-*.whl
+
 # C++ through .clang-format, Python through ruff (pyproject.toml), over every tracked file.
 CXX_SOURCES = git ls-files '*.cc' '*.h' '*.cpp'
 PY_SOURCES = python tests scripts bench examples fuzz
@@ -68,14 +78,15 @@ format-check: venv
 	@$(PYTHON) -m ruff format -q --check $(PY_SOURCES)
 	@$(PYTHON) -m ruff check -q $(PY_SOURCES)
 
-test: build wheel
+test: build wheel wheel-portable
 	@$(MAKE) --no-print-directory format-check test-cpp test-python test-cpp-consumer fuzz-smoke
 
 test-cpp:
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300
 
 test-python:
-	@C10D_WHEELS=$(abspath $(WHEELS)) C10D_REQUIRE_PEERS=1 PYTHONPATH=python $(PYTHON) -m pytest -q \
+	@C10D_WHEELS=$(abspath $(WHEELS)) C10D_PORTABLE_WHEELS=$(abspath $(PORTABLE_WHEELS)) \
+	  C10D_ROOTFS=$(abspath $(BUILD))/rootfs C10D_REQUIRE_PEERS=1 PYTHONPATH=python $(PYTHON) -m pytest -q \
 	  tests/python
 
 # A standalone CMake project (examples/cpp) finds a fresh `cmake --install` of c10d and runs

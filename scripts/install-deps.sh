@@ -12,6 +12,7 @@ packages=(
   python3 python3-dev python3-venv
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   clang-format
+  debootstrap  # the bare root file system the portable wheel is tried in (make test)
 )
 if [[ "${C10D_WITH_FUZZ:-0}" == "1" ]]; then
   packages+=(clang libclang-rt-14-dev)
