@@ -13,6 +13,7 @@ packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   clang-format
   debootstrap  # the bare root file system the portable wheel is tried in (make test)
+  chromium     # the flight recorder's timeline page is checked in a real browser (make test)
 )
 if [[ "${C10D_WITH_FUZZ:-0}" == "1" ]]; then
   packages+=(clang libclang-rt-14-dev)

@@ -1,6 +1,6 @@
 """Reads the flight-recorder dumps of every rank and says what went wrong.
 
-    python -m c10d.trace DIR [--job JOB] [--verbose]
+    python -m c10d.trace DIR [--job JOB] [--verbose] [--html OUT.html] [--chrome-trace OUT.json]
 
 Each rank writes ``c10d_trace_<job>_rank<rank>.json`` into ``C10D_TRACE_DUMP_DIR`` when one of its
 operations fails with a backend error (and asks the others, through the store, to do the
@@ -18,12 +18,21 @@ group:
   tensors; a difference is a desync;
 - point-to-point receives still waiting are matched against the peer's sends.
 
+``--html`` draws the job on one timeline in a page that needs nothing but a browser: a lane
+per rank and group, every recorded operation as a bar (completed, failed, in flight), the
+rank that started each collective last (the others waited for it) marked, and the ranks that
+never joined the collective a group stopped at, or left no dump, marked in red.
+``--chrome-trace`` writes the same in the Trace Event format that chrome://tracing and
+Perfetto (ui.perfetto.dev) open. Times are the ranks' wall clocks (one host, or hosts kept
+in step by NTP).
+
 Exit status: 0 when nothing is wrong, 1 when a problem was found, 2 when there is nothing to
 read.
 """
 
 import argparse
 import glob
+import html
 import json
 import os
 import re
@@ -165,6 +174,8 @@ class Analysis:
         self.dumps = dumps
         self.views = {rank: group_views(d) for rank, d in dumps.items()}
         self.problems: List[List[str]] = []  # each: headline, then detail lines
+        # Where a group stopped: (group, seq, op, ranks that never joined, ranks without a dump).
+        self.stopped: List[Tuple[str, int, str, List[int], List[int]]] = []
 
     # -- groups ---------------------------------------------------------------------------
     def group_members(self, name: str) -> List[int]:
@@ -246,6 +257,7 @@ class Analysis:
             (views[r].collectives[seq] for r in joined if seq in views[r].collectives), None
         )
         op = sample["op"] if sample else "?"
+        self.stopped.append((name, seq, op, never, no_dump))
         head = f"collective {seq} ({op}) on {self.group_label(name)}: "
         if never:
             who = "rank" if len(never) == 1 else "ranks"
@@ -363,7 +375,241 @@ class Analysis:
         return self.problems
 
 
-def report(directory: str, verbose: bool = False, out=sys.stdout, job: Optional[str] = None) -> int:
+# -- the picture ------------------------------------------------------------------------------
+
+
+def timeline(dumps: Dict[int, Dump], analysis: "Analysis") -> dict:
+    """The job on one clock (microseconds from its first recorded operation): a lane per rank
+    and group with its operations, the last rank to start each collective, and the ranks
+    marked where their group stopped. Run after analysis.run()."""
+    entries = [
+        (rank, name, e)
+        for rank, views in analysis.views.items()
+        for name, view in views.items()
+        for e in list(view.collectives.values()) + view.p2p
+    ]
+    starts = [e.get("time_started_ns") or e.get("time_enqueued_ns") for _, _, e in entries]
+    origin = min([t for t in starts if t] or [0])
+
+    def us(ns: int) -> float:
+        return round((ns - origin) / 1000.0, 3)
+
+    # Per collective, who started it last: the others waited for that rank.
+    last: Dict[Tuple[str, int], Tuple[int, int]] = {}
+    count: Dict[Tuple[str, int], int] = {}
+    for rank, name, e in entries:
+        started = e.get("time_started_ns")
+        if e.get("p2p") or not started:
+            continue
+        key = (name, int(e["seq"]))
+        count[key] = count.get(key, 0) + 1
+        if key not in last or started > last[key][1]:
+            last[key] = (rank, started)
+    ops = []
+    for rank, name, e in entries:
+        started = e.get("time_started_ns") or e.get("time_enqueued_ns")
+        if not started:
+            continue
+        ended = e.get("time_completed_ns") or analysis.dumps[rank].timestamp_ns
+        key = (name, int(e["seq"]))
+        ops.append(
+            {
+                "rank": rank,
+                "group": name,
+                "op": e["op"],
+                "seq": int(e["seq"]),
+                "p2p": bool(e.get("p2p")),
+                "state": e.get("state"),
+                "start": us(started),
+                "end": us(max(ended, started)),
+                "inputs": tensors_text(e.get("input_sizes", []), e.get("input_dtypes", [])),
+                "error": e.get("error"),
+                "last_to_start": not e.get("p2p")
+                and count.get(key, 0) > 1
+                and last[key][0] == rank,
+            }
+        )
+    lanes = []
+    for name in analysis.all_group_names():
+        for rank in analysis.group_members(name):
+            dump = analysis.dumps.get(rank)
+            lanes.append(
+                {
+                    "rank": rank,
+                    "group": name,
+                    "label": f"rank {rank} / group {name or '(unnamed)'}",
+                    "host": dump.data.get("hostname") if dump else None,
+                    "dumped": dump is not None and name in analysis.views[rank],
+                }
+            )
+    missing = []
+    for name, seq, op, never, no_dump in analysis.stopped:
+        for rank in never:
+            missing.append(
+                {"rank": rank, "group": name, "seq": seq, "op": op, "why": "never joined"}
+            )
+        for rank in no_dump:
+            missing.append({"rank": rank, "group": name, "seq": seq, "op": op, "why": "no dump"})
+    end = max([o["end"] for o in ops] or [0.0])
+    return {"lanes": lanes, "ops": ops, "missing": missing, "end_us": end}
+
+
+def chrome_trace(picture: dict) -> dict:
+    """`picture` in the Trace Event format (chrome://tracing, Perfetto): a process per rank, a
+    thread per group, complete events for operations, instant events for the missing."""
+    events = []
+    tids: Dict[str, int] = {}
+    for lane in picture["lanes"]:
+        tid = tids.setdefault(lane["group"], len(tids) + 1)
+        host = f" on {lane['host']}" if lane["host"] else " (no dump)"
+        events.append(
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": lane["rank"],
+                "args": {"name": f"rank {lane['rank']}{host}"},
+            }
+        )
+        events.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": lane["rank"],
+                "tid": tid,
+                "args": {"name": f"group {lane['group']}"},
+            }
+        )
+    for o in picture["ops"]:
+        args = {"seq": o["seq"], "state": o["state"], "inputs": o["inputs"]}
+        if o["error"]:
+            args["error"] = o["error"]
+        if o["last_to_start"]:
+            args["last to start"] = True
+        events.append(
+            {
+                "name": f"{o['op']} #{o['seq']}",
+                "cat": "p2p" if o["p2p"] else "collective",
+                "ph": "X",
+                "ts": o["start"],
+                "dur": round(o["end"] - o["start"], 3),
+                "pid": o["rank"],
+                "tid": tids.get(o["group"], 0),
+                "args": args,
+            }
+        )
+    for m in picture["missing"]:
+        events.append(
+            {
+                "name": f"{m['why']}: {m['op']} #{m['seq']}",
+                "cat": "missing",
+                "ph": "i",
+                "s": "t",
+                "ts": picture["end_us"],
+                "pid": m["rank"],
+                "tid": tids.get(m["group"], 0),
+                "args": dict(m),
+            }
+        )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def html_page(picture: dict, title: str) -> str:
+    """A page that draws `picture` (SVG, drawn by its own script: no network needed)."""
+    data = json.dumps(picture).replace("</", "<\\/")
+    return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", data)
+
+
+_PAGE = r"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>__TITLE__</title>
+<style>
+body { font: 13px sans-serif; margin: 16px; }
+.legend span { display: inline-block; margin-right: 14px; }
+.legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px;
+            vertical-align: middle; }
+text.missing { fill: #b00020; font-weight: bold; }
+</style></head>
+<body>
+<h2>__TITLE__</h2>
+<div class="legend">
+<span><i style="background:#4c9a2a"></i>completed</span>
+<span><i style="background:#d62728"></i>failed</span>
+<span><i style="background:#ff9f1c"></i>in flight at the dump</span>
+<span><i style="background:#ffffff;outline:2px solid #000"></i>last rank to start it</span>
+<span><i style="background:#ffc2d1"></i>never joined / no dump</span>
+</div>
+<svg id="timeline" xmlns="http://www.w3.org/2000/svg"></svg>
+<script type="application/json" id="c10d-timeline">__DATA__</script>
+<script>
+(function () {
+  var d = JSON.parse(document.getElementById("c10d-timeline").textContent);
+  var NS = "http://www.w3.org/2000/svg", svg = document.getElementById("timeline");
+  var LEFT = 330, WIDTH = 900, ROW = 28, TOP = 30;
+  var span = Math.max(d.end_us, 1) * 1.02;
+  var x = function (t) { return LEFT + (t / span) * WIDTH; };
+  svg.setAttribute("width", LEFT + WIDTH + 60);
+  svg.setAttribute("height", TOP + ROW * d.lanes.length + 10);
+  function el(name, attrs, parent, text) {
+    var e = document.createElementNS(NS, name);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    (parent || svg).appendChild(e);
+    return e;
+  }
+  for (var i = 0; i <= 5; i++) {
+    var t = span * i / 5;
+    el("line", {x1: x(t), x2: x(t), y1: TOP - 6, y2: TOP + ROW * d.lanes.length,
+                stroke: "#ddd"});
+    el("text", {x: x(t), y: TOP - 10, "text-anchor": "middle", fill: "#555"},
+       undefined, (t / 1000).toFixed(1) + " ms");
+  }
+  var laneY = {};
+  d.lanes.forEach(function (lane, i) {
+    var y = TOP + i * ROW, key = lane.rank + "/" + lane.group;
+    laneY[key] = y;
+    var missing = d.missing.filter(function (m) {
+      return m.rank === lane.rank && m.group === lane.group;
+    });
+    var g = el("g", {"class": "lane", "data-rank": lane.rank, "data-group": lane.group,
+                     "data-y": y, "data-missing": missing.length ? 1 : 0});
+    if (missing.length) {
+      el("rect", {"class": "missing-band", x: LEFT, y: y + 1, width: WIDTH, height: ROW - 2,
+                  fill: "#ffc2d1"}, g);
+    }
+    var label = lane.label + (lane.host ? " (" + lane.host + ")" : "");
+    if (missing.length) {
+      label = lane.label + ": " + missing[0].why + " " + missing[0].op + " #" + missing[0].seq;
+    }
+    el("text", {x: 4, y: y + ROW / 2 + 4, "class": missing.length ? "missing" : ""}, g, label);
+  });
+  var COLORS = {completed: "#4c9a2a", failed: "#d62728", started: "#ff9f1c",
+                scheduled: "#ff9f1c"};
+  d.ops.forEach(function (o) {
+    var y = laneY[o.rank + "/" + o.group];
+    if (y === undefined) return;
+    var w = Math.max(x(o.end) - x(o.start), 2);
+    var r = el("rect", {"class": "op", x: x(o.start), y: y + 5, width: w, height: ROW - 10,
+                        fill: COLORS[o.state] || "#999", "data-op": o.op, "data-seq": o.seq,
+                        "data-state": o.state, stroke: o.last_to_start ? "#000" : "none",
+                        "stroke-width": 2});
+    el("title", {}, r, "rank " + o.rank + " " + o.op + " #" + o.seq + " (" + o.state + ") " +
+       o.inputs + (o.error ? "\n" + o.error : "") +
+       (o.last_to_start ? "\nlast rank to start it" : ""));
+  });
+  document.body.setAttribute("data-drawn", d.lanes.length);
+})();
+</script>
+</body></html>
+"""
+
+
+def report(
+    directory: str,
+    verbose: bool = False,
+    out=sys.stdout,
+    job: Optional[str] = None,
+    html_path: Optional[str] = None,
+    chrome_path: Optional[str] = None,
+) -> int:
     try:
         dumps, warnings = load_dumps(directory, job)
     except ValueError as e:
@@ -396,6 +642,21 @@ def report(directory: str, verbose: bool = False, out=sys.stdout, job: Optional[
     if missing:
         print(f"  no dump from rank(s) {ranks_text(missing)}", file=out)
     problems = analysis.run()
+    if html_path or chrome_path:
+        picture = timeline(dumps, analysis)
+        if html_path:
+            with open(html_path, "w") as f:
+                f.write(
+                    html_page(
+                        picture,
+                        f"c10d job {next(iter(dumps.values())).data.get('job') or ''}".strip(),
+                    )
+                )
+            print(f"  timeline: {html_path}", file=out)
+        if chrome_path:
+            with open(chrome_path, "w") as f:
+                json.dump(chrome_trace(picture), f)
+            print(f"  trace events (chrome://tracing, Perfetto): {chrome_path}", file=out)
     if verbose:
         for rank, d in sorted(dumps.items()):
             for name, view in sorted(analysis.views[rank].items()):
@@ -437,8 +698,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         action="store_true",
         help="also print every group's sequence numbers per rank",
     )
+    parser.add_argument(
+        "--html",
+        metavar="OUT.html",
+        default=None,
+        help="also draw every rank's operations on one timeline in this page (default: none)",
+    )
+    parser.add_argument(
+        "--chrome-trace",
+        metavar="OUT.json",
+        default=None,
+        help="also write the timeline as Trace Event JSON for chrome://tracing or Perfetto "
+        "(default: none)",
+    )
     args = parser.parse_args(argv)
-    return report(args.directory, args.verbose, job=args.job)
+    return report(
+        args.directory,
+        args.verbose,
+        job=args.job,
+        html_path=args.html,
+        chrome_path=args.chrome_trace,
+    )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -314,3 +316,117 @@ def test_control_plane_serves_the_recorder():
     response = _Response()
     handler(_Request({"onlyActive": "true"}), response)
     assert json.loads(response.content)["only_active"] is True
+
+
+def _png_rgb(path):
+    """(height, width, 3) uint8 pixels of an 8-bit, non-interlaced RGB or RGBA PNG (what
+    Chromium's screenshots are)."""
+    import struct
+    import zlib
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, chunks, header = 8, [], None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            chunks.append(body)
+        pos += 12 + length
+    width, height, depth, color, _, _, interlace = header
+    assert depth == 8 and color in (2, 6) and interlace == 0, header
+    bpp = 3 if color == 2 else 4
+    raw = np.frombuffer(zlib.decompress(b"".join(chunks)), np.uint8).reshape(height, -1)
+    out = np.zeros((height, width * bpp), np.int32)
+    prev = np.zeros(width * bpp, np.int32)
+    for y in range(height):
+        kind, row = raw[y, 0], raw[y, 1:].astype(np.int32)
+        if kind == 0:
+            cur = row
+        elif kind == 2:
+            cur = (row + prev) & 0xFF
+        else:  # Sub, Average, Paeth: each byte depends on the one to its left
+            cur = row.copy()
+            for i in range(len(cur)):
+                left = cur[i - bpp] if i >= bpp else 0
+                up, corner = prev[i], prev[i - bpp] if i >= bpp else 0
+                if kind == 1:
+                    pred = left
+                elif kind == 3:
+                    pred = (left + up) >> 1
+                else:
+                    p = left + up - corner
+                    pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                    pred = left if pa <= pb and pa <= pc else up if pb <= pc else corner
+                cur[i] = (cur[i] + pred) & 0xFF
+        out[y], prev = cur, cur
+    return out.reshape(height, width, bpp)[:, :, :3].astype(np.uint8)
+
+
+def test_timeline_page_draws_the_job_and_marks_the_rank_that_never_joined(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("C10D_REQUIRE_PEERS") == "1":
+            pytest.fail("chromium is missing (scripts/install-deps.sh installs it)")
+        pytest.skip("needs chromium")
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    results = harness.run(
+        "trace_hang",
+        2,
+        "gloo",
+        timeout=60,
+        env={"C10D_TEST_PG_TIMEOUT": "3", "C10D_TRACE_DUMP_DIR": str(dumps)},
+    )
+    harness.check_all_ok(results)
+    page, events = tmp_path / "job.html", tmp_path / "job.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "c10d.trace", str(dumps), "--html", str(page)]
+        + ["--chrome-trace", str(events)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr  # a problem was found
+
+    # The Trace Event file: rank 0's all_reduce failed, rank 1 is marked as never joining it.
+    trace_events = json.loads(events.read_text())["traceEvents"]
+    failed = [e for e in trace_events if e["ph"] == "X" and e["args"]["state"] == "failed"]
+    assert [(e["pid"], e["name"].split()[0]) for e in failed] == [(0, "allreduce")], failed
+    never = [e for e in trace_events if e["ph"] == "i"]
+    assert [(e["pid"], e["name"].split(":")[0]) for e in never] == [(1, "never joined")], never
+    assert any(e["args"].get("last to start") for e in trace_events if e["ph"] == "X")
+
+    # In a real browser: the script draws a lane per rank and group, and rank 1's lane on the
+    # group that stopped is marked.
+    browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run(
+        browser + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    )
+    assert 'data-drawn="' in dom.stdout, dom.stdout[-2000:] + dom.stderr[-2000:]
+    lanes = re.findall(
+        r'<g class="lane" data-rank="(\d+)" data-group="([^"]+)"[^>]*'
+        r'data-missing="(\d)"',
+        dom.stdout,
+    )
+    assert ("0", "0", "0") in lanes and ("1", "0", "1") in lanes, lanes
+    assert sum(m == "1" for _, _, m in lanes) == 1, lanes
+    assert dom.stdout.count('class="op"') >= 5, dom.stdout[-2000:]
+
+    # The screenshot shows it: one lane's band in the "missing" pink, and a failed (red) bar.
+    shot = tmp_path / "job.png"
+    subprocess.run(
+        browser + ["--window-size=1300,500", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
+    pixels = _png_rgb(shot)
+    pink = np.all(pixels == (0xFF, 0xC2, 0xD1), axis=2)
+    red = np.all(pixels == (0xD6, 0x27, 0x28), axis=2)
+    rows = np.nonzero(pink.sum(axis=1) > 200)[0]  # the band (the legend's swatch is 12 px wide)
+    assert len(rows) > 0, "no lane drawn as missing"
+    assert rows.max() - rows.min() < 28, rows  # exactly one lane (28 px each)
+    assert red.sum(axis=1).max() > 20, "no failed operation drawn"
