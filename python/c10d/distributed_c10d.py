@@ -184,6 +184,7 @@ class BackendConfig:
 
 
 def get_default_backend_for_device(device) -> str:
+    """The backend a group uses for `device` ("cpu", or a torch.device) when none is named."""
     device = str(device).split(":")[0]
     if device not in Backend.default_device_backend_map:
         raise _DistValueError(f"Default backend not registered for device: {device}")
@@ -409,35 +410,43 @@ def _warn_not_in_group(op_name: str) -> None:
 
 
 def is_initialized() -> bool:
+    """Whether init_process_group has made the default group (and it was not destroyed)."""
     return _world.default_pg is not None
 
 
 def is_available() -> bool:
+    """Whether the distributed package works here: always, for c10d."""
     return True
 
 
 def is_gloo_available() -> bool:
+    """Whether this build of c10d has the Gloo backend."""
     return hasattr(_C, "ProcessGroupGloo")
 
 
 def is_mpi_available() -> bool:
+    """Whether the MPI backend can run: this build has it and the host's MPI library loads."""
     # Loads c10d._mpi (and with it the MPI library) the first time.
     return _mpi_loader.module() is not None
 
 
 def is_shm_available() -> bool:
+    """Whether this build of c10d has the shared-memory backend."""
     return hasattr(_C, "ProcessGroupShm")
 
 
 def is_nccl_available() -> bool:
+    """False: NCCL needs CUDA GPUs, and c10d runs on CPUs."""
     return False
 
 
 def is_ucc_available() -> bool:
+    """False: c10d has no UCC backend."""
     return False
 
 
 def is_xccl_available() -> bool:
+    """False: XCCL needs Intel GPUs, and c10d runs on CPUs."""
     return False
 
 
@@ -455,6 +464,8 @@ def _check_single_backend_availability(backend_name: str) -> bool:
 
 
 def is_backend_available(backend: str) -> bool:
+    """Whether `backend` (a built-in name or one registered with Backend.register_backend)
+    can be used here."""
     name = str(backend).lower()
     checks = {
         "gloo": is_gloo_available,
@@ -473,10 +484,13 @@ def is_backend_available(backend: str) -> bool:
 
 
 def is_torchelastic_launched() -> bool:
+    """Whether a torchelastic-style launcher (c10drun, torchrun) started this process."""
     return os.getenv("TORCHELASTIC_RUN_ID") is not None
 
 
 def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
+    """This process's rank among those of its node (LOCAL_RANK from the launcher), else
+    `fallback_rank`; raises RuntimeError when there is neither."""
     if "LOCAL_RANK" in os.environ:
         return int(os.environ["LOCAL_RANK"])
     if fallback_rank is not None:
@@ -489,6 +503,7 @@ def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
 
 
 def get_pg_count() -> int:
+    """How many process groups were created (the default group included)."""
     return _world.group_count
 
 
@@ -503,12 +518,14 @@ def get_rank(group: Optional[ProcessGroup] = None) -> int:
 
 
 def get_world_size(group: Optional[ProcessGroup] = None) -> int:
+    """The number of ranks in `group` (default: the world), or -1 if this process is not in it."""
     if _rank_not_in_group(group):
         return -1
     return _resolve_group(group).size()
 
 
 def get_backend(group: Optional[ProcessGroup] = None) -> Backend:
+    """The name of the backend `group` (default: the world) was created with."""
     pg = _resolve_group(group)
     if _rank_not_in_group(pg):
         raise _DistValueError("Invalid process group specified")
@@ -519,6 +536,7 @@ def get_backend(group: Optional[ProcessGroup] = None) -> Backend:
 
 
 def get_backend_config(group: Optional[ProcessGroup] = None) -> str:
+    """`group`'s backend per device, as torch writes it ("cpu:gloo")."""
     pg = _resolve_group(group)
     if _rank_not_in_group(pg):
         raise _DistValueError("Invalid process group specified")
@@ -1128,6 +1146,9 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         return
     if group not in _world.pg_map:
         raise _DistValueError("Invalid process group specified")
+    torch_backend = sys.modules.get("c10d.torch_backend")
+    if torch_backend is not None:
+        torch_backend._forget_torch_view(group)
     _shutdown(group)
     _C._unregister_process_group(_world.pg_names.get(group, ""))
     _world.drop_group(group)

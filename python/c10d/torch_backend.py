@@ -843,34 +843,92 @@ def _mirror_default_group(
 
 
 def _torch_group(group):
-    """The torch group that c10d group `group` stands for: torch's default group for c10d's
-    (when mirrored); anything else as it is."""
+    """The torch group that c10d group `group` stands for, while c10d's default group is
+    torch's: torch's default group for c10d's, a view registered with torch for any other
+    c10d group (made the first time); anything else as it is."""
     if type(group) is _C.ProcessGroup and is_mirrored():
         world = tdist.distributed_c10d._get_default_group()
         if world._pg is group:
             return world
+        return _torch_view(group)
     return group
+
+
+# torch's views of c10d's other groups, by c10d group (see _torch_view).
+_group_views: Dict[Any, Any] = {}
+
+
+def _torch_view(pg):
+    """A torch ProcessGroup that runs on c10d group `pg` and that torch knows as a group of
+    its world (ranks, name, backend), so that torch's APIs take it. No rendezvous: the c10d
+    group exists on its members already. Dropped with the group (_forget_torch_view)."""
+    view = _group_views.get(pg)
+    if view is not None:
+        return view
+    ranks = _dc._world.pg_group_ranks.get(pg)
+    if ranks is None:  # not a group of c10d's world (destroyed, or made by hand)
+        return pg
+    backend = str(_dc._world.pg_map[pg][0])
+    view = ProcessGroupC10d(pg, _MIRROR_NAMES.get(backend, "c10d"), owned=False)
+    # Named apart from torch's own groups, whose names are numbers too.
+    view._group_name = name = f"c10d_{pg.group_name}"
+    world = tdist.distributed_c10d._world
+    world.pg_map[view] = (view._backend_name, _mirror_store[0] if _mirror_store else None)
+    world.pg_names[view] = name
+    world.pg_backend_config[view] = f"cpu:{view._backend_name}"
+    world.pg_group_ranks[view] = dict(ranks)
+    tag = f"ptd:{name}"
+    world.tags_to_pg.setdefault(tag, []).append(view)
+    world.pg_to_tag[view] = tag
+    _tc10d._register_process_group(name, view)
+    _group_views[pg] = view
+    return view
+
+
+def _forget_torch_view(pg) -> None:
+    """Removes torch's view of c10d group `pg` (being destroyed) from torch's world."""
+    view = _group_views.pop(pg, None)
+    if view is None:
+        return
+    world = tdist.distributed_c10d._world
+    name = world.pg_names.pop(view, None)
+    for table in (world.pg_map, world.pg_backend_config, world.pg_group_ranks):
+        table.pop(view, None)
+    tag = world.pg_to_tag.pop(view, None)
+    if tag in world.tags_to_pg:
+        world.tags_to_pg[tag] = [g for g in world.tags_to_pg[tag] if g is not view]
+    if name is not None:
+        try:
+            _tc10d._unregister_process_group(name)
+        except Exception:  # torch's registry no longer has it (torch destroyed its world)
+            pass
 
 
 _ddp_takes_c10d_groups = False
 
 
 def _let_ddp_take_c10d_groups() -> None:
-    """torch's DistributedDataParallel accepts c10d's default group for process_group, as the
-    torch group it mirrors: programs written against c10d pass dist.group.WORLD to it. Its
-    C++ parts take torch's ProcessGroup class only, so the argument is swapped on the way in."""
+    """torch's DistributedDataParallel and ZeroRedundancyOptimizer accept c10d's groups for
+    process_group, as the torch groups they stand for (see _torch_group): programs written
+    against c10d pass dist.group.WORLD or their new_group()s to them. Their C++ parts take
+    torch's ProcessGroup class only, so the argument is swapped on the way in."""
     global _ddp_takes_c10d_groups
     if _ddp_takes_c10d_groups:
         return
+    from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
-    construct = DistributedDataParallel.__init__
+    for cls in (DistributedDataParallel, ZeroRedundancyOptimizer):
+        construct = cls.__init__
 
-    @functools.wraps(construct)
-    def __init__(self, module, *args, process_group=None, **kwargs):
-        construct(self, module, *args, process_group=_torch_group(process_group), **kwargs)
+        def make(construct):
+            @functools.wraps(construct)
+            def __init__(self, *args, process_group=None, **kwargs):
+                construct(self, *args, process_group=_torch_group(process_group), **kwargs)
 
-    DistributedDataParallel.__init__ = __init__
+            return __init__
+
+        cls.__init__ = make(construct)
     _ddp_takes_c10d_groups = True
 
 
@@ -884,6 +942,8 @@ def is_mirrored() -> bool:
 
 def _unmirror() -> None:
     """Destroys torch's default group (and torch's other groups) if it is c10d's."""
+    for pg in list(_group_views):
+        _forget_torch_view(pg)
     if is_mirrored():
         try:
             tdist.destroy_process_group()

@@ -452,12 +452,12 @@ def case_mirror(rank, world, port):
     dist.all_gather_object(everyone, mine)
     assert sorted(i for part in everyone for i in part) == list(range(20)), everyone
 
-    def run(zero):
+    def run(zero, group=None):
         model = make_model(0)
-        ddp = DDP(model)
+        ddp = DDP(model, process_group=group)
         if zero:
             opt = ZeroRedundancyOptimizer(
-                ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.05
+                ddp.parameters(), optimizer_class=torch.optim.SGD, process_group=group, lr=0.05
             )
         else:
             opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
@@ -473,6 +473,15 @@ def case_mirror(rank, world, port):
         return [p.detach().clone() for p in model.parameters()]
 
     same(run(zero=True), run(zero=False), "ZeroRedundancyOptimizer vs SGD")
+    # A c10d subgroup handed to torch's DDP and ZeroRedundancyOptimizer works as a torch group
+    # of the same ranks, and goes from torch's world with the c10d group.
+    sub = dist.new_group(list(range(world)), backend="gloo")
+    same(run(zero=True, group=sub), run(zero=False), "on a c10d subgroup")
+    views = [n for n in tdist.distributed_c10d._world.pg_names.values() if n.startswith("c10d_")]
+    assert views == [f"c10d_{sub.group_name}"], views
+    dist.destroy_process_group(sub)
+    views = [n for n in tdist.distributed_c10d._world.pg_names.values() if n.startswith("c10d_")]
+    assert views == [], views
     # c10d's own calls and torch's interleave on the one group.
     t = torch.ones(3)
     dist.all_reduce(t)
