@@ -94,11 +94,7 @@ def test_the_wheels_mpi_backend_runs_under_mpirun(tmp_path):
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], timeout=120)
     python = str(venv / "bin" / "python")
-    numpy = [
-        line.strip()
-        for line in open(os.path.join(harness.REPO, "requirements", "test.txt"))
-        if line.startswith("numpy==")
-    ]
+    numpy = harness.pinned("numpy")
     run([python, "-m", "pip", "install", "-q", *numpy, portable_wheel()])
     (tmp_path / "program.py").write_text(PROGRAM)
     launch = ["mpirun", "--oversubscribe", "-np", "2"]
@@ -129,6 +125,8 @@ class Chroot:
             os.makedirs(path, exist_ok=True)
             run(["mount", *how, source, path])
             self.mounted.append(path)
+            if "--rbind" in how:  # unmounting it later must not reach the host's /dev mounts
+                run(["mount", "--make-rslave", path])
         return self
 
     def __exit__(self, *exc):
@@ -174,11 +172,7 @@ def test_the_wheel_runs_on_a_bare_root_file_system(tmp_path):
     work = os.path.join(root, inside.lstrip("/"))
     shutil.rmtree(work, ignore_errors=True)
     wheelhouse = os.path.join(work, "wheels")
-    pins = [
-        line.strip()
-        for line in open(os.path.join(harness.REPO, "requirements", "test.txt"))
-        if line.startswith(("numpy==", "torch=="))
-    ]
+    pins = harness.pinned("numpy", "torch")
     run(
         [
             sys.executable,

@@ -243,3 +243,10 @@ def check_all_ok(results: List[RankResult]) -> None:
     if bad:
         report = "\n".join(f"--- rank {r.rank} exit {r.code}\n{r.stdout}\n{r.stderr}" for r in bad)
         raise AssertionError(f"{len(bad)} rank(s) failed:\n{report}")
+
+
+def pinned(*names: str, requirements: str = "test.txt") -> List[str]:
+    """The pinned requirement lines ("numpy==2.4.6") of `names` in requirements/<file>."""
+    with open(os.path.join(REPO, "requirements", requirements)) as f:
+        pins = {line.split("==")[0]: line.strip() for line in f if "==" in line}
+    return [pins[name] for name in names]
