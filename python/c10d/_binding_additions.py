@@ -1,6 +1,9 @@
 """Names of torch's c10d bindings that c10d's extension module does not define, added in Python:
-OpType, DDP's Logger and DDPLoggingData, the options and ids of hand-built groups and backends,
-and the GPU-only classes torch exposes even in CPU builds (which raise, naming what is missing).
+OpType, DDP's Logger and DDPLoggingData, the sequence numbers and Gloo options of backends
+(found through the group that owns them), the Reducer's recording setters, pending Works, and
+the GPU-only classes torch exposes even in CPU builds (which raise, naming what is missing).
+What needs no Python state (ProcessGroup's Options constructor and options, ids, boxing,
+BarrierOptions.device, the backends' coalescing refusals) is bound in C++ (pg_bindings.cc).
 
 Per-object state the pybind classes have no slot for lives in weak-keyed tables, so it goes
 away with the object.
@@ -75,75 +78,6 @@ def _work_info_op_type(info) -> OpType:
 _C.WorkInfo.op_type = property(_work_info_op_type, doc="The OpType of the finished operation.")
 
 
-def _boxed(self):
-    """Itself: without TorchScript there is no IValue to box into."""
-    return self
-
-
-def _unbox_group(obj):
-    if not isinstance(obj, _C.ProcessGroup):
-        raise TypeError(f"unbox expects a boxed ProcessGroup, got {type(obj).__name__}")
-    return obj
-
-
-# --------------------------------------------------------------------------------------------
-# ProcessGroup: built from Options, its options, ids
-
-
-_group_options: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-_process_group_init = _C.ProcessGroup.__init__
-
-
-def _process_group_init_with_options(self, *args, **kwargs):
-    # torch's form ProcessGroup(store, rank, size, options): the options give backend and timeout.
-    options = kwargs.pop("options", None)
-    if options is None and len(args) == 4 and isinstance(args[3], _C.ProcessGroup.Options):
-        args, options = args[:3], args[3]
-    if options is not None:
-        kwargs.update(backend=options.backend, timeout=options._timeout)
-    _process_group_init(self, *args, **kwargs)
-    if options is not None:
-        _group_options[self] = options
-
-
-def _process_group_options(self):
-    options = _group_options.get(self)
-    if options is None:
-        options = _C.ProcessGroup.Options(self.name(), self._timeout)
-        _group_options[self] = options
-    return options
-
-
-_BACKEND_TYPE_NAMES = {"GLOO": "gloo", "MPI": "mpi", "NCCL": "nccl", "UCC": "ucc"}
-
-
-def _process_group_backend_id(self, backend_type) -> int:
-    """The id of this group's backend of `backend_type` (a ProcessGroup.BackendType)."""
-    type_name = getattr(backend_type, "name", str(backend_type))
-    wanted = _BACKEND_TYPE_NAMES.get(type_name)
-    for device in self._device_types():
-        backend = self._get_backend(device.split(":")[0])
-        name = backend.name().lower() if hasattr(backend, "name") else ""
-        if (wanted is not None and name == wanted) or (
-            type_name == "CUSTOM" and name not in _BACKEND_TYPE_NAMES.values()
-        ):
-            return id(backend)
-    raise RuntimeError(
-        f"Could not find backend type {int(backend_type)} for Process Group "
-        f"with name {type_name.lower()}."
-    )
-
-
-_C.ProcessGroup.__init__ = _process_group_init_with_options
-_C.ProcessGroup.options = property(
-    _process_group_options, doc="The Options the group was made with (backend, timeout)."
-)
-_C.ProcessGroup._id = lambda self: id(self)
-_C.ProcessGroup._backend_id = _process_group_backend_id
-_C.ProcessGroup.boxed = _boxed
-_C.ProcessGroup.unbox = staticmethod(_unbox_group)
-
-
 # --------------------------------------------------------------------------------------------
 # Backends
 
@@ -183,15 +117,6 @@ def _backend_set_sequence_number(self) -> None:
         pg._set_sequence_number_for_group()
 
 
-def _backend_no_coalescing(self):
-    # As torch's Gloo: coalescing is a ProcessGroup feature here (see _coalescing_manager).
-    raise RuntimeError(f"Backend {self.name()} does not implement startCoalescing")
-
-
-def _backend_no_end_coalescing(self):
-    raise RuntimeError(f"Backend {self.name()} does not implement endCoalescing")
-
-
 def _gloo_options(self):
     pg, device = _owner(self)
     table = _backend_options.setdefault(pg, {}) if pg is not None else None
@@ -212,14 +137,6 @@ def _gloo_set_default_timeout(self, timeout: timedelta) -> None:
     _gloo_options(self)._timeout = timeout
 
 
-_C._Backend._get_backend_name = lambda self: self.name()
-_C._Backend.supports_splitting = property(
-    lambda self: isinstance(self, getattr(_C, "ProcessGroupGloo", ())),
-    doc="Whether torch's split_group can split this backend (Gloo's can).",
-)
-_C._Backend.eager_connect_single_device = lambda self, device=None: None
-_C._Backend._start_coalescing = _backend_no_coalescing
-_C._Backend._end_coalescing = _backend_no_end_coalescing
 _C._Backend._get_sequence_number_for_group = _backend_sequence_number
 _C._Backend._set_sequence_number_for_group = _backend_set_sequence_number
 if hasattr(_C, "ProcessGroupGloo"):
@@ -246,24 +163,6 @@ class _DistributedBackendOptions:
         self.timeout = timedelta(0)
         self.group_id = ""
         self.global_ranks_in_group: List[int] = []
-
-
-# --------------------------------------------------------------------------------------------
-# BarrierOptions.device
-
-
-_barrier_devices: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-
-
-def _set_barrier_device(self, device) -> None:
-    _barrier_devices[self] = device
-
-
-_C.BarrierOptions.device = property(
-    lambda self: _barrier_devices.get(self),
-    _set_barrier_device,
-    doc="The device the barrier runs on (None: the backend's).",
-)
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,14 +313,6 @@ def _hash_tensors(tensors) -> int:
 
 
 _set_global_rank = _C._set_global_rank
-
-
-def _collect_client_counters(self) -> Dict[str, Any]:
-    """Per-operation client counters: c10d's TCPStore client keeps none, so none are listed."""
-    return {}
-
-
-_C.TCPStore.collect_client_counters = _collect_client_counters
 
 
 # --------------------------------------------------------------------------------------------

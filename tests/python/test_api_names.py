@@ -140,7 +140,8 @@ def test_tags_name_groups_as_in_torch(world1):
 def test_groups_and_backends_built_by_hand():
     options = dist.ProcessGroup.Options("gloo", timedelta(seconds=9))
     pg = dist.ProcessGroup(dist.HashStore(), 0, 1, options)
-    assert pg.options is options and pg._timeout == timedelta(seconds=9)
+    assert (pg.options.backend, pg.options._timeout) == ("gloo", timedelta(seconds=9))
+    assert pg._timeout == timedelta(seconds=9)
     assert pg.name() == "gloo" and isinstance(pg._id(), int)
     backend = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=3))
     pg._register_backend("cpu", dist.ProcessGroup.BackendType.GLOO, backend)

@@ -109,6 +109,8 @@ class Backend : public std::enable_shared_from_this<Backend> {
     return op_timeout == kUnsetTimeout ? timeout() : op_timeout;
   }
   virtual std::string name() const = 0;
+  // Whether torch's split_group can split this backend into subgroups (Gloo's can).
+  virtual bool supports_splitting() const { return false; }
 
   virtual WorkPtr broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts);
   virtual WorkPtr allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts);

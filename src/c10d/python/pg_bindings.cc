@@ -5,6 +5,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -120,6 +121,32 @@ py::object run_released(const Options& opts, Call&& call) {
 // tensors and uneven all_gather as through any group instead of reaching the backend raw.
 ProcessGroup& target(ProcessGroup& group) { return group; }
 
+// ProcessGroup._backend_id: the id() of the group's backend of a torch BackendType (by its
+// name; CUSTOM: a backend that is none of torch's kinds).
+intptr_t backend_id(const ProcessGroup& g, py::handle backend_type) {
+  static const std::map<std::string, std::string> kinds = {
+      {"GLOO", "gloo"}, {"MPI", "mpi"}, {"NCCL", "nccl"}, {"UCC", "ucc"}};
+  const std::string type_name = py::hasattr(backend_type, "name")
+                                    ? std::string(py::str(backend_type.attr("name")))
+                                    : std::string(py::str(backend_type));
+  const auto wanted = kinds.find(type_name);
+  for (const auto device : g.device_types()) {
+    std::shared_ptr<Backend> backend = g.get_backend(device);
+    std::string name = backend->name();
+    std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+    const bool known = std::any_of(kinds.begin(), kinds.end(),
+                                   [&](const auto& kind) { return kind.second == name; });
+    if ((wanted != kinds.end() && name == wanted->second) || (type_name == "CUSTOM" && !known)) {
+      return reinterpret_cast<intptr_t>(py::cast(backend).ptr());
+    }
+  }
+  std::string lower = type_name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  const int number = py::reinterpret_borrow<py::object>(backend_type).cast<int>();
+  throw std::runtime_error(core::detail::str_cat("Could not find backend type ", number,
+                                                 " for Process Group with name ", lower, "."));
+}
+
 ProcessGroup& target(Backend& backend) {
   static std::mutex mutex;
   // Per live backend: the backend (weak, to notice it is gone) and its group, which refers to
@@ -187,7 +214,7 @@ py::object reduce_scatter_with(Class& self, py::handle outputs, py::handle input
 template <typename Class, typename PyClass>
 void bind_collectives(PyClass& cls) {
   cls.def("broadcast", &broadcast_with<Class>, py::arg("tensors"),
-          py::arg("opts") = pg::BroadcastOptions())
+          py::arg_v("opts", pg::BroadcastOptions(), "BroadcastOptions()"))
       .def(
           "broadcast",
           [](Class& self, py::handle tensor, int64_t root) {
@@ -197,7 +224,7 @@ void bind_collectives(PyClass& cls) {
           },
           py::arg("tensor"), py::arg("root"))
       .def("allreduce", &allreduce_with<Class>, py::arg("tensors"),
-           py::arg("opts") = pg::AllreduceOptions())
+           py::arg_v("opts", pg::AllreduceOptions(), "AllreduceOptions()"))
       .def(
           "allreduce",
           [](Class& self, py::handle tensors, const core::ReduceOp& op) {
@@ -212,8 +239,10 @@ void bind_collectives(PyClass& cls) {
             auto ts = to_tensors(tensors, true, "allreduce_coalesced");
             return run_released(opts, [&] { return target(self).allreduce_coalesced(ts, opts); });
           },
-          py::arg("tensors"), py::arg("opts") = pg::AllreduceCoalescedOptions())
-      .def("reduce", &reduce_with<Class>, py::arg("tensors"), py::arg("opts") = pg::ReduceOptions())
+          py::arg("tensors"),
+          py::arg_v("opts", pg::AllreduceCoalescedOptions(), "AllreduceCoalescedOptions()"))
+      .def("reduce", &reduce_with<Class>, py::arg("tensors"),
+           py::arg_v("opts", pg::ReduceOptions(), "ReduceOptions()"))
       .def(
           "reduce",
           [](Class& self, py::handle tensor, int64_t root, const core::ReduceOp& op) {
@@ -231,7 +260,7 @@ void bind_collectives(PyClass& cls) {
             return run_released(opts, [&] { return target(self).allgather(out, in, opts); });
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
-          py::arg("opts") = pg::AllgatherOptions())
+          py::arg_v("opts", pg::AllgatherOptions(), "AllgatherOptions()"))
       .def(
           "_allgather_base",
           [](Class& self, py::handle output, py::handle input, const pg::AllgatherOptions& opts) {
@@ -239,7 +268,8 @@ void bind_collectives(PyClass& cls) {
             Tensor in = to_tensor(input, false, "_allgather_base input");
             return run_released(opts, [&] { return target(self).allgather_base(out, in, opts); });
           },
-          py::arg("output"), py::arg("input"), py::arg("opts") = pg::AllgatherOptions())
+          py::arg("output"), py::arg("input"),
+          py::arg_v("opts", pg::AllgatherOptions(), "AllgatherOptions()"))
       .def(
           "allgather_coalesced",
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
@@ -248,7 +278,8 @@ void bind_collectives(PyClass& cls) {
             return run_released(opts,
                                 [&] { return target(self).allgather_coalesced(out, in, opts); });
           },
-          py::arg("output_lists"), py::arg("input_list"), py::arg("opts") = pg::AllgatherOptions())
+          py::arg("output_lists"), py::arg("input_list"),
+          py::arg_v("opts", pg::AllgatherOptions(), "AllgatherOptions()"))
       .def(
           "allgather_into_tensor_coalesced",
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
@@ -257,9 +288,10 @@ void bind_collectives(PyClass& cls) {
             return run_released(
                 opts, [&] { return target(self).allgather_into_tensor_coalesced(out, in, opts); });
           },
-          py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::AllgatherOptions())
+          py::arg("outputs"), py::arg("inputs"),
+          py::arg_v("opts", pg::AllgatherOptions(), "AllgatherOptions()"))
       .def("gather", &gather_with<Class>, py::arg("output_tensors"), py::arg("input_tensors"),
-           py::arg("opts") = pg::GatherOptions())
+           py::arg_v("opts", pg::GatherOptions(), "GatherOptions()"))
       .def(
           "gather",
           [](Class& self, py::handle outputs, py::handle input, int64_t root) {
@@ -269,7 +301,7 @@ void bind_collectives(PyClass& cls) {
           },
           py::arg("output_tensors"), py::arg("input_tensor"), py::arg("root"))
       .def("scatter", &scatter_with<Class>, py::arg("output_tensors"), py::arg("input_tensors"),
-           py::arg("opts") = pg::ScatterOptions())
+           py::arg_v("opts", pg::ScatterOptions(), "ScatterOptions()"))
       .def(
           "scatter",
           [](Class& self, py::handle output, py::handle inputs, int64_t root) {
@@ -279,7 +311,8 @@ void bind_collectives(PyClass& cls) {
           },
           py::arg("output_tensor"), py::arg("input_tensors"), py::arg("root"))
       .def("reduce_scatter", &reduce_scatter_with<Class>, py::arg("output_tensors"),
-           py::arg("input_tensors"), py::arg("opts") = pg::ReduceScatterOptions())
+           py::arg("input_tensors"),
+           py::arg_v("opts", pg::ReduceScatterOptions(), "ReduceScatterOptions()"))
       .def(
           "reduce_scatter",
           [](Class& self, py::handle output, py::handle inputs, const core::ReduceOp& op) {
@@ -298,7 +331,7 @@ void bind_collectives(PyClass& cls) {
                                 [&] { return target(self).reduce_scatter_base(out, in, opts); });
           },
           py::arg("outputTensor"), py::arg("inputTensor"),
-          py::arg("opts") = pg::ReduceScatterOptions())
+          py::arg_v("opts", pg::ReduceScatterOptions(), "ReduceScatterOptions()"))
       .def(
           "reduce_scatter_tensor_coalesced",
           [](Class& self, py::handle outputs, py::handle inputs,
@@ -308,7 +341,8 @@ void bind_collectives(PyClass& cls) {
             return run_released(
                 opts, [&] { return target(self).reduce_scatter_tensor_coalesced(out, in, opts); });
           },
-          py::arg("outputs"), py::arg("inputs"), py::arg("opts") = pg::ReduceScatterOptions())
+          py::arg("outputs"), py::arg("inputs"),
+          py::arg_v("opts", pg::ReduceScatterOptions(), "ReduceScatterOptions()"))
       .def(
           "alltoall_base",
           [](Class& self, py::handle output, py::handle input, py::handle output_split_sizes,
@@ -322,7 +356,8 @@ void bind_collectives(PyClass& cls) {
             });
           },
           py::arg("output"), py::arg("input"), py::arg("output_split_sizes"),
-          py::arg("input_split_sizes"), py::arg("opts") = pg::AllToAllOptions())
+          py::arg("input_split_sizes"),
+          py::arg_v("opts", pg::AllToAllOptions(), "AllToAllOptions()"))
       .def(
           "alltoall",
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllToAllOptions& opts) {
@@ -331,7 +366,7 @@ void bind_collectives(PyClass& cls) {
             return run_released(opts, [&] { return target(self).alltoall(out, in, opts); });
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
-          py::arg("opts") = pg::AllToAllOptions())
+          py::arg_v("opts", pg::AllToAllOptions(), "AllToAllOptions()"))
       .def(
           "send",
           [](Class& self, py::handle tensors, int dst, int tag) {
@@ -361,7 +396,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, const pg::BarrierOptions& opts) {
             return run_released(opts, [&] { return target(self).barrier(opts); });
           },
-          py::arg("opts") = pg::BarrierOptions())
+          py::arg_v("opts", pg::BarrierOptions(), "BarrierOptions()"))
       .def(
           "monitored_barrier",
           [](Class& self, core::Millis timeout, bool wait_all_ranks) {
@@ -412,56 +447,92 @@ void init_pg(py::module_& m) {
       "of torch's C++ bool() 'this thread profiles') says so: open(name, shapes) opens one and "
       "returns what closes it.");
 
-  py::class_<pg::BroadcastOptions>(m, "BroadcastOptions")
+  py::class_<pg::BroadcastOptions>(
+      m, "BroadcastOptions",
+      "Options of ProcessGroup.broadcast: the root rank and which of its tensors is the source, "
+      "the timeout (unset: the group's), whether the call is asynchronous.")
       .def(py::init<>())
       .def_readwrite("rootRank", &pg::BroadcastOptions::root_rank)
       .def_readwrite("rootTensor", &pg::BroadcastOptions::root_tensor)
       .def_readwrite("timeout", &pg::BroadcastOptions::timeout)
       .def_readwrite("asyncOp", &pg::BroadcastOptions::async_op);
-  py::class_<pg::AllreduceOptions>(m, "AllreduceOptions")
+  py::class_<pg::AllreduceOptions>(
+      m, "AllreduceOptions",
+      "Options of ProcessGroup.allreduce: the reduction (ReduceOp), the timeout (unset: the "
+      "group's), whether the call is asynchronous.")
       .def(py::init<>())
       .def_readwrite("reduceOp", &pg::AllreduceOptions::reduce_op)
       .def_readwrite("timeout", &pg::AllreduceOptions::timeout)
       .def_readwrite("asyncOp", &pg::AllreduceOptions::async_op);
-  py::class_<pg::AllreduceCoalescedOptions, pg::AllreduceOptions>(m, "AllreduceCoalescedOptions")
+  py::class_<pg::AllreduceCoalescedOptions, pg::AllreduceOptions>(
+      m, "AllreduceCoalescedOptions",
+      "Options of ProcessGroup.allreduce_coalesced: as AllreduceOptions.")
       .def(py::init<>());
-  py::class_<pg::ReduceOptions>(m, "ReduceOptions")
+  py::class_<pg::ReduceOptions>(m, "ReduceOptions",
+                                "Options of ProcessGroup.reduce: the reduction, the root rank and "
+                                "tensor, the timeout, whether the call is asynchronous.")
       .def(py::init<>())
       .def_readwrite("reduceOp", &pg::ReduceOptions::reduce_op)
       .def_readwrite("rootRank", &pg::ReduceOptions::root_rank)
       .def_readwrite("rootTensor", &pg::ReduceOptions::root_tensor)
       .def_readwrite("timeout", &pg::ReduceOptions::timeout)
       .def_readwrite("asyncOp", &pg::ReduceOptions::async_op);
-  py::class_<pg::AllgatherOptions>(m, "AllgatherOptions")
+  py::class_<pg::AllgatherOptions>(m, "AllgatherOptions",
+                                   "Options of the all_gather forms: the timeout (unset: the "
+                                   "group's), whether the call is asynchronous.")
       .def(py::init<>())
       .def_readwrite("timeout", &pg::AllgatherOptions::timeout)
       .def_readwrite("asyncOp", &pg::AllgatherOptions::async_op);
-  py::class_<pg::GatherOptions>(m, "GatherOptions")
+  py::class_<pg::GatherOptions>(m, "GatherOptions",
+                                "Options of ProcessGroup.gather: the root rank, the timeout, "
+                                "whether the call is asynchronous.")
       .def(py::init<>())
       .def_readwrite("rootRank", &pg::GatherOptions::root_rank)
       .def_readwrite("timeout", &pg::GatherOptions::timeout)
       .def_readwrite("asyncOp", &pg::GatherOptions::async_op);
-  py::class_<pg::ScatterOptions>(m, "ScatterOptions")
+  py::class_<pg::ScatterOptions>(m, "ScatterOptions",
+                                 "Options of ProcessGroup.scatter: the root rank, the timeout, "
+                                 "whether the call is asynchronous.")
       .def(py::init<>())
       .def_readwrite("rootRank", &pg::ScatterOptions::root_rank)
       .def_readwrite("timeout", &pg::ScatterOptions::timeout)
       .def_readwrite("asyncOp", &pg::ScatterOptions::async_op);
-  py::class_<pg::ReduceScatterOptions>(m, "ReduceScatterOptions")
+  py::class_<pg::ReduceScatterOptions>(m, "ReduceScatterOptions",
+                                       "Options of the reduce_scatter forms: the reduction, the "
+                                       "timeout, whether the call is asynchronous.")
       .def(py::init<>())
       .def_readwrite("reduceOp", &pg::ReduceScatterOptions::reduce_op)
       .def_readwrite("timeout", &pg::ReduceScatterOptions::timeout)
       .def_readwrite("asyncOp", &pg::ReduceScatterOptions::async_op);
-  py::class_<pg::AllToAllOptions>(m, "AllToAllOptions")
+  py::class_<pg::AllToAllOptions>(m, "AllToAllOptions",
+                                  "Options of the all_to_all forms: the timeout (unset: the "
+                                  "group's), whether the call is asynchronous.")
       .def(py::init<>())
       .def_readwrite("timeout", &pg::AllToAllOptions::timeout)
       .def_readwrite("asyncOp", &pg::AllToAllOptions::async_op);
-  py::class_<pg::BarrierOptions>(m, "BarrierOptions")
+  py::class_<pg::BarrierOptions>(m, "BarrierOptions", py::dynamic_attr(),
+                                 "Options of ProcessGroup.barrier: device ids (ignored on CPUs), "
+                                 "the timeout, whether the call is asynchronous.")
       .def(py::init<>())
       .def_readwrite("device_ids", &pg::BarrierOptions::device_ids)
+      // The device the barrier runs on (None: the backend's); kept for torch's code, which
+      // sets it, in the instance's own attributes.
+      .def_property(
+          "device",
+          [](py::object self) -> py::object {
+            py::dict attributes = self.attr("__dict__");
+            if (!attributes.contains("device")) return py::none();
+            return attributes["device"];
+          },
+          [](py::object self, py::object device) { self.attr("__dict__")["device"] = device; })
       .def_readwrite("timeout", &pg::BarrierOptions::timeout)
       .def_readwrite("asyncOp", &pg::BarrierOptions::async_op);
 
-  py::class_<pg::WorkInfo, std::shared_ptr<pg::WorkInfo>>(m, "WorkInfo")
+  py::class_<pg::WorkInfo, std::shared_ptr<pg::WorkInfo>>(
+      m, "WorkInfo",
+      "What a finished operation reports to the hooks of "
+      "ProcessGroup._register_on_completion_hook: "
+      "its kind, sequence number, start and end times and active duration.")
       .def_property_readonly(
           "op_type",
           [](const pg::WorkInfo& w) { return std::string(core::op_type_name(w.op_type)); })
@@ -477,6 +548,23 @@ void init_pg(py::module_& m) {
   backend.def("rank", &Backend::rank)
       .def("size", &Backend::size)
       .def("name", &Backend::name)
+      .def("_get_backend_name", &Backend::name)
+      .def_property_readonly("supports_splitting", &Backend::supports_splitting,
+                             "Whether torch's split_group can split this backend (Gloo's can).")
+      .def(
+          "eager_connect_single_device", [](Backend&, py::handle) {},
+          py::arg("device") = py::none(),
+          "Nothing to do: c10d's backends connect when they are made.")
+      // Coalescing is the ProcessGroup's (see _coalescing_manager), as with torch's Gloo.
+      .def(
+          "_start_coalescing",
+          [](Backend& b) -> void {
+            throw std::runtime_error("Backend " + b.name() + " does not implement startCoalescing");
+          })
+      .def("_end_coalescing",
+           [](Backend& b) -> void {
+             throw std::runtime_error("Backend " + b.name() + " does not implement endCoalescing");
+           })
       .def_property_readonly("options_timeout", &Backend::timeout)
       .def("_set_default_timeout", &Backend::set_timeout, py::arg("timeout"),
            "The timeout of the operations submitted from now on that set none.");
@@ -529,10 +617,43 @@ void init_pg(py::module_& m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("backend") = py::none(),
            py::arg("timeout") = py::none())
+      // torch's form: the Options give the backend's name and the timeout.
+      .def(py::init([](std::shared_ptr<store::Store> store, int rank, int size,
+                       const pg::ProcessGroupOptions& options) {
+             return std::make_shared<ProcessGroup>(std::move(store), rank, size, options);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"))
       .def(py::init([](int rank, int size) {
              return std::make_shared<ProcessGroup>(nullptr, rank, size);
            }),
            py::arg("rank"), py::arg("size"))
+      .def_property_readonly(
+          "options",
+          [](const ProcessGroup& g) {
+            pg::ProcessGroupOptions options = g.options();
+            if (options.backend == pg::ProcessGroupOptions{}.backend) {
+              options.backend = g.backend_name();
+            }
+            return options;
+          },
+          "The Options the group was made with (backend, timeout).")
+      // Python's id(): torch's code keys tables by it.
+      .def("_id", [](py::handle self) { return reinterpret_cast<intptr_t>(self.ptr()); })
+      .def("_backend_id", &backend_id, py::arg("backend_type"),
+           "The id() of this group's backend of `backend_type` (a ProcessGroup.BackendType).")
+      .def(
+          "boxed", [](py::object self) { return self; },
+          "Itself: without TorchScript there is no IValue to box into.")
+      .def_static(
+          "unbox",
+          [](py::object obj) {
+            if (!py::isinstance<ProcessGroup>(obj)) {
+              throw py::type_error("unbox expects a boxed ProcessGroup, got " +
+                                   std::string(py::str(py::type::of(obj).attr("__name__"))));
+            }
+            return obj;
+          },
+          py::arg("obj"))
       .def("rank", &ProcessGroup::rank)
       .def("size", &ProcessGroup::size)
       // A Python subclass names its backend by overriding getBackendName, as with torch.

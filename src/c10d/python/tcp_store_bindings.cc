@@ -76,7 +76,11 @@ void init_tcp_store(py::module_& m) {
                              "The port the server listens on (resolved when 0 was asked for).")
       .def_property_readonly("libuvBackend", &TCPStore::libuv_backend,
                              "The use_libuv option (default True). c10d's server always runs "
-                             "on libuv, so the option is only recorded.");
+                             "on libuv, so the option is only recorded.")
+      .def(
+          "collect_client_counters", [](const TCPStore&) { return py::dict(); },
+          "Per-operation client counters: c10d's TCPStore client keeps none, so none are "
+          "listed.");
 }
 
 }  // namespace c10d::python

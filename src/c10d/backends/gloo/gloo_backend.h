@@ -99,6 +99,7 @@ class GlooBackend : public pg::Backend {
   static std::vector<DevicePtr> create_default_devices(const std::string& peer_host = "");
 
   std::string name() const override { return "gloo"; }
+  bool supports_splitting() const override { return true; }
 
   WorkPtr broadcast(std::vector<pg::Tensor>& tensors, const pg::BroadcastOptions& opts) override;
   WorkPtr allreduce(std::vector<pg::Tensor>& tensors, const pg::AllreduceOptions& opts) override;
