@@ -128,3 +128,13 @@ def __getattr__(name):
 def env_variables():
     """Every environment variable c10d reads, as (name, default, documentation) tuples."""
     return list(_C._env_registry())
+
+
+# The public API (what `from c10d import *` binds and the API reference lists): every public
+# name above but the submodules. DistributedDataParallel and ProcessGroupMPI are left out:
+# they load torch and the MPI library on first use, which a star import must not do.
+__all__ = sorted(
+    name
+    for name, value in list(globals().items())
+    if not name.startswith("_") and type(value) is not type(_C)  # type(): reduce_op warns
+)
