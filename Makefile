@@ -15,7 +15,7 @@ NPROC ?= 2
 BACKEND ?= shm,shm-zc,gloo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps venv venv-bench configure build wheel wheel-portable format format-check test test-cpp test-python test-cpp-consumer test-torch stress exit-soak run run-multihost demo bench fuzz fuzz-build fuzz-smoke clean
+.PHONY: all deps venv venv-bench configure build wheel wheel-portable docs stubs format format-check test test-cpp test-python test-cpp-consumer test-torch stress exit-soak run run-multihost demo bench fuzz fuzz-build fuzz-smoke clean
 
 all: build
 
@@ -64,6 +64,19 @@ wheel-portable: wheel
 	@rm -rf $(PORTABLE_WHEELS)
 	@PATH=$(abspath $(VENV))/bin:$$PATH $(PYTHON) -m auditwheel repair \
 	  --exclude libmpi.so.40 -w $(PORTABLE_WHEELS) $(WHEELS)/c10d-*.whl
+
+# The API reference: HTML from the docstrings (pdoc) in $(BUILD)/api/index.html, warnings
+# being errors; make test builds it too and checks every public name has a docstring
+# (tests/python/test_api_reference.py).
+docs: build
+	@rm -rf $(BUILD)/api
+	@$(PYTHON) scripts/api_docs.py $(BUILD)/api
+	@echo "API reference: $(BUILD)/api/index.html"
+
+# python/c10d/_C.pyi from the built module (scripts/gen_stubs.py); make test fails when it is
+# stale (tests/python/test_stubs.py).
+stubs: build
+	@$(PYTHON) scripts/gen_stubs.py
 
 # C++ through .clang-format, Python through ruff (pyproject.toml), over every tracked file.
 CXX_SOURCES = git ls-files '*.cc' '*.h' '*.cpp'
@@ -120,13 +133,13 @@ exit-soak: build
 	@C10D_EXIT_RUNS=$(EXIT_RUNS) PYTHONPATH=python $(PYTHON) -m pytest -q \
 	  tests/python/test_shm_safety.py -k "exit"
 
-# The main job, a few minutes: all_reduce, broadcast and all_gather at 4 B, 1 KiB, 64 KiB,
+# The main job, a few minutes: all_reduce, broadcast, all_gather and reduce_scatter at 4 B, 1 KiB, 64 KiB,
 # 1 MiB and 16 MiB, side by side with PyTorch 2.13 (Gloo, and on c10d's shm through c10d.torch_backend)
 # and Open MPI, 5 interleaved rounds (1 for the Gloo ones); then a small data-parallel run.
 # `make bench` is the full sweep.
 run: build venv-bench
 	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
-	  --backend $(BACKEND) --compare --ops all_reduce,broadcast,all_gather \
+	  --backend $(BACKEND) --compare --ops all_reduce,broadcast,all_gather,reduce_scatter \
 	  --sizes 4,1K,64K,1M,16M --time-scale 0.3 --rounds 5 --slow-rounds 1 \
 	  --placement-budget 60 --placement-probe $(BUILD)/bench/placement_probe
 	@PYTHONPATH=python $(PYTHON) -m c10d.run --nproc-per-node $(NPROC) examples/ddp_numpy.py
