@@ -70,8 +70,16 @@ class _TorchImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+# The name record_comm() gives the events of the collectives issued inside it (None: each
+# event is named "<backend>:<op>").
+comm_name = None
+
+
 def _open(name, shapes):
     import torch
+
+    if comm_name is not None:
+        name = comm_name
 
     # Shapes are what torch records of an event's inputs; tensors on "meta" have no data.
     inputs = [torch.empty(shape, device="meta") for shape in shapes]

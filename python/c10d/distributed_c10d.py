@@ -1693,6 +1693,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     )
 
 
+# torch 2.13's names for the two single-tensor forms (its older names warn there; not here,
+# where a warning would cost a small call more than the call itself).
+all_gather_single = all_gather_into_tensor
+
+
 def _all_gather_base(output_tensor, input_tensor, group=None, async_op=False):
     warnings.warn("_all_gather_base is deprecated; use all_gather_into_tensor", FutureWarning)
     return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
@@ -1797,6 +1802,22 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     opts.reduceOp = op
     opts.asyncOp = async_op
     return _finish(pg._reduce_scatter_base(output, input, opts), async_op)
+
+
+reduce_scatter_single = reduce_scatter_tensor
+
+
+@contextlib.contextmanager
+def record_comm(name: str):
+    """Within it, torch's profiler names the event of every collective issued `name` instead
+    of "<backend>:<op>" (as torch's record_comm does)."""
+    from . import _profiling
+
+    previous, _profiling.comm_name = _profiling.comm_name, str(name)
+    try:
+        yield
+    finally:
+        _profiling.comm_name = previous
 
 
 def _reduce_scatter_base(output, input, op=ReduceOp.SUM, group=None, async_op=False):
@@ -2474,7 +2495,10 @@ __all__ = [
     "get_process_group_ranks",
     "reduce_op",
     "all_gather_into_tensor",
+    "all_gather_single",
     "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "record_comm",
     "get_node_local_rank",
     "is_available",
     "breakpoint",

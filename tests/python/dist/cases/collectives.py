@@ -766,7 +766,11 @@ def torch_profiler_events(dist, backend):
             dist.recv(got, (rank - 1) % world)
             sent.wait()
             assert got[0] == (rank - 1) % world
+        with dist.record_comm("layer1:all_gather"):  # torch 2.13's custom event names
+            dist.all_gather_single(torch.empty(world * 2), torch.ones(2))
     dist.all_reduce(t)  # not profiled
+    named = [e for e in prof.function_events if e.name == "layer1:all_gather"]
+    assert len(named) == 1 and named[0].input_shapes == [[2]], named
     events = [e for e in prof.function_events if e.name.startswith(name + ":")]
     for op, op_calls in calls.items():
         mine = [e for e in events if e.name == f"{name}:{op}"]
