@@ -13,9 +13,9 @@ from c10d import DistStoreTimeoutError
 from c10d import DistTimeoutError
 from c10d import DistTypeError
 from c10d import DistValueError
-import c10d._binding_additions
 import collections.abc
 import datetime
+import enum
 import typing
 import typing_extensions
 
@@ -43,6 +43,7 @@ __all__: list[str] = [
     "GatherOptions",
     "GradBucket",
     "HashStore",
+    "OpType",
     "PrefixStore",
     "ProcessGroup",
     "ProcessGroupGloo",
@@ -525,6 +526,45 @@ class BarrierOptions:
         self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]
     ) -> None: ...
 
+class OpType(enum.Enum):
+    """
+    The kind of operation a Work did, numbered as torch numbers them.
+    """
+
+    ALLGATHER: typing.ClassVar[OpType]
+    ALLGATHER_COALESCED: typing.ClassVar[OpType]
+    ALLREDUCE: typing.ClassVar[OpType]
+    ALLREDUCE_COALESCED: typing.ClassVar[OpType]
+    ALLTOALL: typing.ClassVar[OpType]
+    ALLTOALL_BASE: typing.ClassVar[OpType]
+    BARRIER: typing.ClassVar[OpType]
+    BROADCAST: typing.ClassVar[OpType]
+    COALESCED: typing.ClassVar[OpType]
+    GATHER: typing.ClassVar[OpType]
+    RECV: typing.ClassVar[OpType]
+    RECVANYSOURCE: typing.ClassVar[OpType]
+    REDUCE: typing.ClassVar[OpType]
+    REDUCE_SCATTER: typing.ClassVar[OpType]
+    REDUCE_SCATTER_TENSOR_COALESCED: typing.ClassVar[OpType]
+    SCATTER: typing.ClassVar[OpType]
+    SEND: typing.ClassVar[OpType]
+    UNKNOWN: typing.ClassVar[OpType]
+    _ALLGATHER_BASE: typing.ClassVar[OpType]
+    _ALLREDUCE_SPARSE: typing.ClassVar[OpType]
+    _REDUCE_SCATTER_BASE: typing.ClassVar[OpType]
+    @staticmethod
+    def __index__(*args, **kwargs):
+        """
+        (self: object) -> detail::accessor<detail::accessor_policies::str_attr>
+        """
+    @staticmethod
+    def __int__(*args, **kwargs):
+        """
+        (self: object) -> detail::accessor<detail::accessor_policies::str_attr>
+        """
+    @classmethod
+    def __new__(cls, value): ...
+
 class WorkInfo:
     """
     What a finished operation reports to the hooks of ProcessGroup._register_on_completion_hook: its kind, sequence number, start and end times and active duration.
@@ -532,10 +572,7 @@ class WorkInfo:
     @property
     def active_duration(self) -> datetime.timedelta: ...
     @property
-    def op_type(self) -> c10d._binding_additions.OpType:
-        """
-        The OpType of the finished operation.
-        """
+    def op_type(self) -> OpType: ...
     @property
     def seq(self) -> int: ...
     @property
@@ -552,7 +589,10 @@ class _Backend:
     ) -> typing.Any: ...
     def _end_coalescing(self) -> None: ...
     def _get_backend_name(self) -> str: ...
-    def _get_sequence_number_for_group(self) -> int: ...
+    def _get_sequence_number_for_group(self) -> int:
+        """
+        The sequence number of the group this backend serves (0: none).
+        """
     def _reduce_scatter_base(
         self, outputTensor: typing.Any, inputTensor: typing.Any, opts: ReduceScatterOptions = ...
     ) -> typing.Any: ...
@@ -560,7 +600,10 @@ class _Backend:
         """
         The timeout of the operations submitted from now on that set none.
         """
-    def _set_sequence_number_for_group(self) -> None: ...
+    def _set_sequence_number_for_group(self) -> None:
+        """
+        Nothing to do: the group numbers its operations itself.
+        """
     def _start_coalescing(self) -> None: ...
     def allgather(
         self, output_tensors: typing.Any, input_tensors: typing.Any, opts: AllgatherOptions = ...
@@ -1147,10 +1190,6 @@ class Reducer:
         """
     def _check_reducer_finalized(self) -> None: ...
     def _ddp_graph_static(self) -> bool: ...
-    def _delay_all_reduce(self, *args):
-        """
-        Recorded for the DDP wrapper; the C++ Reducer does not read it.
-        """
     def _get_global_used_map(self) -> typing.Any:
         """
         Per parameter: whether any rank used it in the last finished pass.
@@ -1161,10 +1200,6 @@ class Reducer:
         """
     def _get_zeros_like_grad_buckets(self) -> list[GradBucket]: ...
     def _has_rebuilt_buckets(self) -> bool: ...
-    def _install_post_backward_futures(self, *args):
-        """
-        Recorded for the DDP wrapper; the C++ Reducer does not read it.
-        """
     def _push_all_rebuilt_params(self) -> None:
         """
         Takes the parameters in index order as the order for _rebuild_buckets.
@@ -1173,33 +1208,9 @@ class Reducer:
         """
         Regroups the buckets in the order the last full backward pass marked gradients ready (rank 0's grouping, broadcast); once per reducer. Returns whether it did. Bucket views taken before are no longer the buckets.
         """
-    def _remove_autograd_hooks(self, *args):
-        """
-        Recorded for the DDP wrapper; the C++ Reducer does not read it.
-        """
     def _reset_state(self) -> None: ...
     def _run_allreduce_hook(self, bucket: GradBucket) -> Future: ...
     def _run_comm_hook(self, bucket: GradBucket) -> Future: ...
-    def _set_ddp_runtime_logging_sample_rate(self, *args):
-        """
-        Recorded for the DDP wrapper; the C++ Reducer does not read it.
-        """
-    def _set_forward_pass_work_handle(self, *args):
-        """
-        Recorded for the DDP wrapper; the C++ Reducer does not read it.
-        """
-    def _set_mixed_precision_param_dtype(self, *args):
-        """
-        Recorded for the DDP wrapper; the C++ Reducer does not read it.
-        """
-    def _set_optimizer_in_backward(self, *args):
-        """
-        Recorded for the DDP wrapper; the C++ Reducer does not read it.
-        """
-    def _set_sparse_metadata(self, *args):
-        """
-        Recorded for the DDP wrapper; the C++ Reducer does not read it.
-        """
     def _set_static_graph(self) -> None: ...
     def _update_process_group(self, new_process_group: ProcessGroup) -> None:
         """
@@ -1216,11 +1227,6 @@ class Reducer:
     def prepare_for_backward(self, outputs: typing.Any = None) -> None:
         """
         Starts a backward pass (DistError if the previous one was not finished).
-        """
-    def prepare_for_forward(self) -> None: ...
-    def set_logger(self, *args):
-        """
-        Recorded for the DDP wrapper; the C++ Reducer does not read it.
         """
     @property
     def bucket_indices(self) -> list[list[int]]: ...
@@ -1273,11 +1279,10 @@ class ProcessGroupGloo(_Backend):
         size: typing.SupportsInt | typing.SupportsIndex,
         options: ProcessGroupGloo._Options,
     ) -> None: ...
-    def _set_default_timeout(self, timeout: datetime.timedelta) -> None: ...
     @property
-    def options(self):
+    def options(self) -> ProcessGroupGloo._Options:
         """
-        The backend's _Options.
+        The backend's options: its devices and the timeout of the operations that set none.
         """
 
 class ProcessGroupShm(_Backend):

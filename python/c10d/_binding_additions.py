@@ -1,15 +1,13 @@
 """Names of torch's c10d bindings that c10d's extension module does not define, added in Python:
-OpType, DDP's Logger and DDPLoggingData, the sequence numbers and Gloo options of backends
-(found through the group that owns them), the Reducer's recording setters, pending Works, and
-the GPU-only classes torch exposes even in CPU builds (which raise, naming what is missing).
-What needs no Python state (ProcessGroup's Options constructor and options, ids, boxing,
-BarrierOptions.device, the backends' coalescing refusals) is bound in C++ (pg_bindings.cc).
+DDP's Logger and DDPLoggingData, a Reducer subclass with the setters torch's DDP wrapper
+calls, the backend creators' options, pending Works, module-level helpers, and the GPU-only
+classes torch exposes even in CPU builds (which raise, naming what is missing). Everything
+else torch's bindings have is bound in C++ (src/c10d/python/).
 
 Per-object state the pybind classes have no slot for lives in weak-keyed tables, so it goes
 away with the object.
 """
 
-import enum
 import hashlib
 import weakref
 from datetime import timedelta
@@ -28,120 +26,6 @@ def _no_gpu(what: str) -> RuntimeError:
         f"{what} needs CUDA GPUs (NCCL/symmetric memory), which c10d does not "
         f"support: it runs on CPUs only (backends gloo, shm, mpi)"
     )
-
-
-# --------------------------------------------------------------------------------------------
-# OpType
-
-
-class OpType(enum.Enum):
-    """The kind of operation a Work did (``Work._get_op_type()`` gives its number,
-    ``WorkInfo.op_type`` the member), numbered as torch numbers them."""
-
-    BROADCAST = 0
-    ALLREDUCE = 1
-    ALLREDUCE_COALESCED = 2
-    REDUCE = 3
-    ALLGATHER = 4
-    _ALLGATHER_BASE = 5
-    ALLGATHER_COALESCED = 6
-    GATHER = 7
-    SCATTER = 8
-    REDUCE_SCATTER = 9
-    ALLTOALL_BASE = 10
-    ALLTOALL = 11
-    SEND = 12
-    RECV = 13
-    RECVANYSOURCE = 14
-    BARRIER = 15
-    _REDUCE_SCATTER_BASE = 16
-    COALESCED = 17
-    _ALLREDUCE_SPARSE = 18
-    REDUCE_SCATTER_TENSOR_COALESCED = 19
-    UNKNOWN = 100
-
-    def __int__(self) -> int:
-        return self.value
-
-    def __index__(self) -> int:
-        return self.value
-
-
-_work_info_op_name = _C.WorkInfo.op_type
-
-
-def _work_info_op_type(info) -> OpType:
-    name = _work_info_op_name.__get__(info)
-    return OpType.__members__.get(name, OpType.UNKNOWN)
-
-
-_C.WorkInfo.op_type = property(_work_info_op_type, doc="The OpType of the finished operation.")
-
-
-# --------------------------------------------------------------------------------------------
-# Backends
-
-
-# A backend's Python object lives only while referenced, so its options are kept with the
-# group it serves (by device), or with the object itself when it serves none.
-_backend_options: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-
-
-def _owner(backend):
-    """(the registered group `backend` serves, its device type), or (None, None)."""
-    from . import distributed_c10d as dc
-
-    for pg in list(dc._world.pg_map):
-        try:
-            for device in pg._device_types():
-                device = device.split(":")[0]
-                if pg._get_backend(device) is backend:
-                    return pg, device
-        except Exception:  # a Python ProcessGroup subclass without backends
-            continue
-    return None, None
-
-
-def _owning_group(backend):
-    return _owner(backend)[0]
-
-
-def _backend_sequence_number(self) -> int:
-    pg = _owning_group(self)
-    return pg._get_sequence_number_for_group() if pg is not None else 0
-
-
-def _backend_set_sequence_number(self) -> None:
-    pg = _owning_group(self)
-    if pg is not None:
-        pg._set_sequence_number_for_group()
-
-
-def _gloo_options(self):
-    pg, device = _owner(self)
-    table = _backend_options.setdefault(pg, {}) if pg is not None else None
-    options = table.get(device) if table is not None else _backend_options.get(self)
-    if options is None:
-        options = _C.ProcessGroupGloo._Options()
-        options._timeout = self.options_timeout
-        if table is not None:
-            table[device] = options
-        else:
-            _backend_options[self] = options
-    return options
-
-
-def _gloo_set_default_timeout(self, timeout: timedelta) -> None:
-    # The running backend's, and what .options reports, as torch's Gloo does.
-    _C._Backend._set_default_timeout(self, timeout)
-    _gloo_options(self)._timeout = timeout
-
-
-_C._Backend._get_sequence_number_for_group = _backend_sequence_number
-_C._Backend._set_sequence_number_for_group = _backend_set_sequence_number
-if hasattr(_C, "ProcessGroupGloo"):
-    _C.ProcessGroupGloo.options = property(_gloo_options, doc="The backend's _Options.")
-    _C.ProcessGroupGloo._set_default_timeout = _gloo_set_default_timeout
 
 
 class _DistributedBackendOptions:
@@ -233,44 +117,48 @@ class Logger:
         self._set("static_graph", 1)
 
 
-# What the setters record, per Reducer.
-_reducer_state: "weakref.WeakKeyDictionary[Any, Dict[str, Any]]" = weakref.WeakKeyDictionary()
+class Reducer(_C.Reducer):
+    """The C++ Reducer (see ``c10d._C.Reducer``) with what torch's DDP wrapper also calls on
+    it: the setters, whose arguments are recorded (the C++ Reducer does not read them), and
+    prepare_for_forward, which counts iterations for the logger's runtime statistics."""
 
+    def _recorded(self) -> Dict[str, Any]:
+        return self.__dict__.setdefault("_recorded_calls", {})
 
-def _recorder(name: str, *fields: str):
-    def record(self, *args):
-        state = _reducer_state.setdefault(self, {})
-        state[name] = args[0] if len(fields) == 1 else (args if fields else True)
+    def prepare_for_forward(self) -> None:
+        recorded = self._recorded()
+        recorded["forwards"] = recorded.get("forwards", 0) + 1
+        logger = recorded.get("logger")
+        rate = recorded.get("sample_rate", 0)
+        if logger is not None and rate and recorded["forwards"] % rate == 0:
+            logger.set_runtime_stats_and_log()
 
-    record.__name__ = name
-    record.__doc__ = "Recorded for the DDP wrapper; the C++ Reducer does not read it."
-    return record
+    def set_logger(self, logger) -> None:
+        self._recorded()["logger"] = logger
 
+    def _set_ddp_runtime_logging_sample_rate(self, sample_rate: int) -> None:
+        self._recorded()["sample_rate"] = sample_rate
 
-def _reducer_prepare_for_forward(self) -> None:
-    # As torch's: counts the iteration for the runtime statistics the logger samples.
-    state = _reducer_state.setdefault(self, {})
-    state["forwards"] = state.get("forwards", 0) + 1
-    logger = state.get("set_logger")
-    rate = state.get("_set_ddp_runtime_logging_sample_rate", 0)
-    if logger is not None and rate and state["forwards"] % rate == 0:
-        logger.set_runtime_stats_and_log()
+    def _set_sparse_metadata(self, global_unique_ids) -> None:
+        self._recorded()["sparse_metadata"] = global_unique_ids
 
+    def _set_mixed_precision_param_dtype(self, param_dtype) -> None:
+        self._recorded()["param_dtype"] = param_dtype
 
-_C.Reducer.prepare_for_forward = _reducer_prepare_for_forward
-for _name, _fields in [
-    ("set_logger", ("logger",)),
-    ("_set_sparse_metadata", ("global_unique_ids",)),
-    ("_set_mixed_precision_param_dtype", ("param_dtype",)),
-    ("_delay_all_reduce", ()),
-    ("_set_optimizer_in_backward", ()),
-    ("_set_ddp_runtime_logging_sample_rate", ("sample_rate",)),
-    ("_install_post_backward_futures", ("futures",)),
-    ("_set_forward_pass_work_handle", ("work", "use_static_world_size")),
-    ("_remove_autograd_hooks", ()),
-]:
-    if not hasattr(_C.Reducer, _name):
-        setattr(_C.Reducer, _name, _recorder(_name, *_fields))
+    def _delay_all_reduce(self) -> None:
+        self._recorded()["delay_all_reduce"] = True
+
+    def _set_optimizer_in_backward(self) -> None:
+        self._recorded()["optimizer_in_backward"] = True
+
+    def _install_post_backward_futures(self, futures) -> None:
+        self._recorded()["post_backward_futures"] = futures
+
+    def _set_forward_pass_work_handle(self, work, use_static_world_size) -> None:
+        self._recorded()["forward_pass_work"] = (work, use_static_world_size)
+
+    def _remove_autograd_hooks(self) -> None:
+        self._recorded()["autograd_hooks_removed"] = True
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import torch
 
 from . import _C
 from . import distributed_c10d as _dist
+from ._binding_additions import Reducer
 from ._ddp_buckets import _DDPBuckets, _as_torch
 from ._ddp_compat import _DDPTorchCompat
 from ._ddp_features import _DDPFeatures, _dispatch_comm_hook
@@ -253,7 +254,7 @@ class DistributedDataParallel(
             _C._compute_bucket_assignment_by_size(detached, limits) if detached else ([], [])
         )
         # Gradients are ready last parameter first: bucket 0 (reduced first) holds the last.
-        self.reducer = _C.Reducer(
+        self.reducer = Reducer(
             self._params,
             list(reversed(buckets)),
             list(reversed(sizes)),

@@ -149,6 +149,11 @@ def test_groups_and_backends_built_by_hand():
     with pytest.raises(RuntimeError, match="Could not find backend type"):
         pg._backend_id(dist.ProcessGroup.BackendType.MPI)
     assert backend.supports_splitting and backend._get_backend_name() == "gloo"
+    # A backend reports the sequence number of the group it serves.
+    assert backend._get_sequence_number_for_group() == pg._get_sequence_number_for_group() == 0
+    pg.allreduce([np.ones(2, np.float32)]).wait()
+    assert backend._get_sequence_number_for_group() == pg._get_sequence_number_for_group() == 1
+    assert len(backend.options._devices) == 1
     assert backend.options._timeout == timedelta(seconds=3)
     backend._set_default_timeout(timedelta(seconds=5))
     assert backend.options._timeout == timedelta(seconds=5)

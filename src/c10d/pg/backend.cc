@@ -140,6 +140,20 @@ WorkPtr Backend::recv_anysource(std::vector<Tensor>&, int) {
   throw_not_supported("recv_anysource");
 }
 WorkPtr Backend::barrier(const BarrierOptions&) { throw_not_supported("barrier"); }
+uint64_t Backend::group_sequence_number() const {
+  std::function<uint64_t()> source;
+  {
+    std::lock_guard<std::mutex> lock(group_mutex_);
+    source = group_sequence_;
+  }
+  return source ? source() : 0;
+}
+
+void Backend::set_group_sequence(std::function<uint64_t()> source) {
+  std::lock_guard<std::mutex> lock(group_mutex_);
+  group_sequence_ = std::move(source);
+}
+
 namespace {
 struct AdoptedMemoryRegistry {
   std::mutex mutex;

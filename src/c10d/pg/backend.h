@@ -10,7 +10,9 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -111,6 +113,11 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual std::string name() const = 0;
   // Whether torch's split_group can split this backend into subgroups (Gloo's can).
   virtual bool supports_splitting() const { return false; }
+  // The sequence number of the group that registered this backend last (torch asks a backend
+  // for its group's); 0 when no group did or it is gone.
+  uint64_t group_sequence_number() const;
+  // Set by ProcessGroup::register_backend: how to read that group's number.
+  void set_group_sequence(std::function<uint64_t()> source);
 
   virtual WorkPtr broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts);
   virtual WorkPtr allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts);
@@ -206,6 +213,8 @@ class Backend : public std::enable_shared_from_this<Backend> {
   const int rank_;
   const int size_;
   std::atomic<Millis::rep> timeout_ms_;
+  mutable std::mutex group_mutex_;
+  std::function<uint64_t()> group_sequence_;  // guarded by group_mutex_
 };
 
 }  // namespace c10d::pg

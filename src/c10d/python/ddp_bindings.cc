@@ -173,8 +173,6 @@ void init_ddp(py::module_& m) {
            py::arg("param_to_name_mapping") = py::dict(),
            py::arg("first_bucket_bytes_cap") = static_cast<int64_t>(ddp::kDefaultFirstBucketBytes))
       .def(
-          "prepare_for_forward", [](PyReducer&) {}, "Nothing to do without autograd.")
-      .def(
           "prepare_for_backward",
           [](PyReducer& self, py::object /*outputs*/) { self.reducer->prepare_for_backward(); },
           py::arg("outputs") = py::none(),

@@ -54,7 +54,16 @@ void init_gloo(py::module_& m) {
           py::arg("hostname") = "", py::arg("interface") = "",
           "A TCP device bound to the address of `hostname`, or of network interface "
           "`interface`, or (neither) the default.")
-      .def_static("create_default_device", [] { return GlooBackend::create_default_device(); });
+      .def_static("create_default_device", [] { return GlooBackend::create_default_device(); })
+      .def_property_readonly(
+          "options",
+          [](const GlooBackend& b) {
+            GlooOptions options;
+            options.devices = b.devices();
+            options.timeout = b.timeout();
+            return options;
+          },
+          "The backend's options: its devices and the timeout of the operations that set none.");
 }
 
 }  // namespace c10d::python

@@ -3,6 +3,7 @@
 // ...), so code written against torch's classes works unchanged.
 #include <pybind11/chrono.h>
 #include <pybind11/functional.h>
+#include <pybind11/native_enum.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
@@ -27,6 +28,16 @@ namespace c10d::python {
 namespace {
 
 enum class BackendType { kUndefined, kGloo, kNccl, kUcc, kMpi, kCustom };
+
+// The kinds of operation as torch numbers them (its OpType): core::OpType's order up to
+// kAllreduceSparse, then two of torch's own.
+enum class TorchOpType : int {
+  kReduceScatterTensorCoalesced = 19,
+  kUnknown = 100,
+};
+TorchOpType torch_op_type(core::OpType op) {
+  return op == core::OpType::kUnknown ? TorchOpType::kUnknown : static_cast<TorchOpType>(op);
+}
 
 using core::ReduceOp;
 using core::Tensor;
@@ -528,14 +539,32 @@ void init_pg(py::module_& m) {
       .def_readwrite("timeout", &pg::BarrierOptions::timeout)
       .def_readwrite("asyncOp", &pg::BarrierOptions::async_op);
 
+  // A Python IntEnum, as iterable and int()-able as torch's callers expect.
+  // A Python Enum, iterable as torch's callers expect; int() gives torch's number, while a
+  // member equals no int (as torch's pybind11 enum).
+  py::native_enum<TorchOpType> op_type(
+      m, "OpType", "enum.Enum",
+      "The kind of operation a Work did, numbered as torch numbers them.");
+  for (int i = 0; i < static_cast<int>(core::OpType::kUnknown); ++i) {
+    const auto op = static_cast<core::OpType>(i);
+    op_type.value(std::string(core::op_type_name(op)).c_str(), torch_op_type(op));
+  }
+  op_type.value("REDUCE_SCATTER_TENSOR_COALESCED", TorchOpType::kReduceScatterTensorCoalesced)
+      .value("UNKNOWN", TorchOpType::kUnknown)
+      .finalize();
+  py::object op_type_class = m.attr("OpType");
+  for (const char* conversion : {"__int__", "__index__"}) {
+    op_type_class.attr(conversion) = py::cpp_function(
+        [](py::object member) { return member.attr("value"); }, py::is_method(op_type_class));
+  }
+
   py::class_<pg::WorkInfo, std::shared_ptr<pg::WorkInfo>>(
       m, "WorkInfo",
       "What a finished operation reports to the hooks of "
       "ProcessGroup._register_on_completion_hook: "
       "its kind, sequence number, start and end times and active duration.")
-      .def_property_readonly(
-          "op_type",
-          [](const pg::WorkInfo& w) { return std::string(core::op_type_name(w.op_type)); })
+      .def_property_readonly("op_type",
+                             [](const pg::WorkInfo& w) { return torch_op_type(w.op_type); })
       .def_readonly("seq", &pg::WorkInfo::seq)
       .def_property_readonly(
           "time_started", [](const pg::WorkInfo& w) { return w.time_started.time_since_epoch(); })
@@ -549,6 +578,11 @@ void init_pg(py::module_& m) {
       .def("size", &Backend::size)
       .def("name", &Backend::name)
       .def("_get_backend_name", &Backend::name)
+      .def("_get_sequence_number_for_group", &Backend::group_sequence_number,
+           "The sequence number of the group this backend serves (0: none).")
+      .def(
+          "_set_sequence_number_for_group", [](Backend&) {},
+          "Nothing to do: the group numbers its operations itself.")
       .def_property_readonly("supports_splitting", &Backend::supports_splitting,
                              "Whether torch's split_group can split this backend (Gloo's can).")
       .def(

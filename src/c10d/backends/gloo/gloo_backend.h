@@ -99,6 +99,8 @@ class GlooBackend : public pg::Backend {
   static std::vector<DevicePtr> create_default_devices(const std::string& peer_host = "");
 
   std::string name() const override { return "gloo"; }
+  // The transport devices, one context each.
+  const std::vector<DevicePtr>& devices() const { return devices_; }
   bool supports_splitting() const override { return true; }
 
   WorkPtr broadcast(std::vector<pg::Tensor>& tensors, const pg::BroadcastOptions& opts) override;
