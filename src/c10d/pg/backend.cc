@@ -141,15 +141,22 @@ WorkPtr Backend::recv_anysource(std::vector<Tensor>&, int) {
 }
 WorkPtr Backend::barrier(const BarrierOptions&) { throw_not_supported("barrier"); }
 uint64_t Backend::group_sequence_number() const {
-  std::function<uint64_t()> source;
+  std::function<std::optional<uint64_t>()> source;
   {
     std::lock_guard<std::mutex> lock(group_mutex_);
     source = group_sequence_;
   }
-  return source ? source() : 0;
+  return source ? source().value_or(0) : 0;
 }
 
-void Backend::set_group_sequence(std::function<uint64_t()> source) {
+void Backend::set_group_sequence(std::function<std::optional<uint64_t>()> source) {
+  std::function<std::optional<uint64_t>()> current;
+  {
+    std::lock_guard<std::mutex> lock(group_mutex_);
+    current = group_sequence_;
+  }
+  // Asked outside the lock, as any callback.
+  if (current && current().has_value()) return;
   std::lock_guard<std::mutex> lock(group_mutex_);
   group_sequence_ = std::move(source);
 }

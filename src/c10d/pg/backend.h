@@ -113,11 +113,12 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual std::string name() const = 0;
   // Whether torch's split_group can split this backend into subgroups (Gloo's can).
   virtual bool supports_splitting() const { return false; }
-  // The sequence number of the group that registered this backend last (torch asks a backend
-  // for its group's); 0 when no group did or it is gone.
+  // The sequence number of the group this backend serves (torch asks a backend for its
+  // group's): the first group that registered it and is still alive; 0 when there is none.
   uint64_t group_sequence_number() const;
-  // Set by ProcessGroup::register_backend: how to read that group's number.
-  void set_group_sequence(std::function<uint64_t()> source);
+  // Called by ProcessGroup::register_backend: how to read a group's number (nullopt once the
+  // group is gone). Kept unless the group linked before is gone.
+  void set_group_sequence(std::function<std::optional<uint64_t>()> source);
 
   virtual WorkPtr broadcast(std::vector<Tensor>& tensors, const BroadcastOptions& opts);
   virtual WorkPtr allreduce(std::vector<Tensor>& tensors, const AllreduceOptions& opts);
@@ -214,7 +215,7 @@ class Backend : public std::enable_shared_from_this<Backend> {
   const int size_;
   std::atomic<Millis::rep> timeout_ms_;
   mutable std::mutex group_mutex_;
-  std::function<uint64_t()> group_sequence_;  // guarded by group_mutex_
+  std::function<std::optional<uint64_t>()> group_sequence_;  // guarded by group_mutex_
 };
 
 }  // namespace c10d::pg

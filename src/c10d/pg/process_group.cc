@@ -57,9 +57,10 @@ void ProcessGroup::set_global_ranks(std::vector<int> ranks) {
 
 void ProcessGroup::register_backend(DeviceType device, std::shared_ptr<Backend> backend) {
   C10D_CHECK_ARG(backend != nullptr, "register_backend: backend is None");
-  backend->set_group_sequence([group = weak_from_this()]() -> uint64_t {
+  backend->set_group_sequence([group = weak_from_this()]() -> std::optional<uint64_t> {
     const auto alive = group.lock();
-    return alive ? alive->sequence_number() : 0;
+    if (!alive) return std::nullopt;
+    return alive->sequence_number();
   });
   std::lock_guard lock(mutex_);
   std::shared_ptr<Backend>& slot = backends_[device];
