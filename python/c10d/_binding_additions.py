@@ -1,6 +1,6 @@
 """Names of torch's c10d bindings that c10d's extension module does not define, added in Python:
 DDP's Logger and DDPLoggingData, a Reducer subclass with the setters torch's DDP wrapper
-calls, the backend creators' options, pending Works, module-level helpers, and the GPU-only
+calls, the backend creators' options, module-level helpers, and the GPU-only
 classes torch exposes even in CPU builds (which raise, naming what is missing). Everything
 else torch's bindings have is bound in C++ (src/c10d/python/).
 
@@ -250,34 +250,6 @@ def gpu_only_error(name: str) -> Optional[AttributeError]:
         f"c10d has no {name}: {what} needs CUDA GPUs, and c10d runs on CPUs "
         f"only (use the gloo, shm or mpi backend)"
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Pending Works: ProcessGroup._wait_for_pending_works waits for the asynchronous operations
-# the collectives handed out and that have not finished.
-
-
-# Weakly: a Work keeps its tensors alive, and a finished one nobody holds must not keep them.
-_pending_works: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def _track_pending(work) -> None:
-    """Remembers an asynchronous collective's Work while someone holds it."""
-    if work is not None:
-        _pending_works.add(work)
-
-
-def _wait_for_pending_works(self) -> None:
-    # Every unfinished Work is waited for: one of another group is waited for too, which only
-    # delays the return until it finishes on its own.
-    works = list(_pending_works)
-    _pending_works.clear()
-    for work in works:
-        if not work.is_completed():
-            work.wait()
-
-
-_C.ProcessGroup._wait_for_pending_works = _wait_for_pending_works
 
 
 def _test_python_store(store) -> None:

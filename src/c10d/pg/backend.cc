@@ -140,6 +140,7 @@ WorkPtr Backend::recv_anysource(std::vector<Tensor>&, int) {
   throw_not_supported("recv_anysource");
 }
 WorkPtr Backend::barrier(const BarrierOptions&) { throw_not_supported("barrier"); }
+
 uint64_t Backend::group_sequence_number() const {
   std::function<std::optional<uint64_t>()> source;
   {

@@ -3,6 +3,8 @@
 // numbers, hooks and backend choice written once here).
 #include "c10d/pg/process_group.h"
 
+#include <bit>
+
 #include <algorithm>
 #include <cstring>
 
@@ -69,6 +71,29 @@ void ProcessGroup::register_backend(DeviceType device, std::shared_ptr<Backend> 
     cpu_backend_.store(backend.get(), std::memory_order_release);
   }
   slot = std::move(backend);
+}
+
+void ProcessGroup::track_pending(const WorkPtr& work) {
+  std::lock_guard lock(pending_mutex_);
+  // Bounded by the Works still alive and running: the list is pruned as it grows.
+  if (pending_.size() >= 64 && std::has_single_bit(pending_.size())) {
+    std::erase_if(pending_, [](const std::weak_ptr<Work>& w) {
+      const auto alive = w.lock();
+      return !alive || alive->is_completed();
+    });
+  }
+  pending_.push_back(work);
+}
+
+void ProcessGroup::wait_for_pending_works() {
+  std::vector<std::weak_ptr<Work>> pending;
+  {
+    std::lock_guard lock(pending_mutex_);
+    pending.swap(pending_);
+  }
+  for (const auto& w : pending) {
+    if (const auto work = w.lock(); work && !work->is_completed()) work->wait();
+  }
 }
 
 std::shared_ptr<Backend> ProcessGroup::get_backend(DeviceType device) const {

@@ -64,6 +64,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   // Number of collectives issued so far on this group.
   uint64_t sequence_number() const { return seq_.load(); }
+  // Remembers the Work of an asynchronous operation handed to the caller (the bindings do),
+  // for wait_for_pending_works; completed and dropped Works are forgotten on the way.
+  void track_pending(const WorkPtr& work);
+  // Waits for the remembered Works that have not completed (torch's _wait_for_pending_works).
+  void wait_for_pending_works();
   void register_on_completion_hook(Hook hook);
   bool has_hooks() const;
   void enable_collectives_timing() { timing_enabled_ = true; }
@@ -116,6 +121,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void shutdown();
 
  private:
+  std::mutex pending_mutex_;
+  std::vector<std::weak_ptr<Work>> pending_;  // guarded by pending_mutex_
   // Numbers the operation, records it in the flight recorder, dispatches it to the backend for
   // `device`, and arranges for the completion hooks (and the recorder) to see it finish.
   template <typename Fn>

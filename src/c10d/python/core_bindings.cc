@@ -262,8 +262,12 @@ void init_core(py::module_& m) {
       },
       "Every environment variable c10d reads: (name, default, documentation).");
 
-  py::class_<Future, std::shared_ptr<Future>>(m, "Future",
-                                              "The eventual result of an asynchronous operation.")
+  py::class_<Future, std::shared_ptr<Future>> future(
+      m, "Future", "The eventual result of an asynchronous operation.");
+  // Future[T] in annotations (comm hooks are written `-> dist.Future[...]`), as torch's allows.
+  future.def_static("__class_getitem__",
+                    [future](const py::object& /*item*/) -> py::object { return future; });
+  future
       .def(py::init(
                [](const py::object& /*devices: CPU only*/) { return std::make_shared<Future>(); }),
            py::arg("devices") = py::none())

@@ -115,13 +115,17 @@ py::object finish(WorkPtr work, const Options& opts) {
 // The collectives with options, which the overloads taking a root or an op (as torch's) fill.
 using G = py::gil_scoped_release;
 
-// Calls the backend without the GIL and returns what finish() makes of its Work.
-template <typename Options, typename Call>
-py::object run_released(const Options& opts, Call&& call) {
+// Calls the backend without the GIL and returns what finish() makes of its Work; a group
+// remembers the Works of its asynchronous calls (ProcessGroup.wait_for_pending_works).
+template <typename Class, typename Options, typename Call>
+py::object run_released(Class& self, const Options& opts, Call&& call) {
   WorkPtr work;
   {
     G g;
     work = call();
+  }
+  if constexpr (std::is_same_v<Class, ProcessGroup>) {
+    if (opts.async_op && work) self.track_pending(work);
   }
   return finish(std::move(work), opts);
 }
@@ -182,19 +186,19 @@ ProcessGroup& target(Backend& backend) {
 template <typename Class>
 py::object broadcast_with(Class& self, py::handle tensors, const pg::BroadcastOptions& opts) {
   auto ts = tensor_or_list(tensors, true, "broadcast");
-  return run_released(opts, [&] { return target(self).broadcast(ts, opts); });
+  return run_released(self, opts, [&] { return target(self).broadcast(ts, opts); });
 }
 
 template <typename Class>
 py::object allreduce_with(Class& self, py::handle tensors, const pg::AllreduceOptions& opts) {
   auto ts = tensor_or_list(tensors, true, "allreduce");
-  return run_released(opts, [&] { return target(self).allreduce(ts, opts); });
+  return run_released(self, opts, [&] { return target(self).allreduce(ts, opts); });
 }
 
 template <typename Class>
 py::object reduce_with(Class& self, py::handle tensors, const pg::ReduceOptions& opts) {
   auto ts = tensor_or_list(tensors, true, "reduce");
-  return run_released(opts, [&] { return target(self).reduce(ts, opts); });
+  return run_released(self, opts, [&] { return target(self).reduce(ts, opts); });
 }
 
 template <typename Class>
@@ -202,7 +206,7 @@ py::object gather_with(Class& self, py::handle outputs, py::handle inputs,
                        const pg::GatherOptions& opts) {
   auto in = tensor_or_list(inputs, false, "gather input");
   TensorLists out = lists_beside(outputs, inputs, true, "gather output");
-  return run_released(opts, [&] { return target(self).gather(out, in, opts); });
+  return run_released(self, opts, [&] { return target(self).gather(out, in, opts); });
 }
 
 template <typename Class>
@@ -210,7 +214,7 @@ py::object scatter_with(Class& self, py::handle outputs, py::handle inputs,
                         const pg::ScatterOptions& opts) {
   auto out = tensor_or_list(outputs, true, "scatter output");
   TensorLists in = lists_beside(inputs, outputs, false, "scatter input");
-  return run_released(opts, [&] { return target(self).scatter(out, in, opts); });
+  return run_released(self, opts, [&] { return target(self).scatter(out, in, opts); });
 }
 
 template <typename Class>
@@ -218,7 +222,7 @@ py::object reduce_scatter_with(Class& self, py::handle outputs, py::handle input
                                const pg::ReduceScatterOptions& opts) {
   auto out = tensor_or_list(outputs, true, "reduce_scatter output");
   TensorLists in = lists_beside(inputs, outputs, false, "reduce_scatter input");
-  return run_released(opts, [&] { return target(self).reduce_scatter(out, in, opts); });
+  return run_released(self, opts, [&] { return target(self).reduce_scatter(out, in, opts); });
 }
 
 // Binds one collective of a class (ProcessGroup or Backend) that share the signatures.
@@ -248,7 +252,8 @@ void bind_collectives(PyClass& cls) {
           "allreduce_coalesced",
           [](Class& self, py::handle tensors, const pg::AllreduceCoalescedOptions& opts) {
             auto ts = to_tensors(tensors, true, "allreduce_coalesced");
-            return run_released(opts, [&] { return target(self).allreduce_coalesced(ts, opts); });
+            return run_released(self, opts,
+                                [&] { return target(self).allreduce_coalesced(ts, opts); });
           },
           py::arg("tensors"),
           py::arg_v("opts", pg::AllreduceCoalescedOptions(), "AllreduceCoalescedOptions()"))
@@ -268,7 +273,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto in = tensor_or_list(inputs, false, "allgather input");
             TensorLists out = lists_beside(outputs, inputs, true, "allgather output");
-            return run_released(opts, [&] { return target(self).allgather(out, in, opts); });
+            return run_released(self, opts, [&] { return target(self).allgather(out, in, opts); });
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg_v("opts", pg::AllgatherOptions(), "AllgatherOptions()"))
@@ -277,7 +282,8 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle output, py::handle input, const pg::AllgatherOptions& opts) {
             Tensor out = to_tensor(output, true, "_allgather_base output");
             Tensor in = to_tensor(input, false, "_allgather_base input");
-            return run_released(opts, [&] { return target(self).allgather_base(out, in, opts); });
+            return run_released(self, opts,
+                                [&] { return target(self).allgather_base(out, in, opts); });
           },
           py::arg("output"), py::arg("input"),
           py::arg_v("opts", pg::AllgatherOptions(), "AllgatherOptions()"))
@@ -286,7 +292,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto out = tensor_lists(outputs, true, "allgather_coalesced output");
             auto in = to_tensors(inputs, false, "allgather_coalesced input");
-            return run_released(opts,
+            return run_released(self, opts,
                                 [&] { return target(self).allgather_coalesced(out, in, opts); });
           },
           py::arg("output_lists"), py::arg("input_list"),
@@ -296,8 +302,9 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllgatherOptions& opts) {
             auto out = to_tensors(outputs, true, "allgather_into_tensor_coalesced output");
             auto in = to_tensors(inputs, false, "allgather_into_tensor_coalesced input");
-            return run_released(
-                opts, [&] { return target(self).allgather_into_tensor_coalesced(out, in, opts); });
+            return run_released(self, opts, [&] {
+              return target(self).allgather_into_tensor_coalesced(out, in, opts);
+            });
           },
           py::arg("outputs"), py::arg("inputs"),
           py::arg_v("opts", pg::AllgatherOptions(), "AllgatherOptions()"))
@@ -338,7 +345,7 @@ void bind_collectives(PyClass& cls) {
              const pg::ReduceScatterOptions& opts) {
             Tensor out = to_tensor(output, true, "_reduce_scatter_base output");
             Tensor in = to_tensor(input, false, "_reduce_scatter_base input");
-            return run_released(opts,
+            return run_released(self, opts,
                                 [&] { return target(self).reduce_scatter_base(out, in, opts); });
           },
           py::arg("outputTensor"), py::arg("inputTensor"),
@@ -349,8 +356,9 @@ void bind_collectives(PyClass& cls) {
              const pg::ReduceScatterOptions& opts) {
             auto out = to_tensors(outputs, true, "reduce_scatter_tensor_coalesced output");
             auto in = to_tensors(inputs, false, "reduce_scatter_tensor_coalesced input");
-            return run_released(
-                opts, [&] { return target(self).reduce_scatter_tensor_coalesced(out, in, opts); });
+            return run_released(self, opts, [&] {
+              return target(self).reduce_scatter_tensor_coalesced(out, in, opts);
+            });
           },
           py::arg("outputs"), py::arg("inputs"),
           py::arg_v("opts", pg::ReduceScatterOptions(), "ReduceScatterOptions()"))
@@ -362,7 +370,7 @@ void bind_collectives(PyClass& cls) {
             Tensor in = to_tensor(input, false, "alltoall_base input");
             auto out_splits = int_list(output_split_sizes);
             auto in_splits = int_list(input_split_sizes);
-            return run_released(opts, [&] {
+            return run_released(self, opts, [&] {
               return target(self).alltoall_base(out, in, out_splits, in_splits, opts);
             });
           },
@@ -374,7 +382,7 @@ void bind_collectives(PyClass& cls) {
           [](Class& self, py::handle outputs, py::handle inputs, const pg::AllToAllOptions& opts) {
             auto out = to_tensors(outputs, true, "alltoall output");
             auto in = to_tensors(inputs, false, "alltoall input");
-            return run_released(opts, [&] { return target(self).alltoall(out, in, opts); });
+            return run_released(self, opts, [&] { return target(self).alltoall(out, in, opts); });
           },
           py::arg("output_tensors"), py::arg("input_tensors"),
           py::arg_v("opts", pg::AllToAllOptions(), "AllToAllOptions()"))
@@ -405,7 +413,7 @@ void bind_collectives(PyClass& cls) {
       .def(
           "barrier",
           [](Class& self, const pg::BarrierOptions& opts) {
-            return run_released(opts, [&] { return target(self).barrier(opts); });
+            return run_released(self, opts, [&] { return target(self).barrier(opts); });
           },
           py::arg_v("opts", pg::BarrierOptions(), "BarrierOptions()"))
       .def(
@@ -734,7 +742,9 @@ void init_pg(py::module_& m) {
           },
           py::arg("hook"))
       .def("_has_hooks", &ProcessGroup::has_hooks)
-      .def("_wait_for_pending_works", [](ProcessGroup&) {})
+      .def("_wait_for_pending_works", &ProcessGroup::wait_for_pending_works,
+           py::call_guard<py::gil_scoped_release>(),
+           "Waits for this group's asynchronous operations that have not completed.")
       .def("_enable_collectives_timing", &ProcessGroup::enable_collectives_timing)
       .def(
           "_start_coalescing",
