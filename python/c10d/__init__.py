@@ -91,8 +91,6 @@ from . import control  # noqa: F401,E402  (registers the dump_traceback handler)
 from .shm import shm_empty  # noqa: F401
 from . import futures  # noqa: F401,E402  (collect_all, wait_all)
 
-# Future[T] in annotations (comm hooks are written `-> dist.Future[...]`), as torch's allows.
-_C.Future.__class_getitem__ = classmethod(lambda cls, item: cls)
 _Work = Work  # torch.distributed's name for the base of custom backends' Work classes
 from .device_mesh import DeviceMesh, init_device_mesh  # noqa: F401,E402
 
@@ -103,6 +101,19 @@ if hasattr(_C, "ProcessGroupShm"):
 from ._C import _Backend  # noqa: F401,E402  (torch.distributed's name for the backend base)
 
 __version__ = _C.__version__
+
+
+def _load_torch_bridge():
+    from . import torch_backend
+
+    return torch_backend
+
+
+# distributed_c10d loads torch's view of its groups this way when the program uses torch: it
+# cannot import torch_backend itself (torch_backend imports it).
+from . import distributed_c10d as _distributed_c10d  # noqa: E402
+
+_distributed_c10d._load_torch_bridge = _load_torch_bridge
 
 from . import _profiling  # noqa: E402
 

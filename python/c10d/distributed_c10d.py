@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _C, _mpi_loader
 from . import rendezvous as _rdzv
-from ._binding_additions import _DistributedBackendOptions, _track_pending
+from ._binding_additions import _DistributedBackendOptions
 from ._C import (
     AllgatherOptions,
     AllreduceCoalescedOptions,
@@ -381,10 +381,17 @@ def _get_process_group_store(pg: ProcessGroup):
     return _world.pg_map[pg][1]
 
 
+# c10d.torch_backend, torch's view of c10d's groups, once loaded (it sets this on import). It
+# imports this module, so this one reaches it only through _torch_bridge and
+# _load_torch_bridge, which the package sets (c10d/__init__.py).
+_torch_bridge: Any = None
+_load_torch_bridge: Optional[Callable[[], Any]] = None
+
+
 def _c10d_group(group):
     """`group`, or the c10d group that a torch group stands for (torch's view of a c10d group,
     made by c10d.torch_backend), so torch's groups can be handed to c10d as c10d's to torch."""
-    bridge = sys.modules.get("c10d.torch_backend")
+    bridge = _torch_bridge
     if bridge is not None and isinstance(group, bridge.ProcessGroupC10d):
         return group._pg
     return group
@@ -1047,14 +1054,11 @@ def _mirror_into_torch(pg, store, rank, world_size, timeout) -> None:
     group (c10d.torch_backend), so torch utilities asking torch for the world (DistributedSampler,
     ZeroRedundancyOptimizer) work unchanged. torch is never imported here."""
 
-    if "torch" not in sys.modules:
+    if "torch" not in sys.modules or (_torch_bridge is None and _load_torch_bridge is None):
         return
     try:
-        from . import torch_backend
-
-        torch_backend._mirror_default_group(
-            pg, store, rank, world_size, _world.pg_map[pg][0], timeout
-        )
+        bridge = _torch_bridge or _load_torch_bridge()
+        bridge._mirror_default_group(pg, store, rank, world_size, _world.pg_map[pg][0], timeout)
     except Exception as e:  # c10d's group stands without torch's view of it
         warnings.warn(
             f"c10d: torch.distributed's default group could not be made c10d's default group: {e!r}"
@@ -1064,9 +1068,8 @@ def _mirror_into_torch(pg, store, rank, world_size, timeout) -> None:
 def _unmirror_from_torch() -> None:
     """Destroys torch.distributed's default group if it is c10d's (see _mirror_into_torch)."""
 
-    torch_backend = sys.modules.get("c10d.torch_backend")
-    if torch_backend is not None:
-        torch_backend._unmirror()
+    if _torch_bridge is not None:
+        _torch_bridge._unmirror()
 
 
 def _rendezvous_default(init_method, rank, world_size, timeout, group_name):
@@ -1146,9 +1149,8 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         return
     if group not in _world.pg_map:
         raise _DistValueError("Invalid process group specified")
-    torch_backend = sys.modules.get("c10d.torch_backend")
-    if torch_backend is not None:
-        torch_backend._forget_torch_view(group)
+    if _torch_bridge is not None:
+        _torch_bridge._forget_torch_view(group)
     _shutdown(group)
     _C._unregister_process_group(_world.pg_names.get(group, ""))
     _world.drop_group(group)
@@ -1470,8 +1472,7 @@ def _opts(cls, async_op: bool):
 
 
 def _finish(work, async_op: bool):
-    if async_op:
-        _track_pending(work)
+    if async_op:  # a C++ group remembers it for _wait_for_pending_works
         return work
     if work is not None:  # C++ groups already waited; a Python ProcessGroup returns a Work
         work.wait()
@@ -1511,7 +1512,6 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
         return _defer_to_coalescing(group, _CollOp(all_reduce, tensor, None, op), async_op)
     work = group.allreduce([tensor], _allreduce_opts(op, async_op))
     if async_op:
-        _track_pending(work)
         return work
     if work is not None:
         work.wait()

@@ -27,6 +27,7 @@ at once, and most of it is ProcessGroupC10d's one method per torch collective.
 
 import functools
 import socket
+import sys
 import threading
 import warnings
 from datetime import timedelta
@@ -804,6 +805,7 @@ def register() -> None:
 
 
 register()
+_dc._torch_bridge = sys.modules[__name__]  # c10d's groups now mirror into torch (see _dc)
 
 
 # --------------------------------------------------------------------------------------------
