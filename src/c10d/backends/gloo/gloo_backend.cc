@@ -15,6 +15,7 @@
 
 #include "c10d/backends/gloo/addresses.h"
 #include "c10d/backends/gloo/internal.h"
+#include "c10d/backends/gloo/loop_waker.h"
 #include "c10d/backends/gloo/store_adapter.h"
 #include "c10d/core/copy.h"
 #include "c10d/core/env.h"
@@ -142,6 +143,7 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
     context->setTimeout(timeout);
     StoreAdapter adapter(store_, str_cat("gloo/", i, "/"));
     try {
+      LoopWaker waker(devices_[i]);
       context->connectFullMesh(adapter, devices_[i]);
     } catch (const std::exception& e) {
       throw DistBackendError(str_cat("Gloo rendezvous failed for rank ", rank, " of ", size,
@@ -168,7 +170,15 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
   queue_ = std::make_shared<pg::OpQueue>(std::move(queue));
 }
 
-GlooBackend::~GlooBackend() { shutdown(); }
+GlooBackend::~GlooBackend() {
+  shutdown();
+  // The devices join their loop threads, and their pairs leave the loops, at a loop's next
+  // turn: poke the loops while the last references go.
+  auto wakers = LoopWaker::for_devices(devices_);
+  for (auto& waker : wakers) waker->release_device();
+  shared_.reset();
+  devices_.clear();
+}
 
 std::string GlooBackend::listen_ip() const {
   if (shared_->contexts.empty() || size() < 2) return "";
@@ -201,10 +211,17 @@ void GlooBackend::exchange_addresses() {
     }
     store_->set(str_cat("gloo/address/", rank()), store::to_bytes(mine));
     const std::string me = std::to_string(rank());
+    std::vector<std::string> keys;
+    std::vector<int> peers;
     for (int r = 0; r < size(); ++r) {
       if (r == rank()) continue;
-      const std::string theirs = store::to_string(store_->get(str_cat("gloo/address/", r)));
-      for (const std::string& line : split(theirs, '\n')) {
+      keys.push_back(str_cat("gloo/address/", r));
+      peers.push_back(r);
+    }
+    const std::vector<store::Bytes> records = store_->multi_get(keys);  // one round trip
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const int r = peers[i];
+      for (const std::string& line : split(store::to_string(records[i]), '\n')) {
         const std::vector<std::string> fields = split(line, ' ');
         if (fields.empty() || fields[0] != me) continue;
         auto& names = shared_->peer_addresses[r];
@@ -292,6 +309,7 @@ void GlooBackend::shutdown() {
   // network fail. An operation merely waiting on a peer is not woken by Gloo, though, so a
   // worker still busy after a short grace period is left to finish (at its timeout) on its
   // own: it holds only the shared state and its operation, never the backend.
+  const auto wakers = LoopWaker::for_devices(devices_);
   for (auto& context : shared_->contexts) {
     try {
       context->closeConnections();
