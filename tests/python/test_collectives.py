@@ -47,6 +47,15 @@ def test_case(case, world_size, backend):
     harness.check_all_ok(harness.run(case, world_size, backend))
 
 
+# The shared operation queue's rules (pg/op_queue.h) through the public API, on every backend;
+# the C++ conformance suite checks them on gloo, shm and hier in rank threads.
+@pytest.mark.parametrize(
+    "backend,world_size", [(b, w) for b in BACKENDS for w in [2, 3] if b != "hier" or w == 3]
+)
+def test_queue_rules(backend, world_size):
+    harness.check_all_ok(harness.run("queue_rules", world_size, backend))
+
+
 # The Gloo backend runs all_reduce and reduce_scatter on c10d's ring unless told otherwise;
 # Gloo's own algorithms stay a supported choice.
 @pytest.mark.parametrize("world_size", [2, 3])

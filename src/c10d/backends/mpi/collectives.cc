@@ -68,7 +68,7 @@ void reduce_in_check(detail::Op& op, const Tensor& t, const ReduceOp& rop, bool 
 WorkPtr MpiBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastOptions& opts) {
   const Tensor t = single(tensors, "broadcast");
   const int root = static_cast<int>(opts.root_rank);
-  OpPtr op = make_op(group_, OpType::kBroadcast, "broadcast", effective_timeout(opts.timeout), {t});
+  OpPtr op = make_op(group_, OpType::kBroadcast, "broadcast", {t});
   check_call(*op, Signature(OpType::kBroadcast, 0).of(t).from(root));
   if (fits_check(t)) {
     const bool is_root = rank() == root;
@@ -85,14 +85,14 @@ WorkPtr MpiBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastO
     r.emplace_back();
     check(MPI_Ibcast(b.data, b.count, b.type, root, comm, &r.back()), "MPI_Ibcast");
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 WorkPtr MpiBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceOptions& opts) {
   const Tensor t = single(tensors, "allreduce");
   const ReduceOp rop = opts.reduce_op;
   const int n = size();
-  OpPtr op = make_op(group_, OpType::kAllreduce, "allreduce", effective_timeout(opts.timeout), {t});
+  OpPtr op = make_op(group_, OpType::kAllreduce, "allreduce", {t});
   check_call(*op, Signature(OpType::kAllreduce, 0).of(t).with(rop));
   reduce_in_check(*op, t, rop, true);
   MPI_Comm comm = group_->comm;
@@ -109,7 +109,7 @@ WorkPtr MpiBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
   op->done = [t, rop, n](const MPI_Status&) {
     core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), rop, n);
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 WorkPtr MpiBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
@@ -118,7 +118,7 @@ WorkPtr MpiBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
   const int root = static_cast<int>(opts.root_rank);
   const bool is_root = rank() == root;
   const int n = size();
-  OpPtr op = make_op(group_, OpType::kReduce, "reduce", effective_timeout(opts.timeout), tensors);
+  OpPtr op = make_op(group_, OpType::kReduce, "reduce", tensors);
   check_call(*op, Signature(OpType::kReduce, 0).of(t).with(rop).from(root));
   reduce_in_check(*op, t, rop, is_root);
   MPI_Comm comm = group_->comm;
@@ -142,14 +142,13 @@ WorkPtr MpiBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
   op->done = [t, rop, n, is_root](const MPI_Status&) {
     if (is_root) core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), rop, n);
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 WorkPtr MpiBackend::allgather_base(Tensor& output, Tensor& input,
                                    const pg::AllgatherOptions& opts) {
   const Tensor in = input, out = output;
-  OpPtr op = make_op(group_, OpType::kAllgatherBase, "allgather_base",
-                     effective_timeout(opts.timeout), {output});
+  OpPtr op = make_op(group_, OpType::kAllgatherBase, "allgather_base", {output});
   check_call(*op, Signature(OpType::kAllgatherBase, 0).of(in));
   if (fits_check(in) && out.is_contiguous()) {
     op->pack = [in](std::byte* slot) {
@@ -169,14 +168,13 @@ WorkPtr MpiBackend::allgather_base(Tensor& output, Tensor& input,
                          &r.back()),
           "MPI_Iallgather");
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 WorkPtr MpiBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs,
                                                     std::vector<Tensor>& inputs,
                                                     const pg::AllgatherOptions& opts) {
-  OpPtr op = make_op(group_, OpType::kAllgatherBase, "allgather_into_tensor_coalesced",
-                     effective_timeout(opts.timeout), outputs);
+  OpPtr op = make_op(group_, OpType::kAllgatherBase, "allgather_into_tensor_coalesced", outputs);
   check_call(*op, Signature(OpType::kAllgatherCoalesced, 0).of(inputs));
   MPI_Comm comm = group_->comm;
   op->start = [ins = inputs, outs = outputs, comm](std::vector<MPI_Request>& r) {
@@ -188,7 +186,7 @@ WorkPtr MpiBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs
             "MPI_Iallgather");
     }
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 WorkPtr MpiBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
@@ -198,7 +196,7 @@ WorkPtr MpiBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vecto
   const bool is_root = rank() == root;
   const std::vector<Tensor> gathered = is_root ? outputs.at(0) : std::vector<Tensor>{};
   const int n = size();
-  OpPtr op = make_op(group_, OpType::kGather, "gather", effective_timeout(opts.timeout), gathered);
+  OpPtr op = make_op(group_, OpType::kGather, "gather", gathered);
   check_call(*op, Signature(OpType::kGather, 0).of(in).from(root));
   MPI_Comm comm = group_->comm;
   auto scratch = std::make_shared<Tensor>();
@@ -218,7 +216,7 @@ WorkPtr MpiBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vecto
       from += t.nbytes();
     }
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 WorkPtr MpiBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vector<Tensor>>& inputs,
@@ -227,7 +225,7 @@ WorkPtr MpiBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vecto
   const int root = static_cast<int>(opts.root_rank);
   const bool is_root = rank() == root;
   const std::vector<Tensor> sources = is_root ? inputs.at(0) : std::vector<Tensor>{};
-  OpPtr op = make_op(group_, OpType::kScatter, "scatter", effective_timeout(opts.timeout), {out});
+  OpPtr op = make_op(group_, OpType::kScatter, "scatter", {out});
   check_call(*op, Signature(OpType::kScatter, 0).of(out).from(root));
   MPI_Comm comm = group_->comm;
   auto scratch = std::make_shared<Tensor>();
@@ -247,7 +245,7 @@ WorkPtr MpiBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vecto
                        b.count, MPI_BYTE, root, comm, &r.back()),
           "MPI_Iscatter");
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 namespace {
@@ -276,10 +274,9 @@ WorkPtr MpiBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs
                                                     const pg::ReduceScatterOptions& opts) {
   const ReduceOp rop = opts.reduce_op;
   const int n = size();
-  OpPtr op =
-      make_op(group_, OpType::kReduceScatterBase,
-              outputs.size() == 1 ? "reduce_scatter_base" : "reduce_scatter_tensor_coalesced",
-              effective_timeout(opts.timeout), outputs);
+  OpPtr op = make_op(
+      group_, OpType::kReduceScatterBase,
+      outputs.size() == 1 ? "reduce_scatter_base" : "reduce_scatter_tensor_coalesced", outputs);
   check_call(*op, Signature(OpType::kReduceScatterBase, 0).of(outputs).with(rop));
   MPI_Comm comm = group_->comm;
   // Scaled copies of PREMUL_SUM inputs must live until the operation completes.
@@ -299,7 +296,7 @@ WorkPtr MpiBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs
       core::apply_postdiv(t.data(), static_cast<size_t>(t.numel()), t.dtype(), rop, n);
     }
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 WorkPtr MpiBackend::reduce_scatter(std::vector<Tensor>& outputs,
@@ -341,8 +338,7 @@ WorkPtr MpiBackend::alltoall_base(Tensor& output, Tensor& input,
       byte_counts(input, input_split_sizes));
   auto recv = std::make_shared<std::pair<std::vector<int>, std::vector<int>>>(
       byte_counts(output, output_split_sizes));
-  OpPtr op = make_op(group_, OpType::kAlltoallBase, "alltoall_base",
-                     effective_timeout(opts.timeout), {output});
+  OpPtr op = make_op(group_, OpType::kAlltoallBase, "alltoall_base", {output});
   check_call(*op, Signature(OpType::kAlltoallBase, 0).of(input.dtype(), 0),
              pg::Traffic{as_int64(send->first), as_int64(recv->first)});
   MPI_Comm comm = group_->comm;
@@ -353,7 +349,7 @@ WorkPtr MpiBackend::alltoall_base(Tensor& output, Tensor& input,
                          comm, &r.back()),
           "MPI_Ialltoallv");
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
@@ -380,8 +376,7 @@ WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
     if (t.nbytes() != 0) std::memcpy(to, t.data(), t.nbytes());
     to += t.nbytes();
   }
-  OpPtr op =
-      make_op(group_, OpType::kAlltoall, "alltoall", effective_timeout(opts.timeout), outputs);
+  OpPtr op = make_op(group_, OpType::kAlltoall, "alltoall", outputs);
   check_call(*op, Signature(OpType::kAlltoall, 0).of(inputs.at(0).dtype(), 0),
              pg::Traffic{as_int64(send_counts), as_int64(recv_counts)});
   MPI_Comm comm = group_->comm;
@@ -399,24 +394,23 @@ WorkPtr MpiBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
       from += t.nbytes();
     }
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 WorkPtr MpiBackend::barrier(const pg::BarrierOptions& opts) {
-  OpPtr op = make_op(group_, OpType::kBarrier, "barrier", effective_timeout(opts.timeout), {});
+  OpPtr op = make_op(group_, OpType::kBarrier, "barrier", {});
   check_call(*op, Signature(OpType::kBarrier, 0));
   // Every rank's record arriving is the barrier.
   op->pack = [](std::byte*) {
   };
   op->unpack = [](const std::byte*, size_t) {
   };
-  op->waits_prior = true;
   MPI_Comm comm = group_->comm;
   op->start = [comm](std::vector<MPI_Request>& r) {
     r.emplace_back();
     check(MPI_Ibarrier(comm, &r.back()), "MPI_Ibarrier");
   };
-  return ProgressThread::instance().submit(std::move(op), opts.async_op);
+  return submit(std::move(op), opts.timeout, opts.async_op);
 }
 
 }  // namespace c10d::backends::mpi

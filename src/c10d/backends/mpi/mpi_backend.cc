@@ -82,7 +82,26 @@ std::shared_ptr<MpiBackend> MpiBackend::create(std::vector<int> ranks, Millis ti
 }
 
 MpiBackend::MpiBackend(std::shared_ptr<Group> group, int rank, int size, Millis timeout)
-    : pg::Backend(rank, size, timeout), group_(std::move(group)) {}
+    : pg::Backend(rank, size, timeout), group_(std::move(group)) {
+  pg::OpQueue::Config queue;
+  queue.backend = "mpi";
+  queue.label = "MPI";
+  queue.rank = rank;
+  queue.size = size;
+  queue_ = std::make_shared<pg::OpQueue>(std::move(queue));
+}
+
+WorkPtr MpiBackend::submit(std::shared_ptr<detail::Op> op, Millis timeout, bool async) {
+  const core::OpType type = op->type;
+  const char* name = op->name;
+  std::vector<core::Tensor> outputs = op->outputs;
+  return queue_->submit(
+      type, name, effective_timeout(timeout), async,
+      [op = std::move(op)](const pg::QueuedOp& queued) {
+        ProgressThread::instance().run(op, queued);
+      },
+      std::move(outputs));
+}
 
 MpiBackend::~MpiBackend() {
   shutdown();
@@ -104,13 +123,16 @@ MpiBackend::~MpiBackend() {
 }
 
 void MpiBackend::finish_pending(Millis timeout) {
+  const core::Deadline deadline(timeout);
+  queue_->finish_pending(timeout);
+  // Then the sends and receives, which are not on the queue.
   ProgressThread& progress = ProgressThread::instance();
   std::unique_lock<std::mutex> lock(progress.mutex());
   auto drained = [&] {
     return group_->outstanding == 0;
   };
   if (timeout <= Millis::zero()) return progress.settled().wait(lock, drained);
-  if (progress.settled().wait_for(lock, timeout, drained)) return;
+  if (progress.settled().wait_for(lock, deadline.remaining(), drained)) return;
   core::log(core::LogLevel::kWarning,
             str_cat("MPI rank ", rank(), " of ", size(), ": ", group_->outstanding,
                     " operation(s) did not finish within ", core::format_timeout(timeout),
@@ -118,12 +140,17 @@ void MpiBackend::finish_pending(Millis timeout) {
 }
 
 void MpiBackend::shutdown() {
+  std::lock_guard<std::mutex> shutdown_lock(shutdown_mutex_);
+  if (!queue_->stop()) return;
   try {
     ProgressThread& progress = ProgressThread::instance();
     std::lock_guard<std::mutex> lock(progress.mutex());
     group_->shut_down = true;
   } catch (...) {
   }
+  // A collective already posted cannot be withdrawn from MPI: it ends at its deadline on the
+  // progress thread, and its caller is let go after a short grace ("shut down while it ran").
+  queue_->join(std::chrono::milliseconds(100));
 }
 
 }  // namespace c10d::backends::mpi

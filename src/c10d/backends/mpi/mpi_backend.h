@@ -6,8 +6,11 @@
 // Threads. One progress thread per process makes every MPI call (MPI is initialised there with
 // MPI_THREAD_SERIALIZED, or used as it is when the application initialised it, e.g. through
 // mpi4py). Operations are posted as non-blocking MPI calls in the order they were submitted,
-// which every rank must keep (the usual process-group contract), and the progress thread
-// completes their Works as MPI reports them done. Because nothing blocks inside MPI, every
+// which every rank must keep (the usual process-group contract). A group's collectives run one
+// at a time on the shared operation queue (pg::OpQueue: numbering, the caller's thread when
+// idle, order, finish_pending, shutdown), whose body hands each to the progress thread, or runs
+// it on the calling thread while the progress thread is idle; sends and receives go to the
+// progress thread directly, matched by tag. Because nothing blocks inside MPI, every
 // operation has a deadline: an operation that does not complete within its timeout fails with
 // DistTimeoutError naming it, its sequence number and this rank. A collective cannot be
 // withdrawn from MPI once posted, so its communicator is then broken and later operations on
@@ -26,13 +29,19 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "c10d/pg/backend.h"
+#include "c10d/pg/op_queue.h"
 
 namespace c10d::backends::mpi {
+
+namespace detail {
+struct Op;
+}
 
 using pg::WorkPtr;
 
@@ -95,7 +104,13 @@ class MpiBackend : public pg::Backend {
   MpiBackend(std::shared_ptr<Group> group, int rank, int size, pg::Millis timeout);
 
  private:
+  // Runs collective `op` in its turn on the group's queue.
+  WorkPtr submit(std::shared_ptr<detail::Op> op, pg::Millis timeout, bool async);
+  void run_monitored_barrier(pg::Millis limit, bool wait_all_ranks);
+
   std::shared_ptr<Group> group_;
+  std::shared_ptr<pg::OpQueue> queue_;
+  std::mutex shutdown_mutex_;
 };
 
 }  // namespace c10d::backends::mpi

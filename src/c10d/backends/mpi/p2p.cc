@@ -24,7 +24,7 @@ using core::detail::str_cat;
 using detail::Buffer;
 using detail::bytes_of;
 using detail::check;
-using detail::make_op;
+using detail::make_message;
 using detail::OpPtr;
 using detail::ProgressThread;
 using detail::single;
@@ -46,9 +46,8 @@ void check_tag(int tag) {
 WorkPtr MpiBackend::send(std::vector<Tensor>& tensors, int dst_rank, int tag) {
   const Tensor t = single(tensors, "send");
   check_tag(tag);
-  OpPtr op =
-      make_op(group_, OpType::kSend, str_cat("send to rank ", dst_rank, " (tag ", tag, ")").c_str(),
-              timeout(), {t}, false);
+  OpPtr op = make_message(group_, OpType::kSend,
+                          str_cat("send to rank ", dst_rank, " (tag ", tag, ")"), timeout(), {t});
   MPI_Comm comm = group_->comm;
   op->start = [t, dst_rank, tag, comm](std::vector<MPI_Request>& r) {
     const Buffer b = bytes_of(t, "send");
@@ -66,8 +65,7 @@ WorkPtr post_recv(const std::shared_ptr<MpiBackend::Group>& group, const Tensor&
   const bool any = source == MPI_ANY_SOURCE;
   const std::string name = any ? str_cat("recv from any rank (tag ", tag, ")")
                                : str_cat("recv from rank ", source, " (tag ", tag, ")");
-  OpPtr op = make_op(group, any ? OpType::kRecvAnySource : OpType::kRecv, name.c_str(), timeout,
-                     {t}, false);
+  OpPtr op = make_message(group, any ? OpType::kRecvAnySource : OpType::kRecv, name, timeout, {t});
   MPI_Comm comm = group->comm;
   op->start = [t, source, tag, comm](std::vector<MPI_Request>& r) {
     const Buffer b = bytes_of(t, "recv");
@@ -104,18 +102,25 @@ WorkPtr MpiBackend::recv_anysource(std::vector<Tensor>& tensors, int tag) {
 // user messages never match these).
 
 void MpiBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
-  const Millis limit = effective_timeout(opts.timeout);
-  {
-    // It counts as an operation, as it does for the process group and the other backends.
-    std::lock_guard<std::mutex> lock(ProgressThread::instance().mutex());
-    ++group_->next_seq;
-  }
+  // In its turn among the collectives; the caller runs it (or waits for it) and sees its error.
+  queue_
+      ->submit(OpType::kBarrier, "monitored_barrier", effective_timeout(opts.timeout), false,
+               [this, wait_all_ranks](const pg::QueuedOp& queued) {
+                 run_monitored_barrier(queued.timeout, wait_all_ranks);
+               },
+               {})
+      ->wait();
+}
+
+void MpiBackend::run_monitored_barrier(Millis limit, bool wait_all_ranks) {
   if (size() == 1) return;
   MPI_Comm control = group_->control;
   auto message = [&](int peer, bool sending, std::shared_ptr<char> byte, Millis within) {
-    OpPtr op =
-        make_op(group_, sending ? OpType::kSend : OpType::kRecv,
-                sending ? "monitored_barrier send" : "monitored_barrier recv", within, {}, false);
+    OpPtr op = make_message(
+        group_, sending ? OpType::kSend : OpType::kRecv,
+        str_cat(sending ? "monitored_barrier send to rank " : "monitored_barrier recv from rank ",
+                peer),
+        within, {});
     op->start = [peer, sending, byte, control](std::vector<MPI_Request>& r) {
       r.emplace_back();
       if (sending) {

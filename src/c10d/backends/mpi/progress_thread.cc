@@ -61,19 +61,6 @@ class Poller {
   std::chrono::steady_clock::time_point since_;
 };
 
-// Drops the Works that completed or are gone. Those still referenced elsewhere go into
-// `last`, so that a last reference (and the arrays it holds) is released where the caller
-// holds no lock.
-void drop_finished(std::vector<std::weak_ptr<core::Work>>& works,
-                   std::vector<std::shared_ptr<core::Work>>& last) {
-  std::erase_if(works, [&](const std::weak_ptr<core::Work>& w) {
-    auto work = w.lock();
-    if (work && !work->is_completed()) return false;
-    if (work) last.push_back(std::move(work));
-    return true;
-  });
-}
-
 }  // namespace
 
 std::atomic<ProgressThread*>& ProgressThread::started_instance() {
@@ -90,60 +77,87 @@ void ProgressThread::later(std::function<void()> fn) {
   wake_.notify_one();
 }
 
-WorkPtr ProgressThread::submit(OpPtr op, bool async) {
-  WorkPtr work = op->work;
-  std::vector<WorkPtr> finished;  // released after the lock
+bool ProgressThread::admit(Op& op) {
   std::string refusal;
-  bool here = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopped_ || stopping_) {
       refusal = "MPI was finalized";
-    } else if (op->group->shut_down) {
+    } else if (op.group->shut_down && !op.collective) {
       refusal = "the process group was shut down";
-    } else if (!op->group->broken.empty()) {
-      refusal = op->group->broken;
+    } else if (!op.group->broken.empty()) {
+      refusal = op.group->broken;
     } else {
-      ++op->group->outstanding;
-      if (op->call) op->call->seq = op->group->next_call++;
-      auto& unfinished = op->group->unfinished;
-      drop_finished(unfinished, finished);
-      if (op->waits_prior) op->prior = unfinished;
-      if (op->collective) unfinished.push_back(op->work);  // as torch, not sends and receives
-      here = !async && !busy_ && !inline_ && queue_.empty() && calls_.empty();
+      ++op.group->outstanding;
+      return true;
+    }
+  }
+  finish(op, std::make_exception_ptr(DistBackendError(str_cat("MPI ", op.what, ": ", refusal))));
+  return false;
+}
+
+WorkPtr ProgressThread::submit(OpPtr op) {
+  WorkPtr work = op->work;
+  if (!admit(*op)) return work;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(op));
+  }
+  wake_.notify_one();
+  return work;
+}
+
+void ProgressThread::run(const OpPtr& op, const pg::QueuedOp& queued) {
+  op->what = str_cat(op->name, " (sequence ", queued.seq, ", rank ", op->group->rank, " of ",
+                     op->group->size, ")");
+  op->timeout = queued.timeout;
+  op->deadline = core::Deadline(queued.timeout);
+  if (op->call) op->call->seq = queued.seq;
+  if (admit(*op)) {
+    bool here;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      here = !busy_ && !inline_ && queue_.empty() && calls_.empty();
       if (here) {
         inline_ = true;
       } else {
         queue_.push_back(op);
       }
     }
-  }
-  if (!refusal.empty()) {
-    work->finish_with_error(std::make_exception_ptr(
-        DistBackendError(str_cat("MPI ", work->description(), ": ", refusal))));
-    return work;
-  }
-  if (!here) {
-    wake_.notify_one();
-    return work;
-  }
-  if (post(*op)) {
-    core::before_blocking();  // the peers may be late: let go of the caller's GIL
-    Poller poller;            // as the progress thread polls
-    while (!progress(*op)) {
-      const std::chrono::microseconds pause = poller.idle_round();
-      if (pause.count() > 0) std::this_thread::sleep_for(pause);
+    if (here) {
+      if (post(*op)) {
+        core::before_blocking();  // the peers may be late: let go of the caller's GIL
+        Poller poller;            // as the progress thread polls
+        while (!progress(*op)) {
+          const std::chrono::microseconds pause = poller.idle_round();
+          if (pause.count() > 0) std::this_thread::sleep_for(pause);
+        }
+      }
+      bool held_back;  // work submitted meanwhile waits for the progress thread
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        inline_ = false;
+        held_back = stopping_ || !queue_.empty() || !calls_.empty();
+      }
+      if (held_back) wake_.notify_one();
+      settled_.notify_all();
+    } else {
+      wake_.notify_one();
     }
   }
-  bool held_back;  // work submitted meanwhile waits for the progress thread
+  // The progress thread ends it by its deadline (or fails it when MPI is finalised).
+  std::exception_ptr error;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    inline_ = false;
-    held_back = stopping_ || !queue_.empty() || !calls_.empty();
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!op->finished) {
+      lock.unlock();
+      core::before_blocking();
+      lock.lock();
+      settled_.wait(lock, [&] { return op->finished; });
+    }
+    error = op->error;
   }
-  if (held_back) wake_.notify_one();
-  settled_.notify_all();
-  return work;
+  if (error) std::rethrow_exception(error);
 }
 
 void ProgressThread::finalize(Millis grace) {
@@ -299,19 +313,18 @@ size_t record_words(int size) { return pg::agreement_words(size) + 1 + kInlineWo
 }  // namespace
 
 bool ProgressThread::post(Op& op) {
-  bool alone;  // nothing else of the group in flight: this call's data may be packed now
+  std::string why;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    alone = op.group->outstanding == 1;
     if (!op.group->broken.empty()) {
       // An earlier operation timed out after this one was queued.
-      std::string why = op.group->broken;
+      why = op.group->broken;
       --op.group->outstanding;
-      settled_.notify_all();
-      op.work->finish_with_error(
-          std::make_exception_ptr(DistBackendError(str_cat("MPI ", op.what, ": ", why))));
-      return false;
     }
+  }
+  if (!why.empty()) {
+    finish(op, std::make_exception_ptr(DistBackendError(str_cat("MPI ", op.what, ": ", why))));
+    return false;
   }
   try {
     if (op.call && op.group->size > 1) {
@@ -324,7 +337,7 @@ bool ProgressThread::post(Op& op) {
       // In place: this rank's record lies in its slot, which lives as long as the operation.
       int64_t* slot = op.records.data() + static_cast<size_t>(op.group->rank) * stride;
       std::copy(mine.begin(), mine.end(), slot);
-      if (op.pack && alone) {
+      if (op.pack) {
         slot[mine.size()] = 1;
         op.pack(reinterpret_cast<std::byte*>(slot + mine.size() + 1));
       }
@@ -355,27 +368,11 @@ void ProgressThread::finish_check(Op& op) {
   bool packed = static_cast<bool>(op.unpack);
   for (int r = 0; r < size && packed; ++r) packed = op.records[r * stride + packed_at] == 1;
   if (!packed) {
-    op.awaiting_turn = true;
+    op.start(op.requests);
     return;
   }
   op.unpack(reinterpret_cast<const std::byte*>(op.records.data() + packed_at + 1),
             stride * sizeof(int64_t));
-}
-
-bool ProgressThread::take_turn(Op& op) {
-  std::string broken;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (op.group->next_data != op.call->seq) {
-      if (op.group->broken.empty()) return false;
-      broken = op.group->broken;
-    } else {
-      pass_turn(op);
-    }
-  }
-  op.awaiting_turn = false;
-  if (!broken.empty()) throw DistBackendError(str_cat("MPI ", op.what, ": ", broken));
-  return true;
 }
 
 bool ProgressThread::progress(Op& op) {
@@ -383,17 +380,6 @@ bool ProgressThread::progress(Op& op) {
   MPI_Status status{};
   std::exception_ptr error;
   try {
-    if (op.awaiting_turn) {
-      if (!take_turn(op)) {
-        if (!op.deadline.expired()) return false;
-        fail(op,
-             str_cat("failed: Timed out after ", core::format_timeout(op.timeout),
-                     " waiting for the group's earlier collectives to start"),
-             true);
-        return true;
-      }
-      op.start(op.requests);
-    }
     if (op.requests.empty()) {
       flag = 1;  // its data travelled in its check
     } else if (op.requests.size() == 1) {
@@ -411,21 +397,14 @@ bool ProgressThread::progress(Op& op) {
       finish_check(op);
       return progress(op);
     }
-    if (flag && !op.prior.empty()) {
-      std::vector<WorkPtr> finished;
-      drop_finished(op.prior, finished);
-      flag = op.prior.empty();
-    }
     if (!flag) {
       if (!op.deadline.expired()) return false;
       // torch's wording, which its users match: " Timed out ".
-      fail(op,
-           str_cat("failed: Timed out after ", core::format_timeout(op.timeout),
-                   !op.prior.empty() ? str_cat(" waiting for ", op.prior.size(),
-                                               " earlier collective(s) of the group")
-                   : op.collective   ? std::string(" waiting for the group's other ranks")
-                                     : std::string(" waiting for the peer")),
-           true);
+      fail(
+          op,
+          str_cat("failed: Timed out after ", core::format_timeout(op.timeout),
+                  op.collective ? " waiting for the group's other ranks" : " waiting for the peer"),
+          true);
       return true;
     }
     if (op.done) op.done(status);
@@ -456,32 +435,38 @@ void ProgressThread::fail(Op& op, const std::string& why, bool timeout) {
                        : std::make_exception_ptr(DistBackendError(message)));
 }
 
-void ProgressThread::pass_turn(Op& op) {
-  op.turn_done = true;
-  MpiBackend::Group& g = *op.group;
-  g.passed.insert(op.call->seq);
-  while (g.passed.erase(g.next_data) != 0) ++g.next_data;
-}
-
 void ProgressThread::complete(Op& op, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     --op.group->outstanding;
-    if (op.call && op.group->size > 1 && !op.turn_done) pass_turn(op);
+  }
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const core::DistError&) {
+    } catch (const core::InvalidArgument&) {
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(DistBackendError(str_cat("MPI ", op.what, ": ", e.what())));
+    } catch (...) {
+    }
+  }
+  finish(op, error);
+}
+
+void ProgressThread::finish(Op& op, std::exception_ptr error) {
+  if (!op.work) {  // a collective: ProgressThread::run waits for this
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      op.error = error;
+      op.finished = true;
+    }
+    settled_.notify_all();
+    return;
   }
   settled_.notify_all();
   try {
     if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const core::DistError&) {
-        op.work->finish_with_error(error);
-      } catch (const core::InvalidArgument&) {
-        op.work->finish_with_error(error);
-      } catch (const std::exception& e) {
-        op.work->finish_with_error(
-            std::make_exception_ptr(DistBackendError(str_cat("MPI ", op.what, ": ", e.what()))));
-      }
+      op.work->finish_with_error(error);
     } else {
       op.work->finish(std::move(op.outputs));
     }
@@ -491,19 +476,25 @@ void ProgressThread::complete(Op& op, std::exception_ptr error) {
 }
 
 OpPtr make_op(const std::shared_ptr<MpiBackend::Group>& group, OpType type, const char* name,
-              Millis timeout, std::vector<Tensor> outputs, bool collective) {
+              std::vector<Tensor> outputs) {
   auto op = std::make_shared<Op>();
-  uint64_t seq;
-  {
-    std::lock_guard<std::mutex> lock(ProgressThread::instance().mutex());
-    seq = group->next_seq++;
-  }
-  op->what = str_cat(name, " (sequence ", seq, ", rank ", group->rank, " of ", group->size, ")");
-  op->work = std::make_shared<core::Work>(type, str_cat("mpi:", name, "#", seq));
+  op->type = type;
+  op->name = name;
+  op->group = group;
+  op->outputs = std::move(outputs);
+  return op;
+}
+
+OpPtr make_message(const std::shared_ptr<MpiBackend::Group>& group, OpType type, std::string what,
+                   Millis timeout, std::vector<Tensor> outputs) {
+  auto op = std::make_shared<Op>();
+  op->type = type;
+  op->work = std::make_shared<core::Work>(type, str_cat("mpi:", what));
+  op->what = str_cat(what, " (rank ", group->rank, " of ", group->size, ")");
   op->group = group;
   op->timeout = timeout;
   op->deadline = core::Deadline(timeout);
-  op->collective = collective;
+  op->collective = false;
   op->outputs = std::move(outputs);
   return op;
 }

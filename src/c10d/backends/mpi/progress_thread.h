@@ -10,19 +10,20 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <latch>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "c10d/backends/mpi/mpi_backend.h"
 #include "c10d/core/exception.h"
+#include "c10d/pg/op_queue.h"
 #include "c10d/pg/signature.h"
 
 namespace c10d::backends::mpi {
@@ -33,28 +34,26 @@ struct MpiBackend::Group {
   int rank = 0;
   int size = 1;
   // Guarded by the progress thread's mutex.
-  uint64_t next_seq = 0;
-  std::string broken;  // why the group can no longer run operations (empty: it can)
-  bool shut_down = false;
-  // Operations submitted and not yet completed (finish_pending waits for 0).
+  std::string broken;      // why the group can no longer run operations (empty: it can)
+  bool shut_down = false;  // sends and receives are refused (collectives: the backend's queue)
+  // Operations posted and not yet completed.
   int outstanding = 0;
-  // Collectives numbered in submission order (their calls' sequence numbers), and the one
-  // whose data may be posted next: data goes to MPI in that order whatever order their
-  // checks finish in.
-  uint64_t next_call = 0;
-  uint64_t next_data = 0;
-  std::set<uint64_t> passed;  // calls after next_data that ended without posting data
-  // The Works of its collectives (and some completed ones, pruned at each submission), for
-  // barriers.
-  std::vector<std::weak_ptr<core::Work>> unfinished;
 };
 
 namespace detail {
 
 // One operation: `start` posts its non-blocking calls (their requests go into `requests`),
-// `done` runs once all completed (copies out of scratch, AVG's division, ...).
+// `done` runs once all completed (copies out of scratch, AVG's division, ...). A collective is
+// run by the backend's operation queue, one at a time per group (MpiBackend::submit), which
+// numbers it; sends and receives go to the progress thread directly.
 struct Op : std::enable_shared_from_this<Op> {
+  core::OpType type = core::OpType::kUnknown;
+  const char* name = "";  // "allreduce"
+  // A send's or receive's Work; a collective has none (its queue's Work is the user's), and
+  // ends in `finished` and `error`, guarded by the progress thread's mutex.
   std::shared_ptr<core::Work> work;
+  bool finished = false;
+  std::exception_ptr error;
   std::string what;  // "allreduce (sequence 3, rank 0 of 2)"
   std::shared_ptr<MpiBackend::Group> group;
   pg::Millis timeout{0};
@@ -72,30 +71,27 @@ struct Op : std::enable_shared_from_this<Op> {
   pg::Traffic traffic;
   std::vector<int64_t> records;  // every rank's, gathered while `checking`
   // A collective of at most kInlineBytes per rank can travel inside its check: `pack` writes
-  // this rank's bytes into its record (only while the group has nothing else in flight, so
-  // they are the data an in-order run would send), and once every rank's record agrees and
-  // carries bytes, `unpack` gets them all (rank order, `stride` bytes apart) and leaves in the
-  // outputs what the data step would have; `done` follows as after it. One MPI call instead
-  // of two: the check costs small calls nothing.
+  // this rank's bytes into its record, and once every rank's record agrees, `unpack` gets them
+  // all (rank order, `stride` bytes apart) and leaves in the outputs what the data step would
+  // have; `done` follows as after it. One MPI call instead of two: the check costs small calls
+  // nothing. (The group's collectives run one at a time, so the packed bytes are the data an
+  // in-order run would send.)
   std::function<void(std::byte* slot)> pack;
   std::function<void(const std::byte* slots, size_t stride)> unpack;
   bool checking = false;
-  bool awaiting_turn = false;  // checked; its data waits for the earlier collectives' data
-  bool turn_done = false;      // its data went to MPI, or its turn was given up
-  // A barrier completes only once the group's collectives submitted before it did, as torch's
-  // does (the progress thread runs them concurrently): filled by submit when `waits_prior`.
-  bool waits_prior = false;
-  std::vector<std::weak_ptr<core::Work>> prior;
 };
 using OpPtr = std::shared_ptr<Op>;
 
 // The most bytes per rank a collective's pack may write into its check record.
 inline constexpr size_t kInlineBytes = 128;
 
-// Builds an Op for `group` with the next sequence number.
+// A collective for `group`, numbered and timed when its turn comes (ProgressThread::run).
 OpPtr make_op(const std::shared_ptr<MpiBackend::Group>& group, core::OpType type, const char* name,
-              pg::Millis timeout, std::vector<core::Tensor> outputs, bool collective = true);
-// Has `op` check `call` (kind, dtype, count, op, root; numbered when submitted) and `traffic`
+              std::vector<core::Tensor> outputs);
+// A send or receive (`what` names it), ready to submit.
+OpPtr make_message(const std::shared_ptr<MpiBackend::Group>& group, core::OpType type,
+                   std::string what, pg::Millis timeout, std::vector<core::Tensor> outputs);
+// Has `op` check `call` (kind, dtype, count, op, root; numbered when it runs) and `traffic`
 // against every rank's before it moves data.
 void check_call(Op& op, pg::Signature call, pg::Traffic traffic = {});
 
@@ -144,13 +140,17 @@ class ProgressThread {
   // the GIL that the progress thread needs to release Python-owned buffers).
   void later(std::function<void()> fn);
 
-  // Queues `op` behind every operation submitted before it; its Work completes on the progress
-  // thread. A synchronous one (`async` false) that finds the progress thread idle runs on the
-  // calling thread instead, and is complete on return: handing it to the progress thread and
-  // back cost two thread wake-ups a call. MPI_THREAD_SERIALIZED allows that as long as the two
-  // threads never call MPI at once: while it runs (inline_) the progress thread takes no work,
-  // and it starts only while the progress thread has nothing queued or in flight (busy_).
-  pg::WorkPtr submit(OpPtr op, bool async = true);
+  // Queues a send or receive behind every operation posted before it; its Work completes on
+  // the progress thread.
+  pg::WorkPtr submit(OpPtr op);
+
+  // Runs collective `op` as operation `queued` of its group and returns when it is over
+  // (throwing its error). Called by the group's operation queue, one at a time per group. With
+  // the progress thread idle it runs on the calling thread: handing it over and back cost two
+  // thread wake-ups a call. MPI_THREAD_SERIALIZED allows that as long as the two threads never
+  // call MPI at once: while it runs (inline_) the progress thread takes no work, and it starts
+  // only while the progress thread has nothing queued or in flight (busy_).
+  void run(const OpPtr& op, const pg::QueuedOp& queued);
 
   std::mutex& mutex() { return mutex_; }
   std::condition_variable& settled() { return settled_; }
@@ -165,24 +165,24 @@ class ProgressThread {
   void initialise();
   void run();
   void set_active(size_t n);
+  // Whether `op` may be posted (else it is failed, naming why); counts it as outstanding.
+  bool admit(Op& op);
   // Posts the operation's calls (its check first, when it has one); false when it already
   // finished (or failed).
   bool post(Op& op);
   // The check's records arrived: compares them (throws on a mismatch).
   void finish_check(Op& op);
-  // Whether the operation's data may go to MPI now (the group's earlier collectives posted
-  // theirs); fails it once the group broke meanwhile.
-  bool take_turn(Op& op);
-  // The operation ends without posting data: later collectives need not wait for it. Called
-  // with mutex_ held.
-  void pass_turn(Op& op);
   // Tests the operation's requests; true when it is over (completed, failed or timed out).
   bool progress(Op& op);
   // Fails an operation that is still posted. A send or receive is cancelled; a collective
   // cannot be withdrawn, so the group is broken (its peers may be anywhere in it). The
   // operation and its buffers are kept until the process ends, in case MPI still uses them.
   void fail(Op& op, const std::string& why, bool timeout);
+  // The operation is over: counts it out and finishes it with `error` (std::exceptions other
+  // than c10d's become DistBackendError naming it).
   void complete(Op& op, std::exception_ptr error);
+  // Ends an operation: a collective's waiter wakes, a message's Work completes.
+  void finish(Op& op, std::exception_ptr error);
 
   // How long finalize() waits for MPI_Finalize.
   static constexpr pg::Millis kFinalizeWait{30000};

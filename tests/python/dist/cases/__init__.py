@@ -22,6 +22,7 @@ from .p2p import (  # noqa: F401
     p2p_torch_conformance,
     barriers_and_async,
     barrier_after_async,
+    queue_rules,
     objects,
 )
 from .groups import (  # noqa: F401

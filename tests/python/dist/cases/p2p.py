@@ -288,3 +288,43 @@ def objects(dist, backend):
             got = [None, None]
             sender = dist.recv_object_list(got, src=0)
             assert got == ["hello", 42] and sender == 0
+
+
+def queue_rules(dist, backend):
+    """The operation queue's rules, the same on every backend: a synchronous collective ends
+    after the asynchronous ones submitted before it; destroying a group finishes what was
+    submitted to it; after shutdown a call is refused through its Work, not at the call."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(world)))
+    tensors = [np.full(1000 * (i + 1), rank + i, np.float32) for i in range(8)]
+    works = [dist.all_reduce(t, group=group, async_op=True) for t in tensors]
+    last = np.full(3, rank, np.float32)
+    dist.all_reduce(last, group=group)
+    for i, (t, w) in enumerate(zip(tensors, works)):
+        assert w.is_completed(), f"async all_reduce {i} not complete after a later sync one"
+        assert (t == sum(r + i for r in range(world))).all(), (i, t[:3])
+    assert (last == sum(range(world))).all()
+
+    pending = [np.full(500, rank * 10 + i, np.float64) for i in range(6)]
+    works = [dist.all_reduce(t, group=group, async_op=True) for t in pending]
+    dist.destroy_process_group(group)
+    for i, (t, w) in enumerate(zip(pending, works)):
+        assert w.is_completed(), f"async all_reduce {i} not finished by destroy_process_group"
+        assert (t == sum(r * 10 + i for r in range(world))).all(), (i, t[:3])
+
+    group = dist.new_group(list(range(world)))
+    dist.barrier(group=group)
+    group._shutdown()
+    for async_op in (False, True):
+        opts = dist.AllreduceOptions()
+        opts.asyncOp = async_op
+        try:
+            work = group.allreduce([np.ones(4, np.float32)], opts)  # async: refused by the Work
+            assert async_op == (work is not None), work
+            if work is not None:
+                work.wait()
+        except dist.DistBackendError as e:
+            assert "shut down" in str(e), e
+        else:
+            raise AssertionError(f"an all_reduce after shutdown succeeded (async_op={async_op})")
+    dist.destroy_process_group(group)
