@@ -105,9 +105,9 @@ Engine::Engine(std::shared_ptr<Segment> segment, bool pinned)
 void Engine::begin(const char* name, OpType type, uint64_t seq, Millis timeout) {
   name_ = name;
   seq_ = seq;
-  described_ = StepDescription{};
+  described_ = pg::Signature{};
   described_.seq = seq;
-  described_.type = static_cast<uint8_t>(type);
+  described_.kind = static_cast<uint8_t>(type);
   op_ = signature(described_);
   timeout_ = timeout;
   deadline_started_ = false;  // see await_step
@@ -430,9 +430,9 @@ void Engine::await_mailbox(int r, uint32_t s) {
 void Engine::expect(size_t count, std::optional<DType> dtype, int root,
                     std::optional<ReduceOp::Kind> reduce) {
   described_.count = count;
-  described_.dtype = dtype ? static_cast<uint8_t>(*dtype) : StepDescription::kBytes;
+  described_.dtype = dtype ? static_cast<uint8_t>(*dtype) : pg::Signature::kNone;
   described_.root = root;
-  described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : StepDescription::kNoReduce;
+  described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : pg::Signature::kNone;
   op_ = signature(described_);
   copy_shared.select(dtype ? count * core::element_size(*dtype) : count, agreed_mode_);
 }
@@ -445,7 +445,7 @@ void Engine::expect_moved(size_t bytes, DType dtype, int root) {
 }
 
 // 32 bits for the step word: the OpType and a 24-bit hash of everything else.
-uint32_t Engine::signature(const StepDescription& d) {
+uint32_t Engine::signature(const pg::Signature& d) {
   uint64_t h = d.seq * 0x9e3779b97f4a7c15ULL;
   h ^= (d.count + 0x632be59bd9b4e019ULL) * 0xbf58476d1ce4e5b9ULL;
   h ^= (static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 16 |
@@ -454,23 +454,23 @@ uint32_t Engine::signature(const StepDescription& d) {
   h ^= h >> 31;
   h *= 0xd6e8feb86659fd93ULL;
   h ^= h >> 32;
-  return static_cast<uint32_t>(h << 8) | d.type;
+  return static_cast<uint32_t>(h << 8) | d.kind;
 }
 
-std::string Engine::shape_text(const StepDescription& d) {
+std::string Engine::shape_text(const pg::Signature& d) {
   std::string text =
-      d.dtype == StepDescription::kBytes
+      d.dtype == pg::Signature::kNone
           ? str_cat(d.count, " bytes")
           : str_cat(d.count, " elements of ", core::dtype_name(static_cast<DType>(d.dtype)));
   if (d.root >= 0) text += str_cat(", root ", d.root);
-  if (d.reduce != StepDescription::kNoReduce) {
+  if (d.reduce != pg::Signature::kNone) {
     text += str_cat(", ", ReduceOp(static_cast<ReduceOp::Kind>(d.reduce)).name());
   }
   return text;
 }
 
-std::string Engine::description_text(const StepDescription& d) {
-  return str_cat(core::op_type_name(static_cast<OpType>(d.type)), " (sequence ", d.seq, ") on ",
+std::string Engine::description_text(const pg::Signature& d) {
+  return str_cat(core::op_type_name(static_cast<OpType>(d.kind)), " (sequence ", d.seq, ") on ",
                  shape_text(d));
 }
 
@@ -478,7 +478,7 @@ std::string Engine::description_text(const StepDescription& d) {
 void Engine::check_same_op(int r, uint32_t s) {
   const SegmentHeader* h = seg_.header(r);
   if (h->step.op[s % kSignatureDepth].load(std::memory_order_relaxed) == op_) return;
-  const StepDescription theirs = h->described[s % kRingDepth];
+  const pg::Signature theirs = h->described[s % kRingDepth];
   if (theirs == described_) return;
   fail_mismatch(r, description_text(theirs), "runs");
 }
@@ -487,7 +487,7 @@ void Engine::check_same_op(int r, uint32_t s) {
 // its description of the step is there, else the kind (a rank that waited in next_step
 // showed the step before it described it).
 std::string Engine::peer_call(int r, uint32_t s, uint32_t sig) const {
-  const StepDescription d = seg_.header(r)->described[s % kRingDepth];
+  const pg::Signature d = seg_.header(r)->described[s % kRingDepth];
   if (signature(d) == sig) return description_text(d);
   return str_cat(core::op_type_name(static_cast<OpType>(static_cast<uint8_t>(sig))),
                  " (another collective, or one with other sizes, dtypes, roots or reductions)");

@@ -335,9 +335,9 @@ class Engine {
     if (size_ > 1) barrier();
     return true;
   }
-  static uint32_t signature(const StepDescription& d);
-  static std::string shape_text(const StepDescription& d);
-  static std::string description_text(const StepDescription& d);
+  static uint32_t signature(const pg::Signature& d);
+  static std::string shape_text(const pg::Signature& d);
+  static std::string description_text(const pg::Signature& d);
   // Peer r published step s for this operation with the same shape. Otherwise the ranks
   // issued different collectives, or in a different order, or with different sizes, dtypes,
   // roots or reductions: fail naming both sides. Valid while this rank has not published
@@ -426,8 +426,8 @@ class Engine {
   std::vector<size_t> equal_lens_;
   const char* name_ = "";
   uint64_t seq_ = 0;
-  StepDescription described_;  // the running operation (begin, expect)
-  uint32_t op_ = 0;            // signature(described_)
+  pg::Signature described_;  // the running operation (begin, expect)
+  uint32_t op_ = 0;          // signature(described_)
   core::Millis timeout_{0};
   core::Deadline deadline_{core::Millis(0)};  // set by the operation's first long wait
   bool deadline_started_ = false;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "c10d/core/deadline.h"
+#include "c10d/pg/signature.h"
 #include "c10d/store/store.h"
 
 namespace c10d::backends::shm {
@@ -62,19 +63,6 @@ struct alignas(kLine) FutexWord {
   std::atomic<uint32_t> op[kSignatureDepth];
 };
 static_assert(sizeof(FutexWord) == kLine, "a step word and its signatures share one line");
-
-// A collective as the ranks must agree on it: what runs (sequence, OpType) and its shape.
-struct StepDescription {
-  uint64_t seq = 0;
-  uint64_t count = 0;  // elements of `dtype`, or bytes when dtype is kBytes
-  int32_t root = -1;   // -1: none
-  uint8_t type = 0;    // OpType
-  uint8_t dtype = kBytes;
-  uint8_t reduce = kNoReduce;  // ReduceOp::Kind
-  static constexpr uint8_t kBytes = 0xff;
-  static constexpr uint8_t kNoReduce = 0xff;
-  bool operator==(const StepDescription&) const = default;
-};
 
 // A small step's data (all_reduce, reduce, broadcast, gather and scatter of up to kBytes)
 // together with the step number that publishes it, so a peer waiting on the mailbox finds
@@ -136,7 +124,7 @@ struct SegmentHeader {
   // only a hash of the last kSignatureDepth), read when a peer's signature differs: a peer
   // that ran more than kSignatureDepth steps ahead overwrote it. Written as the step opens
   // (Engine::show_step), before it is published.
-  alignas(kLine) StepDescription described[kRingDepth];
+  alignas(kLine) pg::Signature described[kRingDepth];
   alignas(2 * kLine) Mailbox mailbox[kRingDepth];
 };
 
