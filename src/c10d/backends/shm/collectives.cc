@@ -53,7 +53,7 @@ void Engine::monitored_barrier(bool wait_all_ranks, Millis monitored) {
     } catch (const DistTimeoutError&) {
       fail<DistTimeoutError>(pg::monitored_barrier_unreleased(rank_, timeout_));
     } catch (const DistBackendError& e) {
-      if (aborted.load()) throw;
+      if (aborted_.load()) throw;
       fail<DistBackendError>(str_cat(pg::monitored_barrier_failure_on(rank_), " (", e.what(), ")"));
     }
     step_ = s;
@@ -76,7 +76,7 @@ void Engine::monitored_barrier(bool wait_all_ranks, Millis monitored) {
     // A peer that exited is reported as not arriving; other failures (a mismatched
     // operation, a shutdown) stand as they are.
     const std::vector<int> missing = not_arrived(s);
-    if (aborted.load() || std::none_of(missing.begin(), missing.end(), [&](int r) {
+    if (aborted_.load() || std::none_of(missing.begin(), missing.end(), [&](int r) {
           return r != rank_ && !seg_.peer_gone(r).empty();
         })) {
       throw;
@@ -90,7 +90,7 @@ void Engine::monitored_barrier(bool wait_all_ranks, Millis monitored) {
       gone[r] = seg_.peer_gone(r);
       waiting = waiting || (wait_all_ranks && gone[r].empty());
     }
-    if (waiting && (deadline_.expired() || aborted.load())) break;
+    if (waiting && (deadline_.expired() || aborted_.load())) break;
     if (waiting) ::usleep(1000);
   }
   std::vector<int> missing = not_arrived(s);

@@ -111,11 +111,11 @@ void Engine::begin(const char* name, OpType type, uint64_t seq, Millis timeout) 
   op_ = signature(described_);
   timeout_ = timeout;
   deadline_started_ = false;  // see await_step
-  if (!broken.empty()) {
+  if (!broken_.empty()) {
     throw DistBackendError(
-        str_cat(describe(), ": the backend is unusable after an earlier failure: ", broken));
+        str_cat(describe(), ": the backend is unusable after an earlier failure: ", broken_));
   }
-  if (aborted.load()) throw DistBackendError(str_cat(describe(), ": the backend was shut down"));
+  if (aborted_.load()) throw DistBackendError(str_cat(describe(), ": the backend was shut down"));
   copy_shared.begin_op(type);
 }
 
@@ -533,7 +533,7 @@ void Engine::check_not_waiting_for_each_other(const std::vector<int>& missing) {
 
 // Throws (and marks the engine broken) when the wait for step s cannot succeed.
 void Engine::check_waiting(uint32_t s) {
-  if (aborted.load()) fail<DistBackendError>(str_cat(describe(), ": the backend was shut down"));
+  if (aborted_.load()) fail<DistBackendError>(str_cat(describe(), ": the backend was shut down"));
   const std::vector<int> missing = not_arrived(s);
   // First: a peer that failed on the mismatch has shut down by now.
   check_not_waiting_for_each_other(missing);

@@ -84,8 +84,10 @@ class Engine {
  public:
   Engine(std::shared_ptr<Segment> segment, bool pinned);
 
-  std::atomic<bool> aborted{false};
-  std::string broken;  // why the step flags can no longer be trusted (set while running)
+  // Shutdown: the running operation and every later one fail ("the backend was shut down").
+  // From any thread.
+  void abort() { aborted_.store(true); }
+  bool aborted() const { return aborted_.load(); }
 
   const std::shared_ptr<Segment>& segment() const { return segment_; }
   int rank() const { return rank_; }
@@ -355,7 +357,7 @@ class Engine {
   void show_step();
   template <typename Error>
   [[noreturn]] void fail(std::string message) {
-    broken = message;
+    broken_ = message;
     seg_.header(rank_)->abandoned.store(1, std::memory_order_seq_cst);
     throw Error(message);
   }
@@ -424,6 +426,8 @@ class Engine {
   std::vector<const char*> equal_send_;  // alltoall_equal's parts
   std::vector<char*> equal_recv_;
   std::vector<size_t> equal_lens_;
+  std::atomic<bool> aborted_{false};
+  std::string broken_;  // why the step flags can no longer be trusted (set while running)
   const char* name_ = "";
   uint64_t seq_ = 0;
   pg::Signature described_;  // the running operation (begin, expect)

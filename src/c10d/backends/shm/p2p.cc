@@ -73,7 +73,7 @@ void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
       last_check = now;
       std::string why;
       bool timed_out = false;
-      if (engine_->aborted.load()) {
+      if (engine_->aborted()) {
         why = "the backend was shut down";
       } else if (op->peer >= 0) {
         if (std::string gone = seg_.peer_gone(op->peer); !gone.empty()) {

@@ -80,7 +80,7 @@ void ShmBackend::shutdown() {
     if (running) segment_->header(rank())->abandoned.store(1, std::memory_order_seq_cst);
   });
   if (!stopped) return;
-  engine_->aborted.store(true);
+  engine_->abort();
   // Peers blocked on this rank fail at once instead of at their timeout.
   segment_->header(rank())->closed.store(1, std::memory_order_release);
   // A running operation notices `aborted` within a few milliseconds.
@@ -519,7 +519,7 @@ WorkPtr ShmBackend::post_p2p(OpType type, Tensor tensor, int peer, int tag) {
                               : str_cat(what, " (tag ", tag, ", rank ", rank(), " from any rank)");
   auto work = std::make_shared<detail::P2PWork>(type, str_cat("shm:", what), p2p_, op);
   op->work = work;
-  if (engine_->aborted.load()) {
+  if (engine_->aborted()) {
     work->finish_with_error(std::make_exception_ptr(
         DistBackendError(str_cat("shm ", op->description, ": the backend was shut down"))));
     return work;
