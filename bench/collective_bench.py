@@ -20,23 +20,34 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
+# all_gather and reduce_scatter are the into-tensor forms (all_gather_into_tensor,
+# reduce_scatter_tensor); the _list forms take and fill lists of arrays; all_to_all is
+# all_to_all_single; send_recv is one message round the ring (each rank sends to the next and
+# receives from the one before); barrier has no size and runs at the first one only.
 OPS = [
     "all_reduce",
     "broadcast",
     "reduce",
     "all_gather",
+    "all_gather_list",
     "reduce_scatter",
+    "reduce_scatter_list",
     "all_to_all",
     "gather",
     "scatter",
+    "send_recv",
+    "barrier",
 ]
+SIZELESS = {"barrier"}
 
 
 def busbw_factor(op: str, n: int) -> float:
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op in ("broadcast", "reduce"):
+    if op in ("broadcast", "reduce", "send_recv"):
         return 1.0
+    if op in SIZELESS:
+        return 0.0
     return (n - 1) / n
 
 
@@ -101,9 +112,15 @@ class C10dImpl:
         if name == "all_gather":
             out, inp = self.make(per * n, dtype), self.make(per, dtype)
             return lambda: d.all_gather_into_tensor(out, inp)
+        if name == "all_gather_list":
+            outs, inp = [self.make(per, dtype) for _ in range(n)], self.make(per, dtype)
+            return lambda: d.all_gather(outs, inp)
         if name == "reduce_scatter":
             out, inp = self.make(per, dtype), self.make(per * n, dtype)
             return lambda: d.reduce_scatter_tensor(out, inp)
+        if name == "reduce_scatter_list":
+            out, ins = self.make(per, dtype), [self.make(per, dtype) for _ in range(n)]
+            return lambda: d.reduce_scatter(out, ins)
         if name == "all_to_all":
             out, inp = self.make(per * n, dtype), self.make(per * n, dtype)
             return lambda: d.all_to_all_single(out, inp)
@@ -115,6 +132,20 @@ class C10dImpl:
             out = self.make(per, dtype)
             ins = [self.make(per, dtype) for _ in range(n)] if rank == 0 else None
             return lambda: d.scatter(out, ins, 0)
+        if name == "send_recv":
+            if n == 1:
+                raise KeyError("send_recv needs two ranks")
+            out, inp = self.make(count, dtype), self.make(count, dtype)
+            to, frm = (rank + 1) % n, (rank - 1) % n
+
+            def send_recv():
+                work = d.isend(inp, to)
+                d.recv(out, frm)
+                work.wait()
+
+            return send_recv
+        if name == "barrier":
+            return lambda: d.barrier()
         raise KeyError(name)
 
     def barrier(self):
@@ -184,9 +215,19 @@ class MpiImpl:
         if name == "all_gather":
             out, inp = np.ones(per * n, dtype), np.ones(per, dtype)
             return lambda: c.Allgather(inp, out)
-        if name == "reduce_scatter":
+        if name == "all_gather_list":  # MPI has no list form: the same bytes into one buffer
+            return self.op("all_gather", count, dtype)
+        if name in ("reduce_scatter", "reduce_scatter_list"):
             out, inp = np.ones(per, dtype), np.ones(per * n, dtype)
             return lambda: c.Reduce_scatter_block(inp, out, op=MPI.SUM)
+        if name == "send_recv":
+            if n == 1:
+                raise KeyError("send_recv needs two ranks")
+            out, inp = np.ones(count, dtype), np.ones(count, dtype)
+            to, frm = (self.rank + 1) % n, (self.rank - 1) % n
+            return lambda: c.Sendrecv(inp, to, recvbuf=out, source=frm)
+        if name == "barrier":
+            return lambda: c.Barrier()
         if name == "all_to_all":
             out, inp = np.ones(per * n, dtype), np.ones(per * n, dtype)
             return lambda: c.Alltoall(inp, out)
@@ -222,11 +263,12 @@ def worker(args) -> int:
         for _ in range(100):
             warm()
     for name in args.ops.split(","):
-        for size in (
+        all_sizes = (
             [parse_size(x) for x in args.sizes.split(",")]
             if args.sizes
             else sizes(args.min_bytes, args.max_bytes, args.factor)
-        ):
+        )
+        for size in all_sizes[:1] if name in SIZELESS else all_sizes:
             count = max(size // dtype.itemsize, 1)
             try:
                 fn = impl.op(name, count, dtype)
@@ -581,15 +623,21 @@ def report(all_results, args, world):
             times[impl] = us
             if us:
                 busbw = nbytes / (us * 1e-6) * busbw_factor(op, world) / 1e9
-                row += f"{us:>{w}.1f}{busbw:>8.3f}"
+                row += (
+                    f"{us:>{w}.1f}{busbw:>8.3f}" if op not in SIZELESS else f"{us:>{w}.1f}{'':>8}"
+                )
             else:
                 row += f"{'n/a':>{w}}{'':>8}"
+        behind = False
         for impl in impls[1:]:
             if times[impl] and times[impls[0]]:
-                row += f"{times[impl] / times[impls[0]]:>{w - 1}.2f}x"
+                ratio = times[impl] / times[impls[0]]
+                behind |= ratio < 1
+                row += f"{ratio:>{w - 1}.2f}x"
             else:
                 row += f"{'-':>{w}}"
-        lines.append(row)
+        # A peer faster than the first column: marked, so that nobody misses it.
+        lines.append(row + ("  <-- behind" if behind else ""))
     return "\n".join(lines)
 
 
