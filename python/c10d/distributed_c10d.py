@@ -232,7 +232,9 @@ _INLINE: Dict[str, Dict[Any, Any]] = {
         "allreduce",
         "broadcast",
         "reduce",
+        "all_gather",
         "all_gather_into_tensor",
+        "reduce_scatter",
         "reduce_scatter_tensor",
         "all_to_all_single",
         "gather",
@@ -243,7 +245,9 @@ _INLINE: Dict[str, Dict[Any, Any]] = {
 _inline_allreduce = _INLINE["allreduce"]
 _inline_broadcast = _INLINE["broadcast"]
 _inline_reduce = _INLINE["reduce"]
+_inline_all_gather = _INLINE["all_gather"]
 _inline_all_gather_into_tensor = _INLINE["all_gather_into_tensor"]
+_inline_reduce_scatter = _INLINE["reduce_scatter"]
 _inline_reduce_scatter_tensor = _INLINE["reduce_scatter_tensor"]
 _inline_all_to_all_single = _INLINE["all_to_all_single"]
 _inline_gather = _INLINE["gather"]
@@ -1663,6 +1667,10 @@ def _check_list(value, name):
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     """Gathers `tensor` from every rank into `tensor_list` (one entry per rank)."""
+    if not async_op:
+        fast = _inline_all_gather.get(group)
+        if fast is not None and fast(tensor_list, tensor):
+            return None
     tensor_list = _check_list(tensor_list, "tensor_list")
     if _rank_not_in_group(group):
         _warn_not_in_group("all_gather")
@@ -1776,6 +1784,10 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
     """Reduces input_list[i] across ranks into rank i's `output`."""
+    if not async_op:
+        fast = _inline_reduce_scatter.get(group)
+        if fast is not None and fast(output, input_list, op):
+            return None
     input_list = _check_list(input_list, "input_list")
     if _rank_not_in_group(group):
         _warn_not_in_group("reduce_scatter")

@@ -44,7 +44,8 @@ struct DenseView {
 // what they read:
 //   kAllreduce, kBroadcast, kReduce, kBarrier: `input` (in place), `root`, `reduce_op`;
 //   kAllgatherBase, kReduceScatterBase, kAlltoallBase (equal splits): `output` and `input`;
-//   kGather / kScatter: `input` / `output` and, on the root, `list` (one buffer per rank).
+//   kGather / kScatter: `input` / `output` and, on the root, `list` (one buffer per rank);
+//   kAllgather / kReduceScatter: `input` / `output` and `list` (one buffer per rank).
 // ProcessGroup hands over only well-formed calls (see ProcessGroup::run_inline).
 struct InlineOp {
   core::OpType type = core::OpType::kUnknown;

@@ -280,9 +280,11 @@ bool ProcessGroup::run_inline(const InlineOp& op) {
         trace.inputs = trace.outputs = op.input;
         break;
       case OpType::kGather:
+      case OpType::kAllgather:
         trace.inputs = op.input;
         trace.outputs = TensorRefs(op.list, op.list_size);
         break;
+      case OpType::kReduceScatter:
       case OpType::kScatter:
         trace.inputs = TensorRefs(op.list, op.list_size);
         trace.outputs = op.output;

@@ -124,12 +124,20 @@ bool aliased(const InlineOp& op) {
       return share_bytes(op.output, op.input);
     case core::OpType::kGather:
     case core::OpType::kScatter:
+    case core::OpType::kAllgather:
+    case core::OpType::kReduceScatter: {
+      const bool list_written =
+          op.type == core::OpType::kGather || op.type == core::OpType::kAllgather;
+      const DenseView& other = list_written ? op.input : op.output;
       for (size_t i = 0; i < op.list_size; ++i) {
-        if (share_bytes(op.list[i], op.type == core::OpType::kGather ? op.input : op.output)) {
-          return true;
+        if (share_bytes(op.list[i], other)) return true;
+        // Outputs that overlap each other: which write lands is the general path's to order.
+        for (size_t j = 0; list_written && j < i; ++j) {
+          if (share_bytes(op.list[i], op.list[j])) return true;
         }
       }
       return false;
+    }
     default:
       return false;  // in place, or no tensors
   }
@@ -175,6 +183,16 @@ bool inline_well_formed(const InlineOp& op, int rank, int size) {
         if (!same_dtype_and_numel(op.list[i], mine)) return false;
       }
       return true;
+    }
+    case OpType::kAllgather:
+    case OpType::kReduceScatter: {
+      const bool gather = op.type == OpType::kAllgather;
+      const DenseView& mine = gather ? op.input : op.output;
+      if (op.list_size != n) return false;
+      for (size_t i = 0; i < n; ++i) {
+        if (!same_dtype_and_numel(op.list[i], mine)) return false;
+      }
+      return gather || usable_reduce(mine.dtype, op.reduce_op);
     }
     case OpType::kBarrier:
       return true;

@@ -507,6 +507,34 @@ PyObject* scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   return rooted_list(self, args, nargs, OpType::kScatter, "scatter");
 }
 
+// all_gather(output_list, input) / reduce_scatter(output, input_list, op).
+PyObject* list_collective(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType type,
+                          const char* name) {
+  InlineState* state = state_of(self);
+  const bool gather = type == OpType::kAllgather;
+  if (state == nullptr || !check_nargs(nargs, gather ? 2 : 3, name)) return nullptr;
+  Buffer mine;
+  BufferList list;
+  InlineOp op;
+  op.type = type;
+  if ((!gather && !reduce_kind(*state, args[2], op.reduce_op)) ||
+      !dense(args[gather ? 1 : 0], !gather, mine, gather ? op.input : op.output) ||
+      !dense_list(args[gather ? 0 : 1], gather, list)) {
+    Py_RETURN_FALSE;
+  }
+  op.list = list.views;
+  op.list_size = list.size;
+  return run(*state, op);
+}
+
+PyObject* all_gather(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return list_collective(self, args, nargs, OpType::kAllgather, "all_gather");
+}
+
+PyObject* reduce_scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return list_collective(self, args, nargs, OpType::kReduceScatter, "reduce_scatter");
+}
+
 PyObject* barrier(PyObject* self, PyObject* const* /*args*/, Py_ssize_t nargs) {
   InlineState* state = state_of(self);
   if (state == nullptr || !check_nargs(nargs, 0, "barrier")) return nullptr;
@@ -530,6 +558,10 @@ PyMethodDef g_methods[] = {
      "reduce_scatter_tensor(output, input, op) -> bool"},
     {"all_to_all_single", fastcall<all_to_all_single>(), METH_FASTCALL,
      "all_to_all_single(output, input) -> bool (equal splits)"},
+    {"all_gather", fastcall<all_gather>(), METH_FASTCALL,
+     "all_gather(tensor_list, tensor) -> bool"},
+    {"reduce_scatter", fastcall<reduce_scatter>(), METH_FASTCALL,
+     "reduce_scatter(output, input_list, op) -> bool"},
     {"gather", fastcall<gather>(), METH_FASTCALL, "gather(tensor, gather_list, root) -> bool"},
     {"scatter", fastcall<scatter>(), METH_FASTCALL, "scatter(tensor, scatter_list, root) -> bool"},
     {"barrier", fastcall<barrier>(), METH_FASTCALL, "barrier() -> bool"},

@@ -230,6 +230,10 @@ const char* inline_name(OpType type) {
       return "reduce_scatter_base";
     case OpType::kAlltoallBase:
       return "alltoall_base";
+    case OpType::kAllgather:
+      return "allgather";
+    case OpType::kReduceScatter:
+      return "reduce_scatter";
     case OpType::kGather:
       return "gather";
     case OpType::kScatter:
@@ -257,8 +261,14 @@ void run_inline_op(Engine& e, const pg::InlineOp& op) {
       const size_t per = in.nbytes();
       return e.allgather(in.bytes(), per, in.dtype, [&](int r) { return out.bytes() + r * per; });
     }
+    case OpType::kAllgather:
+      return e.allgather(in.bytes(), in.nbytes(), in.dtype,
+                         [&](int r) { return op.list[r].bytes(); });
     case OpType::kReduceScatterBase:
       return e.reduce_scatter_flat(in.bytes(), out.bytes(), out.numel, out.dtype, op.reduce_op);
+    case OpType::kReduceScatter:
+      return e.reduce_scatter([&](int j) { return static_cast<const char*>(op.list[j].bytes()); },
+                              out.bytes(), out.numel, out.dtype, op.reduce_op);
     case OpType::kAlltoallBase:
       return e.alltoall_equal(in.bytes(), out.bytes(), in.nbytes() / e.size(), in.dtype);
     case OpType::kGather:
@@ -280,16 +290,18 @@ bool ShmBackend::has_inline(OpType type) const { return inline_name(type) != nul
 
 void ShmBackend::run_inline(const pg::InlineOp& op) {
   const char* name = inline_name(op.type);
+  // The kind its steps show peers, which may run the same call on the general path: that one
+  // sends a list all_gather as the allgather_base of its input (Backend::allgather_coalesced).
+  const OpType kind = op.type == OpType::kAllgather ? OpType::kAllgatherBase : op.type;
   const pg::OpQueue::RunNow now(*queue_, name);  // the engine is this thread's while it is held
   if (!now.seq()) {
     // Earlier asynchronous operations are queued (or the backend is shut down): queue this
     // one behind them and wait, which keeps the order and reports the state.
     core::before_blocking();
-    submit(op.type, name, op.timeout, false, [&op](Engine& e) { run_inline_op(e, op); }, {})
-        ->wait();
+    submit(kind, name, op.timeout, false, [&op](Engine& e) { run_inline_op(e, op); }, {})->wait();
     return;
   }
-  engine_->begin(name, op.type, *now.seq(), effective_timeout(op.timeout));
+  engine_->begin(name, kind, *now.seq(), effective_timeout(op.timeout));
   run_inline_op(*engine_, op);
   engine_->end();
 }

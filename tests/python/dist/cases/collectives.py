@@ -126,6 +126,46 @@ def inline_numpy_arrays(dist, backend):
     t = np.asfortranarray(np.full((4, 2), rank + 1, np.float32))
     dist.all_reduce(t)
     assert (t == total).all() and t.flags.f_contiguous, t
+    list_collectives(dist, rank, world)
+
+
+def list_collectives(dist, rank, world):
+    """all_gather and reduce_scatter on lists of arrays, with some ranks on the inline path
+    and others on the general one (an output list holding the input, outputs that overlap, a
+    read-only or strided entry), at sizes around the small-step limit: every rank gets
+    every rank's data, exactly."""
+    for n in (1, 7, 1000, 70000):
+        for dtype in (np.float32, np.int64):
+            for variant in ("plain", "holds_input", "overlap", "strided"):
+                general = variant != "plain" and rank == world - 1  # the others inline
+                mine = np.arange(n, dtype=dtype) + 1000 * rank
+                outs = [np.full(n, -1, dtype) for _ in range(world)]
+                if general and variant == "holds_input":
+                    outs[rank][:] = mine
+                    mine = outs[rank]
+                elif general and variant == "overlap" and world > 1:
+                    backing = np.full(n * world, -1, dtype)
+                    outs = [backing[r * n : (r + 1) * n] for r in range(world)]
+                    outs[1] = outs[0]  # two entries, one buffer: the later rank's data wins
+                elif general and variant == "strided":
+                    outs[0] = np.full(2 * n, -1, dtype)[::2]
+                dist.all_gather(outs, mine)
+                for r in range(world):
+                    want = np.arange(n, dtype=dtype) + 1000 * r
+                    if general and variant == "overlap" and world > 1 and r == 0:
+                        want = np.arange(n, dtype=dtype) + 1000  # rank 1's, written last
+                    np.testing.assert_array_equal(outs[r], want, err_msg=f"{variant} {n} {r}")
+                ins = [np.arange(n, dtype=dtype) * (j + 1) + rank for j in range(world)]
+                if general and variant == "strided":
+                    ins[0] = np.repeat(ins[0], 2)[::2]
+                out = np.full(n, -1, dtype)
+                if general and variant == "holds_input":
+                    out = ins[rank]
+                dist.reduce_scatter(out, ins)
+                want = np.arange(n, dtype=dtype) * (rank + 1) * world + sum(range(world))
+                np.testing.assert_array_equal(out, want, err_msg=f"reduce_scatter {variant} {n}")
+    # Lists the call cannot take fail as on the general path.
+    _raises(ValueError, lambda: dist.all_gather([np.zeros(3)] * (world + 1), np.zeros(3)), "long")
 
 
 def all_reduce_errors(dist, backend):
