@@ -56,6 +56,19 @@ def test_queue_rules(backend, world_size):
     harness.check_all_ok(harness.run("queue_rules", world_size, backend))
 
 
+@pytest.mark.parametrize(
+    "backend,world_size", [(b, w) for b in BACKENDS for w in [2, 3] if b != "hier" or w == 3]
+)
+def test_large_messages(backend, world_size):
+    harness.check_all_ok(harness.run("large_messages", world_size, backend))
+
+
+# shm reads a large message from the sender's buffer: a sender that gives up withdraws it.
+@pytest.mark.parametrize("env", [{}, {"C10D_SHM_CMA": "0"}], ids=["read", "channel"])
+def test_large_message_withdrawn(env):
+    harness.check_all_ok(harness.run("large_message_withdrawn", 2, "shm", env=env))
+
+
 # The Gloo backend runs all_reduce and reduce_scatter on c10d's ring unless told otherwise;
 # Gloo's own algorithms stay a supported choice.
 @pytest.mark.parametrize("world_size", [2, 3])

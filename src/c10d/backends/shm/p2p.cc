@@ -3,6 +3,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "c10d/backends/shm/engine.h"
@@ -28,7 +30,15 @@ P2PEngine::P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<Engine> e
     : segment_(std::move(segment)), seg_(*segment_), engine_(std::move(engine)), rank_(seg_.rank()),
       size_(seg_.size()), sends_(size_), incoming_(size_) {}
 
+P2PEngine::~P2PEngine() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& queue : sends_) {
+    for (auto& op : queue) withdraw(*op);
+  }
+}
+
 void P2PEngine::post(const std::shared_ptr<P2POp>& op) {
+  op->whole = op->is_send && op->bytes >= kDirectMessageBytes && seg_.cma();
   std::vector<std::shared_ptr<P2POp>> done;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -37,7 +47,7 @@ void P2PEngine::post(const std::shared_ptr<P2POp>& op) {
     } else if (!claim_unexpected(op, done)) {
       recvs_.push_back(op);
     }
-    progress(done);
+    progress(done, false);
   }
   complete(done);
 }
@@ -59,7 +69,7 @@ void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
     bool finished;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      progress(done);
+      progress(done, now_ns() >= spin_until);
       finished = op->finished;
     }
     complete(done);
@@ -154,11 +164,17 @@ void P2PEngine::deliver(P2POp& op, const Unexpected& u) {
 }
 
 // Expects mutex_ held. Moves every channel as far as it goes without waiting.
-void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done) {
+void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done, bool buffer_offers) {
   for (int d = 0; d < size_; ++d) {
     auto& queue = sends_[d];
     while (!queue.empty()) {
       P2POp& op = *queue.front();
+      if (op.whole) {
+        if (!progress_offer(d, op)) break;
+        done.push_back(queue.front());
+        queue.pop_front();
+        continue;
+      }
       ChannelCtrl* ch = seg_.channel(rank_, d);
       const uint32_t posted = ch->posted.load(std::memory_order_relaxed);
       if (ch->consumed.load(std::memory_order_acquire) != posted) break;  // slot busy
@@ -168,6 +184,7 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done) {
       ch->bytes = static_cast<uint32_t>(len);
       ch->total = op.bytes;
       ch->offset = op.done;
+      ch->address = 0;
       ch->dtype = static_cast<uint8_t>(op.dtype);
       ch->posted.store(posted + 1, std::memory_order_release);
       ring(seg_.header(d)->doorbell);
@@ -186,6 +203,10 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done) {
     for (;;) {
       const uint32_t consumed = ch->consumed.load(std::memory_order_relaxed);
       if (ch->posted.load(std::memory_order_acquire) == consumed) break;
+      if (ch->address != 0) {
+        if (!take_offer(src, ch, consumed, buffer_offers, done)) break;
+        continue;
+      }
       const int tag = ch->tag;
       const size_t len = ch->bytes;
       const size_t total = ch->total;
@@ -242,6 +263,122 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done) {
   }
 }
 
+bool P2PEngine::progress_offer(int d, P2POp& op) {
+  ChannelCtrl* ch = seg_.channel(rank_, d);
+  if (!op.started) {
+    const uint32_t posted = ch->posted.load(std::memory_order_relaxed);
+    if (ch->consumed.load(std::memory_order_acquire) != posted) return false;  // channel busy
+    ch->tag = op.tag;
+    ch->bytes = 0;
+    ch->total = op.bytes;
+    ch->offset = 0;
+    ch->address = reinterpret_cast<uint64_t>(op.data);
+    ch->dtype = static_cast<uint8_t>(op.dtype);
+    ch->offer.store(ChannelCtrl::kOffered, std::memory_order_relaxed);
+    ch->posted.store(posted + 1, std::memory_order_release);
+    ring(seg_.header(d)->doorbell);
+    op.offered = posted + 1;
+    op.started = true;
+    return false;
+  }
+  if (ch->consumed.load(std::memory_order_acquire) != op.offered) return false;
+  op.done = op.bytes;
+  op.finished = true;
+  return true;
+}
+
+bool P2PEngine::take_offer(int src, ChannelCtrl* ch, uint32_t consumed, bool buffer_offers,
+                           std::vector<std::shared_ptr<P2POp>>& done) {
+  const int tag = ch->tag;
+  if (!buffer_offers && ch->offer.load(std::memory_order_acquire) == ChannelCtrl::kOffered &&
+      std::none_of(recvs_.begin(), recvs_.end(),
+                   [&](const std::shared_ptr<P2POp>& r) { return matches(*r, src, tag); })) {
+    return false;
+  }
+  const size_t total = ch->total;
+  const auto dtype = static_cast<core::DType>(ch->dtype);
+  const uint64_t address = ch->address;
+  std::shared_ptr<P2POp> op;
+  std::shared_ptr<Unexpected> buffer;
+  uint32_t state = ChannelCtrl::kOffered;
+  // A sender that gave up withdrew it: there is nothing to read.
+  if (ch->offer.compare_exchange_strong(state, ChannelCtrl::kTaken, std::memory_order_acq_rel)) {
+    for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+      if (!matches(**it, src, tag)) continue;
+      op = *it;
+      recvs_.erase(it);
+      break;
+    }
+    char* into = nullptr;
+    if (op) {
+      op->source = src;
+      if (op->bytes != total || op->dtype != dtype) {
+        op->error = mismatch(*op, src, total, dtype);
+      } else {
+        into = op->data;
+      }
+    } else {
+      buffer = std::make_shared<Unexpected>();
+      buffer->src = src;
+      buffer->tag = tag;
+      buffer->dtype = dtype;
+      buffer->data.resize(total);
+      into = buffer->data.data();
+    }
+    std::string failed;
+    if (into != nullptr) {
+      try {
+        seg_.read_peer(src, into, address, total);
+      } catch (const DistBackendError& e) {
+        failed = e.what();
+      }
+      // The sender withdraws even an offer being read once it gave up waiting for the read
+      // (withdraw): what was read after that may be another owner's bytes.
+      if (failed.empty() && ch->offer.load(std::memory_order_acquire) != ChannelCtrl::kTaken) {
+        failed = str_cat("rank ", src, " withdrew the message while it was read");
+      }
+    }
+    if (!failed.empty()) {
+      if (op)
+        op->error = std::make_exception_ptr(
+            DistBackendError(str_cat("shm ", op->description, ": ", failed)));
+      buffer.reset();  // a receive posted later waits for a message that will not come
+    }
+  }
+  ch->consumed.store(consumed + 1, std::memory_order_release);
+  ring(seg_.header(src)->doorbell);
+  if (op) {
+    op->done = op->bytes;
+    op->finished = true;
+    done.push_back(op);
+  } else if (buffer) {
+    buffer->got = total;
+    buffer->complete = true;
+    unexpected_.push_back(buffer);
+  }
+  return true;
+}
+
+void P2PEngine::withdraw(P2POp& op) {
+  if (!op.whole || !op.started) return;
+  ChannelCtrl* ch = seg_.channel(rank_, op.peer);
+  uint32_t state = ChannelCtrl::kOffered;
+  if (ch->offer.compare_exchange_strong(state, ChannelCtrl::kWithdrawn,
+                                        std::memory_order_acq_rel)) {
+    return;  // not taken: the receiver skips it
+  }
+  // The receiver is reading the buffer: let it finish (a read takes milliseconds), or withdraw
+  // anyway after kWithdrawWait, which the receiver notices after its read.
+  const int64_t until = now_ns() + kWithdrawWait.count() * 1000000;
+  while (ch->consumed.load(std::memory_order_acquire) != op.offered &&
+         seg_.peer_gone(op.peer).empty() && now_ns() < until) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (ch->consumed.load(std::memory_order_acquire) != op.offered) {
+    ch->offer.store(ChannelCtrl::kWithdrawn, std::memory_order_release);
+  }
+}
+
 // Fails `op` (deadline, dead peer) and forgets it.
 void P2PEngine::fail(const std::shared_ptr<P2POp>& op, std::exception_ptr error) {
   {
@@ -250,6 +387,7 @@ void P2PEngine::fail(const std::shared_ptr<P2POp>& op, std::exception_ptr error)
     op->finished = true;
     op->error = error;
     if (op->is_send) {
+      withdraw(*op);
       auto& q = sends_[op->peer];
       if (auto it = std::find(q.begin(), q.end(), op); it != q.end()) q.erase(it);
     } else {

@@ -4,6 +4,7 @@
 // buffered.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <exception>
@@ -32,6 +33,8 @@ struct P2POp {
   core::DType dtype = core::DType::kUInt8;
   size_t done = 0;
   bool started = false;
+  bool whole = false;     // a send offered whole (ChannelCtrl::address), not chunked
+  uint32_t offered = 0;   // its channel's `posted` count once offered
   bool finished = false;  // guarded by the engine's mutex
   int source = -1;
   std::exception_ptr error;
@@ -45,6 +48,8 @@ struct P2POp {
 class P2PEngine {
  public:
   P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<Engine> engine);
+  // Withdraws the offers of sends never completed: their buffers go with their ops.
+  ~P2PEngine();
 
   void post(const std::shared_ptr<P2POp>& op);
 
@@ -77,9 +82,25 @@ class P2PEngine {
   bool claim_unexpected(const std::shared_ptr<P2POp>& op,
                         std::vector<std::shared_ptr<P2POp>>& done);
   void deliver(P2POp& op, const Unexpected& u);
-  void progress(std::vector<std::shared_ptr<P2POp>>& done);
+  // An offered message no receive matches yet is left offered unless `buffer_offers`: taken
+  // into a buffer it costs a second copy and fresh pages, and the receive is usually about to
+  // be posted. A thread that has waited a while buffers them, so that sends in any order
+  // still cannot deadlock.
+  void progress(std::vector<std::shared_ptr<P2POp>>& done, bool buffer_offers);
+  // Sender side of an offered message (mutex_ held): offers it, or finishes it once read.
+  // False while the channel is busy or the receiver has not read it yet.
+  bool progress_offer(int d, P2POp& op);
+  // Receiver side of an offered message from `src`: takes and reads it (mutex_ held).
+  // False (nothing done) when no receive matches and `buffer_offers` is false.
+  bool take_offer(int src, ChannelCtrl* ch, uint32_t consumed, bool buffer_offers,
+                  std::vector<std::shared_ptr<P2POp>>& done);
+  // A send that fails: withdraws its offer, or waits for the receiver reading it (mutex_ held).
+  void withdraw(P2POp& op);
   void fail(const std::shared_ptr<P2POp>& op, std::exception_ptr error);
   static void complete(const std::vector<std::shared_ptr<P2POp>>& ops);
+
+  // How long a send that fails waits for a receiver reading its buffer.
+  static constexpr std::chrono::milliseconds kWithdrawWait{100};
 
   std::shared_ptr<Segment> segment_;
   Segment& seg_;

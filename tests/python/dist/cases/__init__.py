@@ -23,6 +23,8 @@ from .p2p import (  # noqa: F401
     barriers_and_async,
     barrier_after_async,
     queue_rules,
+    large_messages,
+    large_message_withdrawn,
     objects,
 )
 from .groups import (  # noqa: F401
