@@ -151,12 +151,17 @@ run-multihost: build venv-bench
 demo: build
 	@PYTHONPATH=python $(PYTHON) examples/store_demo.py --nproc $(NPROC)
 
+# Every collective at 2 and 4 ranks against Open MPI and PyTorch's Gloo, then the store, the
+# reduction kernels and the torch plugin.
+BENCH_NPROCS ?= 2 4
 bench: build venv-bench
 	@$(BUILD)/bench/reduce_bench --benchmark_min_time=0.2
 	@PYTHONPATH=python $(PYTHON) bench/store_bench.py
-	@PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $(NPROC) \
-	  --backend $(BACKEND) --compare --time-scale 0.3 --rounds 7 --slow-rounds 3 \
-	  --plot bench/busbw.png --placement-probe $(BUILD)/bench/placement_probe
+	@for n in $(BENCH_NPROCS); do \
+	  PYTHONPATH=python $(PYTHON) bench/collective_bench.py --nproc $$n \
+	    --backend $(BACKEND) --compare --time-scale 0.3 --rounds 7 --slow-rounds 3 \
+	    --plot bench/busbw-$$n.png --placement-probe $(BUILD)/bench/placement_probe || exit 1; \
+	done
 	@PYTHONPATH=python $(PYTHON) -m c10d.run --nproc-per-node $(NPROC) \
 	  bench/torch_backend_bench.py
 

@@ -162,9 +162,13 @@ class C10dImpl:
 
 class TorchImpl(C10dImpl):
     def __init__(self, backend):
+        import warnings
+
         import torch
         import torch.distributed as dist
 
+        # torch 2.13 deprecates the into-tensor names it still runs; the warning is not data.
+        warnings.filterwarnings("ignore", category=FutureWarning)
         torch.set_num_threads(1)
         if backend != "gloo":  # one of c10d's backends inside torch ("c10d_shm")
             import c10d.torch_backend  # noqa: F401
