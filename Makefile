@@ -99,7 +99,7 @@ test-cpp:
 
 test-python:
 	@C10D_WHEELS=$(abspath $(WHEELS)) C10D_PORTABLE_WHEELS=$(abspath $(PORTABLE_WHEELS)) \
-	  C10D_ROOTFS=$(abspath $(BUILD))/rootfs C10D_REQUIRE_PEERS=1 PYTHONPATH=python $(PYTHON) -m pytest -q \
+	  C10D_ROOTFS=$(abspath $(BUILD))/rootfs C10D_REQUIRE_PEERS=1 PYTHONPATH=python $(PYTHON) -m pytest -q --durations=30 \
 	  tests/python
 
 # A standalone CMake project (examples/cpp) finds a fresh `cmake --install` of c10d and runs
