@@ -29,7 +29,9 @@ PROGRAM = textwrap.dedent("""
         dist.all_reduce(x, group=group)
         assert (x == np.arange(1000, dtype=np.float32) * 3).all(), (group, x[:4])
     dist.destroy_process_group()
-    print(f"rank {rank}: ok", dist.__file__, np.__version__)
+    # One write: with PYTHONUNBUFFERED, print's pieces go out one by one and the ranks' lines
+    # would interleave.
+    sys.stdout.write(f"rank {rank}: ok {dist.__file__} {np.__version__}\n")
 """)
 
 

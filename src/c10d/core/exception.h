@@ -75,8 +75,9 @@ namespace detail {
 template <typename T>
 void append_part(std::string& out, const T& v) {
   using D = std::decay_t<T>;
-  if constexpr (std::is_same_v<D, const char*> || std::is_same_v<D, char*>) {
-    if (v != nullptr) out.append(v);
+  if constexpr (std::is_pointer_v<T> &&
+                (std::is_same_v<D, const char*> || std::is_same_v<D, char*>)) {
+    if (v != nullptr) out.append(v);  // a literal (an array) goes below, with no test
   } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
     out.append(std::string_view(v));
   } else if constexpr (std::is_same_v<D, char>) {

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "c10d/core/deadline.h"
@@ -64,6 +65,16 @@ class OpQueue : public std::enable_shared_from_this<OpQueue> {
     // more than a small operation, and a waiter usually runs it first (shm).
     bool poll_while_async = false;
     Hooks hooks;
+
+    // The common part: names and the group's shape, nothing else set.
+    static Config of(std::string backend, std::string label, int rank, int size) {
+      Config c;
+      c.backend = std::move(backend);
+      c.label = std::move(label);
+      c.rank = rank;
+      c.size = size;
+      return c;
+    }
   };
   static constexpr std::chrono::microseconds kPoll{1000};
   static constexpr std::chrono::milliseconds kPollWindow{200};

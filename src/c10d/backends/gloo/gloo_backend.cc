@@ -162,12 +162,7 @@ GlooBackend::GlooBackend(std::shared_ptr<store::Store> store, int rank, int size
                                                   timeout, net::Ring::Label{"Gloo", ""});
     }
   }
-  pg::OpQueue::Config queue;
-  queue.backend = "gloo";
-  queue.label = "Gloo";
-  queue.rank = rank;
-  queue.size = size;
-  queue_ = std::make_shared<pg::OpQueue>(std::move(queue));
+  queue_ = std::make_shared<pg::OpQueue>(pg::OpQueue::Config::of("gloo", "Gloo", rank, size));
 }
 
 GlooBackend::~GlooBackend() {

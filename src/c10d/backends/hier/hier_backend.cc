@@ -124,11 +124,7 @@ HierBackend::HierBackend(std::shared_ptr<store::Store> store, int rank, int size
     }
   }
   world_ = std::make_shared<gloo::GlooBackend>(prefixed("hier/world/"), rank, size, go);
-  pg::OpQueue::Config queue;
-  queue.backend = "hier";
-  queue.rank = rank;
-  queue.size = size;
-  queue_ = std::make_shared<pg::OpQueue>(std::move(queue));
+  queue_ = std::make_shared<pg::OpQueue>(pg::OpQueue::Config::of("hier", "", rank, size));
 }
 
 HierBackend::~HierBackend() { shutdown(); }

@@ -83,12 +83,7 @@ std::shared_ptr<MpiBackend> MpiBackend::create(std::vector<int> ranks, Millis ti
 
 MpiBackend::MpiBackend(std::shared_ptr<Group> group, int rank, int size, Millis timeout)
     : pg::Backend(rank, size, timeout), group_(std::move(group)) {
-  pg::OpQueue::Config queue;
-  queue.backend = "mpi";
-  queue.label = "MPI";
-  queue.rank = rank;
-  queue.size = size;
-  queue_ = std::make_shared<pg::OpQueue>(std::move(queue));
+  queue_ = std::make_shared<pg::OpQueue>(pg::OpQueue::Config::of("mpi", "MPI", rank, size));
 }
 
 WorkPtr MpiBackend::submit(std::shared_ptr<detail::Op> op, Millis timeout, bool async) {

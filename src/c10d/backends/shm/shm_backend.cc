@@ -46,10 +46,7 @@ ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, 
   engine_ = std::make_shared<Engine>(segment_, cpu >= 0);
   engine_->calibrate(rendezvous_timeout);  // before any operation can be submitted
   p2p_ = std::make_shared<P2PEngine>(segment_, engine_);
-  pg::OpQueue::Config queue;
-  queue.backend = "shm";
-  queue.rank = rank;
-  queue.size = size;
+  auto queue = pg::OpQueue::Config::of("shm", "", rank, size);
   // Waking the worker for every asynchronous operation costs more than the operation (see
   // docs/design/shm.md#operation-queue): it polls while they are in use.
   queue.poll_while_async = true;

@@ -28,8 +28,10 @@ def recv_timeout(dist, backend):
                 continue
             raise AssertionError("recv without a sender returned")
         print("RECV_TIMEOUT_OK", *messages)
+        dist.distributed_c10d._get_default_store().set("recv_timeout_done", "1")
         return
-    time.sleep(10)
+    # Rank 0 stays (never sending) until rank 1 is done, not a fixed time.
+    dist.distributed_c10d._get_default_store().wait(["recv_timeout_done"], timedelta(seconds=60))
 
 
 def default_timeout_change(dist, backend):
@@ -40,8 +42,9 @@ def default_timeout_change(dist, backend):
 
     from c10d import distributed_c10d as c
 
-    if dist.get_rank() == 1:
-        time.sleep(12)
+    store = c._get_default_store()
+    if dist.get_rank() == 1:  # stays out of the all_reduce until rank 0 is done with it
+        store.wait(["default_timeout_done"], timedelta(seconds=60))
         return
     c._set_pg_timeout(timedelta(seconds=2))
     backend_object = c._get_default_group()._get_backend("cpu")
@@ -53,6 +56,7 @@ def default_timeout_change(dist, backend):
         elapsed = time.monotonic() - start
         assert elapsed < 8, (elapsed, e)
         print(f"DEFAULT_TIMEOUT_OK {elapsed:.1f}s: {e}")
+        store.set("default_timeout_done", "1")
         return
     raise AssertionError("all_reduce without rank 1 returned")
 
