@@ -31,7 +31,7 @@ PROGRAM = textwrap.dedent("""
     dist.destroy_process_group()
     # One write: with PYTHONUNBUFFERED, print's pieces go out one by one and the ranks' lines
     # would interleave.
-    sys.stdout.write(f"rank {rank}: ok {dist.__file__} {np.__version__}\n")
+    sys.stdout.write(f"rank {rank}: ok {dist.__file__} {np.__version__}\\n")
 """)
 
 
