@@ -236,7 +236,6 @@ void OpQueue::worker_loop(std::shared_ptr<OpQueue> self) {
       std::lock_guard<std::mutex> lock(q.mutex_);
       q.worker_running_.reset();
     }
-    q.left_.notify_all();  // a joiner waits for the body, not for the task's destruction
     q.finished_one();
   }
 }
@@ -287,24 +286,24 @@ bool OpQueue::stop(const std::function<void(bool running)>& mark) {
 void OpQueue::join(Millis grace) {
   std::thread worker;
   std::shared_ptr<core::Work> abandoned;
+  bool let_go = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     worker = std::move(worker_);
     if (!worker.joinable()) return;
-    // Once stopped, the worker starts no body; what it still does (destroying its last task,
-    // whose arrays may need a GIL this caller holds, and leaving) touches only what it owns.
-    auto done = [&] {
-      return worker_left_ || !worker_running_;
-    };
-    if (worker.get_id() != std::this_thread::get_id()) {
-      if (grace == core::kNoTimeout) {
-        left_.wait(lock, done);
-      } else if (!left_.wait_for(lock, grace, done)) {
-        abandoned = worker_running_;
-      }
+    if (worker.get_id() != std::this_thread::get_id() && grace != core::kNoTimeout &&
+        !left_.wait_for(lock, grace, [&] { return worker_left_; })) {
+      abandoned = worker_running_;
+      // Still there after the grace, running an operation or destroying its last task (whose
+      // arrays may need the GIL this caller holds): either way it is let go, not waited for.
+      let_go = true;
     }
   }
-  worker.detach();
+  if (worker.get_id() == std::this_thread::get_id() || let_go) {
+    worker.detach();
+  } else {
+    worker.join();
+  }
   if (!abandoned) return;
   try {
     abandoned->finish_with_error(std::make_exception_ptr(DistBackendError(

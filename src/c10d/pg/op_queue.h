@@ -124,13 +124,12 @@ class OpQueue : public std::enable_shared_from_this<OpQueue> {
   // operation is running, runs while none can start or finish (it must not block): a backend
   // marks a running operation as cut short there. False when already stopped.
   bool stop(const std::function<void(bool running)>& mark = {});
-  // After stop(): waits until the worker thread runs no operation (a running one must end by
-  // itself, which the backend arranges after stop()) and lets the thread go; it only destroys
-  // its last task (whose arrays may need the GIL a caller here holds) and leaves. With a `grace`
-  // (not kNoTimeout), a worker still running an operation after it is let go, and that
-  // operation fails ("shut down while it ran"): a backend whose operation may wait on a peer
-  // past shutdown (Gloo) must not make its caller wait for it, and the worker touches only
-  // what its body owns.
+  // Waits until the worker thread has left (a running operation must end by itself, which the
+  // backend arranges after stop()); from the worker itself it only lets it go. With a `grace`
+  // (not kNoTimeout), a worker still there after it is let go, and an operation it still
+  // runs fails ("shut down while it ran"): a backend whose operation may wait on a peer past
+  // shutdown (Gloo, MPI) must not make its caller wait for it, and a worker destroying its
+  // last task may need the GIL its caller holds; the worker touches only what it owns.
   void join(Millis grace = core::kNoTimeout);
 
  private:
