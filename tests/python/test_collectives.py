@@ -56,6 +56,11 @@ def test_queue_rules(backend, world_size):
     harness.check_all_ok(harness.run("queue_rules", world_size, backend))
 
 
+# Gloo's send ends before the receiver has the bytes; shm and MPI sends of this size wait for it.
+def test_destroy_after_send():
+    harness.check_all_ok(harness.run("destroy_after_send", 2, "gloo"))
+
+
 @pytest.mark.parametrize(
     "backend,world_size", [(b, w) for b in BACKENDS for w in [2, 3] if b != "hier" or w == 3]
 )

@@ -298,17 +298,24 @@ void GlooBackend::finish_pending(Millis timeout) { queue_->finish_pending(timeou
 
 void GlooBackend::shutdown() {
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mutex_);
-  if (!queue_->stop()) return;
+  bool running = false;
+  if (!queue_->stop([&running](bool busy) { running = busy; })) return;
   if (shared_->ring) shared_->ring->abort();
-  // Closing the connections makes peers see us leave, and running operations that touch the
-  // network fail. An operation merely waiting on a peer is not woken by Gloo, though, so a
-  // worker still busy after a short grace period is left to finish (at its timeout) on its
-  // own: it holds only the shared state and its operation, never the backend.
-  const auto wakers = LoopWaker::for_devices(devices_);
-  for (auto& context : shared_->contexts) {
-    try {
-      context->closeConnections();
-    } catch (...) {
+  // With nothing running, the connections close when the contexts go, softly: Gloo's
+  // closeConnections() resets them (SO_LINGER 0), which drops what our kernel has not yet
+  // delivered of a finished send, and a slower peer still reading it would wait for bytes
+  // that never come. An operation still running after finish_pending is cut off instead:
+  // closing the connections makes its network calls fail and the peers see us leave. One
+  // merely waiting on a peer is not woken by Gloo, though, so a worker still busy after a
+  // short grace period is left to finish (at its timeout) on its own: it holds only the
+  // shared state and its operation, never the backend.
+  if (running) {
+    const auto wakers = LoopWaker::for_devices(devices_);
+    for (auto& context : shared_->contexts) {
+      try {
+        context->closeConnections();
+      } catch (...) {
+      }
     }
   }
   queue_->join(std::chrono::milliseconds(100));

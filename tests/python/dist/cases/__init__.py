@@ -23,6 +23,7 @@ from .p2p import (  # noqa: F401
     barriers_and_async,
     barrier_after_async,
     queue_rules,
+    destroy_after_send,
     large_messages,
     large_message_withdrawn,
     objects,

@@ -2,7 +2,9 @@
 collectives."""
 
 import copyreg
+import os
 import pickle
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -328,6 +330,42 @@ def queue_rules(dist, backend):
         else:
             raise AssertionError(f"an all_reduce after shutdown succeeded (async_op={async_op})")
     dist.destroy_process_group(group)
+
+
+def destroy_after_send(dist, backend):
+    """A sender that destroys its group as soon as its send has ended (Gloo's send ends once
+    the kernel holds the bytes) must leave the connection to deliver them: the receiver,
+    stopped meanwhile, still gets every byte. A reset on close dropped them."""
+    rank = dist.get_rank()
+    store = dist.distributed_c10d._get_default_store()
+    group = dist.new_group([0, 1])
+    data = np.arange(32 << 10, dtype=np.int32) * 3 + 1
+    if rank == 1:
+        got = np.zeros_like(data)
+        work = dist.irecv(got, 0, group=group)  # announces the receive to the sender
+        store.set("destroy_after_send/pid", str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)  # rank 0 continues us after its destroy
+        work.wait(timedelta(seconds=20))
+        assert (got == data).all(), f"{(got != data).sum()} of {got.size} elements lost"
+        dist.destroy_process_group(group)
+    elif rank == 0:
+        pid = int(store.get("destroy_after_send/pid"))
+        try:
+            _wait_until_stopped(pid)
+            dist.send(data, 1, group=group)
+            dist.destroy_process_group(group)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _wait_until_stopped(pid, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop within {seconds} s")
 
 
 def large_messages(dist, backend):
