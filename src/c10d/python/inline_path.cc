@@ -480,18 +480,26 @@ PyObject* all_to_all_single(PyObject* self, PyObject* const* args, Py_ssize_t na
   return output_input(self, args, nargs, OpType::kAlltoallBase, "all_to_all_single", false);
 }
 
-// gather(tensor, gather_list or None, root) / scatter(tensor, scatter_list or None, root).
-PyObject* rooted_list(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType type,
-                      const char* name) {
+// The collectives with a list of per-rank tensors: gather(tensor, gather_list or None, root),
+// scatter(tensor, scatter_list or None, root), all_gather(output_list, input) and
+// reduce_scatter(output, input_list, op). The gathering ones' list holds their outputs.
+PyObject* list_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType type,
+                  const char* name) {
   InlineState* state = state_of(self);
-  if (state == nullptr || !check_nargs(nargs, 3, name)) return nullptr;
-  const bool gather = type == OpType::kGather;
+  const bool gathers = type == OpType::kGather || type == OpType::kAllgather;
+  const bool rooted = type == OpType::kGather || type == OpType::kScatter;
+  const int list_at = type == OpType::kAllgather ? 0 : 1;
+  if (state == nullptr || !check_nargs(nargs, type == OpType::kAllgather ? 2 : 3, name)) {
+    return nullptr;
+  }
   Buffer mine;
   BufferList list;
   InlineOp op;
   op.type = type;
-  if (!int_arg(args[2], op.root) || !dense(args[0], !gather, mine, gather ? op.input : op.output) ||
-      !dense_list(args[1], gather, list)) {
+  if ((rooted && !int_arg(args[2], op.root)) ||
+      (type == OpType::kReduceScatter && !reduce_kind(*state, args[2], op.reduce_op)) ||
+      !dense(args[1 - list_at], !gathers, mine, gathers ? op.input : op.output) ||
+      !dense_list(args[list_at], gathers, list)) {
     Py_RETURN_FALSE;
   }
   op.list = list.views;
@@ -500,39 +508,19 @@ PyObject* rooted_list(PyObject* self, PyObject* const* args, Py_ssize_t nargs, O
 }
 
 PyObject* gather(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return rooted_list(self, args, nargs, OpType::kGather, "gather");
+  return list_op(self, args, nargs, OpType::kGather, "gather");
 }
 
 PyObject* scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return rooted_list(self, args, nargs, OpType::kScatter, "scatter");
-}
-
-// all_gather(output_list, input) / reduce_scatter(output, input_list, op).
-PyObject* list_collective(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType type,
-                          const char* name) {
-  InlineState* state = state_of(self);
-  const bool gather = type == OpType::kAllgather;
-  if (state == nullptr || !check_nargs(nargs, gather ? 2 : 3, name)) return nullptr;
-  Buffer mine;
-  BufferList list;
-  InlineOp op;
-  op.type = type;
-  if ((!gather && !reduce_kind(*state, args[2], op.reduce_op)) ||
-      !dense(args[gather ? 1 : 0], !gather, mine, gather ? op.input : op.output) ||
-      !dense_list(args[gather ? 0 : 1], gather, list)) {
-    Py_RETURN_FALSE;
-  }
-  op.list = list.views;
-  op.list_size = list.size;
-  return run(*state, op);
+  return list_op(self, args, nargs, OpType::kScatter, "scatter");
 }
 
 PyObject* all_gather(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return list_collective(self, args, nargs, OpType::kAllgather, "all_gather");
+  return list_op(self, args, nargs, OpType::kAllgather, "all_gather");
 }
 
 PyObject* reduce_scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return list_collective(self, args, nargs, OpType::kReduceScatter, "reduce_scatter");
+  return list_op(self, args, nargs, OpType::kReduceScatter, "reduce_scatter");
 }
 
 PyObject* barrier(PyObject* self, PyObject* const* /*args*/, Py_ssize_t nargs) {
