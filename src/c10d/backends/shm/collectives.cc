@@ -1,6 +1,6 @@
-// Engine: the collective algorithms over the step protocol (see engine.h; the template ones
-// are in collectives_inl.h, the direct paths in direct.cc).
-#include "c10d/backends/shm/engine.h"
+// The collective algorithms over the step protocol (see collectives.h; the template ones are
+// in collectives_inl.h).
+#include "c10d/backends/shm/collectives.h"
 
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 #include "c10d/core/reduce.h"
 #include "c10d/pg/backend.h"
 
-namespace c10d::backends::shm {
+namespace c10d::backends::shm::algo {
 
 using core::DistBackendError;
 using core::DistTimeoutError;
@@ -32,6 +32,7 @@ using detail::kOneShotBytes;
 using detail::kPathProbeBytes;
 using detail::kPipelineChunk;
 using detail::kPublishBlock;
+using detail::kZeroCopyPiece;
 using detail::piece_of;
 using pg::Millis;
 
@@ -44,62 +45,66 @@ constexpr uint64_t kMonitoredFirstMissing = 2;
 
 }  // namespace
 
-void Engine::monitored_barrier(bool wait_all_ranks, Millis monitored) {
-  const uint32_t s = next_step();
-  if (rank_ != 0) {
-    publish(s);
+void monitored_barrier(StepChannel& ch, bool wait_all_ranks, Millis monitored) {
+  const int rank = ch.rank();
+  const int size = ch.size();
+  Segment& seg = ch.seg();
+  const uint32_t s = ch.next_step();
+  if (rank != 0) {
+    ch.publish(s);
     try {
-      wait_peer(0, s);
+      ch.wait_peer(0, s);
     } catch (const DistTimeoutError&) {
-      fail<DistTimeoutError>(pg::monitored_barrier_unreleased(rank_, timeout_));
+      ch.fail<DistTimeoutError>(pg::monitored_barrier_unreleased(rank, ch.timeout()));
     } catch (const DistBackendError& e) {
-      if (aborted_.load()) throw;
-      fail<DistBackendError>(str_cat(pg::monitored_barrier_failure_on(rank_), " (", e.what(), ")"));
+      if (ch.aborted()) throw;
+      ch.fail<DistBackendError>(
+          str_cat(pg::monitored_barrier_failure_on(rank), " (", e.what(), ")"));
     }
-    step_ = s;
-    const uint64_t verdict = rank0_word(s);
+    ch.complete(s, false);
+    const uint64_t verdict = ch.rank0_word(s);
     if (verdict == kMonitoredPassed) return;
-    fail<DistBackendError>(
-        str_cat(pg::monitored_barrier_failure_on(rank_), " (rank 0: ",
+    ch.fail<DistBackendError>(
+        str_cat(pg::monitored_barrier_failure_on(rank), " (rank 0: ",
                 pg::monitored_barrier_missing({static_cast<int>(verdict - kMonitoredFirstMissing)},
                                               monitored),
                 ")"));
   }
   try {
-    for (int r = 1; r < size_; ++r) wait_peer(r, s);
-    rank0_word(s) = kMonitoredPassed;
-    finish_step(s, false);
-    all_reached_ = s;
+    for (int r = 1; r < size; ++r) ch.wait_peer(r, s);
+    ch.rank0_word(s) = kMonitoredPassed;
+    ch.finish_step(s, false);
+    ch.complete(s, true);
     return;
   } catch (const DistTimeoutError&) {
   } catch (const DistBackendError&) {
     // A peer that exited is reported as not arriving; other failures (a mismatched
     // operation, a shutdown) stand as they are.
-    const std::vector<int> missing = not_arrived(s);
-    if (aborted_.load() || std::none_of(missing.begin(), missing.end(), [&](int r) {
-          return r != rank_ && !seg_.peer_gone(r).empty();
+    const std::vector<int> missing = ch.not_arrived(s);
+    if (ch.aborted() || std::none_of(missing.begin(), missing.end(), [&](int r) {
+          return r != rank && !seg.peer_gone(r).empty();
         })) {
       throw;
     }
   }
-  std::vector<std::string> gone(size_);
+  std::vector<std::string> gone(size);
   for (bool waiting = true; waiting;) {
     waiting = false;
-    for (int r : not_arrived(s)) {
-      if (r == rank_ || !gone[r].empty()) continue;
-      gone[r] = seg_.peer_gone(r);
+    for (int r : ch.not_arrived(s)) {
+      if (r == rank || !gone[r].empty()) continue;
+      gone[r] = seg.peer_gone(r);
       waiting = waiting || (wait_all_ranks && gone[r].empty());
     }
-    if (waiting && (deadline_.expired() || aborted_.load())) break;
+    if (waiting && (ch.deadline_expired() || ch.aborted())) break;
     if (waiting) ::usleep(1000);
   }
-  std::vector<int> missing = not_arrived(s);
-  std::erase(missing, rank_);
+  std::vector<int> missing = ch.not_arrived(s);
+  std::erase(missing, rank);
   // The verdict for the ranks that arrived, and for those that still will (the last ones
   // may have come in just after the deadline).
-  rank0_word(s) = missing.empty() ? kMonitoredPassed
-                                  : kMonitoredFirstMissing + static_cast<uint64_t>(missing[0]);
-  finish_step(s, false);
+  ch.rank0_word(s) = missing.empty() ? kMonitoredPassed
+                                     : kMonitoredFirstMissing + static_cast<uint64_t>(missing[0]);
+  ch.finish_step(s, false);
   if (missing.empty()) return;
   if (!wait_all_ranks && missing.size() > 1) missing.resize(1);
   std::string why;
@@ -107,73 +112,80 @@ void Engine::monitored_barrier(bool wait_all_ranks, Millis monitored) {
     if (!gone[r].empty()) why += str_cat(why.empty() ? " (" : "; ", "rank ", r, " ", gone[r]);
   }
   if (!why.empty()) why += ")";
-  const std::string message = pg::monitored_barrier_missing(missing, timeout_) + why;
-  if (why.empty()) fail<DistTimeoutError>(message);
-  fail<DistBackendError>(message);
+  const std::string message = pg::monitored_barrier_missing(missing, ch.timeout()) + why;
+  if (why.empty()) ch.fail<DistTimeoutError>(message);
+  ch.fail<DistBackendError>(message);
 }
 
-void Engine::broadcast(char* data, size_t bytes, DType dtype, int root) {
-  expect_moved(bytes, dtype, root);
-  if (nothing_to_move(bytes) || size_ == 1) return;
+void broadcast(StepChannel& ch, char* data, size_t bytes, DType dtype, int root) {
+  const int rank = ch.rank();
+  const int size = ch.size();
+  detail::SharedWriter& copy_shared = ch.writer();
+  ch.expect_moved(bytes, dtype, root);
+  if (ch.nothing_to_move(bytes) || size == 1) return;
   if (bytes > kOneShotBytes) {
     // A root tensor in the shared heap is read in place by every other rank; a large one
     // elsewhere is read through the kernel.
-    const std::vector<Where>& where = locate(data, bytes);
-    if (where[root].mapped != nullptr || direct_fanout(bytes) ||
-        direct_mid(bytes, kBroadcastMidEndBytes)) {
-      if (rank_ != root) fetch(where[root], root, data, bytes);
-      sync_after_reads();  // the root's tensor must not change while peers read it
+    const std::vector<StepChannel::Where>& where = ch.locate(data, bytes);
+    if (where[root].mapped != nullptr || ch.direct_fanout(bytes) ||
+        ch.direct_mid(bytes, kBroadcastMidEndBytes)) {
+      if (rank != root) ch.fetch(where[root], root, data, bytes);
+      ch.sync_after_reads();  // the root's tensor must not change while peers read it
       return;
     }
   }
   // One-sided but for the last step: the root publishes a chunk and moves on while the
   // others read the one before; the others wait only for the root.
-  const bool small = fits_ring(bytes);
-  const bool boxed = fits_mailbox(bytes);
+  const bool small = ch.fits_ring(bytes);
+  const bool boxed = ch.fits_mailbox(bytes);
   for (size_t off = 0; off < bytes; off += kPipelineChunk) {
     const size_t len = std::min(kPipelineChunk, bytes - off);
-    const uint32_t s = next_step(small, true);
-    if (rank_ == root) {
-      copy_shared(step_data(rank_, s, small, boxed), data + off, len);
-      if (boxed) seal_mailbox(s, len);
+    const uint32_t s = ch.next_step(small, true);
+    if (rank == root) {
+      copy_shared(ch.step_data(rank, s, small, boxed), data + off, len);
+      if (boxed) ch.seal_mailbox(s, len);
     } else {
-      wait_step_data(root, s, boxed);
-      copy(data + off, step_data(root, s, small, boxed), len);
+      ch.wait_step_data(root, s, boxed);
+      copy(data + off, ch.step_data(root, s, small, boxed), len);
     }
-    finish_step(s, off + len == bytes);
+    ch.finish_step(s, off + len == bytes);
   }
 }
 
-void Engine::allreduce(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
-                       int root, bool premul_done) {
-  expect(count, dtype, root, op.kind);
+void allreduce(StepChannel& ch, const char* in, char* out, size_t count, DType dtype,
+               const ReduceOp& op, int root, bool premul_done) {
+  const int rank = ch.rank();
+  const int size = ch.size();
+  Segment& seg = ch.seg();
+  ch.expect(count, dtype, root, op.kind);
   const bool everyone = root < 0;
-  if (nothing_to_move(count)) return;
+  if (ch.nothing_to_move(count)) return;
   const size_t es = core::element_size(dtype);
   const size_t bytes = count * es;
   const bool premul = !premul_done && op.kind == ReduceOp::PREMUL_SUM;
-  if (size_ == 1) {
+  if (size == 1) {
     if (out == nullptr) return;
     copy(out, in, bytes);
     if (premul) core::apply_premul(out, count, dtype, op);
-    core::apply_postdiv(out, count, dtype, op, size_);
+    core::apply_postdiv(out, count, dtype, op, size);
     return;
   }
-  if (bytes <= kOneShotBytes) return one_shot(in, out, count, dtype, op, premul);
+  if (bytes <= kOneShotBytes) return one_shot(ch, in, out, count, dtype, op, premul);
   if (everyone && in == out) {
     // Owner computes on the tensors themselves when every rank's lies in its shared heap,
     // or mostly does (aliases), unless rank 0 timed the slots faster at this size; and, for
     // large tensors, through the kernel.
-    ModeProbe* probe = rank_ == 0 && bytes < kPathProbeBytes ? &path_probe(bytes) : nullptr;
+    ModeProbe* probe = rank == 0 && bytes < kPathProbeBytes ? &ch.path_probe(bytes) : nullptr;
     const int64_t start = probe != nullptr && probe->wants_time() ? now_ns() : 0;
-    const std::vector<Where>& where = locate(out, bytes, probe != nullptr ? probe->mode() : 0);
-    const bool in_place = all_mapped(where) || (seg_.cma() && mostly_mapped(where, bytes));
+    const std::vector<StepChannel::Where>& where =
+        ch.locate(out, bytes, probe != nullptr ? probe->mode() : 0);
+    const bool in_place = ch.all_mapped(where) || (seg.cma() && ch.mostly_mapped(where, bytes));
     if (in_place) {
-      const int path = located_path_;
-      if (path == kPathSlots) {
-        pipelined(in, out, count, dtype, op, premul);
+      const int path = ch.located_path();
+      if (path == StepChannel::kPathSlots) {
+        pipelined(ch, in, out, count, dtype, op, premul);
       } else {
-        owner_computes(where, out, count, dtype, op, premul);
+        owner_computes(ch, where, out, count, dtype, op, premul);
       }
       if (probe == nullptr) return;
       if (start == 0) return probe->skip();
@@ -181,125 +193,145 @@ void Engine::allreduce(const char* in, char* out, size_t count, DType dtype, con
       if (probe->record(static_cast<double>(now - start) / static_cast<double>(bytes), now, bytes,
                         path, now - start) &&
           core::log_enabled(core::LogLevel::kDebug)) {
-        core::log(core::LogLevel::kDebug,
-                  str_cat("shm path probe: allreduce of ", bytes, " bytes keeps ",
-                          probe->mode() == kPathSlots ? "the slots" : "owner computes"));
+        core::log(
+            core::LogLevel::kDebug,
+            str_cat("shm path probe: allreduce of ", bytes, " bytes keeps ",
+                    probe->mode() == StepChannel::kPathSlots ? "the slots" : "owner computes"));
       }
       return;
     }
-    if (seg_.cma() && bytes >= direct_allreduce_bytes()) {
-      return owner_computes(where, out, count, dtype, op, premul);
+    if (seg.cma() && bytes >= ch.direct_allreduce_bytes()) {
+      return owner_computes(ch, where, out, count, dtype, op, premul);
     }
   }
-  pipelined(in, out, count, dtype, op, premul);
+  pipelined(ch, in, out, count, dtype, op, premul);
 }
 
-void Engine::reduce_scatter_flat(const char* in, char* out, size_t count, DType dtype,
-                                 const ReduceOp& op) {
+void reduce_scatter_flat(StepChannel& ch, const char* in, char* out, size_t count, DType dtype,
+                         const ReduceOp& op) {
   const size_t block = count * core::element_size(dtype);
-  reduce_scatter([&](int j) { return in + j * block; }, out, count, dtype, op);
+  reduce_scatter(
+      ch, [&](int j) { return in + j * block; }, out, count, dtype, op);
 }
 
-void Engine::alltoall_equal(const char* in, char* out, size_t bytes, DType dtype) {
-  equal_send_.resize(size_);
-  equal_recv_.resize(size_);
-  equal_lens_.assign(size_, bytes);
-  for (int j = 0; j < size_; ++j) {
-    equal_send_[j] = in + j * bytes;
-    equal_recv_[j] = out + j * bytes;
+void alltoall_equal(StepChannel& ch, const char* in, char* out, size_t bytes, DType dtype) {
+  const int size = ch.size();
+  ch.scratch().equal_send.resize(size);
+  ch.scratch().equal_recv.resize(size);
+  ch.scratch().equal_lens.assign(size, bytes);
+  for (int j = 0; j < size; ++j) {
+    ch.scratch().equal_send[j] = in + j * bytes;
+    ch.scratch().equal_recv[j] = out + j * bytes;
   }
-  alltoall(equal_send_, equal_lens_, equal_recv_, equal_lens_, dtype);
+  alltoall(ch, ch.scratch().equal_send, ch.scratch().equal_lens, ch.scratch().equal_recv,
+           ch.scratch().equal_lens, dtype);
 }
 
-void Engine::alltoall(const std::vector<const char*>& send, const std::vector<size_t>& send_len,
-                      const std::vector<char*>& recv, const std::vector<size_t>& recv_len,
-                      DType dtype) {
+void alltoall(StepChannel& ch, const std::vector<const char*>& send,
+              const std::vector<size_t>& send_len, const std::vector<char*>& recv,
+              const std::vector<size_t>& recv_len, DType dtype) {
+  const int rank = ch.rank();
+  const int size = ch.size();
+  Segment& seg = ch.seg();
+  detail::SharedWriter& copy_shared = ch.writer();
   // Sizes differ by rank (the size table below checks them); the dtype must not.
-  expect(0, dtype);
+  ch.expect(0, dtype);
   // Step 1: everyone learns every send size (and so the number of rounds).
   // With the sizes go the send addresses, for the direct path, and small parts themselves:
   // a rank whose parts all fit `small` writes them too, and when every rank did (each sees
   // all sizes) this step is the whole exchange.
-  copy_shared.select(std::accumulate(send_len.begin(), send_len.end(), size_t{0}), agreed_mode_);
-  const bool addresses = seg_.cma() && 2 * size_ <= kMaxRanks;
-  const size_t quota = kSlotBytes / size_ / kLine * kLine;
+  copy_shared.select(std::accumulate(send_len.begin(), send_len.end(), size_t{0}),
+                     ch.agreed_mode());
+  const bool addresses = seg.cma() && 2 * size <= kMaxRanks;
+  const size_t quota = kSlotBytes / size / kLine * kLine;
   const size_t small = std::min(quota, kOneShotBytes);
-  uint32_t s = next_step();
-  auto* table = reinterpret_cast<uint64_t*>(seg_.meta(rank_, s));
-  for (int j = 0; j < size_; ++j) table[j] = send_len[j];
+  uint32_t s = ch.next_step();
+  auto* table = reinterpret_cast<uint64_t*>(seg.meta(rank, s));
+  for (int j = 0; j < size; ++j) table[j] = send_len[j];
   if (addresses) {
-    for (int j = 0; j < size_; ++j) table[size_ + j] = reinterpret_cast<uint64_t>(send[j]);
+    for (int j = 0; j < size; ++j) table[size + j] = reinterpret_cast<uint64_t>(send[j]);
   }
   if (*std::max_element(send_len.begin(), send_len.end()) <= small) {
-    for (int j = 0; j < size_; ++j) {
-      if (j != rank_) copy_shared(seg_.in(rank_, s) + j * quota, send[j], send_len[j]);
+    for (int j = 0; j < size; ++j) {
+      if (j != rank) copy_shared(seg.in(rank, s) + j * quota, send[j], send_len[j]);
     }
   }
-  sync(s);
-  std::vector<size_t>& incoming = incoming_;
-  incoming.resize(size_);
+  ch.sync(s);
+  std::vector<size_t>& incoming = ch.scratch().incoming;
+  incoming.resize(size);
   size_t longest = 0;
-  for (int i = 0; i < size_; ++i) {
-    const auto* t = reinterpret_cast<const uint64_t*>(seg_.meta(i, s));
-    for (int j = 0; j < size_; ++j) longest = std::max<size_t>(longest, t[j]);
-    incoming[i] = t[rank_];
+  for (int i = 0; i < size; ++i) {
+    const auto* t = reinterpret_cast<const uint64_t*>(seg.meta(i, s));
+    for (int j = 0; j < size; ++j) longest = std::max<size_t>(longest, t[j]);
+    incoming[i] = t[rank];
   }
   std::string mismatch;
-  for (int j = 0; j < size_; ++j) {
+  for (int j = 0; j < size; ++j) {
     if (incoming[j] != recv_len[j] && mismatch.empty()) {
-      mismatch = str_cat(describe(), ": rank ", j, " sends ", incoming[j],
+      mismatch = str_cat(ch.describe(), ": rank ", j, " sends ", incoming[j],
                          " bytes but this rank expects ", recv_len[j]);
     }
   }
-  copy(recv[rank_], send[rank_], std::min(send_len[rank_], recv_len[rank_]));
+  copy(recv[rank], send[rank], std::min(send_len[rank], recv_len[rank]));
   if (longest <= small) {
-    for (int j = 0; j < size_; ++j) {
+    for (int j = 0; j < size; ++j) {
       const size_t n = std::min(incoming[j], recv_len[j]);
-      if (j != rank_) copy(recv[j], seg_.in(j, s) + rank_ * quota, n);
+      if (j != rank) copy(recv[j], seg.in(j, s) + rank * quota, n);
     }
     if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
     return;
   }
-  if (addresses && (direct(longest) || direct_mid(longest))) {
-    for (int j = 0; j < size_; ++j) {
-      const auto* t = reinterpret_cast<const uint64_t*>(seg_.meta(j, s));
-      if (j != rank_) read_from(j, recv[j], t[size_ + rank_], std::min(incoming[j], recv_len[j]));
+  if (addresses && (ch.direct(longest) || ch.direct_mid(longest))) {
+    for (int j = 0; j < size; ++j) {
+      const auto* t = reinterpret_cast<const uint64_t*>(seg.meta(j, s));
+      if (j != rank) ch.read_from(j, recv[j], t[size + rank], std::min(incoming[j], recv_len[j]));
     }
-    sync_after_reads();  // send buffers must not change while peers read them
+    ch.sync_after_reads();  // send buffers must not change while peers read them
     if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
     return;
   }
-  for (size_t off = 0; off < longest && size_ > 1; off += quota) {
-    s = next_step();
-    for (int j = 0; j < size_; ++j) {
-      if (j == rank_ || send_len[j] <= off) continue;
-      copy_shared(seg_.in(rank_, s) + j * quota, send[j] + off, std::min(quota, send_len[j] - off));
+  for (size_t off = 0; off < longest && size > 1; off += quota) {
+    s = ch.next_step();
+    for (int j = 0; j < size; ++j) {
+      if (j == rank || send_len[j] <= off) continue;
+      copy_shared(seg.in(rank, s) + j * quota, send[j] + off, std::min(quota, send_len[j] - off));
     }
-    sync(s);
-    for (int j = 0; j < size_; ++j) {
+    ch.sync(s);
+    for (int j = 0; j < size; ++j) {
       const size_t n = std::min(incoming[j], recv_len[j]);
-      if (j == rank_ || n <= off) continue;
-      copy(recv[j] + off, seg_.in(j, s) + rank_ * quota, std::min(quota, n - off));
+      if (j == rank || n <= off) continue;
+      copy(recv[j] + off, seg.in(j, s) + rank * quota, std::min(quota, n - off));
     }
   }
   if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
 }
 
+void calibrate(StepChannel& ch, Millis timeout) {
+  std::vector<float> data(detail::kCalibrationBytes / sizeof(float), 1.0f);
+  char* bytes = reinterpret_cast<char*>(data.data());
+  ch.calibrate(timeout, [&](bool large_chunks) {
+    pipelined(ch, bytes, bytes, data.size(), DType::kFloat32, ReduceOp(ReduceOp::MAX), false,
+              large_chunks);
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // The allreduce algorithms
 
-void Engine::one_shot(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
-                      bool premul) {
+void one_shot(StepChannel& ch, const char* in, char* out, size_t count, DType dtype,
+              const ReduceOp& op, bool premul) {
+  const int rank = ch.rank();
+  detail::SharedWriter& copy_shared = ch.writer();
   const size_t bytes = count * core::element_size(dtype);
-  if (fits_mailbox(bytes)) return one_shot_mailbox(in, out, count, dtype, op, premul);
-  const bool small = fits_ring(bytes);
-  const uint32_t s = next_step(small);
-  char* mine = slot(rank_, s, small);
+  if (ch.fits_mailbox(bytes)) return one_shot_mailbox(ch, in, out, count, dtype, op, premul);
+  const bool small = ch.fits_ring(bytes);
+  const uint32_t s = ch.next_step(small);
+  char* mine = ch.slot(rank, s, small);
   copy_shared(mine, in, bytes);
   if (premul) core::apply_premul(mine, count, dtype, op);
-  if (out == nullptr) return finish_step(s, true);  // reduce: only the root reads
-  sync(s);
-  reduce_sources(out, count, dtype, op, [&](int r) { return slot(r, s, small); });
+  if (out == nullptr) return ch.finish_step(s, true);  // reduce: only the root reads
+  ch.sync(s);
+  reduce_sources(ch, out, count, dtype, op, [&](int r) { return ch.slot(r, s, small); });
 }
 
 // one_shot for messages that fit a Mailbox: every rank writes its contribution and the step
@@ -307,26 +339,27 @@ void Engine::one_shot(const char* in, char* out, size_t count, DType dtype, cons
 // the data comes with the step. A peer not there within the spins is waited for as usual
 // (wait_peer: deadlines, dead peers, sleeping), after which its mailbox holds the step.
 // Ranks without `out` (reduce's non-roots) only write.
-void Engine::one_shot_mailbox(const char* in, char* out, size_t count, DType dtype,
-                              const ReduceOp& op, bool premul) {
+void one_shot_mailbox(StepChannel& ch, const char* in, char* out, size_t count, DType dtype,
+                      const ReduceOp& op, bool premul) {
+  const int rank = ch.rank();
+  const int size = ch.size();
   const size_t bytes = count * core::element_size(dtype);
-  const uint32_t s = next_step(true);
-  char* mine = mailbox_data(rank_, s);
+  const uint32_t s = ch.next_step(true);
+  char* mine = ch.mailbox_data(rank, s);
   std::memcpy(mine, in, bytes);
   if (premul) core::apply_premul(mine, count, dtype, op);
-  seal_mailbox(s, bytes);
-  if (out == nullptr) return finish_step(s, true);
-  publish(s);
-  for (int r = 0; r < size_; ++r) {
-    if (r != rank_) await_mailbox(r, s);
+  ch.seal_mailbox(s, bytes);
+  if (out == nullptr) return ch.finish_step(s, true);
+  ch.publish(s);
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) ch.await_mailbox(r, s);
   }
-  step_ = s;
-  all_reached_ = s;
-  reduce_sources(out, count, dtype, op, [&](int r) { return mailbox_data(r, s); });
-  claim_next_mailbox();
+  ch.complete(s, true);
+  reduce_sources(ch, out, count, dtype, op, [&](int r) { return ch.mailbox_data(r, s); });
+  ch.claim_next_mailbox();
 }
 
-// Chunks of small_chunk_ bytes: at step k every rank copies in chunk k and, after the
+// Chunks of ch.small_chunk() bytes: at step k every rank copies in chunk k and, after the
 // barrier, copies out the reduced pieces of chunk k-1 and reduces its own piece of chunk k
 // into its out area of the next parity. One barrier per chunk. A rank's own piece stays out of
 // the slots: it reduces it straight from its input into its output (and then publishes it in
@@ -337,32 +370,36 @@ void Engine::one_shot_mailbox(const char* in, char* out, size_t count, DType dty
 // in the previous pipelined allreduce: rank 0 proposes the mode of the next one (chunks and
 // stores, SharedWriter::select) in this one's first step, and every rank reads it after
 // the sync.
-void Engine::pipelined(const char* in, char* out, size_t count, DType dtype, const ReduceOp& op,
-                       bool premul, std::optional<bool> large) {
+void pipelined(StepChannel& ch, const char* in, char* out, size_t count, DType dtype,
+               const ReduceOp& op, bool premul, std::optional<bool> large) {
+  const int rank = ch.rank();
+  const int size = ch.size();
+  Segment& seg = ch.seg();
+  detail::SharedWriter& copy_shared = ch.writer();
   const bool own_direct = !premul;
   const size_t es = core::element_size(dtype);
-  const bool large_chunks = large.value_or((agreed_mode_ & kModeLargeChunks) != 0);
-  const size_t chunk = (large_chunks ? kSlotBytes : small_chunk_) / es;
+  const bool large_chunks = large.value_or((ch.agreed_mode() & kModeLargeChunks) != 0);
+  const size_t chunk = (large_chunks ? kSlotBytes : ch.small_chunk()) / es;
   const size_t chunks = ceil_div(count, chunk);
   for (size_t k = 0; k <= chunks; ++k) {
-    const uint32_t s = next_step();
+    const uint32_t s = ch.next_step();
     const bool agree = k == 0 && !large.has_value();
-    if (agree && rank_ == 0) rank0_word(s) = static_cast<uint64_t>(copy_shared.proposal());
+    if (agree && rank == 0) ch.rank0_word(s) = static_cast<uint64_t>(copy_shared.proposal());
     const size_t off = k * chunk;
     const size_t e = k < chunks ? std::min(chunk, count - off) : 0;
     size_t b = 0, len = 0;  // this rank's piece of chunk k
-    if (e != 0) piece_of(e, size_, es, rank_, b, len);
+    if (e != 0) piece_of(e, size, es, rank, b, len);
     if (e != 0) {
-      char* slot = seg_.in(rank_, s);
+      char* slot = seg.in(rank, s);
       const char* src = in + off * es;
-      if (own_direct && cpu_group_ >= 0) {
+      if (own_direct && ch.pinned_to_shared_cpus()) {
         // Each peer's piece goes to that peer alone: a rank on this CPU reads it from the
         // caches, so it never takes streaming stores (see shares_cpu).
-        for (int j = 0; j < size_; ++j) {
-          if (j == rank_) continue;
+        for (int j = 0; j < size; ++j) {
+          if (j == rank) continue;
           size_t pb, plen;
-          piece_of(e, size_, es, j, pb, plen);
-          if (shares_cpu(j)) {
+          piece_of(e, size, es, j, pb, plen);
+          if (ch.shares_cpu(j)) {
             copy_shared.same_cpu(slot + pb * es, src + pb * es, plen * es);
           } else {
             copy_shared(slot + pb * es, src + pb * es, plen * es);
@@ -376,31 +413,31 @@ void Engine::pipelined(const char* in, char* out, size_t count, DType dtype, con
         if (premul) core::apply_premul(slot, e, dtype, op);
       }
     }
-    sync(s);
-    if (agree) agreed_mode_ = static_cast<int>(rank0_word(s));
+    ch.sync(s);
+    if (agree) ch.set_agreed_mode(static_cast<int>(ch.rank0_word(s)));
     if (k >= 1 && out != nullptr) {
       const size_t prev_off = (k - 1) * chunk;
       const size_t prev_e = std::min(chunk, count - prev_off);
-      for (int j = 0; j < size_; ++j) {
-        if (own_direct && j == rank_) continue;  // already in place
+      for (int j = 0; j < size; ++j) {
+        if (own_direct && j == rank) continue;  // already in place
         size_t pb, plen;
-        piece_of(prev_e, size_, es, j, pb, plen);
-        copy(out + (prev_off + pb) * es, seg_.out(j, s) + pb * es, plen * es);
+        piece_of(prev_e, size, es, j, pb, plen);
+        copy(out + (prev_off + pb) * es, seg.out(j, s) + pb * es, plen * es);
       }
     }
     if (len == 0) continue;
     // Operands in a fixed order (this rank's, then the peers' by rank); each piece is
     // reduced by one rank only, so every rank gets identical bits.
-    const char* mine = own_direct ? in + (off + b) * es : seg_.in(rank_, s) + b * es;
-    char* published = seg_.out(rank_, s + 1) + b * es;
+    const char* mine = own_direct ? in + (off + b) * es : seg.in(rank, s) + b * es;
+    char* published = seg.out(rank, s + 1) + b * es;
     char* dst = own_direct && out != nullptr ? out + (off + b) * es : published;
     if (out == nullptr && copy_shared.streaming()) {
       // The piece is only for the peers (reduce's non-roots): with streaming stores it
       // goes out through them too, from a private buffer, instead of by the reduction's
       // plain stores into lines the root just read (those cost several times more while the
       // host keeps the vCPUs apart: see docs/design/shm.md#streaming-stores-and-placement).
-      if (scratch_.size() < len * es) scratch_.resize(len * es);
-      dst = scratch_.data();
+      if (ch.scratch().bytes.size() < len * es) ch.scratch().bytes.resize(len * es);
+      dst = ch.scratch().bytes.data();
     }
     // Reduced in place when this rank keeps no result (reduce's non-roots, PREMUL_SUM).
     // Otherwise the piece goes on to `published` block by block, each copied while it is
@@ -410,13 +447,63 @@ void Engine::pipelined(const char* in, char* out, size_t count, DType dtype, con
     const size_t block = publish && !copy_shared.streaming() ? kPublishBlock / es : len;
     for (size_t o = 0; o < len; o += block) {
       const size_t n = std::min(block, len - o);
-      reduce_sources(dst + o * es, n, dtype, op, [&](int j) {
+      reduce_sources(ch, dst + o * es, n, dtype, op, [&](int j) {
         // This rank's operand first, then the peers' by rank.
-        return (j == 0 ? mine : seg_.in(j <= rank_ ? j - 1 : j, s) + b * es) + o * es;
+        return (j == 0 ? mine : seg.in(j <= rank ? j - 1 : j, s) + b * es) + o * es;
       });
       if (publish) copy_shared(published + o * es, dst + o * es, n * es);
     }
   }
 }
 
-}  // namespace c10d::backends::shm
+// ---------------------------------------------------------------------------------------------
+// The direct paths
+
+// Owner computes on the ranks' own tensors (`where`, from locate), pulling only: rank r
+// reduces piece r of every peer's tensor into its own, then, after a step, copies every other
+// piece from its owner's tensor into its own. No rank ever writes into a peer's memory, so a
+// peer that resumes after this rank gave up on the operation cannot touch it. Reads come in
+// place where the peer's tensor is mapped here (shared heap, aliases), through the kernel
+// elsewhere: one copy in and one copy out per byte of the piece, and no slot in between.
+void owner_computes(StepChannel& ch, const std::vector<StepChannel::Where>& where, char* data,
+                    size_t count, DType dtype, const ReduceOp& op, bool premul) {
+  const int rank = ch.rank();
+  const int size = ch.size();
+  const size_t es = core::element_size(dtype);
+  const bool mapped = ch.mostly_mapped(where, count * es);
+  const size_t per = std::max<size_t>(1, (mapped ? kZeroCopyPiece : ch.direct_piece()) / es);
+  if (ch.scratch().bytes.size() < per * es) ch.scratch().bytes.resize(per * es);
+  size_t b, len;
+  piece_of(count, size, es, rank, b, len);
+  for (size_t at = b; at < b + len; at += per) {
+    const size_t m = std::min(per, b + len - at);
+    const size_t off = at * es, n = m * es;
+    char* acc = data + off;
+    // PREMUL_SUM scales every input before the sum, as the other paths do: scaling the sum
+    // instead overflows where the scaled inputs do not (float16, factor 1/n).
+    if (premul) core::apply_premul(acc, m, dtype, op);
+    for (int j = 0; j < size; ++j) {
+      if (j == rank) continue;
+      const StepChannel::Where& w = where[j];
+      const char* theirs = ch.scratch().bytes.data();
+      if (!premul && w.part != nullptr && off >= w.lo && off + n <= w.hi) {
+        theirs = w.part + (off - w.lo);
+      } else {
+        ch.read_range(w, j, ch.scratch().bytes.data(), off, n);
+        if (premul) core::apply_premul(ch.scratch().bytes.data(), m, dtype, op);
+      }
+      core::reduce(acc, theirs, m, dtype, op);
+    }
+    core::apply_postdiv(acc, m, dtype, op, size);
+  }
+  ch.sync(ch.next_step());  // every piece is reduced in its owner's tensor
+  // Starting with the next rank's piece spreads the readers over the owners.
+  for (int k = 1; k < size; ++k) {
+    const int j = (rank + k) % size;
+    piece_of(count, size, es, j, b, len);
+    if (len != 0) ch.read_range(where[j], j, data + b * es, b * es, len * es);
+  }
+  ch.sync_after_reads();  // nobody changes its tensor while a peer may still read it
+}
+
+}  // namespace c10d::backends::shm::algo

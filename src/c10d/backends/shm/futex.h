@@ -69,7 +69,7 @@ inline bool reached(uint32_t value, uint32_t target) {
 // steals time from the rank being waited for, so there is no spin phase (see
 // docs/design/shm.md#wait-policy).
 struct WaitPolicy {
-  int blind_spins;  // spins before the first clock read (Engine::await_step)
+  int blind_spins;  // spins before the first clock read (StepChannel::await_step)
   int64_t spin_ns;
   int64_t yield_ns;
 };

@@ -7,7 +7,7 @@
 #include <thread>
 #include <utility>
 
-#include "c10d/backends/shm/engine.h"
+#include "c10d/backends/shm/step_channel.h"
 #include "c10d/core/clock.h"
 #include "c10d/core/exception.h"
 #include "c10d/pg/backend.h"
@@ -26,9 +26,9 @@ using detail::kSleepNs;
 using detail::ring;
 using pg::Millis;
 
-P2PEngine::P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<Engine> engine)
-    : segment_(std::move(segment)), seg_(*segment_), engine_(std::move(engine)), rank_(seg_.rank()),
-      size_(seg_.size()), sends_(size_), incoming_(size_) {}
+P2PEngine::P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<StepChannel> channel)
+    : segment_(std::move(segment)), seg_(*segment_), channel_(std::move(channel)),
+      rank_(seg_.rank()), size_(seg_.size()), sends_(size_), incoming_(size_) {}
 
 P2PEngine::~P2PEngine() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -60,8 +60,8 @@ bool P2PEngine::receiving() {
 void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
   const core::Deadline caller(caller_timeout);
   FutexWord& bell = seg_.header(rank_)->doorbell;
-  const int64_t spin_until = now_ns() + engine_->policy().spin_ns;
-  const int64_t yield_until = spin_until + engine_->policy().yield_ns;
+  const int64_t spin_until = now_ns() + channel_->policy().spin_ns;
+  const int64_t yield_until = spin_until + channel_->policy().yield_ns;
   int64_t last_check = 0;
   for (;;) {
     const uint32_t v = bell.value.load(std::memory_order_seq_cst);
@@ -83,7 +83,7 @@ void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
       last_check = now;
       std::string why;
       bool timed_out = false;
-      if (engine_->aborted()) {
+      if (channel_->aborted()) {
         why = "the backend was shut down";
       } else if (op->peer >= 0) {
         if (std::string gone = seg_.peer_gone(op->peer); !gone.empty()) {

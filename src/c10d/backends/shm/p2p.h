@@ -22,7 +22,7 @@
 
 namespace c10d::backends::shm {
 
-class Engine;
+class StepChannel;
 
 struct P2POp {
   bool is_send = false;
@@ -47,7 +47,7 @@ struct P2POp {
 
 class P2PEngine {
  public:
-  P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<Engine> engine);
+  P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<StepChannel> channel);
   // Withdraws the offers of sends never completed: their buffers go with their ops.
   ~P2PEngine();
 
@@ -104,7 +104,7 @@ class P2PEngine {
 
   std::shared_ptr<Segment> segment_;
   Segment& seg_;
-  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<StepChannel> channel_;
   const int rank_;
   const int size_;
   std::mutex mutex_;

@@ -91,20 +91,20 @@ struct SegmentHeader {
   int32_t rank;
   int32_t size;
   int32_t pid;
-  // Last collective step this rank published (see engine.h for the protocol).
+  // Last collective step this rank published (see step_channel.h for the protocol).
   FutexWord step;
   // Bumped whenever point-to-point state addressed to this rank changes.
   FutexWord doorbell;
   // Set by shutdown(): peers waiting for this rank fail at once.
   alignas(kLine) std::atomic<uint32_t> closed;
-  // Set when this rank gave up on an operation (Engine::fail), before its caller can reuse the
-  // buffers peers may still be reading (Engine::sync_after_reads).
+  // Set when this rank gave up on an operation (StepChannel::fail), before its caller can reuse the
+  // buffers peers may still be reading (StepChannel::sync_after_reads).
   std::atomic<uint32_t> abandoned;
   // The step this rank opened last (high 32 bits) and its operation's signature (low 32),
-  // written as it opens it (Engine::show_step). Two ranks blocked in one step with different
-  // operations wait for each other (Engine::check_waiting), e.g. gathers to different roots;
+  // written as it opens it (StepChannel::show_step). Two ranks blocked in one step with different
+  // operations wait for each other (StepChannel::check_waiting), e.g. gathers to different roots;
   // the end of a one-sided operation waits only for its peers to be here
-  // (Engine::finish_step).
+  // (StepChannel::finish_step).
   std::atomic<uint64_t> blocked;
   // Set once this rank has mapped every peer's segment.
   std::atomic<uint32_t> mapped;
@@ -114,10 +114,10 @@ struct SegmentHeader {
   uint32_t cma;
   // The CPUs this rank may run on (its affinity mask); set before `mapped`.
   uint64_t cpu_mask[kMaxCpus / 64];
-  // The CPU this rank ran on when it last published a step, when it changed (Engine::publish):
+  // The CPU this rank ran on when it last published a step, when it changed (StepChannel::publish):
   // a waiter on the same CPU yields at once instead of spinning.
   alignas(kLine) std::atomic<int32_t> cpu;
-  // Rank 0's placement word (Engine::watch_placement): the step after which rank 0 times a
+  // Rank 0's placement word (StepChannel::watch_placement): the step after which rank 0 times a
   // cache line's round trip with rank 1 (low 32 bits), whether the last one found the
   // vCPUs far apart (bit 32) and whether it timed any yet (bit 33). Only rank 0 writes it, a
   // few times a second.
@@ -127,7 +127,7 @@ struct SegmentHeader {
   // What this rank ran at each of its last kRingDepth steps, in full (the step word carries
   // only a hash of the last kSignatureDepth), read when a peer's signature differs: a peer
   // that ran more than kSignatureDepth steps ahead overwrote it. Written as the step opens
-  // (Engine::show_step), before it is published.
+  // (StepChannel::show_step), before it is published.
   alignas(kLine) pg::Signature described[kRingDepth];
   alignas(2 * kLine) Mailbox mailbox[kRingDepth];
 };

@@ -25,8 +25,9 @@
 namespace c10d::backends::shm::detail {
 
 // The ways a pipelined allreduce can run (bits of a mode; SharedWriter::select).
-inline constexpr int kModeStreaming = 1;    // streaming stores into the slots
-inline constexpr int kModeLargeChunks = 2;  // chunks of kSlotBytes instead of Engine::small_chunk_
+inline constexpr int kModeStreaming = 1;  // streaming stores into the slots
+inline constexpr int kModeLargeChunks =
+    2;  // chunks of kSlotBytes instead of StepChannel::small_chunk
 
 class SharedWriter {
  public:
@@ -53,7 +54,7 @@ class SharedWriter {
   //
   // A pipelined allreduce (an allreduce of more than kPipelineChunk bytes) runs in the mode
   // `agreed` (kModeStreaming, kModeLargeChunks) that rank 0 proposed in the previous one
-  // (Engine::pipelined). Rank 0 (the leader) times it and proposes what its probe wants next
+  // (algo::pipelined). Rank 0 (the leader) times it and proposes what its probe wants next
   // (proposal), with large chunks only where the chunk is chosen (choose_chunks); the other
   // ranks do not probe it. Each rank choosing its own stores mixed the modes, and a rank's
   // probe then timed the others' choices as much as its own.
@@ -93,7 +94,7 @@ class SharedWriter {
     if (adaptive_) found_any_ = streaming ? 1 : 0;
   }
 
-  // The host moved the vCPUs apart (`far`) or together (Engine::watch_placement): what the
+  // The host moved the vCPUs apart (`far`) or together (StepChannel::watch_placement): what the
   // probes found no longer holds, so every kind of operation takes the stores that suit the
   // new placement (streaming when far) until its next probe. Without this a benchmark's rows,
   // too short for a probe, kept plain stores through the slow placement.

@@ -1,12 +1,13 @@
-// ShmBackend: the pg::Backend overrides, which turn tensors into Engine calls (see
-// shm_backend.h). The step protocol and the algorithms are described in engine.h, the
-// point-to-point engine in p2p.cc; operations run on the shared pg::OpQueue.
+// ShmBackend: the pg::Backend overrides, which turn tensors into calls of the algorithms (see
+// shm_backend.h). The step protocol they run over is described in step_channel.h, the
+// algorithms in collectives.h, the point-to-point engine in p2p.h; operations run on the
+// shared pg::OpQueue.
 #include "c10d/backends/shm/shm_backend.h"
 
 #include <utility>
 
 #include "c10d/backends/shm/alias.h"
-#include "c10d/backends/shm/engine.h"
+#include "c10d/backends/shm/collectives.h"
 #include "c10d/backends/shm/p2p.h"
 #include "c10d/backends/shm/segment.h"
 #include "c10d/core/blocking.h"
@@ -43,18 +44,18 @@ ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, 
               str_cat("shm rank ", rank, " of ", size, ": ", size, " ranks share ",
                       segment_->cpus(), " CPUs, pinned to cpu ", cpu, " (C10D_SHM_BIND)"));
   }
-  engine_ = std::make_shared<Engine>(segment_, cpu >= 0);
-  engine_->calibrate(rendezvous_timeout);  // before any operation can be submitted
-  p2p_ = std::make_shared<P2PEngine>(segment_, engine_);
+  channel_ = std::make_shared<StepChannel>(segment_, cpu >= 0);
+  algo::calibrate(*channel_, rendezvous_timeout);  // before any operation can be submitted
+  p2p_ = std::make_shared<P2PEngine>(segment_, channel_);
   auto queue = pg::OpQueue::Config::of("shm", "", rank, size);
   // Waking the worker for every asynchronous operation costs more than the operation (see
   // docs/design/shm.md#operation-queue): it polls while they are in use.
   queue.poll_while_async = true;
-  queue.hooks.before = [engine = engine_](const pg::QueuedOp& op) {
-    engine->begin(op.name, op.type, op.seq, op.timeout);
+  queue.hooks.before = [channel = channel_](const pg::QueuedOp& op) {
+    channel->begin(op.name, op.type, op.seq, op.timeout);
   };
-  queue.hooks.after = [engine = engine_] {
-    engine->end();
+  queue.hooks.after = [channel = channel_] {
+    channel->end();
   };
   queue_ = std::make_shared<pg::OpQueue>(std::move(queue));
 }
@@ -63,7 +64,7 @@ WorkPtr ShmBackend::submit(OpType type, const char* name, Millis timeout, bool a
                            std::vector<Tensor> outputs) {
   return queue_->submit(
       type, name, effective_timeout(timeout), async,
-      [engine = engine_.get(), body = std::move(body)](const pg::QueuedOp&) { body(*engine); },
+      [channel = channel_.get(), body = std::move(body)](const pg::QueuedOp&) { body(*channel); },
       std::move(outputs));
 }
 
@@ -72,12 +73,12 @@ void ShmBackend::finish_pending(Millis timeout) { queue_->finish_pending(timeout
 void ShmBackend::shutdown() {
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mutex_);
   const bool stopped = queue_->stop([this](bool running) {
-    // An operation cut short here fails (Engine::fail marks it too, but only once it
+    // An operation cut short here fails (StepChannel::fail marks it too, but only once it
     // notices): peers still reading this rank's buffers must know before this returns.
     if (running) segment_->header(rank())->abandoned.store(1, std::memory_order_seq_cst);
   });
   if (!stopped) return;
-  engine_->abort();
+  channel_->abort();
   // Peers blocked on this rank fail at once instead of at their timeout.
   segment_->header(rank())->closed.store(1, std::memory_order_release);
   // A running operation notices `aborted` within a few milliseconds.
@@ -90,7 +91,7 @@ ShmBackend::~ShmBackend() { shutdown(); }
 
 uint64_t ShmBackend::next_sequence() const { return queue_->next_sequence(); }
 
-std::optional<bool> ShmBackend::cpus_far_apart() const { return engine_->far_apart(); }
+std::optional<bool> ShmBackend::cpus_far_apart() const { return channel_->far_apart(); }
 
 namespace {
 
@@ -162,9 +163,9 @@ WorkPtr ShmBackend::broadcast(std::vector<Tensor>& tensors, const pg::BroadcastO
   const size_t root_tensor = static_cast<size_t>(opts.root_tensor);
   return submit(
       OpType::kBroadcast, "broadcast", opts.timeout, wants_async(opts),
-      [tensors, root, root_tensor](Engine& e) {
+      [tensors, root, root_tensor](StepChannel& ch) {
         const Tensor& source = tensors[root_tensor];
-        e.broadcast(source.data_as<char>(), source.nbytes(), source.dtype(), root);
+        algo::broadcast(ch, source.data_as<char>(), source.nbytes(), source.dtype(), root);
         for (size_t i = 0; i < tensors.size(); ++i) {
           if (i != root_tensor) copy(tensors[i].data(), source.data(), source.nbytes());
         }
@@ -197,15 +198,15 @@ WorkPtr ShmBackend::allreduce(std::vector<Tensor>& tensors, const pg::AllreduceO
   const ReduceOp op = opts.reduce_op;
   return submit(
       OpType::kAllreduce, "allreduce", opts.timeout, wants_async(opts),
-      [tensors, op](Engine& e) {
+      [tensors, op](StepChannel& ch) {
         const Tensor& t = tensors[0];
         const size_t n = static_cast<size_t>(t.numel());
         if (tensors.size() == 1) {
-          e.allreduce(t.data_as<char>(), t.data_as<char>(), n, t.dtype(), op, -1);
+          algo::allreduce(ch, t.data_as<char>(), t.data_as<char>(), n, t.dtype(), op, -1);
           return;
         }
         Tensor acc = combine_local(tensors, op);
-        e.allreduce(acc.data_as<char>(), acc.data_as<char>(), n, t.dtype(), op, -1, true);
+        algo::allreduce(ch, acc.data_as<char>(), acc.data_as<char>(), n, t.dtype(), op, -1, true);
         for (const Tensor& out : tensors) copy(out.data(), acc.data(), acc.nbytes());
       },
       tensors);
@@ -242,40 +243,44 @@ const char* inline_name(OpType type) {
   }
 }
 
-void run_inline_op(Engine& e, const pg::InlineOp& op) {
+void run_inline_op(StepChannel& ch, const pg::InlineOp& op) {
   const pg::DenseView& in = op.input;
   const pg::DenseView& out = op.output;
-  const bool root = e.rank() == op.root;
+  const bool root = ch.rank() == op.root;
   switch (op.type) {
     case OpType::kAllreduce:
-      return e.allreduce(in.bytes(), in.bytes(), in.numel, in.dtype, op.reduce_op, -1);
+      return algo::allreduce(ch, in.bytes(), in.bytes(), in.numel, in.dtype, op.reduce_op, -1);
     case OpType::kBroadcast:
-      return e.broadcast(in.bytes(), in.nbytes(), in.dtype, op.root);
+      return algo::broadcast(ch, in.bytes(), in.nbytes(), in.dtype, op.root);
     case OpType::kReduce:
-      return e.allreduce(in.bytes(), root ? in.bytes() : nullptr, in.numel, in.dtype, op.reduce_op,
-                         op.root);
+      return algo::allreduce(ch, in.bytes(), root ? in.bytes() : nullptr, in.numel, in.dtype,
+                             op.reduce_op, op.root);
     case OpType::kAllgatherBase: {
       const size_t per = in.nbytes();
-      return e.allgather(in.bytes(), per, in.dtype, [&](int r) { return out.bytes() + r * per; });
+      return algo::allgather(ch, in.bytes(), per, in.dtype,
+                             [&](int r) { return out.bytes() + r * per; });
     }
     case OpType::kAllgather:
-      return e.allgather(in.bytes(), in.nbytes(), in.dtype,
-                         [&](int r) { return op.list[r].bytes(); });
+      return algo::allgather(ch, in.bytes(), in.nbytes(), in.dtype,
+                             [&](int r) { return op.list[r].bytes(); });
     case OpType::kReduceScatterBase:
-      return e.reduce_scatter_flat(in.bytes(), out.bytes(), out.numel, out.dtype, op.reduce_op);
+      return algo::reduce_scatter_flat(ch, in.bytes(), out.bytes(), out.numel, out.dtype,
+                                       op.reduce_op);
     case OpType::kReduceScatter:
-      return e.reduce_scatter([&](int j) { return static_cast<const char*>(op.list[j].bytes()); },
-                              out.bytes(), out.numel, out.dtype, op.reduce_op);
+      return algo::reduce_scatter(
+          ch, [&](int j) { return static_cast<const char*>(op.list[j].bytes()); }, out.bytes(),
+          out.numel, out.dtype, op.reduce_op);
     case OpType::kAlltoallBase:
-      return e.alltoall_equal(in.bytes(), out.bytes(), in.nbytes() / e.size(), in.dtype);
+      return algo::alltoall_equal(ch, in.bytes(), out.bytes(), in.nbytes() / ch.size(), in.dtype);
     case OpType::kGather:
-      return e.gather(in.bytes(), in.nbytes(), in.dtype, op.root,
-                      [&](int r) { return op.list[r].bytes(); });
+      return algo::gather(ch, in.bytes(), in.nbytes(), in.dtype, op.root,
+                          [&](int r) { return op.list[r].bytes(); });
     case OpType::kScatter:
-      return e.scatter([&](int j) { return op.list[j].bytes(); }, out.bytes(), out.nbytes(),
-                       out.dtype, op.root);
+      return algo::scatter(
+          ch, [&](int j) { return op.list[j].bytes(); }, out.bytes(), out.nbytes(), out.dtype,
+          op.root);
     case OpType::kBarrier:
-      return e.barrier();
+      return ch.barrier();
     default:
       throw core::NotSupported(str_cat("shm: no inline ", core::op_type_name(op.type)));
   }
@@ -290,17 +295,18 @@ void ShmBackend::run_inline(const pg::InlineOp& op) {
   // The kind its steps show peers, which may run the same call on the general path: that one
   // sends a list all_gather as the allgather_base of its input (Backend::allgather_coalesced).
   const OpType kind = op.type == OpType::kAllgather ? OpType::kAllgatherBase : op.type;
-  const pg::OpQueue::RunNow now(*queue_, name);  // the engine is this thread's while it is held
+  const pg::OpQueue::RunNow now(*queue_, name);  // the channel is this thread's while it is held
   if (!now.seq()) {
     // Earlier asynchronous operations are queued (or the backend is shut down): queue this
     // one behind them and wait, which keeps the order and reports the state.
     core::before_blocking();
-    submit(kind, name, op.timeout, false, [&op](Engine& e) { run_inline_op(e, op); }, {})->wait();
+    submit(kind, name, op.timeout, false, [&op](StepChannel& ch) { run_inline_op(ch, op); }, {})
+        ->wait();
     return;
   }
-  engine_->begin(name, kind, *now.seq(), effective_timeout(op.timeout));
-  run_inline_op(*engine_, op);
-  engine_->end();
+  channel_->begin(name, kind, *now.seq(), effective_timeout(op.timeout));
+  run_inline_op(*channel_, op);
+  channel_->end();
 }
 
 WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
@@ -309,10 +315,10 @@ WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
   const Tensor tensor = tensors[static_cast<size_t>(opts.root_tensor)];
   return submit(
       OpType::kReduce, "reduce", opts.timeout, wants_async(opts),
-      [tensor, op, root](Engine& e) {
-        char* out = e.rank() == root ? tensor.data_as<char>() : nullptr;
-        e.allreduce(tensor.data_as<char>(), out, static_cast<size_t>(tensor.numel()),
-                    tensor.dtype(), op, root);
+      [tensor, op, root](StepChannel& ch) {
+        char* out = ch.rank() == root ? tensor.data_as<char>() : nullptr;
+        algo::allreduce(ch, tensor.data_as<char>(), out, static_cast<size_t>(tensor.numel()),
+                        tensor.dtype(), op, root);
       },
       tensors);
 }
@@ -320,10 +326,10 @@ WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions
 WorkPtr ShmBackend::allgather_base(Tensor& output, Tensor& input,
                                    const pg::AllgatherOptions& opts) {
   return submit(OpType::kAllgatherBase, "allgather_base", opts.timeout, wants_async(opts),
-                [output, input](Engine& e) {
+                [output, input](StepChannel& ch) {
                   const size_t per = input.nbytes();
-                  e.allgather(input.data_as<char>(), per, input.dtype(),
-                              [&](int r) { return output.data_as<char>() + r * per; });
+                  algo::allgather(ch, input.data_as<char>(), per, input.dtype(),
+                                  [&](int r) { return output.data_as<char>() + r * per; });
                 },
                 {output});
 }
@@ -334,12 +340,12 @@ WorkPtr ShmBackend::allgather_into_tensor_coalesced(std::vector<Tensor>& outputs
   return submit(
       OpType::kAllgatherCoalesced, "allgather_into_tensor_coalesced", opts.timeout,
       wants_async(opts),
-      [outputs, inputs](Engine& e) {
+      [outputs, inputs](StepChannel& ch) {
         for (size_t i = 0; i < inputs.size(); ++i) {
           const size_t per = inputs[i].nbytes();
           char* out = outputs[i].data_as<char>();
-          e.allgather(inputs[i].data_as<char>(), per, inputs[i].dtype(),
-                      [&](int r) { return out + r * per; });
+          algo::allgather(ch, inputs[i].data_as<char>(), per, inputs[i].dtype(),
+                          [&](int r) { return out + r * per; });
         }
       },
       outputs);
@@ -352,9 +358,9 @@ WorkPtr ShmBackend::gather(std::vector<std::vector<Tensor>>& outputs, std::vecto
   const Tensor input = inputs[0];
   return submit(
       OpType::kGather, "gather", opts.timeout, wants_async(opts),
-      [gathered, input, root](Engine& e) {
-        e.gather(input.data_as<char>(), input.nbytes(), input.dtype(), root,
-                 [&](int r) { return gathered[r].data_as<char>(); });
+      [gathered, input, root](StepChannel& ch) {
+        algo::gather(ch, input.data_as<char>(), input.nbytes(), input.dtype(), root,
+                     [&](int r) { return gathered[r].data_as<char>(); });
       },
       gathered);
 }
@@ -365,9 +371,10 @@ WorkPtr ShmBackend::scatter(std::vector<Tensor>& outputs, std::vector<std::vecto
   std::vector<Tensor> sources = rank() == root ? inputs[0] : std::vector<Tensor>{};
   const Tensor output = outputs[0];
   return submit(OpType::kScatter, "scatter", opts.timeout, wants_async(opts),
-                [sources, output, root](Engine& e) {
-                  e.scatter([&](int j) { return sources[j].data_as<const char>(); },
-                            output.data_as<char>(), output.nbytes(), output.dtype(), root);
+                [sources, output, root](StepChannel& ch) {
+                  algo::scatter(
+                      ch, [&](int j) { return sources[j].data_as<const char>(); },
+                      output.data_as<char>(), output.nbytes(), output.dtype(), root);
                 },
                 {output});
 }
@@ -379,19 +386,21 @@ WorkPtr ShmBackend::reduce_scatter(std::vector<Tensor>& outputs,
   const Tensor output = outputs[0];
   const std::vector<Tensor> pieces = inputs[0];
   return submit(OpType::kReduceScatter, "reduce_scatter", opts.timeout, wants_async(opts),
-                [output, pieces, op](Engine& e) {
-                  e.reduce_scatter([&](int j) { return pieces[j].data_as<const char>(); },
-                                   output.data_as<char>(), static_cast<size_t>(output.numel()),
-                                   output.dtype(), op);
+                [output, pieces, op](StepChannel& ch) {
+                  algo::reduce_scatter(
+                      ch, [&](int j) { return pieces[j].data_as<const char>(); },
+                      output.data_as<char>(), static_cast<size_t>(output.numel()), output.dtype(),
+                      op);
                 },
                 {output});
 }
 
 namespace {
 
-void reduce_scatter_flat(Engine& e, const Tensor& output, const Tensor& input, const ReduceOp& op) {
-  e.reduce_scatter_flat(input.data_as<char>(), output.data_as<char>(),
-                        static_cast<size_t>(output.numel()), output.dtype(), op);
+void reduce_scatter_flat(StepChannel& ch, const Tensor& output, const Tensor& input,
+                         const ReduceOp& op) {
+  algo::reduce_scatter_flat(ch, input.data_as<char>(), output.data_as<char>(),
+                            static_cast<size_t>(output.numel()), output.dtype(), op);
 }
 
 }  // namespace
@@ -399,9 +408,10 @@ void reduce_scatter_flat(Engine& e, const Tensor& output, const Tensor& input, c
 WorkPtr ShmBackend::reduce_scatter_base(Tensor& output, Tensor& input,
                                         const pg::ReduceScatterOptions& opts) {
   const ReduceOp op = opts.reduce_op;
-  return submit(OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
-                [output, input, op](Engine& e) { reduce_scatter_flat(e, output, input, op); },
-                {output});
+  return submit(
+      OpType::kReduceScatterBase, "reduce_scatter_base", opts.timeout, wants_async(opts),
+      [output, input, op](StepChannel& ch) { reduce_scatter_flat(ch, output, input, op); },
+      {output});
 }
 
 WorkPtr ShmBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs,
@@ -411,9 +421,9 @@ WorkPtr ShmBackend::reduce_scatter_tensor_coalesced(std::vector<Tensor>& outputs
   return submit(
       OpType::kReduceScatterBase, "reduce_scatter_tensor_coalesced", opts.timeout,
       wants_async(opts),
-      [outputs, inputs, op](Engine& e) {
+      [outputs, inputs, op](StepChannel& ch) {
         for (size_t i = 0; i < inputs.size(); ++i) {
-          reduce_scatter_flat(e, outputs[i], inputs[i], op);
+          reduce_scatter_flat(ch, outputs[i], inputs[i], op);
         }
       },
       outputs);
@@ -426,8 +436,8 @@ WorkPtr ShmBackend::alltoall_base(Tensor& output, Tensor& input,
   const std::vector<int64_t> out_splits = output_split_sizes;
   const std::vector<int64_t> in_splits = input_split_sizes;
   return submit(OpType::kAlltoallBase, "alltoall_base", opts.timeout, wants_async(opts),
-                [output, input, out_splits, in_splits](Engine& e) {
-                  const int n = e.size();
+                [output, input, out_splits, in_splits](StepChannel& ch) {
+                  const int n = ch.size();
                   // Splits count rows of dimension 0; empty splits mean equal parts.
                   auto layout = [n](const Tensor& t, const std::vector<int64_t>& splits,
                                     std::vector<size_t>& offsets, std::vector<size_t>& lens) {
@@ -451,7 +461,7 @@ WorkPtr ShmBackend::alltoall_base(Tensor& output, Tensor& input,
                     send[r] = input.data_as<char>() + in_off[r];
                     recv[r] = output.data_as<char>() + out_off[r];
                   }
-                  e.alltoall(send, in_len, recv, out_len, input.dtype());
+                  algo::alltoall(ch, send, in_len, recv, out_len, input.dtype());
                 },
                 {output});
 }
@@ -460,8 +470,8 @@ WorkPtr ShmBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
                              const pg::AllToAllOptions& opts) {
   return submit(
       OpType::kAlltoall, "alltoall", opts.timeout, wants_async(opts),
-      [outputs, inputs](Engine& e) {
-        const int n = e.size();
+      [outputs, inputs](StepChannel& ch) {
+        const int n = ch.size();
         std::vector<const char*> send(n);
         std::vector<char*> recv(n);
         std::vector<size_t> send_len(n), recv_len(n);
@@ -471,14 +481,14 @@ WorkPtr ShmBackend::alltoall(std::vector<Tensor>& outputs, std::vector<Tensor>& 
           recv[r] = outputs[r].data_as<char>();
           recv_len[r] = outputs[r].nbytes();
         }
-        e.alltoall(send, send_len, recv, recv_len, inputs[0].dtype());
+        algo::alltoall(ch, send, send_len, recv, recv_len, inputs[0].dtype());
       },
       outputs);
 }
 
 WorkPtr ShmBackend::barrier(const pg::BarrierOptions& opts) {
   return submit(OpType::kBarrier, "barrier", opts.timeout, wants_async(opts),
-                [](Engine& e) { e.barrier(); }, {});
+                [](StepChannel& ch) { ch.barrier(); }, {});
 }
 
 void ShmBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) {
@@ -489,10 +499,11 @@ void ShmBackend::monitored_barrier(const pg::BarrierOptions& opts, bool wait_all
   const Millis monitored = opts.timeout > Millis::zero() ? opts.timeout : timeout();
   const Millis wait =
       rank() == 0 ? monitored : pg::monitored_barrier_release_wait(timeout(), monitored);
-  WorkPtr work = submit(
-      OpType::kBarrier, "monitored_barrier", wait, false,
-      [wait_all_ranks, monitored](Engine& e) { e.monitored_barrier(wait_all_ranks, monitored); },
-      {});
+  WorkPtr work = submit(OpType::kBarrier, "monitored_barrier", wait, false,
+                        [wait_all_ranks, monitored](StepChannel& ch) {
+                          algo::monitored_barrier(ch, wait_all_ranks, monitored);
+                        },
+                        {});
   work->wait();
 }
 
@@ -528,7 +539,7 @@ WorkPtr ShmBackend::post_p2p(OpType type, Tensor tensor, int peer, int tag) {
                               : str_cat(what, " (tag ", tag, ", rank ", rank(), " from any rank)");
   auto work = std::make_shared<detail::P2PWork>(type, str_cat("shm:", what), p2p_, op);
   op->work = work;
-  if (engine_->aborted()) {
+  if (channel_->aborted()) {
     work->finish_with_error(std::make_exception_ptr(
         DistBackendError(str_cat("shm ", op->description, ": the backend was shut down"))));
     return work;

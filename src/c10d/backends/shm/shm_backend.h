@@ -40,7 +40,7 @@
 namespace c10d::backends::shm {
 
 class Segment;
-class Engine;
+class StepChannel;
 class P2PEngine;
 
 struct ShmOptions {
@@ -130,16 +130,16 @@ class ShmBackend : public pg::Backend {
   std::optional<bool> cpus_far_apart() const;
 
  private:
-  using Body = std::function<void(Engine&)>;
+  using Body = std::function<void(StepChannel&)>;
 
-  // Queues `body` on the Engine (between Engine::begin and end, the queue's hooks).
+  // Queues `body` on the StepChannel (between StepChannel::begin and end, the queue's hooks).
   pg::WorkPtr submit(core::OpType type, const char* name, pg::Millis timeout, bool async, Body body,
                      std::vector<pg::Tensor> outputs);
   pg::WorkPtr post_p2p(core::OpType type, pg::Tensor tensor, int peer, int tag);
 
   std::shared_ptr<store::Store> store_;
   std::shared_ptr<Segment> segment_;
-  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<StepChannel> channel_;
   std::shared_ptr<P2PEngine> p2p_;
   std::shared_ptr<pg::OpQueue> queue_;
   std::mutex shutdown_mutex_;

@@ -1,6 +1,6 @@
-// Engine: the step protocol, waits, signature and mismatch checks, failure diagnosis,
-// placement watching and calibration (see engine.h).
-#include "c10d/backends/shm/engine.h"
+// StepChannel: the step protocol, waits, signature and mismatch checks, failure diagnosis,
+// placement watching and calibration (see step_channel.h).
+#include "c10d/backends/shm/step_channel.h"
 
 #include <sched.h>
 
@@ -50,7 +50,7 @@ using pg::Millis;
 namespace {
 
 // How many ranks share a core: the ranks spread over the CPUs they may run on together. With
-// more ranks than CPUs the algorithms change (see Engine), so the count must be the same on
+// more ranks than CPUs the algorithms change (see tuning.h), so the count must be the same on
 // every rank: Segment::cpus is.
 size_t ranks_per_core(const Segment& seg) {
   return detail::ceil_div(static_cast<size_t>(seg.size()), static_cast<size_t>(seg.cpus()));
@@ -70,8 +70,8 @@ RememberedModes& remembered() {
 
 }  // namespace
 
-std::optional<int> Engine::remembered_mode(const std::vector<int>& members,
-                                           const std::vector<int>& modes) {
+std::optional<int> StepChannel::remembered_mode(const std::vector<int>& members,
+                                                const std::vector<int>& modes) {
   RememberedModes& r = remembered();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.chosen.find({members, modes});
@@ -79,14 +79,14 @@ std::optional<int> Engine::remembered_mode(const std::vector<int>& members,
   return it->second;
 }
 
-void Engine::remember_mode(const std::vector<int>& members, const std::vector<int>& modes,
-                           int mode) {
+void StepChannel::remember_mode(const std::vector<int>& members, const std::vector<int>& modes,
+                                int mode) {
   RememberedModes& r = remembered();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.chosen[{members, modes}] = mode;
 }
 
-Engine::Engine(std::shared_ptr<Segment> segment, bool pinned)
+StepChannel::StepChannel(std::shared_ptr<Segment> segment, bool pinned)
     : segment_(std::move(segment)), seg_(*segment_), rank_(seg_.rank()), size_(seg_.size()),
       per_core_(ranks_per_core(seg_)), policy_(detail::wait_policy(per_core_)),
       own_core_(per_core_ <= 1), direct_piece_(detail::direct_piece(per_core_)),
@@ -94,7 +94,7 @@ Engine::Engine(std::shared_ptr<Segment> segment, bool pinned)
                                   : detail::kDirectAllreduceSharedCoreBytes),
       small_chunk_(own_core_ ? detail::kPipelineChunk : detail::shared_core_chunk(per_core_)),
       far_trip_ns_(core::env_int(core::kEnvShmFarTripNs)),
-      copy_shared(/*may_adapt=*/true, /*leader=*/rank_ == 0, /*choose_chunks=*/own_core_),
+      copy_shared_(/*may_adapt=*/true, /*leader=*/rank_ == 0, /*choose_chunks=*/own_core_),
       cpu_group_(pinned && !own_core_ ? rank_ % seg_.cpus() : -1) {
   // The slots take a few operations after the in-place path to run at their pace again.
   ModeProbe::Config path_config;
@@ -102,7 +102,7 @@ Engine::Engine(std::shared_ptr<Segment> segment, bool pinned)
   path_probes_.fill(ModeProbe(path_config));
 }
 
-void Engine::begin(const char* name, OpType type, uint64_t seq, Millis timeout) {
+void StepChannel::begin(const char* name, OpType type, uint64_t seq, Millis timeout) {
   name_ = name;
   seq_ = seq;
   described_ = pg::Signature{};
@@ -116,17 +116,17 @@ void Engine::begin(const char* name, OpType type, uint64_t seq, Millis timeout) 
         str_cat(describe(), ": the backend is unusable after an earlier failure: ", broken_));
   }
   if (aborted_.load()) throw DistBackendError(str_cat(describe(), ": the backend was shut down"));
-  copy_shared.begin_op(type);
+  copy_shared_.begin_op(type);
 }
 
-std::string Engine::describe() const {
+std::string StepChannel::describe() const {
   return str_cat("shm ", name_, " (sequence ", seq_, ", rank ", rank_, " of ", size_, ")");
 }
 
-void Engine::calibrate(Millis timeout) {
+void StepChannel::calibrate(Millis timeout, const std::function<void(bool)>& allreduce) {
   std::vector<int> modes;  // kModeStreaming, kModeLargeChunks
   for (int mode = 0; mode < 4; ++mode) {
-    if ((mode & kModeStreaming) != 0 && !copy_shared.adaptive()) continue;
+    if ((mode & kModeStreaming) != 0 && !copy_shared_.adaptive()) continue;
     if ((mode & kModeLargeChunks) != 0 && !own_core_) continue;
     modes.push_back(mode);
   }
@@ -147,10 +147,7 @@ void Engine::calibrate(Millis timeout) {
     adopt_mode(static_cast<int>(word & ~kRememberedBit));
     return;
   }
-  const size_t count = kCalibrationBytes / sizeof(float);
-  std::vector<float> data(count, 1.0f);
-  char* bytes = reinterpret_cast<char*>(data.data());
-  const bool stores = copy_shared.streaming();  // as C10D_SHM_STREAM fixed them, if it did
+  const bool stores = copy_shared_.streaming();  // as C10D_SHM_STREAM fixed them, if it did
   std::vector<int64_t> best(modes.size(), INT64_MAX);
   // Ranks sharing cores time 16 allreduces in all: more would slow initialisation (see
   // docs/design/shm.md#calibration).
@@ -158,16 +155,15 @@ void Engine::calibrate(Millis timeout) {
   const int runs = own_core_ ? kCalibrationRuns : 2;
   for (size_t i = 0; i < modes.size() * rounds; ++i) {
     const int mode = modes[i % modes.size()];
-    if (copy_shared.adaptive()) copy_shared.use_streaming((mode & kModeStreaming) != 0);
+    if (copy_shared_.adaptive()) copy_shared_.use_streaming((mode & kModeStreaming) != 0);
     for (int run = 0; run < runs; ++run) {
       const int64_t start = now_ns();
-      pipelined(bytes, bytes, count, DType::kFloat32, ReduceOp(ReduceOp::MAX), false,
-                (mode & kModeLargeChunks) != 0);
+      allreduce((mode & kModeLargeChunks) != 0);
       int64_t& b = best[i % modes.size()];
       if (run > 0) b = std::min(b, now_ns() - start);
     }
   }
-  copy_shared.use_streaming(stores);
+  copy_shared_.use_streaming(stores);
   // Rank 0's timings decide for every rank.
   const uint32_t s = next_step();
   if (rank_ == 0) {
@@ -191,20 +187,20 @@ void Engine::calibrate(Millis timeout) {
   }
 }
 
-void Engine::adopt_mode(int mode) {
+void StepChannel::adopt_mode(int mode) {
   agreed_mode_ = mode;
-  copy_shared.seed((agreed_mode_ & kModeStreaming) != 0);
+  copy_shared_.seed((agreed_mode_ & kModeStreaming) != 0);
   // Streaming stores won calibration if the vCPUs were far apart (plain ones win otherwise);
   // from here the round trips tell.
   far_ = (agreed_mode_ & kModeStreaming) != 0;
-  watching_ = seg_.cpus() >= 2 && copy_shared.adaptive();
+  watching_ = seg_.cpus() >= 2 && copy_shared_.adaptive();
   next_placement_ns_ = now_ns() + kPlacementPeriodNs;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Steps
 
-void Engine::publish(uint32_t s) {
+void StepChannel::publish(uint32_t s) {
   SegmentHeader* h = seg_.header(rank_);
   if (own_core_) note_cpu(h);
   h->step.op[s % kSignatureDepth].store(op_, std::memory_order_relaxed);
@@ -212,7 +208,7 @@ void Engine::publish(uint32_t s) {
 }
 
 // Records the CPU this rank runs on in its header when it changed (for peer_on_my_cpu).
-void Engine::note_cpu(SegmentHeader* h) {
+void StepChannel::note_cpu(SegmentHeader* h) {
   const int cpu = ::sched_getcpu();
   if (cpu == cpu_) return;
   cpu_ = cpu;
@@ -224,7 +220,7 @@ void Engine::note_cpu(SegmentHeader* h) {
 // keeps it from running: with two ranks on one CPU (taskset, or the scheduler packing them
 // while another program runs) every wait spun its full 200 us before it yielded (see
 // docs/design/shm.md#wait-policy).
-bool Engine::peer_on_my_cpu(int r) const {
+bool StepChannel::peer_on_my_cpu(int r) const {
   return own_core_ && seg_.header(r)->cpu.load(std::memory_order_relaxed) == ::sched_getcpu();
 }
 
@@ -240,7 +236,7 @@ bool Engine::peer_on_my_cpu(int r) const {
 // all_reached_ remembers the lowest step the peers were seen at, which can be well past
 // `need`: a root running ahead through the ring then reads the peers' step words once per
 // few operations, not once per operation (each read is a cache miss, as peers write them).
-uint32_t Engine::next_step(bool small, bool one_sided) {
+uint32_t StepChannel::next_step(bool small, bool one_sided) {
   const uint32_t s = step_ + 1;
   in_step_ = s;
   uint32_t need = s - 1;
@@ -263,7 +259,7 @@ uint32_t Engine::next_step(bool small, bool one_sided) {
   return s;
 }
 
-void Engine::sync(uint32_t s) {
+void StepChannel::sync(uint32_t s) {
   const bool time_trips = placement_due();
   if (time_trips) {  // published with the step
     std::atomic<uint64_t>& word = seg_.header(0)->placement;
@@ -278,7 +274,7 @@ void Engine::sync(uint32_t s) {
   if (watching_) watch_placement(s, time_trips);
 }
 
-std::vector<int> Engine::not_arrived(uint32_t s) const {
+std::vector<int> StepChannel::not_arrived(uint32_t s) const {
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r) {
     if (!reached(seg_.header(r)->step.value.load(std::memory_order_acquire), s)) {
@@ -288,7 +284,7 @@ std::vector<int> Engine::not_arrived(uint32_t s) const {
   return missing;
 }
 
-void Engine::sync_after_reads() {
+void StepChannel::sync_after_reads() {
   sync(next_step());
   // A peer that gave up marked it before its caller could touch the buffer: a mark missed
   // here was set after this rank's reads were done.
@@ -305,7 +301,7 @@ void Engine::sync_after_reads() {
   }
 }
 
-void Engine::finish_step(uint32_t s, bool last) {
+void StepChannel::finish_step(uint32_t s, bool last) {
   publish(s);
   step_ = s;
   for (int r = 0; last && r < size_; ++r) {
@@ -316,7 +312,7 @@ void Engine::finish_step(uint32_t s, bool last) {
 
 // Until peer r opened step s of this operation (or published it); a peer not there within
 // the spins is waited for until it published it (wait_peer: deadlines, dead peers, sleeping).
-void Engine::await_arrival(int r, uint32_t s) {
+void StepChannel::await_arrival(int r, uint32_t s) {
   const SegmentHeader* h = seg_.header(r);
   for (int i = 0; i < kMailboxSpins * policy_.blind_spins; ++i) {
     if (reached(h->step.value.load(std::memory_order_acquire), s)) break;
@@ -331,13 +327,13 @@ void Engine::await_arrival(int r, uint32_t s) {
 }
 
 // Waits until peer r published step s of this operation.
-void Engine::wait_peer(int r, uint32_t s) {
+void StepChannel::wait_peer(int r, uint32_t s) {
   await_step(r, s);
   check_same_op(r, s);
 }
 
 // Waits until peer r published step s (of whatever operation); returns the step seen.
-uint32_t Engine::await_step(int r, uint32_t s) {
+uint32_t StepChannel::await_step(int r, uint32_t s) {
   FutexWord& w = seg_.header(r)->step;
   uint32_t seen = w.value.load(std::memory_order_acquire);
   if (reached(seen, s)) return seen;
@@ -400,7 +396,7 @@ uint32_t Engine::await_step(int r, uint32_t s) {
 // that happens while this rank runs its caller's code. After the step, not at the seal: the
 // claims would slow the peers' reads of this step (see
 // docs/design/shm.md#one-sided-steps-and-mailboxes).
-void Engine::claim_next_mailbox() {
+void StepChannel::claim_next_mailbox() {
   if (sealed_bytes_ == 0) return;
   const auto* next =
       reinterpret_cast<const char*>(&seg_.header(rank_)->mailbox[(sealed_step_ + 1) % kRingDepth]);
@@ -410,7 +406,7 @@ void Engine::claim_next_mailbox() {
 }
 
 // Until peer r's mailbox holds step s of this operation.
-void Engine::await_mailbox(int r, uint32_t s) {
+void StepChannel::await_mailbox(int r, uint32_t s) {
   const Mailbox& box = seg_.header(r)->mailbox[s % kRingDepth];
   for (int i = 0; i < kMailboxSpins * policy_.blind_spins; ++i) {
     if (box.step.load(std::memory_order_acquire) == s) {
@@ -427,25 +423,25 @@ void Engine::await_mailbox(int r, uint32_t s) {
 
 // The shape every rank must give the collective about to run (count in elements of dtype,
 // or in bytes without one); it becomes part of every step's signature.
-void Engine::expect(size_t count, std::optional<DType> dtype, int root,
-                    std::optional<ReduceOp::Kind> reduce) {
+void StepChannel::expect(size_t count, std::optional<DType> dtype, int root,
+                         std::optional<ReduceOp::Kind> reduce) {
   described_.count = count;
   described_.dtype = dtype ? static_cast<uint8_t>(*dtype) : pg::Signature::kNone;
   described_.root = root;
   described_.reduce = reduce ? static_cast<uint8_t>(*reduce) : pg::Signature::kNone;
   op_ = signature(described_);
-  copy_shared.select(dtype ? count * core::element_size(*dtype) : count, agreed_mode_);
+  copy_shared_.select(dtype ? count * core::element_size(*dtype) : count, agreed_mode_);
 }
 
 // The same for a collective that moves `bytes` of `dtype` without computing on them: the
 // dtype is checked too, although only the bytes matter here (a float32 tensor on one rank and
 // an int32 one on another would be reinterpreted otherwise).
-void Engine::expect_moved(size_t bytes, DType dtype, int root) {
+void StepChannel::expect_moved(size_t bytes, DType dtype, int root) {
   expect(bytes / core::element_size(dtype), dtype, root);
 }
 
 // 32 bits for the step word: the OpType and a 24-bit hash of everything else.
-uint32_t Engine::signature(const pg::Signature& d) {
+uint32_t StepChannel::signature(const pg::Signature& d) {
   uint64_t h = d.seq * 0x9e3779b97f4a7c15ULL;
   h ^= (d.count + 0x632be59bd9b4e019ULL) * 0xbf58476d1ce4e5b9ULL;
   h ^= (static_cast<uint64_t>(static_cast<uint32_t>(d.root)) << 16 |
@@ -457,7 +453,7 @@ uint32_t Engine::signature(const pg::Signature& d) {
   return static_cast<uint32_t>(h << 8) | d.kind;
 }
 
-std::string Engine::shape_text(const pg::Signature& d) {
+std::string StepChannel::shape_text(const pg::Signature& d) {
   std::string text =
       d.dtype == pg::Signature::kNone
           ? str_cat(d.count, " bytes")
@@ -469,13 +465,13 @@ std::string Engine::shape_text(const pg::Signature& d) {
   return text;
 }
 
-std::string Engine::description_text(const pg::Signature& d) {
+std::string StepChannel::description_text(const pg::Signature& d) {
   return str_cat(core::op_type_name(static_cast<OpType>(d.kind)), " (sequence ", d.seq, ") on ",
                  shape_text(d));
 }
 
 // Fails unless peer r ran this rank's operation, with its shape, at step s.
-void Engine::check_same_op(int r, uint32_t s) {
+void StepChannel::check_same_op(int r, uint32_t s) {
   const SegmentHeader* h = seg_.header(r);
   if (h->step.op[s % kSignatureDepth].load(std::memory_order_relaxed) == op_) return;
   const pg::Signature theirs = h->described[s % kRingDepth];
@@ -486,7 +482,7 @@ void Engine::check_same_op(int r, uint32_t s) {
 // What rank r runs at step s, which it showed with signature `sig` (show_step): in full when
 // its description of the step is there, else the kind (a rank that waited in next_step
 // showed the step before it described it).
-std::string Engine::peer_call(int r, uint32_t s, uint32_t sig) const {
+std::string StepChannel::peer_call(int r, uint32_t s, uint32_t sig) const {
   const pg::Signature d = seg_.header(r)->described[s % kRingDepth];
   if (signature(d) == sig) return description_text(d);
   return str_cat(core::op_type_name(static_cast<OpType>(static_cast<uint8_t>(sig))),
@@ -494,7 +490,7 @@ std::string Engine::peer_call(int r, uint32_t s, uint32_t sig) const {
 }
 
 // Rank r is at this step (`verb`: "runs", "is in") in `theirs`, another operation than ours.
-void Engine::fail_mismatch(int r, const std::string& theirs, const char* verb) {
+void StepChannel::fail_mismatch(int r, const std::string& theirs, const char* verb) {
   fail<DistBackendError>(str_cat(describe(), ": rank ", r, " ", verb, " ", theirs,
                                  " at this step while this rank runs ",
                                  description_text(described_),
@@ -507,7 +503,7 @@ void Engine::fail_mismatch(int r, const std::string& theirs, const char* verb) {
 
 // Where this rank stands, for peers that wait for it: the step it opened and its operation,
 // in `blocked` (step high, signature low), and in full in its description of that step.
-void Engine::show_step() {
+void StepChannel::show_step() {
   SegmentHeader* h = seg_.header(rank_);
   h->described[in_step_ % kRingDepth] = described_;
   h->blocked.store(uint64_t{in_step_} << 32 | op_, std::memory_order_release);
@@ -517,7 +513,7 @@ void Engine::show_step() {
 // (show_step), blocked or given up: then neither can go on (e.g. both are the root of a
 // gather, each waiting for the other's data), and only the timeout would end it. Ranks that did
 // issue the same operation never differ here: a step belongs to one operation on every rank.
-void Engine::check_not_waiting_for_each_other(const std::vector<int>& missing) {
+void StepChannel::check_not_waiting_for_each_other(const std::vector<int>& missing) {
   const uint64_t mine = uint64_t{in_step_} << 32 | op_;
   std::atomic<uint64_t>& blocked = seg_.header(rank_)->blocked;
   if (blocked.load(std::memory_order_relaxed) != mine) {
@@ -531,8 +527,8 @@ void Engine::check_not_waiting_for_each_other(const std::vector<int>& missing) {
   }
 }
 
-// Throws (and marks the engine broken) when the wait for step s cannot succeed.
-void Engine::check_waiting(uint32_t s) {
+// Throws (and marks the channel broken) when the wait for step s cannot succeed.
+void StepChannel::check_waiting(uint32_t s) {
   if (aborted_.load()) fail<DistBackendError>(str_cat(describe(), ": the backend was shut down"));
   const std::vector<int> missing = not_arrived(s);
   // First: a peer that failed on the mismatch has shut down by now.
@@ -569,7 +565,7 @@ void Engine::check_waiting(uint32_t s) {
 // cores are pinned to CPUs in turn (Segment::bind_cpu), so ranks 0 and 1 run on different
 // ones, but rank 1 may not be running to answer, and a timing it does not answer costs rank
 // 0 kPlacementGiveUpNs (see docs/design/shm.md#streaming-stores-and-placement).
-bool Engine::placement_due() {
+bool StepChannel::placement_due() {
   if (!watching_ || rank_ != 0 || (++syncs_ & 15) != 0) return false;
   if (now_ns() < next_placement_ns_) return false;
   next_placement_ns_ = now_ns() + kPlacementPeriodNs;
@@ -578,7 +574,7 @@ bool Engine::placement_due() {
 
 // After two-sided step s: rank 0 times the round trips if it asked for them (`time_trips`),
 // rank 1 answers when asked, and every rank follows rank 0's verdict.
-void Engine::watch_placement(uint32_t s, bool time_trips) {
+void StepChannel::watch_placement(uint32_t s, bool time_trips) {
   std::atomic<uint64_t>& word = seg_.header(0)->placement;
   const uint64_t seen = word.load(std::memory_order_acquire);
   if (rank_ != 0) {
@@ -596,7 +592,7 @@ void Engine::watch_placement(uint32_t s, bool time_trips) {
 // Bounces this rank's ping word off `peer`'s kPlacementTrips times (the leading side
 // writes first); returns the median trip in ns, or -1 when the peer did not answer within
 // kPlacementGiveUpNs.
-int64_t Engine::round_trip(uint32_t s, int peer, bool leading) {
+int64_t StepChannel::round_trip(uint32_t s, int peer, bool leading) {
   std::atomic<uint64_t>& mine = seg_.header(rank_)->ping;
   const std::atomic<uint64_t>& theirs = seg_.header(peer)->ping;
   std::array<int64_t, kPlacementTrips> trips{};
@@ -620,10 +616,10 @@ int64_t Engine::round_trip(uint32_t s, int peer, bool leading) {
   return *mid;
 }
 
-void Engine::set_placement(bool far) {
+void StepChannel::set_placement(bool far) {
   if (far == far_) return;
   far_ = far;
-  copy_shared.placement_changed(far);
+  copy_shared_.placement_changed(far);
   if (core::log_enabled(core::LogLevel::kDebug)) {
     core::log(
         core::LogLevel::kDebug,

@@ -1,6 +1,6 @@
-// Engine: the collective algorithms of ShmBackend over the step protocol. One operation at a
-// time runs in an Engine: the one the backend's pg::OpQueue lets run (pg/op_queue.h);
-// `aborted` may be set from any thread.
+// StepChannel: the step protocol between the ranks of an shm group, which the collective
+// algorithms (collectives.h) run over. One operation at a time runs on a channel: the one the
+// backend's pg::OpQueue lets run (pg/op_queue.h); abort() may be called from any thread.
 //
 // Step protocol. Every rank maps every peer's segment (segment.h), and a collective advances
 // in steps, numbered alike on every rank. A rank writes its data for step s into its own
@@ -25,12 +25,12 @@
 // at once (check_same_op). Waits spin, yield and then sleep on the step word's futex
 // (WaitPolicy), checking every kCheckNs whether the awaited peers are alive, the deadline
 // passed, shutdown() was called, or a peer waits in the same step in another operation
-// (check_waiting). A failed wait or check (fail) leaves the engine `broken`: the step words no
+// (check_waiting). A failed wait or check (fail) leaves the channel broken: the step words no
 // longer agree, so every later operation fails at once with the original error.
 //
-// engine.cc holds the protocol, the waits and checks, placement watching and calibration;
-// collectives.cc and collectives_inl.h the algorithms; direct.cc the paths that read the
-// peers' buffers in place or through the kernel instead of through the slots.
+// step_channel.cc holds the protocol, the waits and checks, placement watching and the
+// calibration's agreement; direct.cc the reads of the peers' own buffers (in place or through
+// the kernel) that the direct paths of the algorithms take instead of the slots.
 #pragma once
 
 #include <algorithm>
@@ -38,6 +38,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,7 +58,7 @@
 
 namespace c10d::backends::shm {
 
-// Helpers the engine's files share.
+// Helpers the channel and the algorithms share.
 namespace detail {
 
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -80,9 +81,9 @@ inline void piece_of(size_t count, int size, size_t element, int j, size_t& begi
 
 }  // namespace detail
 
-class Engine {
+class StepChannel {
  public:
-  Engine(std::shared_ptr<Segment> segment, bool pinned);
+  StepChannel(std::shared_ptr<Segment> segment, bool pinned);
 
   // Shutdown: the running operation and every later one fail ("the backend was shut down").
   // From any thread.
@@ -94,11 +95,11 @@ class Engine {
   int size() const { return size_; }
   const detail::WaitPolicy& policy() const { return policy_; }
 
-  // The operation about to run; throws when the engine cannot run it.
+  // The operation about to run; throws when the channel cannot run it.
   void begin(const char* name, core::OpType type, uint64_t seq, core::Millis timeout);
 
   // The operation begun last completed.
-  void end() { copy_shared.end_op(); }
+  void end() { copy_shared_.end_op(); }
 
   // What rank 0's latest timing of round trips found (whether ranks 0 and 1 run far apart),
   // once it timed any (watch_placement); read from its placement word, so from any thread.
@@ -110,101 +111,115 @@ class Engine {
 
   std::string describe() const;
 
-  // Times pipelined allreduces of kCalibrationBytes in both chunk sizes (interleaved) and
-  // starts with the faster one on rank 0: which wins depends on the machine (kPipelineChunk).
-  // With stores that adapt, plain and streaming ones too (see SharedWriter). Ranks that share
-  // cores keep their chunk size and only time the stores, if they adapt.
-  void calibrate(core::Millis timeout);
+  // Times `allreduce(large_chunks)` (pipelined allreduces of kCalibrationBytes) in both
+  // chunk sizes, interleaved, and starts with the faster one on rank 0: which wins depends on
+  // the machine (kPipelineChunk). With stores that adapt, plain and streaming ones too (see
+  // SharedWriter). Ranks that share cores keep their chunk size and only time the stores, if
+  // they adapt.
+  void calibrate(core::Millis timeout, const std::function<void(bool large_chunks)>& allreduce);
 
-  // --- collectives (raw memory; every rank passes consistent sizes; collectives.cc) ---
+  // --- what the algorithms read of the channel ---
+
+  Segment& seg() const { return seg_; }
+  // Whether ranks share CPUs and were pinned to them (see shares_cpu).
+  bool pinned_to_shared_cpus() const { return cpu_group_ >= 0; }
+  size_t small_chunk() const { return small_chunk_; }
+  size_t direct_piece() const { return direct_piece_; }
+  core::Millis timeout() const { return timeout_; }
+  bool deadline_expired() const { return deadline_.expired(); }
+  // The copies into shared lines (plain or streaming stores, see SharedWriter).
+  detail::SharedWriter& writer() { return copy_shared_; }
+  // The pipelined allreduce's mode (kModeStreaming, kModeLargeChunks), which its ranks agree
+  // on for the next one in each one's first step.
+  int agreed_mode() const { return agreed_mode_; }
+  void set_agreed_mode(int mode) { agreed_mode_ = mode; }
+  // Buffers the algorithms keep between operations, so that collectives do not allocate.
+  struct Scratch {
+    std::vector<char> bytes;              // pieces read through the kernel, or only for the peers
+    std::vector<const void*> sources;     // a reduction's operands
+    std::vector<size_t> incoming;         // alltoall: bytes each peer sends this rank
+    std::vector<const char*> equal_send;  // alltoall_equal's parts
+    std::vector<char*> equal_recv;
+    std::vector<size_t> equal_lens;
+  };
+  Scratch& scratch() { return scratch_; }
+
+  // --- the step protocol (step_channel.cc) ---
 
   void barrier() { sync(next_step()); }
 
   // The last step of an operation whose ranks read each other's buffers (in place or through
   // the kernel): fails if a peer gave up on the operation meanwhile, since it may have reused
-  // the buffer this rank was reading (engine.cc).
+  // the buffer this rank was reading.
   void sync_after_reads();
 
-  // Rank 0 waits (the operation's timeout) for every other rank to publish its arrival, then
-  // publishes its verdict with the same step: the other ranks wait for that step only, so one
-  // that arrives after rank 0 gave up on it hears of the failure at once, and none passes
-  // unless rank 0 saw everyone. Rank 0 fails naming the ranks that did not arrive: the first
-  // one, or with `wait_all_ranks` every one, which then means waiting on for the others after
-  // a peer exited (until they arrive, exit too, or the deadline passes). The verdict names
-  // the first missing rank, so the others can too. `monitored` is the caller's timeout (rank
-  // 0's; the others wait theirs, pg::monitored_barrier_release_wait).
-  void monitored_barrier(bool wait_all_ranks, core::Millis monitored);
+  void publish(uint32_t s);
 
-  void broadcast(char* data, size_t bytes, core::DType dtype, int root);
+  // Whether rank r was pinned to this rank's CPU (cpu_group_). While the host keeps the vCPUs
+  // far apart the slots take streaming stores, which send every line to memory; a line only a
+  // rank on this CPU reads is better left in the caches they share (see
+  // docs/design/shm.md#streaming-stores-and-placement).
+  bool shares_cpu(int r) const { return cpu_group_ >= 0 && r % seg_.cpus() == cpu_group_; }
 
-  // Reduces `count` elements of every rank's `in` (left unchanged unless it is `out`) into
-  // `out`; `out` is null on ranks that do not want the result. `root` is -1 when every rank
-  // wants it (allreduce, which allows the zero-copy path), else the one rank that does
-  // (reduce); it is part of the step's signature, so ranks that disagree on it fail. With
-  // premul_done the caller already scaled the input of a PREMUL_SUM.
-  void allreduce(const char* in, char* out, size_t count, core::DType dtype,
-                 const core::ReduceOp& op, int root, bool premul_done = false);
+  uint32_t next_step(bool small = false, bool one_sided = false);
 
-  // Every rank publishes `bytes` from `in`; dst(r) (null to skip) receives rank r's bytes.
-  template <typename Dst>
-  void allgather(const char* in, size_t bytes, core::DType dtype, Dst&& dst);
+  // Whether a step moving `bytes` per rank fits a ring entry, and rank r's entry (or its
+  // parity slot) for step s.
+  static bool fits_ring(size_t bytes) { return bytes <= kRingBytes; }
+  char* slot(int r, uint32_t s, bool small) const {
+    return small ? seg_.ring(r, s) : seg_.in(r, s);
+  }
 
-  // Rank `root` receives every rank's `bytes` from `in` at out_of(r) (called on the root
-  // only). One-sided: only the root waits.
-  template <typename Out>
-  void gather(const char* in, size_t bytes, core::DType dtype, int root, Out&& out_of);
+  void sync(uint32_t s);
 
-  // The root sends src_of(j) (bytes each; called on the root only) to rank j's `out`.
-  template <typename Src>
-  void scatter(Src&& src_of, char* out, size_t bytes, core::DType dtype, int root);
+  // Ends a one-sided step. The `last` of its operation also waits until every peer reached
+  // it (await_arrival), so a mismatch raises on every rank (a broadcast's root, a gather's
+  // senders), not only on the ranks that read the mismatched data.
+  void finish_step(uint32_t s, bool last);
 
-  // blocks[j] (count elements) is this rank's contribution to rank j's `out`.
-  template <typename Block>
-  void reduce_scatter(Block&& block_of, char* out, size_t count, core::DType dtype,
-                      const core::ReduceOp& op);
+  std::vector<int> not_arrived(uint32_t s) const;
+  void wait_peer(int r, uint32_t s);
 
-  // reduce_scatter of one flat input: block j (count elements) of `in` goes to rank j.
-  void reduce_scatter_flat(const char* in, char* out, size_t count, core::DType dtype,
-                           const core::ReduceOp& op);
+  // Small steps whose data fits a Mailbox carry it there (see Mailbox and one_shot_mailbox):
+  // the writer seals its mailbox after writing, before it publishes the step; a reader waits
+  // with await_mailbox. The same answer on every rank for the same message.
+  static bool fits_mailbox(size_t bytes) { return bytes <= Mailbox::kBytes; }
+  char* mailbox_data(int r, uint32_t s) const {
+    return reinterpret_cast<char*>(seg_.header(r)->mailbox[s % kRingDepth].data);
+  }
+  // This rank's mailbox for step s holds its `bytes` of data: the signature and the step go
+  // with it. The step's end then claims the next mailbox (claim_next_mailbox).
+  void seal_mailbox(uint32_t s, size_t bytes) {
+    Mailbox& box = seg_.header(rank_)->mailbox[s % kRingDepth];
+    box.op.store(op_, std::memory_order_relaxed);
+    box.step.store(s, std::memory_order_release);
+    sealed_step_ = s;
+    sealed_bytes_ = bytes;
+  }
+  void claim_next_mailbox();
+  // Rank r's data of small step s (ring entry or parity slot, or mailbox when `boxed`), and
+  // the wait for it.
+  char* step_data(int r, uint32_t s, bool small, bool boxed) const {
+    return boxed ? mailbox_data(r, s) : slot(r, s, small);
+  }
+  void wait_step_data(int r, uint32_t s, bool boxed) {
+    if (boxed) return await_mailbox(r, s);
+    wait_peer(r, s);
+  }
+  void await_mailbox(int r, uint32_t s);
 
-  // alltoall with equal parts: part j (`bytes` each) of `in` goes to rank j, whose part
-  // for this rank lands in part j of `out`.
-  void alltoall_equal(const char* in, char* out, size_t bytes, core::DType dtype);
+  // Step s is done here: this rank published it and read what it needed of it (all_peers:
+  // every peer published it too), for algorithms that wait for their peers themselves.
+  void complete(uint32_t s, bool all_peers) {
+    step_ = s;
+    if (all_peers) all_reached_ = s;
+  }
 
-  // This rank sends send_len[j] bytes at send[j] to rank j and receives recv_len[j] bytes from
-  // it. A size that does not match the sender's is reported after the exchange (so every rank
-  // still takes the same steps). Every rank's parts are of `dtype`.
-  void alltoall(const std::vector<const char*>& send, const std::vector<size_t>& send_len,
-                const std::vector<char*>& recv, const std::vector<size_t>& recv_len,
-                core::DType dtype);
+  // Rank 0's word in the meta area of step s: what rank 0 writes there before it publishes s,
+  // every rank reads once it waited for s (pipelined's chunk agreement, calibrate's decision).
+  uint64_t& rank0_word(uint32_t s) const { return *reinterpret_cast<uint64_t*>(seg_.meta(0, s)); }
 
- private:
-  // calibrate's verdict, timed now or remembered from an earlier group of the same processes
-  // (rank 0 sets kRememberedBit in its word when it remembers one).
-  void adopt_mode(int mode);
-  static constexpr uint64_t kRememberedBit = uint64_t{1} << 63;
-  static std::optional<int> remembered_mode(const std::vector<int>& members,
-                                            const std::vector<int>& modes);
-  static void remember_mode(const std::vector<int>& members, const std::vector<int>& modes,
-                            int mode);
-
-  // --- the algorithms behind the collectives (collectives.cc, collectives_inl.h) ---
-
-  void one_shot(const char* in, char* out, size_t count, core::DType dtype,
-                const core::ReduceOp& op, bool premul);
-  void one_shot_mailbox(const char* in, char* out, size_t count, core::DType dtype,
-                        const core::ReduceOp& op, bool premul);
-  void pipelined(const char* in, char* out, size_t count, core::DType dtype,
-                 const core::ReduceOp& op, bool premul, std::optional<bool> large = std::nullopt);
-
-  // out = source(0) op source(1) op ... op source(size_ - 1), then op's post-step. The ranks
-  // that reduce the same data pass its sources in the same order, so they compute identical
-  // bits.
-  template <typename Source>
-  void reduce_sources(char* out, size_t count, core::DType dtype, const core::ReduceOp& op,
-                      Source&& source);
-
-  // --- the direct paths (direct.cc) ---
+  // --- reads of the peers' own buffers (direct.cc) ---
 
   // Whether a message of `bytes` goes straight between the ranks' memory (the same answer on
   // every rank).
@@ -247,84 +262,21 @@ class Engine {
   }
 
   // `path`: rank 0's choice for an allreduce that could take either path (path_probe); every
-  // rank finds it in located_path_ afterwards.
+  // rank finds it in located_path() afterwards.
   const std::vector<Where>& locate(const void* data, size_t bytes, int path = 0);
+  // Rank 0's timings of allreduces on mapped tensors, per power of two of their size: mode
+  // kPathInPlace (owner computes) or kPathSlots (pipelined). Which wins in between 256 KiB
+  // and a few MiB changes with the placement and the load.
+  static constexpr int kPathInPlace = 0;
+  static constexpr int kPathSlots = 1;
+  int located_path() const { return located_path_; }
   size_t direct_allreduce_bytes() const;
   ModeProbe& path_probe(size_t bytes);
   void fetch(const Where& where, int r, char* dst, size_t bytes);
   void read_from(int r, void* local, uint64_t remote, size_t bytes);
-  [[noreturn]] void peer_copy_failed(int r, const core::DistBackendError& e);
   void read_range(const Where& w, int r, char* dst, size_t off, size_t n);
-  static void mapped_span(const Where& w, size_t off, size_t n, size_t& lo, size_t& hi);
-  void owner_computes(const std::vector<Where>& where, char* data, size_t count, core::DType dtype,
-                      const core::ReduceOp& op, bool premul);
 
-  // --- the step protocol (engine.cc) ---
-
-  void publish(uint32_t s);
-  void note_cpu(SegmentHeader* h);
-  bool peer_on_my_cpu(int r) const;
-
-  // Whether rank r was pinned to this rank's CPU (cpu_group_). While the host keeps the vCPUs
-  // far apart the slots take streaming stores, which send every line to memory; a line only a
-  // rank on this CPU reads is better left in the caches they share (see
-  // docs/design/shm.md#streaming-stores-and-placement).
-  bool shares_cpu(int r) const { return cpu_group_ >= 0 && r % seg_.cpus() == cpu_group_; }
-
-  uint32_t next_step(bool small = false, bool one_sided = false);
-
-  // Whether a step moving `bytes` per rank fits a ring entry, and rank r's entry (or its
-  // parity slot) for step s.
-  static bool fits_ring(size_t bytes) { return bytes <= kRingBytes; }
-  char* slot(int r, uint32_t s, bool small) const {
-    return small ? seg_.ring(r, s) : seg_.in(r, s);
-  }
-
-  void sync(uint32_t s);
-
-  // Ends a one-sided step. The `last` of its operation also waits until every peer reached
-  // it (await_arrival), so a mismatch raises on every rank (a broadcast's root, a gather's
-  // senders), not only on the ranks that read the mismatched data.
-  void finish_step(uint32_t s, bool last);
-  void await_arrival(int r, uint32_t s);
-
-  std::vector<int> not_arrived(uint32_t s) const;
-  void wait_peer(int r, uint32_t s);
-  uint32_t await_step(int r, uint32_t s);
-
-  // Small steps whose data fits a Mailbox carry it there (see Mailbox and one_shot_mailbox):
-  // the writer seals its mailbox after writing, before it publishes the step; a reader waits
-  // with await_mailbox. The same answer on every rank for the same message.
-  static bool fits_mailbox(size_t bytes) { return bytes <= Mailbox::kBytes; }
-  char* mailbox_data(int r, uint32_t s) const {
-    return reinterpret_cast<char*>(seg_.header(r)->mailbox[s % kRingDepth].data);
-  }
-  // This rank's mailbox for step s holds its `bytes` of data: the signature and the step go
-  // with it. The step's end then claims the next mailbox (claim_next_mailbox).
-  void seal_mailbox(uint32_t s, size_t bytes) {
-    Mailbox& box = seg_.header(rank_)->mailbox[s % kRingDepth];
-    box.op.store(op_, std::memory_order_relaxed);
-    box.step.store(s, std::memory_order_release);
-    sealed_step_ = s;
-    sealed_bytes_ = bytes;
-  }
-  void claim_next_mailbox();
-  // Rank r's data of small step s (ring entry or parity slot, or mailbox when `boxed`), and
-  // the wait for it.
-  char* step_data(int r, uint32_t s, bool small, bool boxed) const {
-    return boxed ? mailbox_data(r, s) : slot(r, s, small);
-  }
-  void wait_step_data(int r, uint32_t s, bool boxed) {
-    if (boxed) return await_mailbox(r, s);
-    wait_peer(r, s);
-  }
-  void await_mailbox(int r, uint32_t s);
-
-  // Rank 0's word in the meta area of step s: what rank 0 writes there before it publishes s,
-  // every rank reads once it waited for s (pipelined's chunk agreement, calibrate's decision).
-  uint64_t& rank0_word(uint32_t s) const { return *reinterpret_cast<uint64_t*>(seg_.meta(0, s)); }
-
-  // --- signatures and mismatch checks (engine.cc) ---
+  // --- signatures and failures (step_channel.cc) ---
 
   void expect(size_t count, std::optional<core::DType> dtype = std::nullopt, int root = -1,
               std::optional<core::ReduceOp::Kind> reduce = std::nullopt);
@@ -337,6 +289,34 @@ class Engine {
     if (size_ > 1) barrier();
     return true;
   }
+  // Fails the operation and leaves the channel broken (every later operation fails too).
+  template <typename Error>
+  [[noreturn]] void fail(std::string message) {
+    broken_ = message;
+    seg_.header(rank_)->abandoned.store(1, std::memory_order_seq_cst);
+    throw Error(message);
+  }
+
+ private:
+  // calibrate's verdict, timed now or remembered from an earlier group of the same processes
+  // (rank 0 sets kRememberedBit in its word when it remembers one).
+  void adopt_mode(int mode);
+  static constexpr uint64_t kRememberedBit = uint64_t{1} << 63;
+  static std::optional<int> remembered_mode(const std::vector<int>& members,
+                                            const std::vector<int>& modes);
+  static void remember_mode(const std::vector<int>& members, const std::vector<int>& modes,
+                            int mode);
+
+  [[noreturn]] void peer_copy_failed(int r, const core::DistBackendError& e);
+  static void mapped_span(const Where& w, size_t off, size_t n, size_t& lo, size_t& hi);
+
+  void note_cpu(SegmentHeader* h);
+  bool peer_on_my_cpu(int r) const;
+  void await_arrival(int r, uint32_t s);
+  uint32_t await_step(int r, uint32_t s);
+
+  // --- signatures and failure diagnosis ---
+
   static uint32_t signature(const pg::Signature& d);
   static std::string shape_text(const pg::Signature& d);
   static std::string description_text(const pg::Signature& d);
@@ -348,21 +328,12 @@ class Engine {
   void check_same_op(int r, uint32_t s);
   std::string peer_call(int r, uint32_t s, uint32_t sig) const;
   [[noreturn]] void fail_mismatch(int r, const std::string& theirs, const char* verb);
-
-  // --- failure diagnosis (engine.cc) ---
-
   void check_not_waiting_for_each_other(const std::vector<int>& missing);
   void check_waiting(uint32_t s);
 
   void show_step();
-  template <typename Error>
-  [[noreturn]] void fail(std::string message) {
-    broken_ = message;
-    seg_.header(rank_)->abandoned.store(1, std::memory_order_seq_cst);
-    throw Error(message);
-  }
 
-  // --- placement watching (engine.cc) ---
+  // --- placement watching ---
 
   bool placement_due();
   void watch_placement(uint32_t s, bool time_trips);
@@ -380,7 +351,7 @@ class Engine {
   const size_t direct_allreduce_;  // allreduce of ordinary tensors goes direct from this size
   const size_t small_chunk_;       // the pipelined allreduce's chunk unless kModeLargeChunks
   const int64_t far_trip_ns_;      // watch_placement's verdict: far apart from this round trip
-  detail::SharedWriter copy_shared;
+  detail::SharedWriter copy_shared_;
   // With more ranks than CPUs, ranks pinned by Segment::bind_cpu run rank r on the
   // (r mod CPUs)-th CPU: the ranks whose r mod CPUs is cpu_group_ share this rank's CPU (and
   // its caches). -1 when the ranks have a core each or were not pinned by us.
@@ -408,24 +379,11 @@ class Engine {
   bool far_ = false;
   bool located_far_ = false;  // rank 0's far_ as the last locate() handed it out
   int located_path_ = 0;      // rank 0's path as the last locate() handed it out
-  // Rank 0's timings of allreduces on mapped tensors, per power of two of their size: mode
-  // kPathInPlace (owner_computes) or kPathSlots (pipelined). Which wins in between 256 KiB
-  // and a few MiB changes with the placement and the load.
-  static constexpr int kPathInPlace = 0;
-  static constexpr int kPathSlots = 1;
   std::array<ModeProbe, 16> path_probes_;
   int64_t next_placement_ns_ = 0;
   uint32_t syncs_ = 0;
-  // Per-operation buffers kept between operations, so that collectives do not allocate.
-  // owner_computes' landing area for pieces read through the kernel; pipelined's for a piece
-  // only the peers need (streaming stores)
-  std::vector<char> scratch_;
-  std::vector<Where> where_;             // locate()
-  std::vector<const void*> sources_;     // reduce_sources' operands
-  std::vector<size_t> incoming_;         // alltoall: bytes each peer sends this rank
-  std::vector<const char*> equal_send_;  // alltoall_equal's parts
-  std::vector<char*> equal_recv_;
-  std::vector<size_t> equal_lens_;
+  Scratch scratch_;
+  std::vector<Where> where_;  // locate()
   std::atomic<bool> aborted_{false};
   std::string broken_;  // why the step flags can no longer be trusted (set while running)
   const char* name_ = "";
@@ -438,5 +396,3 @@ class Engine {
 };
 
 }  // namespace c10d::backends::shm
-
-#include "c10d/backends/shm/collectives_inl.h"  // the template collectives' bodies

@@ -14,7 +14,7 @@ namespace c10d::backends::shm::detail {
 
 // Up to this many bytes an allreduce copies in once and every rank reduces every slot.
 inline constexpr size_t kOneShotBytes = size_t{32} << 10;
-// The pipelined allreduce's chunk (or kSlotBytes, whichever Engine::calibrate and the probes
+// The pipelined allreduce's chunk (or kSlotBytes, whichever StepChannel::calibrate and the probes
 // find faster): smaller chunks keep one step's copies in L2, overlapping the peers'.
 inline constexpr size_t kPipelineChunk = size_t{256} << 10;
 static_assert(kPipelineChunk <= kSlotBytes);
@@ -51,18 +51,18 @@ inline constexpr size_t kDirectBytes = size_t{4} << 20;
 // Allreduce of ordinary tensors streams through the slots in cache-sized chunks up to this
 // size; past it the direct path's smaller memory traffic wins.
 inline constexpr size_t kDirectAllreduceBytes = size_t{64} << 20;
-// The same while the host keeps the vCPUs far apart (Engine::watch_placement): every slot line
+// The same while the host keeps the vCPUs far apart (StepChannel::watch_placement): every slot line
 // then crosses between core complexes, and the path that moves each byte once wins sooner.
 inline constexpr size_t kDirectAllreduceFarBytes = size_t{16} << 20;
 // The same when ranks share cores and are pinned (Segment::bind_cpu): the slots still win at
 // 64 MiB, the direct path at 128 MiB.
 inline constexpr size_t kDirectAllreduceSharedCoreBytes = size_t{96} << 20;
 // Allreduces of mapped tensors smaller than this are timed both ways (owner computes, slots;
-// Engine::path_probe): which wins changes with the placement and the load. From here owner
+// StepChannel::path_probe): which wins changes with the placement and the load. From here owner
 // computes always wins by far, and probing the slots would cost more than it could find.
 inline constexpr size_t kPathProbeBytes = size_t{4} << 20;
-// Broadcast, gather and all_gather go direct from this size (Engine::direct_fanout): their slot
-// path (one-sided for broadcast and gather) wins up to several MiB.
+// Broadcast, gather and all_gather go direct from this size (StepChannel::direct_fanout): their
+// slot path (one-sided for broadcast and gather) wins up to several MiB.
 inline constexpr size_t kDirectFanoutBytes = size_t{8} << 20;
 // With a core per rank, broadcast, all_gather and alltoall also go direct for mid-sized parts
 // from here: two copies through the slots cost more than one through the kernel ...
@@ -74,7 +74,7 @@ inline constexpr size_t kDirectMidEndBytes = size_t{512} << 10;
 inline constexpr size_t kBroadcastMidEndBytes = kDirectFanoutBytes;
 
 // --- Calibration (see docs/design/shm.md#calibration) ---
-// Engine::calibrate times pipelined allreduces in every configuration (chunk size, plain or
+// StepChannel::calibrate times pipelined allreduces in every configuration (chunk size, plain or
 // streaming stores) at init, since the probes find a slow configuration only after a while.
 
 // Rounds per configuration, interleaved.
@@ -85,7 +85,7 @@ inline constexpr int kCalibrationRuns = 3;
 inline constexpr size_t kCalibrationBytes = size_t{2} << 20;
 
 // --- Placement (see docs/design/shm.md#streaming-stores-and-placement) ---
-// Engine::watch_placement: rank 0 times a cache line's round trip with rank 1; from a median
+// StepChannel::watch_placement: rank 0 times a cache line's round trip with rank 1; from a median
 // trip of C10D_SHM_FAR_TRIP_NS the vCPUs count as far apart.
 
 // How often rank 0 times the round trips.
@@ -101,11 +101,11 @@ inline constexpr int64_t kPlacementGiveUpNs = 50'000;
 inline constexpr int64_t kCheckNs = 1'000'000;
 // The longest futex sleep of a blocked wait, after which it looks again.
 inline constexpr int64_t kSleepNs = 2'000'000;
-// Spins a wait makes before it first reads the clock (Engine::await_step), when every rank has
+// Spins a wait makes before it first reads the clock (StepChannel::await_step), when every rank has
 // a core of its own.
 inline constexpr int kBlindSpins = 32;
 // A wait for a peer's Mailbox spins this many times kBlindSpins on the mailbox's line before
-// it waits on the step word (Engine::await_mailbox): a couple of microseconds, which covers
+// it waits on the step word (StepChannel::await_mailbox): a couple of microseconds, which covers
 // the skew between ranks of most small operations.
 inline constexpr int kMailboxSpins = 4;
 
