@@ -1,7 +1,9 @@
 """torch.distributed on c10d's shm backend (c10d.torch_backend) against torch's own Gloo, in
 one run: all_reduce of 4 B and 16 MiB, and a DistributedDataParallel step of a ~10.5M-parameter
 MLP; rounds interleaved, medians, printed by rank 0; and whether 20 DDP steps of that MLP give
-the same parameters on both.
+the same parameters on both. The 4 B all_reduce also runs on torch's fake backend, which
+moves nothing: what torch's own dispatch costs a call, so that the rest of the plugin's time is
+c10d's (the glue and the collective).
 
     python3 -m c10d.run --nproc-per-node 2 bench/torch_backend_bench.py [--rounds 5]
 """
@@ -16,6 +18,11 @@ import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import c10d.torch_backend  # noqa: F401  (registers c10d_shm)
+
+try:  # registers torch's "fake" backend
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+except ImportError:
+    pass
 
 
 def timed(fn, calls):
@@ -77,6 +84,10 @@ def main():
         "torch gloo": tdist.group.WORLD,
         "torch + c10d_shm": tdist.new_group(backend="c10d_shm"),
     }
+    try:
+        fake = tdist.new_group(backend="fake")
+    except (RuntimeError, ValueError):
+        fake = None
     cases = {
         "all_reduce 4 B": (lambda g: lambda t=torch.ones(1): tdist.all_reduce(t, group=g), 3000),
         "all_reduce 16 MiB": (
@@ -86,10 +97,13 @@ def main():
         "DDP step (10.5M parameters)": (ddp_step, 10),
     }
     times = {(case, name): [] for case in cases for name in groups}
+    dispatch = []  # the 4 B all_reduce on the fake backend
     for _ in range(args.rounds):
         for case, (make, calls) in cases.items():
             for name, group in groups.items():
                 times[(case, name)].append(timed(make(group), calls))
+        if fake is not None:
+            dispatch.append(timed(cases["all_reduce 4 B"][0](fake), 3000))
     # The same 20 training steps on both: SUM of two ranks is one addition, so the
     # parameters are bitwise equal at 2 ranks; with more, the summation order may differ.
     pairs = list(zip(*(trained(g) for g in groups.values())))
@@ -110,6 +124,13 @@ def main():
             g = statistics.median(times[(case, "torch gloo")])
             c = statistics.median(times[(case, "torch + c10d_shm")])
             print(f"| {case} | {g:.1f} | {c:.1f} | {g / c:.1f}x |")
+        if dispatch:
+            floor = statistics.median(dispatch)
+            c = statistics.median(times[("all_reduce 4 B", "torch + c10d_shm")])
+            print(
+                f"# all_reduce 4 B: torch's dispatch (fake backend) {floor:.1f} µs a call; "
+                f"c10d's part of torch + c10d_shm (glue and collective) {c - floor:.1f} µs"
+            )
     tdist.destroy_process_group()
 
 

@@ -210,23 +210,36 @@ def _views(tensors):
     return [_view(t) for t in tensors]
 
 
-_REDUCE_OPS: Dict[Any, Any] = {}
+_REDUCE_OPS: Dict[Any, Any] = {}  # by RedOpType
+_REDUCE_OPS_BY_HASH: Dict[int, Any] = {}  # by a ReduceOp's hash (see _reduce_op)
 _TorchReduceOp = tdist.ReduceOp
 
 
 def _reduce_op(op):
     """c10d's ReduceOp for torch's `op` (a ReduceOp or RedOpType)."""
-    kind = op.op if type(op) is _TorchReduceOp else op
+    if type(op) is _TorchReduceOp:
+        # torch's ReduceOp hashes as its kind's value, which is cheaper to read than `op.op`
+        # (~0.2 us against ~0.5; comparing two ReduceOps costs ~1.5). Hashing a PREMUL_SUM
+        # raises: it carries its factor and is never cached.
+        try:
+            found = _REDUCE_OPS_BY_HASH.get(hash(op))
+        except RuntimeError:
+            found = None
+        if found is not None:
+            return found
+        kind = op.op
+    else:
+        kind = op
     found = _REDUCE_OPS.get(kind)
-    if found is not None:
-        return found
-    if kind == _TorchReduceOp.PREMUL_SUM:  # carries its factor: never cached
-        factor = getattr(op, "factor", None)
-        if factor is None:
-            raise _dc._DistValueError("PREMUL_SUM needs a scalar factor")
-        return _C._make_nccl_premul_sum(float(factor))
-    found = getattr(_C.ReduceOp, kind.name)
-    _REDUCE_OPS[kind] = found
+    if found is None:
+        if kind == _TorchReduceOp.PREMUL_SUM:
+            factor = getattr(op, "factor", None)
+            if factor is None:
+                raise _dc._DistValueError("PREMUL_SUM needs a scalar factor")
+            return _C._make_nccl_premul_sum(float(factor))
+        found = _REDUCE_OPS[kind] = getattr(_C.ReduceOp, kind.name)
+    if type(op) is _TorchReduceOp and hash(op) == int(kind):
+        _REDUCE_OPS_BY_HASH[int(kind)] = found
     return found
 
 

@@ -81,6 +81,19 @@ def test_errors_are_torch_and_c10d_classes():
     assert tb._to_torch_error(plain) is plain
 
 
+def test_reduce_ops_translate_alike_however_given():
+    """torch's ReduceOp objects, fresh or reused, and its RedOpType members map to c10d's
+    ReduceOp of the same name, first and cached alike; PREMUL_SUM keeps its own factor."""
+    kinds = [k for k in tdist.ReduceOp.RedOpType.__members__.values() if k.name != "PREMUL_SUM"]
+    for _ in range(2):
+        for kind in kinds + kinds[::-1]:
+            for given in (kind, tdist.ReduceOp(kind)):
+                assert tb._reduce_op(given).name == kind.name, (given, tb._reduce_op(given))
+    for factor in (2.0, 0.5):
+        op = tb._reduce_op(tdist._make_nccl_premul_sum(factor))
+        assert op.name == "PREMUL_SUM" and op.premul_factor == factor, op
+
+
 def test_tensors_reach_c10d_without_copies():
     t = torch.arange(6, dtype=torch.float32)
     assert tb._view(t).ctypes.data == t.data_ptr()
