@@ -95,6 +95,7 @@ std::shared_ptr<core::Work> OpQueue::submit(core::OpType type, const char* name,
       return work;
     }
     running_ = true;  // nothing before it: run here, without a thread hand-off
+    in_body_.store(true, std::memory_order_relaxed);
     running_op_ = task.op;
   }
   run(task);
@@ -108,12 +109,15 @@ OpQueue::RunNow::RunNow(OpQueue& queue, const char* name) : queue_(queue) {
   seq_ = queue.next_seq_++;
   ++queue.pending_;
   queue.running_ = true;
+  queue.in_body_.store(true, std::memory_order_relaxed);
   queue.running_op_.name = name;
   queue.running_op_.seq = *seq_;
 }
 
 OpQueue::RunNow::~RunNow() {
-  if (seq_) queue_.finished_one();
+  if (!seq_) return;
+  queue_.in_body_.store(false, std::memory_order_release);
+  queue_.finished_one();
 }
 
 void OpQueue::run(Task& task) noexcept {
@@ -125,6 +129,7 @@ void OpQueue::run(Task& task) noexcept {
   } catch (...) {
     error = std::current_exception();
   }
+  in_body_.store(false, std::memory_order_release);
   try {
     if (error) {
       task.work->finish_with_error(error);
@@ -166,6 +171,7 @@ void OpQueue::run_until(uint64_t seq, const core::Deadline& deadline) {
         Task task = std::move(tasks_.front());
         tasks_.pop_front();
         running_ = true;
+        in_body_.store(true, std::memory_order_relaxed);
         running_op_ = task.op;
         lock.unlock();
         run(task);
@@ -228,6 +234,7 @@ void OpQueue::worker_loop(std::shared_ptr<OpQueue> self) {
       task = std::move(q.tasks_.front());
       q.tasks_.pop_front();
       q.running_ = true;
+      q.in_body_.store(true, std::memory_order_relaxed);
       q.running_op_ = task.op;
       q.worker_running_ = task.work;
     }
@@ -269,7 +276,7 @@ bool OpQueue::stop(const std::function<void(bool running)>& mark) {
     stopping_ = true;
     dropped.swap(tasks_);
     pending_ -= dropped.size();
-    if (mark) mark(running_);
+    if (mark) mark(running_ && in_body_.load(std::memory_order_acquire));
   }
   wake_.notify_all();
   turn_.notify_all();

@@ -15,6 +15,7 @@
 //     operations still queued fail ("... before it ran").
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -121,8 +122,9 @@ class OpQueue : public std::enable_shared_from_this<OpQueue> {
   // far to finish, running them on this thread when nobody else does; warns if they did not.
   void finish_pending(Millis timeout);
   // Later submissions fail and queued operations fail now. `mark(running)`, with whether an
-  // operation is running, runs while none can start or finish (it must not block): a backend
-  // marks a running operation as cut short there. False when already stopped.
+  // operation's body still runs (one whose Work completed no longer counts), runs while no
+  // operation can start (it must not block): a backend marks a running operation as cut
+  // short there. False when already stopped.
   bool stop(const std::function<void(bool running)>& mark = {});
   // Waits until the worker thread has left (a running operation must end by itself, which the
   // backend arranges after stop()); from the worker itself it only lets it go. With a `grace`
@@ -157,10 +159,13 @@ class OpQueue : public std::enable_shared_from_this<OpQueue> {
   // waits for this lock may hold the GIL (the inline path).
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<Task> tasks_;          // guarded by mutex_
-  size_t pending_ = 0;              // queued or running operations; guarded by mutex_
-  uint64_t next_seq_ = 0;           // guarded by mutex_
-  bool running_ = false;            // guarded by mutex_: someone runs an operation
+  std::deque<Task> tasks_;  // guarded by mutex_
+  size_t pending_ = 0;      // queued or running operations; guarded by mutex_
+  uint64_t next_seq_ = 0;   // guarded by mutex_
+  bool running_ = false;    // guarded by mutex_: someone runs an operation
+  // Set with running_, cleared as the body returns, before its Work completes: after a
+  // caller saw the Work complete, stop() no longer counts the operation as running.
+  std::atomic<bool> in_body_{false};
   QueuedOp running_op_;             // guarded by mutex_: the one running (for messages)
   std::condition_variable turn_;    // an operation finished, or the queue stopped
   bool stopping_ = false;           // guarded by mutex_

@@ -135,9 +135,10 @@ class GlooBackend : public pg::Backend {
   WorkPtr barrier(const pg::BarrierOptions& opts) override;
   void monitored_barrier(const pg::BarrierOptions& opts, bool wait_all_ranks) override;
 
-  // Fails queued operations, closes the connections (so running operations fail at once
-  // instead of waiting for peers) and lets the queue's worker go: one still in a Gloo call
-  // after a short grace fails its operation and finishes on its own. Idempotent.
+  // Fails queued operations, resets the connections if an operation still runs (so it fails
+  // at once instead of waiting for peers; otherwise they close softly with the backend, as
+  // torch's do) and lets the queue's worker go: one still in a Gloo call after a short grace
+  // fails its operation and finishes on its own. Idempotent.
   void finish_pending(pg::Millis timeout) override;
   void shutdown() override;
 

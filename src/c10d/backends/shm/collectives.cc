@@ -307,9 +307,10 @@ void alltoall(StepChannel& ch, const std::vector<const char*>& send,
 }
 
 void calibrate(StepChannel& ch, Millis timeout) {
-  std::vector<float> data(detail::kCalibrationBytes / sizeof(float), 1.0f);
-  char* bytes = reinterpret_cast<char*>(data.data());
+  std::vector<float> data;  // only when the channel times (not when it remembers a verdict)
   ch.calibrate(timeout, [&](bool large_chunks) {
+    if (data.empty()) data.assign(detail::kCalibrationBytes / sizeof(float), 1.0f);
+    char* bytes = reinterpret_cast<char*>(data.data());
     pipelined(ch, bytes, bytes, data.size(), DType::kFloat32, ReduceOp(ReduceOp::MAX), false,
               large_chunks);
   });
