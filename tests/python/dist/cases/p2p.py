@@ -338,7 +338,8 @@ def destroy_after_send(dist, backend):
     stopped meanwhile, still gets every byte. A reset on close dropped them."""
     rank = dist.get_rank()
     store = dist.distributed_c10d._get_default_store()
-    group = dist.new_group([0, 1])
+    # A send left waiting (the receiver stopped before it announced) fails within 30 s.
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=30))
     data = np.arange(32 << 10, dtype=np.int32) * 3 + 1
     if rank == 1:
         got = np.zeros_like(data)
