@@ -18,6 +18,7 @@ CASES = [
     "reduce_scatters",
     "all_to_alls",
     "point_to_point",
+    "inline_point_to_point",
     "barriers_and_async",
     "objects",
     "subgroups",

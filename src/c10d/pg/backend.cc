@@ -39,7 +39,7 @@ WorkPtr Backend::broadcast(std::vector<Tensor>&, const BroadcastOptions&) {
 WorkPtr Backend::allreduce(std::vector<Tensor>&, const AllreduceOptions&) {
   throw_not_supported("allreduce");
 }
-void Backend::run_inline(const InlineOp&) { throw_not_supported("inline operations"); }
+WorkPtr Backend::run_inline(const InlineOp&) { throw_not_supported("inline operations"); }
 
 WorkPtr Backend::allreduce_coalesced(std::vector<Tensor>& tensors,
                                      const AllreduceCoalescedOptions& opts) {

@@ -45,7 +45,8 @@ struct DenseView {
 //   kAllreduce, kBroadcast, kReduce, kBarrier: `input` (in place), `root`, `reduce_op`;
 //   kAllgatherBase, kReduceScatterBase, kAlltoallBase (equal splits): `output` and `input`;
 //   kGather / kScatter: `input` / `output` and, on the root, `list` (one buffer per rank);
-//   kAllgather / kReduceScatter: `input` / `output` and `list` (one buffer per rank).
+//   kAllgather / kReduceScatter: `input` / `output` and `list` (one buffer per rank);
+//   kSend / kRecv: `input` / `output`, the peer in `root`, and `tag`.
 // ProcessGroup hands over only well-formed calls (see ProcessGroup::run_inline).
 struct InlineOp {
   core::OpType type = core::OpType::kUnknown;
@@ -54,8 +55,12 @@ struct InlineOp {
   const DenseView* list = nullptr;
   size_t list_size = 0;
   int root = 0;
+  int tag = 0;
   core::ReduceOp reduce_op;
   Millis timeout = kUnsetTimeout;
+  // kSend / kRecv only: when set, the operation is posted and its Work returned at once. The
+  // tensor is the same buffer as `input` / `output`, and keeps it alive until the Work ends.
+  const core::Tensor* async_tensor = nullptr;
 };
 
 // The process-level side of adoption (Backend::adopt), for memory that backends of any group
@@ -166,13 +171,15 @@ class Backend : public std::enable_shared_from_this<Backend> {
   // monitored_barrier_failure_on(rank).
   virtual void monitored_barrier(const BarrierOptions& opts, bool wait_all_ranks);
 
-  // The inline fast path: a synchronous collective run to completion on the calling thread
-  // without creating a Work; errors are thrown. A backend that can run an operation kind this
-  // way cheaply says so through has_inline(); ProcessGroup calls run_inline() only then.
-  // The caller may still hold the GIL: run_inline() calls core::before_blocking() before
-  // anything that can wait for long (a peer, a queue, a lock another thread holds).
+  // The inline fast path: a synchronous operation run to completion on the calling thread
+  // without creating a Work (null is returned); errors are thrown. An asynchronous send or
+  // receive (InlineOp::async_tensor) is posted and its Work returned. A backend that can run
+  // an operation kind this way cheaply says so through has_inline(); ProcessGroup calls
+  // run_inline() only then. The caller may still hold the GIL: run_inline() calls
+  // core::before_blocking() before anything that can wait for long (a peer, a queue, a lock
+  // another thread holds).
   virtual bool has_inline(core::OpType /*type*/) const { return false; }
-  virtual void run_inline(const InlineOp& op);
+  virtual WorkPtr run_inline(const InlineOp& op);
 
   // Adoption: a backend whose collectives work in place on memory it shares with its peers
   // (shm's heap) may move the whole pages of an ordinary buffer there, at the same addresses,

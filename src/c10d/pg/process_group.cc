@@ -143,6 +143,20 @@ DeviceType ProcessGroup::device_of(const std::vector<Tensor>& tensors) const {
   return tensors.empty() ? DeviceType::kCPU : tensors.front().device().type;
 }
 
+void ProcessGroup::finish_trace(TraceHandle traced, const WorkPtr& work) {
+  // A synchronous operation is already done: no callback to allocate.
+  if (!work || work->is_completed()) {
+    FlightRecorder::instance().record_finished(traced, work ? work->exception() : nullptr);
+    return;
+  }
+  // Before wait() returns: whoever waited may read the recorder at once.
+  // The handle does not own its group: the observer keeps it alive.
+  work->get_future()->add_observer(
+      [traced = std::move(traced), group = trace_](std::exception_ptr error) {
+        FlightRecorder::instance().record_finished(traced, error);
+      });
+}
+
 template <typename Fn>
 WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
   const OpType op = trace.op;
@@ -198,19 +212,7 @@ WorkPtr ProcessGroup::dispatch(TraceOp trace, DeviceType device, Fn&& fn) {
     std::lock_guard lock(mutex_);
     if (coalescing_) coalesced_.push_back(work);
   }
-  if (traced) {
-    // An inline (synchronous) operation is already done: no callback to allocate.
-    if (!work || work->is_completed()) {
-      FlightRecorder::instance().record_finished(traced, work ? work->exception() : nullptr);
-    } else {
-      // Before wait() returns: whoever waited may read the recorder at once.
-      // The handle does not own its group: the observer keeps it alive.
-      work->get_future()->add_observer(
-          [traced = std::move(traced), group = trace_](std::exception_ptr error) {
-            FlightRecorder::instance().record_finished(traced, error);
-          });
-    }
-  }
+  if (traced) finish_trace(std::move(traced), work);
   if (!hooks.empty() && work) {
     work->get_future()->add_callback([hooks = std::move(hooks), op, seq, started](core::Future&) {
       auto info = std::make_shared<WorkInfo>();
@@ -258,7 +260,7 @@ WorkPtr ProcessGroup::allreduce(std::vector<Tensor>& tensors, const AllreduceOpt
       device_of(tensors), [&](Backend& b) { return b.allreduce(tensors, opts); });
 }
 
-bool ProcessGroup::run_inline(const InlineOp& op) {
+bool ProcessGroup::run_inline(const InlineOp& op, WorkPtr* work) {
   // Profiled operations take the general path, which opens their events.
   if (any_hooks_.load(std::memory_order_acquire) ||
       any_coalescing_.load(std::memory_order_acquire) || profiling() != nullptr ||
@@ -289,19 +291,29 @@ bool ProcessGroup::run_inline(const InlineOp& op) {
         trace.inputs = TensorRefs(op.list, op.list_size);
         trace.outputs = op.output;
         break;
+      case OpType::kSend:
+        trace.inputs = op.input;
+        trace.peer = op.root;
+        break;
+      case OpType::kRecv:
+        trace.outputs = op.output;
+        trace.peer = op.root;
+        break;
       default:
         trace.inputs = op.input;
         trace.outputs = op.output;
     }
     traced = FlightRecorder::instance().record(trace_, trace, /*started=*/true);
   }
+  WorkPtr posted;
   try {
-    backend->run_inline(op);
+    posted = backend->run_inline(op);
   } catch (...) {
     if (traced) FlightRecorder::instance().record_finished(traced, std::current_exception());
     throw;
   }
-  if (traced) FlightRecorder::instance().record_finished(traced, nullptr);
+  if (traced) finish_trace(std::move(traced), posted);
+  if (work != nullptr) *work = std::move(posted);
   return true;
 }
 

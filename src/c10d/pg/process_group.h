@@ -83,8 +83,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // false, having done nothing, unless the call is the plain well-formed case that path runs
   // (no completion hooks, not coalescing, a backend with an inline path for the kind, and
   // arguments the general path would accept); the caller then uses the general method, which
-  // validates and reports errors. Errors of the operation itself are thrown.
-  bool run_inline(const InlineOp& op);
+  // validates and reports errors. Errors of the operation itself are thrown. An asynchronous
+  // send or receive (InlineOp::async_tensor) leaves its Work in `work`.
+  bool run_inline(const InlineOp& op, WorkPtr* work = nullptr);
   WorkPtr reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts = {});
   WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,
                     const AllgatherOptions& opts = {});
@@ -127,6 +128,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // `device`, and arranges for the completion hooks (and the recorder) to see it finish.
   template <typename Fn>
   WorkPtr dispatch(TraceOp trace, core::DeviceType device, Fn&& fn);
+  // Records the end of a traced operation: now if `work` is null or complete, else when it is.
+  void finish_trace(TraceHandle traced, const WorkPtr& work);
   core::DeviceType device_of(const std::vector<Tensor>& tensors) const;
   // allgather of one tensor into outputs of different sizes (torch's "uneven" all_gather).
   WorkPtr allgather_uneven(std::vector<Tensor>& outputs, const Tensor& input,

@@ -196,6 +196,9 @@ bool inline_well_formed(const InlineOp& op, int rank, int size) {
     }
     case OpType::kBarrier:
       return true;
+    case OpType::kSend:
+    case OpType::kRecv:
+      return root_ok && op.root != rank;
     default:
       return false;
   }

@@ -1,11 +1,11 @@
 // The inline entry points: plain CPython functions (METH_FASTCALL, no pybind11 argument
-// dispatch, no Tensor, options or Work objects) that the synchronous collectives of
-// distributed_c10d.py try first. They read arrays through the buffer protocol, and other
-// tensors (torch's) through __dlpack__, and hand them to ProcessGroup::run_inline() with the
-// GIL released. Anything they do not handle (PREMUL_SUM, read-only or strided arrays, tensors
-// DLPack cannot export, malformed calls, hooks, coalescing, backends without an inline path)
-// makes them return False before doing anything, and the general path takes over with its
-// full argument checks and error messages.
+// dispatch, no Tensor, options or Work objects) that the synchronous collectives and the
+// point-to-point calls of distributed_c10d.py try first (isend and irecv return a Work). They read
+// arrays through the buffer protocol, and other tensors (torch's) through __dlpack__, and hand them
+// to ProcessGroup::run_inline() with the GIL released. Anything they do not handle (PREMUL_SUM,
+// read-only or strided arrays, tensors DLPack cannot export, malformed calls, hooks, coalescing,
+// backends without an inline path) makes them return False before doing anything, and the general
+// path takes over with its full argument checks and error messages.
 #include <pybind11/pybind11.h>
 
 #ifdef C10D_HAVE_NUMPY_HEADERS
@@ -395,17 +395,19 @@ size_t total_bytes(const InlineOp& op) {
 
 void release_gil(void* saved) { *static_cast<PyThreadState**>(saved) = PyEval_SaveThread(); }
 
-// Runs `op` without holding the GIL while it waits: True if it ran, False if the inline path
-// did not apply, NULL with the Python error set if it failed.
+// Runs `op` without holding the GIL while it waits: True if it ran (an asynchronous one's
+// Work instead), False if the inline path did not apply, NULL with the Python error set if it
+// failed.
 PyObject* run(InlineState& state, const InlineOp& op) {
   bool done = false;
+  pg::WorkPtr work;
   std::exception_ptr error;
   PyThreadState* saved = nullptr;
   {
     core::BlockingNoticeScope notice(release_gil, &saved);
     if (total_bytes(op) > kKeepGilBytes) core::before_blocking();
     try {
-      done = state.group->run_inline(op);
+      done = state.group->run_inline(op, &work);
     } catch (...) {
       error = std::current_exception();
     }
@@ -414,6 +416,14 @@ PyObject* run(InlineState& state, const InlineOp& op) {
   if (error) {
     set_python_error(error);
     return nullptr;
+  }
+  if (done && work) {
+    try {
+      return py::cast(std::move(work)).release().ptr();
+    } catch (...) {
+      set_python_error(std::current_exception());
+      return nullptr;
+    }
   }
   return PyBool_FromLong(done);
 }
@@ -523,6 +533,56 @@ PyObject* reduce_scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   return list_op(self, args, nargs, OpType::kReduceScatter, "reduce_scatter");
 }
 
+// The tensor an asynchronous operation keeps until it ends: the buffer dense() read from
+// `obj`, holding `obj` (and an import's owner). Not for other buffer-protocol exporters
+// (bytearray, array.array), whose memory only their export pins: nullopt.
+std::optional<core::Tensor> keep_alive(PyObject* obj, const Buffer& buffer, const DenseView& v) {
+  if (buffer.imported) return with_source(*buffer.imported, obj);
+  if (buffer.array == nullptr) return std::nullopt;
+  return with_source(core::Tensor(v.data, v.dtype, std::vector<int64_t>(v.sizes, v.sizes + v.ndim)),
+                     obj);
+}
+
+// Point to point with the default group: send(tensor, dst, tag) and recv(tensor, src, tag)
+// return True once done; isend and irecv (`async`) return the posted operation's Work.
+PyObject* p2p(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType type,
+              const char* name, bool async) {
+  InlineState* state = state_of(self);
+  if (state == nullptr || !check_nargs(nargs, 3, name)) return nullptr;
+  const bool send = type == OpType::kSend;
+  Buffer buffer;
+  InlineOp op;
+  op.type = type;
+  DenseView& view = send ? op.input : op.output;
+  if (!int_arg(args[1], op.root) || !int_arg(args[2], op.tag) ||
+      !dense(args[0], !send, buffer, view)) {
+    Py_RETURN_FALSE;
+  }
+  std::optional<core::Tensor> kept;
+  if (async) {
+    kept = keep_alive(args[0], buffer, view);
+    if (!kept) Py_RETURN_FALSE;
+    op.async_tensor = &*kept;
+  }
+  return run(*state, op);
+}
+
+PyObject* send(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return p2p(self, args, nargs, OpType::kSend, "send", false);
+}
+
+PyObject* recv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return p2p(self, args, nargs, OpType::kRecv, "recv", false);
+}
+
+PyObject* isend(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return p2p(self, args, nargs, OpType::kSend, "isend", true);
+}
+
+PyObject* irecv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return p2p(self, args, nargs, OpType::kRecv, "irecv", true);
+}
+
 PyObject* barrier(PyObject* self, PyObject* const* /*args*/, Py_ssize_t nargs) {
   InlineState* state = state_of(self);
   if (state == nullptr || !check_nargs(nargs, 0, "barrier")) return nullptr;
@@ -553,6 +613,10 @@ PyMethodDef g_methods[] = {
     {"gather", fastcall<gather>(), METH_FASTCALL, "gather(tensor, gather_list, root) -> bool"},
     {"scatter", fastcall<scatter>(), METH_FASTCALL, "scatter(tensor, scatter_list, root) -> bool"},
     {"barrier", fastcall<barrier>(), METH_FASTCALL, "barrier() -> bool"},
+    {"send", fastcall<send>(), METH_FASTCALL, "send(tensor, dst, tag) -> bool"},
+    {"recv", fastcall<recv>(), METH_FASTCALL, "recv(tensor, src, tag) -> bool"},
+    {"isend", fastcall<isend>(), METH_FASTCALL, "isend(tensor, dst, tag) -> Work or False"},
+    {"irecv", fastcall<irecv>(), METH_FASTCALL, "irecv(tensor, src, tag) -> Work or False"},
 };
 
 }  // namespace

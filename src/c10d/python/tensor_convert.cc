@@ -42,13 +42,6 @@ struct DeletePythonSource {
   void operator()(void* p) const { delete static_cast<PythonSource*>(p); }
 };
 
-core::Tensor with_source(const core::Tensor& t, py::handle obj) {
-  std::shared_ptr<void> owner(new PythonSource{hold_python(py::reinterpret_borrow<py::object>(obj)),
-                                               t.owner(), t.data(), t.sizes()},
-                              DeletePythonSource{});
-  return core::Tensor(t.data(), t.dtype(), t.sizes(), t.strides(), std::move(owner), t.device());
-}
-
 core::Tensor from_buffer(py::handle obj, bool writable, std::string_view what) {
   auto view = std::make_unique<Py_buffer>();
   int flags = PyBUF_RECORDS_RO;  // strides + format
@@ -99,6 +92,13 @@ core::Tensor from_buffer(py::handle obj, bool writable, std::string_view what) {
 }
 
 }  // namespace
+
+core::Tensor with_source(const core::Tensor& t, py::handle obj) {
+  std::shared_ptr<void> owner(new PythonSource{hold_python(py::reinterpret_borrow<py::object>(obj)),
+                                               t.owner(), t.data(), t.sizes()},
+                              DeletePythonSource{});
+  return core::Tensor(t.data(), t.dtype(), t.sizes(), t.strides(), std::move(owner), t.device());
+}
 
 core::Tensor from_dlpack_object(py::handle obj, std::string_view what) {
   static PyObject* const requires_grad = PyUnicode_InternFromString("requires_grad");

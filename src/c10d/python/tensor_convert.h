@@ -23,6 +23,10 @@ std::vector<core::Tensor> to_tensors(pybind11::handle seq, bool writable, std::s
 // (the inline path needs no result object and no extra allocation).
 core::Tensor from_dlpack_object(pybind11::handle obj, std::string_view what);
 
+// `t` (whose memory `obj` exported) with `obj` kept alive beside its owner, so that
+// to_python() hands `obj` back.
+core::Tensor with_source(const core::Tensor& t, pybind11::handle obj);
+
 // A Python view of a tensor's memory: a numpy array when the dtype exists in numpy, otherwise
 // a DLPack capsule. The array keeps the memory alive.
 pybind11::object from_tensor(const core::Tensor& tensor);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "c10d/backends/shm/step_channel.h"
+#include "c10d/core/blocking.h"
 #include "c10d/core/clock.h"
 #include "c10d/core/exception.h"
 #include "c10d/pg/backend.h"
@@ -79,6 +80,7 @@ void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
       cpu_relax();
       continue;
     }
+    core::before_blocking();  // an inline caller holding the GIL lets go of it now
     if (now - last_check >= kCheckNs) {
       last_check = now;
       std::string why;
@@ -103,13 +105,13 @@ void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
         timed_out = true;
       }
       if (!why.empty()) {
-        const std::string message = str_cat("shm ", op->description, " ", why);
+        const std::string message = str_cat("shm ", describe(*op), " ", why);
         fail(op, timed_out ? std::make_exception_ptr(DistTimeoutError(message))
                            : std::make_exception_ptr(DistBackendError(message)));
         return;
       }
       if (caller.expired()) {
-        throw DistTimeoutError(str_cat("shm ", op->description, " did not complete within ",
+        throw DistTimeoutError(str_cat("shm ", describe(*op), " did not complete within ",
                                        core::format_timeout(caller_timeout),
                                        " (it is still pending)"));
       }
@@ -124,11 +126,18 @@ void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
   }
 }
 
-std::exception_ptr P2PEngine::mismatch(const P2POp& op, int src, size_t bytes, core::DType dtype) {
-  return std::make_exception_ptr(
-      DistBackendError(str_cat("shm ", op.description, ": rank ", src, " sent ", bytes,
-                               " bytes of ", core::dtype_name(dtype), " for a receive of ",
-                               op.bytes, " bytes of ", core::dtype_name(op.dtype))));
+std::string P2PEngine::describe(const P2POp& op) const {
+  const char* what = op.is_send ? "send" : op.peer >= 0 ? "recv" : "recv_anysource";
+  if (op.peer < 0) return str_cat(what, " (tag ", op.tag, ", rank ", rank_, " from any rank)");
+  return str_cat(what, " (tag ", op.tag, ", rank ", rank_, op.is_send ? " to" : " from", " rank ",
+                 op.peer, ")");
+}
+
+std::exception_ptr P2PEngine::mismatch(const P2POp& op, int src, size_t bytes,
+                                       core::DType dtype) const {
+  return std::make_exception_ptr(DistBackendError(str_cat(
+      "shm ", describe(op), ": rank ", src, " sent ", bytes, " bytes of ", core::dtype_name(dtype),
+      " for a receive of ", op.bytes, " bytes of ", core::dtype_name(op.dtype))));
 }
 
 bool P2PEngine::matches(const P2POp& op, int src, int tag) {
@@ -340,8 +349,8 @@ bool P2PEngine::take_offer(int src, ChannelCtrl* ch, uint32_t consumed, bool buf
     }
     if (!failed.empty()) {
       if (op)
-        op->error = std::make_exception_ptr(
-            DistBackendError(str_cat("shm ", op->description, ": ", failed)));
+        op->error =
+            std::make_exception_ptr(DistBackendError(str_cat("shm ", describe(*op), ": ", failed)));
       buffer.reset();  // a receive posted later waits for a message that will not come
     }
   }

@@ -42,7 +42,6 @@ struct P2POp {
   core::Tensor tensor;
   core::Deadline deadline{core::Millis(0)};
   core::Millis timeout{0};
-  std::string description;
 };
 
 class P2PEngine {
@@ -59,6 +58,9 @@ class P2PEngine {
   // Drives progress until `op` finishes, its deadline passes (the op fails) or the caller's
   // timeout passes (throws, the op stays pending).
   void wait(const std::shared_ptr<P2POp>& op, core::Millis caller_timeout);
+
+  // "send (tag 0, rank 0 to rank 1)": what errors call `op`, built only for them.
+  std::string describe(const P2POp& op) const;
 
  private:
   struct Unexpected {
@@ -78,7 +80,7 @@ class P2PEngine {
 
   static bool matches(const P2POp& op, int src, int tag);
   // The error of a receive whose message (from `src`) has another size or dtype.
-  static std::exception_ptr mismatch(const P2POp& op, int src, size_t bytes, core::DType dtype);
+  std::exception_ptr mismatch(const P2POp& op, int src, size_t bytes, core::DType dtype) const;
   bool claim_unexpected(const std::shared_ptr<P2POp>& op,
                         std::vector<std::shared_ptr<P2POp>>& done);
   void deliver(P2POp& op, const Unexpected& u);

@@ -238,6 +238,10 @@ const char* inline_name(OpType type) {
       return "scatter";
     case OpType::kBarrier:
       return "barrier";
+    case OpType::kSend:
+      return "send";
+    case OpType::kRecv:
+      return "recv";
     default:
       return nullptr;
   }
@@ -290,7 +294,13 @@ void run_inline_op(StepChannel& ch, const pg::InlineOp& op) {
 
 bool ShmBackend::has_inline(OpType type) const { return inline_name(type) != nullptr; }
 
-void ShmBackend::run_inline(const pg::InlineOp& op) {
+WorkPtr ShmBackend::run_inline(const pg::InlineOp& op) {
+  if (op.type == OpType::kSend || op.type == OpType::kRecv) {
+    // Point to point has its own channels: no place in the collectives' queue.
+    const pg::DenseView& v = op.type == OpType::kSend ? op.input : op.output;
+    return post_p2p(op.type, v.bytes(), v.nbytes(), v.dtype, op.root, op.tag, op.timeout,
+                    op.async_tensor);
+  }
   const char* name = inline_name(op.type);
   // The kind its steps show peers, which may run the same call on the general path: that one
   // sends a list all_gather as the allgather_base of its input (Backend::allgather_coalesced).
@@ -302,11 +312,12 @@ void ShmBackend::run_inline(const pg::InlineOp& op) {
     core::before_blocking();
     submit(kind, name, op.timeout, false, [&op](StepChannel& ch) { run_inline_op(ch, op); }, {})
         ->wait();
-    return;
+    return nullptr;
   }
   channel_->begin(name, kind, *now.seq(), effective_timeout(op.timeout));
   run_inline_op(*channel_, op);
   channel_->end();
+  return nullptr;
 }
 
 WorkPtr ShmBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOptions& opts) {
@@ -523,29 +534,44 @@ WorkPtr ShmBackend::recv_anysource(std::vector<Tensor>& tensors, int tag) {
 }
 
 WorkPtr ShmBackend::post_p2p(OpType type, Tensor tensor, int peer, int tag) {
+  return post_p2p(type, tensor.data_as<char>(), tensor.nbytes(), tensor.dtype(), peer, tag,
+                  pg::kUnsetTimeout, &tensor);
+}
+
+WorkPtr ShmBackend::post_p2p(OpType type, char* data, size_t bytes, core::DType dtype, int peer,
+                             int tag, Millis timeout, const Tensor* tensor) {
   auto op = std::make_shared<P2POp>();
   op->is_send = type == OpType::kSend;
   op->peer = peer;
   op->tag = tag;
-  op->data = tensor.data_as<char>();
-  op->bytes = tensor.nbytes();
-  op->dtype = tensor.dtype();
-  op->tensor = tensor;
-  op->timeout = timeout();  // read once: set_timeout may run concurrently
+  op->data = data;
+  op->bytes = bytes;
+  op->dtype = dtype;
+  op->timeout = effective_timeout(timeout);  // read once: set_timeout may run concurrently
   op->deadline = core::Deadline(op->timeout);
-  const char* what = op->is_send ? "send" : type == OpType::kRecv ? "recv" : "recv_anysource";
-  op->description = peer >= 0 ? str_cat(what, " (tag ", tag, ", rank ", rank(),
-                                        op->is_send ? " to" : " from", " rank ", peer, ")")
-                              : str_cat(what, " (tag ", tag, ", rank ", rank(), " from any rank)");
-  auto work = std::make_shared<detail::P2PWork>(type, str_cat("shm:", what), p2p_, op);
-  op->work = work;
+  WorkPtr work;
+  if (tensor != nullptr) {
+    op->tensor = *tensor;
+    const char* name = op->is_send             ? "shm:send"
+                       : type == OpType::kRecv ? "shm:recv"
+                                               : "shm:recv_anysource";
+    auto p2p_work = std::make_shared<detail::P2PWork>(type, name, p2p_, op);
+    op->work = p2p_work;
+    work = std::move(p2p_work);
+  }
   if (channel_->aborted()) {
-    work->finish_with_error(std::make_exception_ptr(
-        DistBackendError(str_cat("shm ", op->description, ": the backend was shut down"))));
+    auto error = std::make_exception_ptr(
+        DistBackendError(str_cat("shm ", p2p_->describe(*op), ": the backend was shut down")));
+    if (!work) std::rethrow_exception(error);
+    work->finish_with_error(error);
     return work;
   }
   p2p_->post(op);
-  return work;
+  if (work) return work;
+  // Synchronous (inline): no Work, so the op's own state tells how it ended.
+  p2p_->wait(op, core::kNoTimeout);
+  if (op->error) std::rethrow_exception(op->error);
+  return nullptr;
 }
 
 }  // namespace c10d::backends::shm

@@ -85,7 +85,7 @@ class ShmBackend : public pg::Backend {
   pg::WorkPtr allreduce(std::vector<pg::Tensor>& tensors,
                         const pg::AllreduceOptions& opts) override;
   bool has_inline(core::OpType type) const override;
-  void run_inline(const pg::InlineOp& op) override;
+  pg::WorkPtr run_inline(const pg::InlineOp& op) override;
   pg::WorkPtr reduce(std::vector<pg::Tensor>& tensors, const pg::ReduceOptions& opts) override;
   pg::WorkPtr allgather_base(pg::Tensor& output, pg::Tensor& input,
                              const pg::AllgatherOptions& opts) override;
@@ -136,6 +136,10 @@ class ShmBackend : public pg::Backend {
   pg::WorkPtr submit(core::OpType type, const char* name, pg::Millis timeout, bool async, Body body,
                      std::vector<pg::Tensor> outputs);
   pg::WorkPtr post_p2p(core::OpType type, pg::Tensor tensor, int peer, int tag);
+  // Posts a send or receive of `bytes` at `data`. With `tensor` (the same buffer, kept alive
+  // by it) it returns the operation's Work; without, it waits for the end and returns null.
+  pg::WorkPtr post_p2p(core::OpType type, char* data, size_t bytes, core::DType dtype, int peer,
+                       int tag, pg::Millis timeout, const pg::Tensor* tensor);
 
   std::shared_ptr<store::Store> store_;
   std::shared_ptr<Segment> segment_;

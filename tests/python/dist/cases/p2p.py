@@ -101,6 +101,81 @@ def point_to_point(dist, backend):
     dist.barrier()
 
 
+def inline_point_to_point(dist, backend):
+    """Sends and receives on the default group take the inline path where the backend has one
+    (shm): numbered and traced like the general path, their Works holding the arrays they
+    read or write, and every call that path does not take reported as the general path does."""
+    import gc
+    import json
+
+    import c10d
+    from c10d import distributed_c10d as dc
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    if backend == "shm":
+        assert all(None in t for t in (dc._inline_send, dc._inline_isend, dc._inline_irecv))
+    pg = dist.group.WORLD
+    before = pg._get_sequence_number_for_group()
+    got = np.zeros(4, np.int32)
+    if rank % 2 == 0:
+        dist.send(np.full(4, rank, np.int32), nxt, tag=5)
+        sender = dist.recv(got, prv, tag=5)
+    else:
+        sender = dist.recv(got, prv, tag=5)
+        dist.send(np.full(4, rank, np.int32), nxt, tag=5)
+    assert sender == prv and (got == prv).all(), (sender, got)
+    assert pg._get_sequence_number_for_group() == before + 2
+    dump = json.loads(c10d._dump_trace_json())
+    uid = [g["uid"] for g in dump["groups"] if g["name"] == pg.group_name][-1]
+    last = [e for e in dump["entries"] if e["group_uid"] == uid][-2:]
+    seen = sorted((e["op"], e["peer"], e["state"]) for e in last)
+    assert seen == sorted([("send", nxt, "completed"), ("recv", prv, "completed")]), last
+    # The Work of an isend holds its array: a temporary one, collected and its memory
+    # reused before the receiver reads it (1 MiB: shm lets the receiver read it in place).
+    n = 1 << 18
+    if rank == 0:
+        work = dist.isend(np.full(n, 7.0, np.float32), 1)
+        gc.collect()
+        reuse = [np.full(n, -1.0, np.float32) for _ in range(4)]
+        dist.barrier()
+        work.wait()
+        del reuse
+    elif rank == 1:
+        dist.barrier()
+        big = np.zeros(n, np.float32)
+        dist.recv(big, 0)
+        assert (big == 7.0).all(), np.unique(big)
+    else:
+        dist.barrier()
+    # An irecv's result is the array it wrote.
+    mine = np.full(3, rank, np.int16)
+    theirs = np.zeros(3, np.int16)
+    works = [dist.irecv(theirs, prv), dist.isend(mine, nxt)]
+    for w in works:
+        w.wait()
+    assert (theirs == prv).all(), theirs
+    assert np.shares_memory(works[0].result()[0], theirs)
+    # A bytearray (its export pins its memory) goes to the general path, asynchronously too.
+    raw = bytearray(8)
+    works = [dist.irecv(raw, prv), dist.isend(bytearray([rank]) * 8, nxt)]
+    for w in works:
+        w.wait()
+    assert raw == bytearray([prv]) * 8, raw
+    # What the inline path leaves alone fails as on the general path.
+    ro = np.ones(2)
+    ro.setflags(write=False)
+    _raises(ValueError, lambda: dist.send(np.ones(1), rank), "send to self")
+    _raises(ValueError, lambda: dist.isend(np.ones(1), rank), "isend to self")
+    _raises(ValueError, lambda: dist.irecv(np.ones(1), rank), "irecv from self")
+    _raises(ValueError, lambda: dist.send(np.ones(1), world), "send past the last rank")
+    _raises(ValueError, lambda: dist.irecv(ro, prv), "irecv into a read-only array")
+    _raises(TypeError, lambda: dist.isend(np.ones(1), nxt, tag="7"), "a tag that is no int")
+    dist.barrier()
+
+
 def p2p_torch_conformance(dist, backend):
     """Point-to-point results torch's API defines: batch_isend_irecv's Works in list order,
     recv returning global ranks also for group_src, RuntimeError-compatible argument errors."""
