@@ -19,6 +19,7 @@ CASES = [
     "all_to_alls",
     "point_to_point",
     "inline_point_to_point",
+    "message_order",
     "barriers_and_async",
     "objects",
     "subgroups",

@@ -40,6 +40,15 @@ struct DenseView {
   char* bytes() const { return static_cast<char*>(data); }
 };
 
+// A tensor of a buffer, made on demand, that keeps the buffer alive (InlineOp::hold): making
+// one costs more than a small send, which seldom needs it.
+struct BufferHold {
+  Tensor (*make)(const void* context) = nullptr;
+  const void* context = nullptr;
+  explicit operator bool() const { return make != nullptr; }
+  Tensor operator()() const { return make(context); }
+};
+
 // One synchronous collective for the inline fast path (Backend::run_inline). The kinds, and
 // what they read:
 //   kAllreduce, kBroadcast, kReduce, kBarrier: `input` (in place), `root`, `reduce_op`;
@@ -59,8 +68,9 @@ struct InlineOp {
   core::ReduceOp reduce_op;
   Millis timeout = kUnsetTimeout;
   // kSend / kRecv only: when set, the operation is posted and its Work returned at once. The
-  // tensor is the same buffer as `input` / `output`, and keeps it alive until the Work ends.
-  const core::Tensor* async_tensor = nullptr;
+  // backend asks it, on the calling thread with the GIL held, for a tensor of the buffer of
+  // `input` / `output` when the operation outlives the call.
+  BufferHold hold;
 };
 
 // The process-level side of adoption (Backend::adopt), for memory that backends of any group
@@ -173,7 +183,7 @@ class Backend : public std::enable_shared_from_this<Backend> {
 
   // The inline fast path: a synchronous operation run to completion on the calling thread
   // without creating a Work (null is returned); errors are thrown. An asynchronous send or
-  // receive (InlineOp::async_tensor) is posted and its Work returned. A backend that can run
+  // receive (InlineOp::hold) is posted and its Work returned. A backend that can run
   // an operation kind this way cheaply says so through has_inline(); ProcessGroup calls
   // run_inline() only then. The caller may still hold the GIL: run_inline() calls
   // core::before_blocking() before anything that can wait for long (a peer, a queue, a lock

@@ -84,7 +84,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // (no completion hooks, not coalescing, a backend with an inline path for the kind, and
   // arguments the general path would accept); the caller then uses the general method, which
   // validates and reports errors. Errors of the operation itself are thrown. An asynchronous
-  // send or receive (InlineOp::async_tensor) leaves its Work in `work`.
+  // send or receive (InlineOp::hold) leaves its Work in `work`.
   bool run_inline(const InlineOp& op, WorkPtr* work = nullptr);
   WorkPtr reduce(std::vector<Tensor>& tensors, const ReduceOptions& opts = {});
   WorkPtr allgather(std::vector<std::vector<Tensor>>& outputs, std::vector<Tensor>& inputs,

@@ -397,11 +397,18 @@ void init_core(py::module_& m) {
              return out;
            })
       .def("synchronize", [](Work&) {})
-      .def("wait", &Work::wait, py::arg("timeout") = Millis(0),
-           py::call_guard<py::gil_scoped_release>(),
-           "Blocks until the operation finishes and raises its error. With a timeout, raises "
-           "DistTimeoutError if it has not finished by then; the operation then goes on and "
-           "may still write into its outputs.")
+      .def(
+          "wait",
+          [](Work& w, Millis timeout) {
+            // The outcome of a finished operation needs no other thread: the GIL stays.
+            if (w.is_completed()) return w.wait(timeout);
+            py::gil_scoped_release release;
+            return w.wait(timeout);
+          },
+          py::arg("timeout") = Millis(0),
+          "Blocks until the operation finishes and raises its error. With a timeout, raises "
+          "DistTimeoutError if it has not finished by then; the operation then goes on and "
+          "may still write into its outputs.")
       .def("abort", &Work::abort)
       .def(
           "get_future",

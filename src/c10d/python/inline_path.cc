@@ -50,6 +50,11 @@ struct InlineState {
 #endif
   // The ReduceOp.RedOpType members accepted, compared by identity.
   std::vector<std::pair<py::object, core::ReduceOp::Kind>> kinds;
+  // The Python object of the last Work returned that had completed without outputs (a small
+  // send: shm returns one shared Work for them all), handed out again for the same Work, as
+  // making a new one costs about as much as the send itself. It holds no tensor.
+  const pg::Work* quiet_work = nullptr;
+  py::object quiet_object;
 };
 
 // A Py_buffer, a numpy array read directly (a reference to it), or a tensor imported through
@@ -405,7 +410,8 @@ PyObject* run(InlineState& state, const InlineOp& op) {
   PyThreadState* saved = nullptr;
   {
     core::BlockingNoticeScope notice(release_gil, &saved);
-    if (total_bytes(op) > kKeepGilBytes) core::before_blocking();
+    // Posting an asynchronous operation does not wait, and its hold needs the GIL.
+    if (total_bytes(op) > kKeepGilBytes && !op.hold) core::before_blocking();
     try {
       done = state.group->run_inline(op, &work);
     } catch (...) {
@@ -418,8 +424,14 @@ PyObject* run(InlineState& state, const InlineOp& op) {
     return nullptr;
   }
   if (done && work) {
+    if (work.get() == state.quiet_work) return state.quiet_object.inc_ref().ptr();
     try {
-      return py::cast(std::move(work)).release().ptr();
+      py::object out = py::cast(work);
+      if (work->is_completed() && work->is_success() && work->result().empty()) {
+        state.quiet_work = work.get();
+        state.quiet_object = out;
+      }
+      return out.release().ptr();
     } catch (...) {
       set_python_error(std::current_exception());
       return nullptr;
@@ -533,14 +545,20 @@ PyObject* reduce_scatter(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   return list_op(self, args, nargs, OpType::kReduceScatter, "reduce_scatter");
 }
 
-// The tensor an asynchronous operation keeps until it ends: the buffer dense() read from
-// `obj`, holding `obj` (and an import's owner). Not for other buffer-protocol exporters
-// (bytearray, array.array), whose memory only their export pins: nullopt.
-std::optional<core::Tensor> keep_alive(PyObject* obj, const Buffer& buffer, const DenseView& v) {
-  if (buffer.imported) return with_source(*buffer.imported, obj);
-  if (buffer.array == nullptr) return std::nullopt;
+// The buffer dense() read from `obj`, as a tensor that holds `obj` (and an import's owner)
+// for an asynchronous operation that outlives the call (InlineOp::hold).
+struct Held {
+  PyObject* obj;
+  const Buffer* buffer;
+  const DenseView* view;
+};
+
+core::Tensor hold(const void* context) {
+  const auto& h = *static_cast<const Held*>(context);
+  if (h.buffer->imported) return with_source(*h.buffer->imported, h.obj);
+  const DenseView& v = *h.view;
   return with_source(core::Tensor(v.data, v.dtype, std::vector<int64_t>(v.sizes, v.sizes + v.ndim)),
-                     obj);
+                     h.obj);
 }
 
 // Point to point with the default group: send(tensor, dst, tag) and recv(tensor, src, tag)
@@ -558,11 +576,12 @@ PyObject* p2p(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType ty
       !dense(args[0], !send, buffer, view)) {
     Py_RETURN_FALSE;
   }
-  std::optional<core::Tensor> kept;
+  const Held held{args[0], &buffer, &view};
   if (async) {
-    kept = keep_alive(args[0], buffer, view);
-    if (!kept) Py_RETURN_FALSE;
-    op.async_tensor = &*kept;
+    // Other buffer-protocol exporters (bytearray, array.array) pin their memory only while
+    // exported: the general path keeps their export.
+    if (!buffer.imported && buffer.array == nullptr) Py_RETURN_FALSE;
+    op.hold = {&hold, &held};
   }
   return run(*state, op);
 }

@@ -53,9 +53,16 @@ inline void post(FutexWord& w, uint32_t value) {
   if (w.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&w.value);
 }
 
-inline void ring(FutexWord& w) {
-  w.value.fetch_add(1, std::memory_order_seq_cst);
-  if (w.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&w.value);
+// Wakes the sleepers on `w`, if any, once the caller has published what they wait for. A
+// spinning waiter costs nothing (an increment would take the line it polls); a sleeper counts
+// itself in `waiters`, then looks for the state again before it sleeps (P2PEngine::wait): the
+// two fences make one of them see the other.
+inline void notify(FutexWord& w) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (w.waiters.load(std::memory_order_relaxed) != 0) {
+    w.value.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(&w.value);
+  }
 }
 
 // Wrap-around safe "a >= b" for step numbers.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -24,12 +25,13 @@ using detail::cpu_relax;
 using detail::futex_wait;
 using detail::kCheckNs;
 using detail::kSleepNs;
-using detail::ring;
+using detail::notify;
 using pg::Millis;
 
 P2PEngine::P2PEngine(std::shared_ptr<Segment> segment, std::shared_ptr<StepChannel> channel)
     : segment_(std::move(segment)), seg_(*segment_), channel_(std::move(channel)),
-      rank_(seg_.rank()), size_(seg_.size()), sends_(size_), incoming_(size_) {}
+      rank_(seg_.rank()), size_(seg_.size()), sends_(size_), incoming_(size_), small_posted_(size_),
+      small_read_(size_), small_next_(size_) {}
 
 P2PEngine::~P2PEngine() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -38,9 +40,10 @@ P2PEngine::~P2PEngine() {
   }
 }
 
-void P2PEngine::post(const std::shared_ptr<P2POp>& op) {
+bool P2PEngine::post(const std::shared_ptr<P2POp>& op) {
   op->whole = op->is_send && op->bytes >= kDirectMessageBytes && seg_.cma();
   std::vector<std::shared_ptr<P2POp>> done;
+  bool finished;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (op->is_send) {
@@ -49,8 +52,23 @@ void P2PEngine::post(const std::shared_ptr<P2POp>& op) {
       recvs_.push_back(op);
     }
     progress(done, false);
+    finished = op->finished;
   }
   complete(done);
+  return finished;
+}
+
+void P2PEngine::attach(const std::shared_ptr<P2POp>& op, const std::shared_ptr<core::Work>& work,
+                       core::Tensor tensor) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!op->finished) {  // whoever finishes it finishes the Work
+      op->work = work;
+      op->tensor = std::move(tensor);
+      return;
+    }
+  }
+  finish(*work, *op, tensor);
 }
 
 bool P2PEngine::receiving() {
@@ -59,22 +77,39 @@ bool P2PEngine::receiving() {
 }
 
 void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
+  auto advance = [&](bool buffer_offers) {
+    std::vector<std::shared_ptr<P2POp>> done;
+    bool finished;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      progress(done, buffer_offers);
+      finished = op->finished;
+    }
+    complete(done);
+    return finished;
+  };
+  // Most waits for a small message end at once or after a few spins: no clock read for those
+  // (a read costs about as much as the rest of such a wait).
+  if (advance(false)) return;
+  for (int i = 0; i < channel_->policy().blind_spins; ++i) {
+    cpu_relax();
+    if (advance(false)) return;
+  }
   const core::Deadline caller(caller_timeout);
+  {
+    // The operation's deadline counts from its first wait that got this far.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!op->deadline_started) {
+      op->deadline = core::Deadline(op->timeout);
+      op->deadline_started = true;
+    }
+  }
   FutexWord& bell = seg_.header(rank_)->doorbell;
   const int64_t spin_until = now_ns() + channel_->policy().spin_ns;
   const int64_t yield_until = spin_until + channel_->policy().yield_ns;
   int64_t last_check = 0;
   for (;;) {
-    const uint32_t v = bell.value.load(std::memory_order_seq_cst);
-    std::vector<std::shared_ptr<P2POp>> done;
-    bool finished;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      progress(done, now_ns() >= spin_until);
-      finished = op->finished;
-    }
-    complete(done);
-    if (finished) return;
+    if (advance(now_ns() >= spin_until)) return;
     const int64_t now = now_ns();
     if (now < spin_until) {
       cpu_relax();
@@ -121,8 +156,13 @@ void P2PEngine::wait(const std::shared_ptr<P2POp>& op, Millis caller_timeout) {
       continue;
     }
     bell.waiters.fetch_add(1, std::memory_order_seq_cst);
-    if (bell.value.load(std::memory_order_seq_cst) == v) futex_wait(&bell.value, v, kSleepNs);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint32_t v = bell.value.load(std::memory_order_relaxed);
+    // A peer that published before this rank counted itself did not wake it: look again.
+    const bool finished = advance(true);
+    if (!finished) futex_wait(&bell.value, v, kSleepNs);
     bell.waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (finished) return;
   }
 }
 
@@ -184,9 +224,17 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done, bool buffer_
         queue.pop_front();
         continue;
       }
+      if (op.bytes <= kSmallMessageBytes) {
+        if (!post_small(d, op)) break;
+        op.finished = true;
+        done.push_back(queue.front());
+        queue.pop_front();
+        continue;
+      }
       ChannelCtrl* ch = seg_.channel(rank_, d);
       const uint32_t posted = ch->posted.load(std::memory_order_relaxed);
       if (ch->consumed.load(std::memory_order_acquire) != posted) break;  // slot busy
+      if (!op.started && !small_drained(d)) break;
       const size_t len = std::min(kChannelBytes, op.bytes - op.done);
       copy_shared(seg_.channel_data(rank_, d), op.data + op.done, len);
       ch->tag = op.tag;
@@ -196,7 +244,7 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done, bool buffer_
       ch->address = 0;
       ch->dtype = static_cast<uint8_t>(op.dtype);
       ch->posted.store(posted + 1, std::memory_order_release);
-      ring(seg_.header(d)->doorbell);
+      notify(seg_.header(d)->doorbell);
       op.done += len;
       op.started = true;
       if (op.done == op.bytes) {
@@ -209,6 +257,7 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done, bool buffer_
   for (int src = 0; src < size_; ++src) {
     if (src == rank_) continue;
     ChannelCtrl* ch = seg_.channel(src, rank_);
+    take_small(src, ch, buffer_offers, done);
     for (;;) {
       const uint32_t consumed = ch->consumed.load(std::memory_order_relaxed);
       if (ch->posted.load(std::memory_order_acquire) == consumed) break;
@@ -252,7 +301,7 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done, bool buffer_
         copy(in.buffer->data.data() + offset, data, len);
       }
       ch->consumed.store(consumed + 1, std::memory_order_release);
-      ring(seg_.header(src)->doorbell);
+      notify(seg_.header(src)->doorbell);
       if (offset + len < total) continue;
       if (in.op) {
         if (!in.op->finished) {
@@ -272,11 +321,81 @@ void P2PEngine::progress(std::vector<std::shared_ptr<P2POp>>& done, bool buffer_
   }
 }
 
+bool P2PEngine::small_drained(int d) {
+  return seg_.channel(rank_, d)->small_consumed.load(std::memory_order_acquire) == small_posted_[d];
+}
+
+bool P2PEngine::post_small(int d, const P2POp& op) {
+  ChannelCtrl* ch = seg_.channel(rank_, d);
+  // After the chunks before it are read, and while the ring has room.
+  if (ch->consumed.load(std::memory_order_acquire) != ch->posted.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  const uint32_t n = small_posted_[d];
+  if (n - small_read_[d] == kSmallMessages) {
+    small_read_[d] = ch->small_consumed.load(std::memory_order_acquire);
+    if (n - small_read_[d] == kSmallMessages) return false;
+  }
+  SmallMessage& m = ch->small[n % kSmallMessages];
+  m.tag = op.tag;
+  m.bytes = static_cast<uint32_t>(op.bytes);
+  m.dtype = static_cast<uint8_t>(op.dtype);
+  std::memcpy(m.data, op.data, op.bytes);
+  m.seq.store(n + 1, std::memory_order_release);
+  small_posted_[d] = n + 1;
+  notify(seg_.header(d)->doorbell);
+  return true;
+}
+
+void P2PEngine::take_small(int src, ChannelCtrl* ch, bool buffer_offers,
+                           std::vector<std::shared_ptr<P2POp>>& done) {
+  uint32_t& next = small_next_[src];
+  for (;;) {
+    const SmallMessage& m = ch->small[next % kSmallMessages];
+    if (m.seq.load(std::memory_order_acquire) != next + 1) return;
+    const int tag = m.tag;
+    const size_t bytes = m.bytes;
+    const auto dtype = static_cast<core::DType>(m.dtype);
+    auto it = std::find_if(recvs_.begin(), recvs_.end(),
+                           [&](const std::shared_ptr<P2POp>& r) { return matches(*r, src, tag); });
+    if (it != recvs_.end()) {
+      std::shared_ptr<P2POp> op = std::move(*it);
+      recvs_.erase(it);
+      op->source = src;
+      if (op->bytes != bytes || op->dtype != dtype) {
+        op->error = mismatch(*op, src, bytes, dtype);
+      } else {
+        std::memcpy(op->data, m.data, bytes);
+      }
+      op->done = op->bytes;
+      op->finished = true;
+      done.push_back(std::move(op));
+    } else if (buffer_offers) {
+      // Left in the ring unless this thread has waited a while, as offers are: the receive
+      // is usually about to be posted. A message behind it may be the one being waited for.
+      auto u = std::make_shared<Unexpected>();
+      u->src = src;
+      u->tag = tag;
+      u->dtype = dtype;
+      u->data.assign(m.data, m.data + bytes);
+      u->got = bytes;
+      u->complete = true;
+      unexpected_.push_back(std::move(u));
+    } else {
+      return;
+    }
+    ++next;
+    ch->small_consumed.store(next, std::memory_order_release);
+    notify(seg_.header(src)->doorbell);
+  }
+}
+
 bool P2PEngine::progress_offer(int d, P2POp& op) {
   ChannelCtrl* ch = seg_.channel(rank_, d);
   if (!op.started) {
     const uint32_t posted = ch->posted.load(std::memory_order_relaxed);
     if (ch->consumed.load(std::memory_order_acquire) != posted) return false;  // channel busy
+    if (!small_drained(d)) return false;
     ch->tag = op.tag;
     ch->bytes = 0;
     ch->total = op.bytes;
@@ -285,7 +404,7 @@ bool P2PEngine::progress_offer(int d, P2POp& op) {
     ch->dtype = static_cast<uint8_t>(op.dtype);
     ch->offer.store(ChannelCtrl::kOffered, std::memory_order_relaxed);
     ch->posted.store(posted + 1, std::memory_order_release);
-    ring(seg_.header(d)->doorbell);
+    notify(seg_.header(d)->doorbell);
     op.offered = posted + 1;
     op.started = true;
     return false;
@@ -355,7 +474,7 @@ bool P2PEngine::take_offer(int src, ChannelCtrl* ch, uint32_t consumed, bool buf
     }
   }
   ch->consumed.store(consumed + 1, std::memory_order_release);
-  ring(seg_.header(src)->doorbell);
+  notify(seg_.header(src)->doorbell);
   if (op) {
     op->done = op->bytes;
     op->finished = true;
@@ -416,18 +535,22 @@ void P2PEngine::fail(const std::shared_ptr<P2POp>& op, std::exception_ptr error)
 
 void P2PEngine::complete(const std::vector<std::shared_ptr<P2POp>>& ops) {
   for (const auto& op : ops) {
-    auto work = op->work.lock();
-    if (!work) continue;
-    try {
-      if (!op->is_send && op->source >= 0) work->set_source_rank(op->source);
-      if (op->error) {
-        work->finish_with_error(op->error);
-      } else {
-        work->finish({op->tensor});
-      }
-    } catch (...) {
-      // completed already
+    if (auto work = op->work.lock()) finish(*work, *op, op->tensor);
+  }
+}
+
+void P2PEngine::finish(core::Work& work, const P2POp& op, const core::Tensor& tensor) {
+  try {
+    if (!op.is_send && op.source >= 0) work.set_source_rank(op.source);
+    if (op.error) {
+      work.finish_with_error(op.error);
+    } else if (op.is_send) {
+      work.finish();  // a send has no outputs
+    } else {
+      work.finish({tensor});
     }
+  } catch (...) {
+    // completed already
   }
 }
 

@@ -40,8 +40,10 @@ struct P2POp {
   std::exception_ptr error;
   std::weak_ptr<core::Work> work;
   core::Tensor tensor;
-  core::Deadline deadline{core::Millis(0)};
   core::Millis timeout{0};
+  // Counts from the first wait that had to wait (P2PEngine::wait); guarded by the engine's mutex.
+  core::Deadline deadline{core::Millis(0)};
+  bool deadline_started = false;
 };
 
 class P2PEngine {
@@ -50,7 +52,12 @@ class P2PEngine {
   // Withdraws the offers of sends never completed: their buffers go with their ops.
   ~P2PEngine();
 
-  void post(const std::shared_ptr<P2POp>& op);
+  // Queues `op` and moves every channel as far as it goes; returns whether `op` finished.
+  bool post(const std::shared_ptr<P2POp>& op);
+  // Makes `work` the Work that `op` finishes (at once if it has), and `tensor` (its buffer,
+  // kept alive by it) the op's until then.
+  void attach(const std::shared_ptr<P2POp>& op, const std::shared_ptr<core::Work>& work,
+              core::Tensor tensor);
 
   // Whether a receive is posted and not complete (another thread may be writing its buffer).
   bool receiving();
@@ -92,6 +99,15 @@ class P2PEngine {
   // Sender side of an offered message (mutex_ held): offers it, or finishes it once read.
   // False while the channel is busy or the receiver has not read it yet.
   bool progress_offer(int d, P2POp& op);
+  // Sender side of a small message (mutex_ held): into the ring to `d`, or false while the
+  // channel's chunks are unread or the ring is full.
+  bool post_small(int d, const P2POp& op);
+  // Whether `d` has taken every small message sent to it (mutex_ held).
+  bool small_drained(int d);
+  // Receiver side: takes the small messages from `src` in order, into the receives they match
+  // or, with `buffer_offers`, into buffers (mutex_ held).
+  void take_small(int src, ChannelCtrl* ch, bool buffer_offers,
+                  std::vector<std::shared_ptr<P2POp>>& done);
   // Receiver side of an offered message from `src`: takes and reads it (mutex_ held).
   // False (nothing done) when no receive matches and `buffer_offers` is false.
   bool take_offer(int src, ChannelCtrl* ch, uint32_t consumed, bool buffer_offers,
@@ -100,6 +116,8 @@ class P2PEngine {
   void withdraw(P2POp& op);
   void fail(const std::shared_ptr<P2POp>& op, std::exception_ptr error);
   static void complete(const std::vector<std::shared_ptr<P2POp>>& ops);
+  // Finishes `work` with the outcome of the finished `op`, whose buffer is `tensor`.
+  static void finish(core::Work& work, const P2POp& op, const core::Tensor& tensor);
 
   // How long a send that fails waits for a receiver reading its buffer.
   static constexpr std::chrono::milliseconds kWithdrawWait{100};
@@ -115,6 +133,9 @@ class P2PEngine {
   std::deque<std::shared_ptr<P2POp>> recvs_;               // posted, unmatched; guarded by mutex_
   std::deque<std::shared_ptr<Unexpected>> unexpected_;     // arrival order; guarded by mutex_
   std::vector<Incoming> incoming_;                         // per source; guarded by mutex_
+  // Small messages: sent to each destination, what that one had read when last looked at,
+  // and taken from each source. Guarded by mutex_.
+  std::vector<uint32_t> small_posted_, small_read_, small_next_;
 };
 
 namespace detail {

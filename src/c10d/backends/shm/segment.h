@@ -132,8 +132,27 @@ struct SegmentHeader {
   alignas(2 * kLine) Mailbox mailbox[kRingDepth];
 };
 
+// A message of up to kSmallMessageBytes, whole in one cache line: the receiver's one miss
+// brings the header and the data together.
+inline constexpr size_t kSmallMessageBytes = 48;
+// Small messages a sender may have in flight to one receiver.
+inline constexpr uint32_t kSmallMessages = 32;
+struct alignas(kLine) SmallMessage {
+  std::atomic<uint32_t> seq;  // the message's number on its channel + 1, stored last
+  int32_t tag;
+  uint32_t bytes;
+  uint8_t dtype;  // core::DType
+  char data[kSmallMessageBytes];
+};
+static_assert(sizeof(SmallMessage) == kLine);
+
 // Control block of the channel from sender s to receiver d, in s's segment. The sender writes
 // the fields and then bumps `posted`; the receiver copies the chunk and bumps `consumed`.
+// Small messages go through `small`, a ring of kSmallMessages lines that the receiver takes
+// in order (counting them in `small_consumed`), so a sender does not wait for each to be read.
+// The two never carry messages at once (a small one waits for the chunks before it to be
+// read, a chunked or offered one for the small ones before it), which keeps the order of
+// the messages of a pair.
 // A message of kDirectMessageBytes or more, where the peers can read each other's memory
 // (Segment::cma), is offered whole instead: `address` is the sender's buffer, which the
 // receiver reads once (process_vm_readv) after taking the offer; the send completes when
@@ -149,6 +168,8 @@ struct ChannelCtrl {
   uint8_t dtype;     // of the message (core::DType): a receive of another dtype fails
   alignas(kLine) std::atomic<uint32_t> offer;
   alignas(kLine) std::atomic<uint32_t> consumed;
+  alignas(kLine) std::atomic<uint32_t> small_consumed;
+  SmallMessage small[kSmallMessages];
 };
 
 struct Layout {

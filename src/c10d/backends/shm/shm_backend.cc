@@ -47,6 +47,8 @@ ShmBackend::ShmBackend(std::shared_ptr<store::Store> store, int rank, int size, 
   channel_ = std::make_shared<StepChannel>(segment_, cpu >= 0);
   algo::calibrate(*channel_, rendezvous_timeout);  // before any operation can be submitted
   p2p_ = std::make_shared<P2PEngine>(segment_, channel_);
+  sent_ = std::make_shared<core::Work>(OpType::kSend, "shm:send");
+  sent_->finish();
   auto queue = pg::OpQueue::Config::of("shm", "", rank, size);
   // Waking the worker for every asynchronous operation costs more than the operation (see
   // docs/design/shm.md#operation-queue): it polls while they are in use.
@@ -298,8 +300,7 @@ WorkPtr ShmBackend::run_inline(const pg::InlineOp& op) {
   if (op.type == OpType::kSend || op.type == OpType::kRecv) {
     // Point to point has its own channels: no place in the collectives' queue.
     const pg::DenseView& v = op.type == OpType::kSend ? op.input : op.output;
-    return post_p2p(op.type, v.bytes(), v.nbytes(), v.dtype, op.root, op.tag, op.timeout,
-                    op.async_tensor);
+    return post_p2p(op.type, v.bytes(), v.nbytes(), v.dtype, op.root, op.tag, op.timeout, op.hold);
   }
   const char* name = inline_name(op.type);
   // The kind its steps show peers, which may run the same call on the general path: that one
@@ -534,12 +535,13 @@ WorkPtr ShmBackend::recv_anysource(std::vector<Tensor>& tensors, int tag) {
 }
 
 WorkPtr ShmBackend::post_p2p(OpType type, Tensor tensor, int peer, int tag) {
+  const pg::BufferHold hold{[](const void* t) { return *static_cast<const Tensor*>(t); }, &tensor};
   return post_p2p(type, tensor.data_as<char>(), tensor.nbytes(), tensor.dtype(), peer, tag,
-                  pg::kUnsetTimeout, &tensor);
+                  pg::kUnsetTimeout, hold);
 }
 
 WorkPtr ShmBackend::post_p2p(OpType type, char* data, size_t bytes, core::DType dtype, int peer,
-                             int tag, Millis timeout, const Tensor* tensor) {
+                             int tag, Millis timeout, const pg::BufferHold& hold) {
   auto op = std::make_shared<P2POp>();
   op->is_send = type == OpType::kSend;
   op->peer = peer;
@@ -548,30 +550,29 @@ WorkPtr ShmBackend::post_p2p(OpType type, char* data, size_t bytes, core::DType 
   op->bytes = bytes;
   op->dtype = dtype;
   op->timeout = effective_timeout(timeout);  // read once: set_timeout may run concurrently
-  op->deadline = core::Deadline(op->timeout);
-  WorkPtr work;
-  if (tensor != nullptr) {
-    op->tensor = *tensor;
-    const char* name = op->is_send             ? "shm:send"
-                       : type == OpType::kRecv ? "shm:recv"
-                                               : "shm:recv_anysource";
-    auto p2p_work = std::make_shared<detail::P2PWork>(type, name, p2p_, op);
-    op->work = p2p_work;
-    work = std::move(p2p_work);
-  }
+  const char* name = op->is_send             ? "shm:send"
+                     : type == OpType::kRecv ? "shm:recv"
+                                             : "shm:recv_anysource";
   if (channel_->aborted()) {
     auto error = std::make_exception_ptr(
         DistBackendError(str_cat("shm ", p2p_->describe(*op), ": the backend was shut down")));
-    if (!work) std::rethrow_exception(error);
+    if (!hold) std::rethrow_exception(error);
+    auto work = std::make_shared<core::Work>(type, name);
     work->finish_with_error(error);
     return work;
   }
-  p2p_->post(op);
-  if (work) return work;
-  // Synchronous (inline): no Work, so the op's own state tells how it ended.
-  p2p_->wait(op, core::kNoTimeout);
-  if (op->error) std::rethrow_exception(op->error);
-  return nullptr;
+  const bool finished = p2p_->post(op);
+  if (!hold) {
+    // Synchronous (inline): no Work, so the op's own state tells how it ended.
+    if (!finished) p2p_->wait(op, core::kNoTimeout);
+    if (op->error) std::rethrow_exception(op->error);
+    return nullptr;
+  }
+  // A send that ended as it was posted (a small message) has nothing of its own to report.
+  if (finished && op->is_send && !op->error) return sent_;
+  auto work = std::make_shared<detail::P2PWork>(type, name, p2p_, op);
+  p2p_->attach(op, work, hold());
+  return work;
 }
 
 }  // namespace c10d::backends::shm

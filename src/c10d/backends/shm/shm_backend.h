@@ -136,15 +136,18 @@ class ShmBackend : public pg::Backend {
   pg::WorkPtr submit(core::OpType type, const char* name, pg::Millis timeout, bool async, Body body,
                      std::vector<pg::Tensor> outputs);
   pg::WorkPtr post_p2p(core::OpType type, pg::Tensor tensor, int peer, int tag);
-  // Posts a send or receive of `bytes` at `data`. With `tensor` (the same buffer, kept alive
-  // by it) it returns the operation's Work; without, it waits for the end and returns null.
+  // Posts a send or receive of `bytes` at `data`. Without `hold` it waits for the end and
+  // returns null; with it, it returns the operation's Work, and asks `hold` for a tensor
+  // keeping the buffer alive if the operation outlives the call.
   pg::WorkPtr post_p2p(core::OpType type, char* data, size_t bytes, core::DType dtype, int peer,
-                       int tag, pg::Millis timeout, const pg::Tensor* tensor);
+                       int tag, pg::Millis timeout, const pg::BufferHold& hold);
 
   std::shared_ptr<store::Store> store_;
   std::shared_ptr<Segment> segment_;
   std::shared_ptr<StepChannel> channel_;
   std::shared_ptr<P2PEngine> p2p_;
+  // The Work of every send that completed as it was posted: completed, no outputs, shared.
+  pg::WorkPtr sent_;
   std::shared_ptr<pg::OpQueue> queue_;
   std::mutex shutdown_mutex_;
 };

@@ -20,6 +20,7 @@ from .collectives import (  # noqa: F401
 from .p2p import (  # noqa: F401
     point_to_point,
     inline_point_to_point,
+    message_order,
     p2p_torch_conformance,
     barriers_and_async,
     barrier_after_async,

@@ -176,6 +176,45 @@ def inline_point_to_point(dist, backend):
     dist.barrier()
 
 
+def message_order(dist, backend):
+    """Messages between two ranks arrive in the order they were sent whatever their sizes (shm
+    carries small ones, chunked ones and ones read from the sender's buffer three ways), and
+    a receive for a later tag gets its message past earlier ones, more of them than shm keeps
+    in flight."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return
+    # Element counts (int16): 2 B and 96 B messages on either side of shm's 48 B small
+    # message, 10 KB chunked, 128 KiB read whole.
+    counts = [1, 24, 48, 5000, 1 << 16, 3]
+    if rank == 0:
+        works = [
+            dist.isend(np.full(counts[i % len(counts)], i, np.int16), 1, tag=3) for i in range(60)
+        ]
+        for w in works:
+            w.wait()
+    elif rank == 1:
+        for i in range(60):
+            got = np.zeros(counts[i % len(counts)], np.int16)
+            dist.recv(got, 0, tag=3)
+            assert (got == i).all(), (i, got[:4])
+    dist.barrier()
+    if rank == 0:
+        works = [dist.isend(np.array([i], np.int64), 1, tag=1) for i in range(80)]
+        works.append(dist.isend(np.array([-1], np.int64), 1, tag=2))
+        for w in works:
+            w.wait()
+    elif rank == 1:
+        last = np.zeros(1, np.int64)
+        dist.recv(last, 0, tag=2)
+        assert last[0] == -1, last
+        for i in range(80):
+            got = np.zeros(1, np.int64)
+            dist.recv(got, 0, tag=1)
+            assert got[0] == i, (i, got)
+    dist.barrier()
+
+
 def p2p_torch_conformance(dist, backend):
     """Point-to-point results torch's API defines: batch_isend_irecv's Works in list order,
     recv returning global ranks also for group_src, RuntimeError-compatible argument errors."""
