@@ -354,7 +354,8 @@ void P2PEngine::take_small(int src, ChannelCtrl* ch, bool buffer_offers,
     const SmallMessage& m = ch->small[next % kSmallMessages];
     if (m.seq.load(std::memory_order_acquire) != next + 1) return;
     const int tag = m.tag;
-    const size_t bytes = m.bytes;
+    // Never past the line, whatever the peer wrote.
+    const size_t bytes = std::min<size_t>(m.bytes, kSmallMessageBytes);
     const auto dtype = static_cast<core::DType>(m.dtype);
     auto it = std::find_if(recvs_.begin(), recvs_.end(),
                            [&](const std::shared_ptr<P2POp>& r) { return matches(*r, src, tag); });
