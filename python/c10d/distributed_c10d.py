@@ -2094,6 +2094,9 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     order = sorted(range(len(p2p_op_list)), key=lambda i: 0 if p2p_op_list[i].op is irecv else 1)
     for i in order:
         p = p2p_op_list[i]
+        if p.group is _world.default_pg:  # global ranks are its own: the inline path applies
+            works[i] = p.op(p.tensor, p.peer, None, p.tag)
+            continue
         peer = {"group_dst" if p.op is isend else "group_src": p.group_peer}
         if _rank_not_in_group(p.group):  # warns and returns None, as a plain isend/irecv does
             peer = {"dst" if p.op is isend else "src": p.peer}
