@@ -209,6 +209,7 @@ void Ring::mark_broken(const std::string& message, bool timeout) {
 }
 
 void Ring::report(const std::string& message, bool timeout) noexcept {
+  if (reported_.exchange(true)) return;
   try {
     store_->set(str_cat("failed/", index_), store::to_bytes(str_cat(timeout ? "T" : "E", message)));
   } catch (...) {  // the store is gone too: the neighbours see the connection close alone

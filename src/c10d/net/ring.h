@@ -107,6 +107,8 @@ class Ring {
   // neighbours learn at once).
   void mark_broken(const std::string& message, bool timeout);
   // Best effort: `message` under this member's "failed/" key, marked as a timeout or not.
+  // Only the first report is written: what came after it (a shutdown once the operation
+  // failed) is its consequence, and a slower neighbour must still read the cause.
   void report(const std::string& message, bool timeout) noexcept;
   // Why member `index` closed its connection, from its report (" after it failed: ..."), or,
   // without one within a second, that it ended without a word; and whether it timed out (a
@@ -134,6 +136,7 @@ class Ring {
   std::string broken_;  // why the ring refuses operations, once it does
   std::vector<char> incoming_;
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> reported_{false};
 };
 
 }  // namespace c10d::net

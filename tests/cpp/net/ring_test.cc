@@ -196,6 +196,34 @@ TEST(Ring, AbortEndsABlockedOperationAtOnce) {
   EXPECT_EQ(errors[0], "");
 }
 
+// A member whose operation failed and whose backend then shut down (destroy_process_group
+// right after the error) leaves the failure, not the shutdown, for a slower neighbour to read.
+TEST(Ring, AShutdownAfterAFailureLeavesTheFailureForTheNeighbours) {
+  std::atomic<bool> failed{false};
+  const auto errors = run_members(2, 10s, [&](int m, Ring& ring) {
+    std::vector<float> data(100, 1.0f);
+    if (m == 0) {
+      rank_threads::SetOnExit release{failed};
+      EXPECT_THROW(ring.allreduce(data.data(), data.size(), DType::kFloat32,
+                                  ReduceOp(ReduceOp::SUM), 300ms, allreduce_call(0)),
+                   core::DistTimeoutError);
+      ring.abort();
+      return;
+    }
+    rank_threads::wait_for(failed, 30s);
+    ring.allreduce(data.data(), data.size(), DType::kFloat32, ReduceOp(ReduceOp::SUM), 5s,
+                   allreduce_call(0));
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_NE(errors[1].find("rank 10 on host 127.0.0.1 (ring member 0, port "), std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[1].find("after it failed: test allreduce (sequence 0, rank 10, 400 bytes) in "
+                           "the test: Timed out after 300ms"),
+            std::string::npos)
+      << errors[1];
+  EXPECT_EQ(errors[1].find("the backend was shut down"), std::string::npos) << errors[1];
+}
+
 TEST(Ring, AMemberThatNeverConnectsTimesOutNamingIt) {
   auto store = std::make_shared<store::HashStore>(2s);
   const auto start = std::chrono::steady_clock::now();
