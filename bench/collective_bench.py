@@ -722,6 +722,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="also run torch.distributed (gloo) and mpi4py when installed",
     )
+    p.add_argument(
+        "--peers",
+        default="torch,mpi",
+        help="with --compare, which of the installed peers to run (comma-separated)",
+    )
     p.add_argument("--plot", default=None, help="write a busbw-vs-size PNG here")
     p.add_argument("--json", default=None, help="write all results here")
     p.add_argument(
@@ -745,7 +750,8 @@ def main(argv=None) -> int:
         return worker(args)
 
     runs = [("c10d", b) for b in args.backend.split(",")]
-    peers = peers_available() if args.compare else []
+    wanted = args.peers.split(",")
+    peers = [p for p in peers_available() if p in wanted] if args.compare else []
     runs += [(peer, "gloo") for peer in peers]
     if "torch" in peers:
         runs.append(("torch", "c10d_shm"))  # torch.distributed calls on c10d's shm backend

@@ -135,6 +135,16 @@ def test_reused_arrays_move_into_the_shared_heap_and_back(world, who):
     _all_ok(_run("adopt", world, timeout=60, env_for_rank=env))
 
 
+@pytest.mark.parametrize("world,who", [(2, "all"), (3, "all"), (2, "rank1")])
+def test_reused_inputs_are_read_in_place_by_every_collective(world, who):
+    # broadcast, all_gather (both forms), gather and all_to_all_single adopt their inputs as
+    # all_reduce does, and the peers read them in place; "rank1" as above.
+    def env(rank):
+        return {"C10D_SHM_ADOPT_BYTES": "0"} if who == "rank1" and rank != 1 else {}
+
+    _all_ok(_run("adopt_collectives", world, timeout=90, env_for_rank=env))
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_rooted_operations_back_to_back_agree_with_numpy(world):
     # Rooted operations are one-sided (the root does not wait for the others), so the root can
@@ -442,6 +452,91 @@ def case_fuzz(dist):
             [np.arange(start, start + splits[rank]) + 1000 * j for j in range(world)]
         ).astype(np.int32)
         np.testing.assert_array_equal(recv, exp, err_msg=f"all_to_all n={n}")
+    dist.destroy_process_group()
+
+
+def case_adopt_collectives(dist):
+    rank, world = _init(dist)
+    backend = dist.distributed_c10d._resolve_group(None)._get_backend("cpu")
+    adopts = os.environ.get("C10D_SHM_ADOPT_BYTES") != "0"
+
+    def view(n, dtype=np.float64):
+        # At an offset into its owner that differs by rank; the owner's other bytes must stay.
+        owner = np.full(n + 64, -7, dtype)
+        return owner, owner[rank * 3 + 1 : rank * 3 + 1 + n]
+
+    def value(n, r, call):
+        return (np.arange(n) % 89) * (r + 1) + 1000 * call
+
+    def check(owner, t, call, what, first=1):  # adopted from call `first` on
+        assert backend._aliased(t) == (adopts and call >= first), (what, call, adopts)
+        assert (owner[: rank * 3 + 1] == -7).all() and (owner[rank * 3 + 1 + t.size :] == -7).all()
+
+    # 300 KiB (mid-sized: through the kernel before) and ~1.2 MiB (through the slots before).
+    for n in (38401, 150001):
+        owner, t = view(n)
+        for call in range(4):
+            root = call % world
+            t[:] = value(n, rank, call) if rank == root else -1
+            dist.broadcast(t, src=root)
+            np.testing.assert_array_equal(t, value(n, root, call), err_msg=f"broadcast {n} {call}")
+            check(owner, t, call, "broadcast")
+
+        owner, t = view(n)
+        out = np.zeros(n * world)
+        outs = [np.zeros(n) for _ in range(world)]
+        for call in range(4):
+            t[:] = value(n, rank, call)
+            if call % 2:
+                dist.all_gather(outs, t)
+                got = np.concatenate(outs)
+            else:
+                dist.all_gather_into_tensor(out, t)
+                got = out
+            want = np.concatenate([value(n, r, call) for r in range(world)])
+            np.testing.assert_array_equal(got, want, err_msg=f"all_gather {n} {call}")
+            check(owner, t, call, "all_gather")
+
+        # all_to_all_single, even and uneven parts (the list form carries separate arrays).
+        m = n * world
+        owner, t = view(m)
+        def split(r, j, call):  # rank r's part for rank j; uneven at odd calls, summing to m
+            if call % 2 == 0:
+                return n
+            return n + (j == (r + 1) % world) - (j == (r + 2) % world)
+
+        for call in range(4):
+            t[:] = value(m, rank, call)
+            splits = [split(rank, j, call) for j in range(world)]
+            recv_sizes = [split(j, rank, call) for j in range(world)]
+            recv = np.zeros(sum(recv_sizes))
+            if call % 2 == 0:
+                dist.all_to_all_single(recv, t)
+            else:
+                dist.all_to_all_single(recv, t, recv_sizes, splits)
+            at = 0
+            for j in range(world):
+                start = sum(split(j, k, call) for k in range(rank))
+                part = value(m, j, call)[start : start + recv_sizes[j]]
+                np.testing.assert_array_equal(
+                    recv[at : at + recv_sizes[j]], part, err_msg=f"all_to_all {n} {call} from {j}"
+                )
+                at += recv_sizes[j]
+            # Uneven splits take the general path, which counts no use.
+            check(owner, t, call, "all_to_all", first=2)
+
+    # gather of 8.5 MiB a rank (from 8 MiB it reads the senders' inputs directly).
+    n = (17 << 19) // 8
+    owner, t = view(n)
+    for call in range(3):
+        root = (call + 1) % world
+        t[:] = value(n, rank, call)
+        outs = [np.zeros(n) for _ in range(world)] if rank == root else None
+        dist.gather(t, outs, dst=root)
+        if rank == root:
+            for r in range(world):
+                np.testing.assert_array_equal(outs[r], value(n, r, call), err_msg=f"gather {r}")
+        check(owner, t, call, "gather")
     dist.destroy_process_group()
 
 

@@ -193,14 +193,14 @@ class Backend : public std::enable_shared_from_this<Backend> {
 
   // Adoption: a backend whose collectives work in place on memory it shares with its peers
   // (shm's heap) may move the whole pages of an ordinary buffer there, at the same addresses,
-  // so that a buffer reduced again and again (a numpy array all_reduced every step) takes that
-  // path too. The caller, which tracks who owns the memory, must tell the process-level
+  // so that a buffer used again and again (a numpy array all_reduced or broadcast every step)
+  // takes that path too. The caller, which tracks who owns the memory, must tell the process-level
   // registry (release_adopted_memory / forget_adopted_memory below) before the memory is freed
   // or changes hands. kBusy: try again later (an operation is in flight); kRefused: this
   // buffer cannot be adopted now. Nothing changes unless kDone.
   enum class Adoption { kDone, kBusy, kRefused };
   virtual bool adopts_memory() const { return false; }
-  // Adopts [data, data + bytes), the buffer of an all_reduce the caller is about to run.
+  // Adopts [data, data + bytes), the buffer of a collective the caller is about to run.
   virtual Adoption adopt(void* /*data*/, size_t /*bytes*/) { return Adoption::kRefused; }
   // Whether part of [data, data + bytes) was adopted by this backend (without `verify`, the
   // record is trusted as it is: only for decisions a stale record cannot make unsafe).

@@ -22,7 +22,7 @@
 #include <vector>
 
 #ifdef C10D_HAVE_NUMPY_HEADERS
-#define C10D_ADOPT_ARRAYS 1  // numpy arrays reused by allreduces move into a backend's memory
+#define C10D_ADOPT_ARRAYS 1  // numpy arrays reused by collectives move into a backend's memory
 #endif
 #include "c10d/core/blocking.h"
 #include "c10d/core/dtype.h"
@@ -146,25 +146,25 @@ bool dense_ndarray(PyObject* obj, bool writable, Buffer& buffer, DenseView& out)
 #endif
 
 #ifdef C10D_ADOPT_ARRAYS
-// Numpy arrays that a group all_reduces again get the zero-copy path of memory its backend
+// Numpy arrays that a group's collectives use again get the zero-copy path of memory its backend
 // shares with its peers (Backend::adopt; shm's heap, as shm_empty's arrays): from the second
-// all_reduce of C10D_SHM_ADOPT_BYTES or more on the memory of one array (the array that owns
-// it: views count for their owner, so the buckets of a flat gradient buffer count together),
-// the whole pages of the buffer being reduced, and only those, are adopted. A weak reference to the
-// owner, taken at the first, forgets it when it goes, and gives the pages back before numpy frees
-// the memory (numpy calls weak-reference callbacks first in its dealloc). Counting by address alone
-// would take a fresh array where a dead one was for the same, and adopt (and soon release) arrays
-// that are all_reduced once per step. numpy refuses to resize an array with weak references in
-// place: that is the visible cost. The GIL guards this state; never destroyed (callbacks may run
-// while the process exits).
+// synchronous collective (adopt_if_reused) of C10D_SHM_ADOPT_BYTES or more on the memory of one
+// array (the array that owns it: views count for their owner, so the buckets of a flat gradient
+// buffer count together), the whole pages of the buffer, and only those, are adopted. A weak
+// reference to the owner, taken at the first, forgets it when it goes, and gives the pages back
+// before numpy frees the memory (numpy calls weak-reference callbacks first in its dealloc).
+// Counting by address alone would take a fresh array where a dead one was for the same, and
+// adopt (and soon release) arrays used once per step. numpy refuses to resize an array with weak
+// references in place: that is the visible cost. The GIL guards this state; never destroyed
+// (callbacks may run while the process exits).
 struct Tracked {
   PyObject* owner = nullptr;  // borrowed: only a key of g_ref_of, dropped when it goes
   void* data = nullptr;       // the owner's memory when first seen
   size_t bytes = 0;
-  int uses = 0;          // all_reduces counted so far; negative after a refusal (tried again at 2)
+  int uses = 0;          // collectives counted so far; negative after a refusal (tried again at 2)
   bool adopted = false;  // some buffer inside [data, data + bytes) was
 };
-// A refused adoption is tried again after this many more all_reduces of the array.
+// A refused adoption is tried again after this many more collectives on the array.
 constexpr int kRetryUses = 64;
 auto& g_tracked = *new std::unordered_map<PyObject*, Tracked>;   // by weak reference
 auto& g_ref_of = *new std::unordered_map<PyObject*, PyObject*>;  // owner -> weak reference
@@ -222,7 +222,7 @@ size_t array_bytes(PyObject* array) {
   return static_cast<size_t>(bytes);
 }
 
-// Counts an all_reduce of the numpy array `array`, whose buffer is `view`, and from the second
+// Counts a collective on the numpy array `array`, whose buffer is `view`, and from the second
 // on its owner's memory adopts the whole pages of `view` (see above).
 void adopt_reused(const InlineState& state, PyObject* array, const DenseView& view) {
   PyObject* owner = memory_owner(array);
@@ -248,7 +248,7 @@ void adopt_reused(const InlineState& state, PyObject* array, const DenseView& vi
     t = Tracked{.owner = owner, .data = data, .bytes = bytes, .uses = 1};
     return;
   }
-  // Unverified: the all_reduce's own lookup checks the record (and drops it if stale) next.
+  // Unverified: the collective's own lookup checks the record (and drops it if stale) next.
   if (state.adopter->adopted(view.data, view.nbytes(), /*verify=*/false)) {
     t.adopted = true;  // perhaps by an array that had this memory before: released with this one
     return;
@@ -260,7 +260,7 @@ void adopt_reused(const InlineState& state, PyObject* array, const DenseView& vi
       t.adopted = true;
       break;
     case pg::Backend::Adoption::kBusy:
-      t.uses = 1;  // at the next all_reduce again
+      t.uses = 1;  // at the next collective again
       break;
     case pg::Backend::Adoption::kRefused:
       t.uses = 2 - kRetryUses;
@@ -268,6 +268,20 @@ void adopt_reused(const InlineState& state, PyObject* array, const DenseView& vi
   }
 }
 #endif
+
+// Adoption for the buffer `view` of a synchronous collective whose peers read it in place when
+// it lies in the shared heap: an all_reduce's or a broadcast's tensor, the input of an
+// all_gather, gather or all_to_all.
+void adopt_if_reused(const InlineState& state, const Buffer& buffer, const DenseView& view) {
+#ifdef C10D_ADOPT_ARRAYS
+  if (state.adopt_bytes != 0 && buffer.array != nullptr && state.adopter &&
+      view.nbytes() >= state.adopt_bytes) {
+    adopt_reused(state, buffer.array, view);
+  }
+#else
+  (void)state, (void)buffer, (void)view;
+#endif
+}
 
 #ifndef C10D_HAVE_NUMPY_HEADERS
 void load_numpy_types() {}  // without numpy's headers every array takes the buffer protocol
@@ -454,12 +468,8 @@ PyObject* in_place(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpTy
       !dense(args[0], true, buffer, op.input)) {
     Py_RETURN_FALSE;
   }
-#ifdef C10D_ADOPT_ARRAYS
-  if (type == OpType::kAllreduce && state->adopt_bytes != 0 && buffer.array != nullptr &&
-      op.input.numel * core::element_size(op.input.dtype) >= state->adopt_bytes && state->adopter) {
-    adopt_reused(*state, buffer.array, op.input);
-  }
-#endif
+  // A reduce's root reads its peers' inputs through the slots, not in place.
+  if (type != OpType::kReduce) adopt_if_reused(*state, buffer, op.input);
   return run(*state, op);
 }
 
@@ -487,6 +497,7 @@ PyObject* output_input(PyObject* self, PyObject* const* args, Py_ssize_t nargs, 
       !dense(args[0], true, out, op.output) || !dense(args[1], false, in, op.input)) {
     Py_RETURN_FALSE;
   }
+  if (type != OpType::kReduceScatterBase) adopt_if_reused(*state, in, op.input);
   return run(*state, op);
 }
 
@@ -526,6 +537,7 @@ PyObject* list_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpTyp
   }
   op.list = list.views;
   op.list_size = list.size;
+  if (gathers) adopt_if_reused(*state, mine, op.input);
   return run(*state, op);
 }
 

@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "c10d/backends/shm/alias.h"
 #include "c10d/core/clock.h"
 #include "c10d/core/env.h"
 #include "c10d/core/reduce.h"
@@ -124,12 +126,12 @@ void broadcast(StepChannel& ch, char* data, size_t bytes, DType dtype, int root)
   ch.expect_moved(bytes, dtype, root);
   if (ch.nothing_to_move(bytes) || size == 1) return;
   if (bytes > kOneShotBytes) {
-    // A root tensor in the shared heap is read in place by every other rank; a large one
-    // elsewhere is read through the kernel.
+    // A root tensor mostly in the shared heap (or adopted into it) is read in place by every
+    // other rank; a large one elsewhere is read through the kernel.
     const std::vector<StepChannel::Where>& where = ch.locate(data, bytes);
-    if (where[root].mapped != nullptr || ch.direct_fanout(bytes) ||
+    if (StepChannel::mostly_mapped(where[root], bytes) || ch.direct_fanout(bytes) ||
         ch.direct_mid(bytes, kBroadcastMidEndBytes)) {
-      if (rank != root) ch.fetch(where[root], root, data, bytes);
+      if (rank != root) ch.read_range(where[root], root, data, 0, bytes);
       ch.sync_after_reads();  // the root's tensor must not change while peers read it
       return;
     }
@@ -227,6 +229,61 @@ void alltoall_equal(StepChannel& ch, const char* in, char* out, size_t bytes, DT
            ch.scratch().equal_lens, dtype);
 }
 
+namespace {
+
+// alltoall's direct path reads a peer's parts in place where they lie in its heap or an
+// alias (adopted arrays): each rank publishes the span its send parts cover and the part of
+// it that is mapped (base address, heap offset or -1, lo, hi, the span's length).
+constexpr int kSpanWords = 5;
+
+void publish_span(StepChannel& ch, const std::vector<const char*>& send,
+                  const std::vector<size_t>& send_len, int64_t* words) {
+  uintptr_t lo = UINTPTR_MAX;
+  uintptr_t hi = 0;
+  for (int j = 0; j < ch.size(); ++j) {
+    if (j == ch.rank() || send_len[j] == 0) continue;
+    lo = std::min(lo, reinterpret_cast<uintptr_t>(send[j]));
+    hi = std::max(hi, reinterpret_cast<uintptr_t>(send[j]) + send_len[j]);
+  }
+  words[0] = static_cast<int64_t>(lo);
+  words[1] = -1;
+  words[4] = hi > lo ? static_cast<int64_t>(hi - lo) : 0;
+  if (hi <= lo) return;
+  const auto* base = reinterpret_cast<const char*>(lo);
+  const int64_t heap = ch.seg().heap_offset(base, hi - lo);
+  const AliasedPart part = heap >= 0 ? AliasedPart{.lo = 0, .hi = hi - lo, .heap_offset = 0}
+                                     : find_alias(ch.seg(), base, hi - lo);
+  if (part.hi <= part.lo) return;
+  words[1] = heap >= 0 ? heap : static_cast<int64_t>(part.heap_offset);
+  words[2] = static_cast<int64_t>(part.lo);
+  words[3] = static_cast<int64_t>(part.hi);
+}
+
+// Whether every rank's span is mostly mapped here, so that the direct path reads it in place
+// whatever its size (the same answer on every rank: all see the same tables of step s).
+bool spans_mapped(StepChannel& ch, uint32_t s) {
+  for (int j = 0; j < ch.size(); ++j) {
+    const auto* words = reinterpret_cast<const int64_t*>(ch.seg().meta(j, s)) + 2 * ch.size();
+    if (words[4] == 0) continue;  // sends nothing to the others
+    if (words[1] < 0 || 2 * (words[3] - words[2]) < words[4]) return false;
+  }
+  return true;
+}
+
+// Rank j's span (publish_span) as a Where.
+StepChannel::Where span_of(StepChannel& ch, int j, const int64_t* words) {
+  StepChannel::Where w;
+  w.address = static_cast<uint64_t>(words[0]);
+  if (words[1] >= 0) {
+    w.part = ch.seg().heap(j) + words[1];
+    w.lo = static_cast<size_t>(words[2]);
+    w.hi = static_cast<size_t>(words[3]);
+  }
+  return w;
+}
+
+}  // namespace
+
 void alltoall(StepChannel& ch, const std::vector<const char*>& send,
               const std::vector<size_t>& send_len, const std::vector<char*>& recv,
               const std::vector<size_t>& recv_len, DType dtype) {
@@ -242,7 +299,7 @@ void alltoall(StepChannel& ch, const std::vector<const char*>& send,
   // all sizes) this step is the whole exchange.
   copy_shared.select(std::accumulate(send_len.begin(), send_len.end(), size_t{0}),
                      ch.agreed_mode());
-  const bool addresses = seg.cma() && 2 * size <= kMaxRanks;
+  const bool addresses = seg.cma() && 2 * size + kSpanWords <= kMaxRanks;
   const size_t quota = kSlotBytes / size / kLine * kLine;
   const size_t small = std::min(quota, kOneShotBytes);
   uint32_t s = ch.next_step();
@@ -250,6 +307,7 @@ void alltoall(StepChannel& ch, const std::vector<const char*>& send,
   for (int j = 0; j < size; ++j) table[j] = send_len[j];
   if (addresses) {
     for (int j = 0; j < size; ++j) table[size + j] = reinterpret_cast<uint64_t>(send[j]);
+    publish_span(ch, send, send_len, reinterpret_cast<int64_t*>(table + 2 * size));
   }
   if (*std::max_element(send_len.begin(), send_len.end()) <= small) {
     for (int j = 0; j < size; ++j) {
@@ -281,10 +339,12 @@ void alltoall(StepChannel& ch, const std::vector<const char*>& send,
     if (!mismatch.empty()) throw core::InvalidArgument(mismatch);
     return;
   }
-  if (addresses && (ch.direct(longest) || ch.direct_mid(longest))) {
+  if (addresses && (ch.direct(longest) || ch.direct_mid(longest) || spans_mapped(ch, s))) {
     for (int j = 0; j < size; ++j) {
+      if (j == rank) continue;
       const auto* t = reinterpret_cast<const uint64_t*>(seg.meta(j, s));
-      if (j != rank) ch.read_from(j, recv[j], t[size + rank], std::min(incoming[j], recv_len[j]));
+      const StepChannel::Where w = span_of(ch, j, reinterpret_cast<const int64_t*>(t + 2 * size));
+      ch.read_range(w, j, recv[j], t[size + rank] - w.address, std::min(incoming[j], recv_len[j]));
     }
     ch.sync_after_reads();  // send buffers must not change while peers read them
     if (!mismatch.empty()) throw core::InvalidArgument(mismatch);

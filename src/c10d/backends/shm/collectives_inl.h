@@ -18,17 +18,17 @@ void allgather(StepChannel& ch, const char* in, size_t bytes, core::DType dtype,
   ch.expect_moved(bytes, dtype);
   if (ch.nothing_to_move(bytes)) return;
   if (bytes > detail::kOneShotBytes && size > 1) {
-    // Inputs are read in place when every rank's is in the shared heap, or through the
-    // kernel when large.
+    // Inputs are read in place when every rank's is mostly in the shared heap (or adopted
+    // into it), or through the kernel when large.
     const std::vector<StepChannel::Where>& where = ch.locate(in, bytes);
-    if (ch.all_mapped(where) || ch.direct_fanout(bytes) || ch.direct_mid(bytes)) {
+    if (ch.mostly_mapped(where, bytes) || ch.direct_fanout(bytes) || ch.direct_mid(bytes)) {
       for (int r = 0; r < size; ++r) {
         char* d = dst(r);
         if (d == nullptr) continue;
         if (r == rank) {
           detail::copy(d, in, bytes);
         } else {
-          ch.fetch(where[r], r, d, bytes);
+          ch.read_range(where[r], r, d, 0, bytes);
         }
       }
       ch.sync_after_reads();  // inputs must not change while peers read them

@@ -65,13 +65,6 @@ ModeProbe& StepChannel::path_probe(size_t bytes) {
   return path_probes_[std::min(k, path_probes_.size() - 1)];
 }
 
-// Copies rank r's buffer (`where`) into `dst`: from the mapping if there is one, else
-// through the kernel.
-void StepChannel::fetch(const Where& where, int r, char* dst, size_t bytes) {
-  if (where.mapped != nullptr) return copy(dst, where.mapped, bytes);
-  read_from(r, dst, where.address, bytes);
-}
-
 // Cross-memory copies that fail as this operation, naming the peer.
 void StepChannel::read_from(int r, void* local, uint64_t remote, size_t bytes) {
   try {
@@ -87,8 +80,6 @@ void StepChannel::peer_copy_failed(int r, const DistBackendError& e) {
   fail<DistBackendError>(str_cat(describe(), ": ", e.what()));
 }
 
-// Copies bytes [off, off + n) of rank r's buffer (`w`) into `dst`: what is mapped here from
-// the mapping, the rest through the kernel.
 void StepChannel::read_range(const Where& w, int r, char* dst, size_t off, size_t n) {
   size_t lo, hi;
   mapped_span(w, off, n, lo, hi);

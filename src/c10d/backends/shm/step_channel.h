@@ -253,12 +253,14 @@ class StepChannel {
                        [](const Where& w) { return w.mapped != nullptr; });
   }
 
-  // Whether every rank's buffer is mapped here for at least half its bytes (the heap or an
-  // alias), so that owner_computes reads most of it in place.
+  // Whether at least half of a buffer of `bytes` is mapped here (the heap or an alias), so
+  // that a reader finds most of it in place.
+  static bool mostly_mapped(const Where& w, size_t bytes) {
+    return w.part != nullptr && 2 * (w.hi - w.lo) >= bytes;
+  }
   static bool mostly_mapped(const std::vector<Where>& where, size_t bytes) {
-    return std::all_of(where.begin(), where.end(), [&](const Where& w) {
-      return w.part != nullptr && 2 * (w.hi - w.lo) >= bytes;
-    });
+    return std::all_of(where.begin(), where.end(),
+                       [&](const Where& w) { return mostly_mapped(w, bytes); });
   }
 
   // `path`: rank 0's choice for an allreduce that could take either path (path_probe); every
@@ -272,8 +274,9 @@ class StepChannel {
   int located_path() const { return located_path_; }
   size_t direct_allreduce_bytes() const;
   ModeProbe& path_probe(size_t bytes);
-  void fetch(const Where& where, int r, char* dst, size_t bytes);
   void read_from(int r, void* local, uint64_t remote, size_t bytes);
+  // Copies bytes [off, off + n) of rank r's buffer `w` into `dst`: what is mapped here in
+  // place, the rest through the kernel.
   void read_range(const Where& w, int r, char* dst, size_t off, size_t n);
 
   // --- signatures and failures (step_channel.cc) ---
