@@ -500,6 +500,7 @@ def case_adopt_collectives(dist):
         # all_to_all_single, even and uneven parts (the list form carries separate arrays).
         m = n * world
         owner, t = view(m)
+
         def split(r, j, call):  # rank r's part for rank j; uneven at odd calls, summing to m
             if call % 2 == 0:
                 return n
