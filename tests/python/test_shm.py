@@ -137,8 +137,8 @@ def test_reused_arrays_move_into_the_shared_heap_and_back(world, who):
 
 @pytest.mark.parametrize("world,who", [(2, "all"), (3, "all"), (2, "rank1")])
 def test_reused_inputs_are_read_in_place_by_every_collective(world, who):
-    # broadcast, all_gather (both forms), gather and all_to_all_single adopt their inputs as
-    # all_reduce does, and the peers read them in place; "rank1" as above.
+    # broadcast, all_gather (both forms), gather, all_to_all_single and send adopt their
+    # inputs as all_reduce does, and the peers read them in place; "rank1" as above.
     def env(rank):
         return {"C10D_SHM_ADOPT_BYTES": "0"} if who == "rank1" and rank != 1 else {}
 
@@ -525,6 +525,26 @@ def case_adopt_collectives(dist):
                 at += recv_sizes[j]
             # Uneven splits take the general path, which counts no use.
             check(owner, t, call, "all_to_all", first=2)
+
+    # Messages from 64 KiB are read from the sender's buffer; adopted, in place.
+    n = 150001
+    owner, t = view(n)
+    got = np.zeros(n)
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    for call in range(4):
+        t[:] = value(n, rank, call)
+        if call % 2:
+            work = dist.isend(t, nxt)
+            dist.recv(got, prev)
+            work.wait()
+        elif rank % 2 == 0:
+            dist.send(t, nxt)
+            dist.recv(got, prev)
+        else:
+            dist.recv(got, prev)
+            dist.send(t, nxt)
+        np.testing.assert_array_equal(got, value(n, prev, call), err_msg=f"send/recv {call}")
+        check(owner, t, call, "send")
 
     # gather of 8.5 MiB a rank (from 8 MiB it reads the senders' inputs directly).
     n = (17 << 19) // 8

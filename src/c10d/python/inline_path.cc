@@ -269,9 +269,9 @@ void adopt_reused(const InlineState& state, PyObject* array, const DenseView& vi
 }
 #endif
 
-// Adoption for the buffer `view` of a synchronous collective whose peers read it in place when
-// it lies in the shared heap: an all_reduce's or a broadcast's tensor, the input of an
-// all_gather, gather or all_to_all.
+// Adoption for the buffer `view` of an operation whose peers read it in place when it lies in
+// the shared heap: an all_reduce's or a broadcast's tensor, the input of an all_gather, gather
+// or all_to_all, a message sent.
 void adopt_if_reused(const InlineState& state, const Buffer& buffer, const DenseView& view) {
 #ifdef C10D_ADOPT_ARRAYS
   if (state.adopt_bytes != 0 && buffer.array != nullptr && state.adopter &&
@@ -588,6 +588,7 @@ PyObject* p2p(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType ty
       !dense(args[0], !send, buffer, view)) {
     Py_RETURN_FALSE;
   }
+  if (send) adopt_if_reused(*state, buffer, view);
   const Held held{args[0], &buffer, &view};
   if (async) {
     // Other buffer-protocol exporters (bytearray, array.array) pin their memory only while

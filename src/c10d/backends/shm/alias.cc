@@ -373,6 +373,12 @@ AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes, b
   return {.lo = lo - p, .hi = hi - p, .heap_offset = alias.heap_offset + (lo - it->first)};
 }
 
+AliasedPart mapped_part(const Segment& segment, const void* data, size_t bytes) {
+  const int64_t heap = segment.heap_offset(data, bytes);
+  if (heap >= 0) return {.lo = 0, .hi = bytes, .heap_offset = static_cast<size_t>(heap)};
+  return find_alias(segment, data, bytes);
+}
+
 size_t alias_count() {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);

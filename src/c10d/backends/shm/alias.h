@@ -68,6 +68,10 @@ void forget_aliases_in(const void* data, size_t bytes);
 // is (for decisions that a stale record cannot make unsafe; it costs two reads of pagemap).
 AliasedPart find_alias(const Segment& segment, const void* data, size_t bytes, bool verify = true);
 
+// The part of [data, data + bytes) that this rank's peers have mapped: all of it when it lies
+// in `segment`'s heap (heap_offset), else the part find_alias() finds (verified).
+AliasedPart mapped_part(const Segment& segment, const void* data, size_t bytes);
+
 // Number of live aliases in this process (for tests).
 size_t alias_count();
 

@@ -249,12 +249,9 @@ void publish_span(StepChannel& ch, const std::vector<const char*>& send,
   words[1] = -1;
   words[4] = hi > lo ? static_cast<int64_t>(hi - lo) : 0;
   if (hi <= lo) return;
-  const auto* base = reinterpret_cast<const char*>(lo);
-  const int64_t heap = ch.seg().heap_offset(base, hi - lo);
-  const AliasedPart part = heap >= 0 ? AliasedPart{.lo = 0, .hi = hi - lo, .heap_offset = 0}
-                                     : find_alias(ch.seg(), base, hi - lo);
+  const AliasedPart part = mapped_part(ch.seg(), reinterpret_cast<const char*>(lo), hi - lo);
   if (part.hi <= part.lo) return;
-  words[1] = heap >= 0 ? heap : static_cast<int64_t>(part.heap_offset);
+  words[1] = static_cast<int64_t>(part.heap_offset);
   words[2] = static_cast<int64_t>(part.lo);
   words[3] = static_cast<int64_t>(part.hi);
 }

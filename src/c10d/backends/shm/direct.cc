@@ -81,19 +81,11 @@ void StepChannel::peer_copy_failed(int r, const DistBackendError& e) {
 }
 
 void StepChannel::read_range(const Where& w, int r, char* dst, size_t off, size_t n) {
-  size_t lo, hi;
-  mapped_span(w, off, n, lo, hi);
-  if (lo > off) read_from(r, dst, w.address + off, lo - off);
-  if (hi > lo) copy(dst + (lo - off), w.part + (lo - w.lo), hi - lo);
-  if (off + n > hi) read_from(r, dst + (hi - off), w.address + hi, off + n - hi);
-}
-
-// The mapped bytes [lo, hi) of [off, off + n) in `w` (lo == hi == off + n when none).
-void StepChannel::mapped_span(const Where& w, size_t off, size_t n, size_t& lo, size_t& hi) {
-  lo = hi = off + n;
-  if (w.part == nullptr) return;
-  lo = std::clamp(w.lo, off, off + n);
-  hi = std::clamp(w.hi, lo, off + n);
+  try {
+    seg_.read_peer_buffer(r, w, dst, off, n);
+  } catch (const DistBackendError& e) {
+    peer_copy_failed(r, e);
+  }
 }
 
 }  // namespace c10d::backends::shm

@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "c10d/backends/shm/alias.h"
 #include "c10d/backends/shm/step_channel.h"
 #include "c10d/core/blocking.h"
 #include "c10d/core/clock.h"
@@ -402,6 +403,10 @@ bool P2PEngine::progress_offer(int d, P2POp& op) {
     ch->total = op.bytes;
     ch->offset = 0;
     ch->address = reinterpret_cast<uint64_t>(op.data);
+    const AliasedPart part = mapped_part(seg_, op.data, op.bytes);
+    ch->part_heap = part.hi > part.lo ? static_cast<int64_t>(part.heap_offset) : -1;
+    ch->part_lo = part.lo;
+    ch->part_hi = part.hi;
     ch->dtype = static_cast<uint8_t>(op.dtype);
     ch->offer.store(ChannelCtrl::kOffered, std::memory_order_relaxed);
     ch->posted.store(posted + 1, std::memory_order_release);
@@ -426,7 +431,12 @@ bool P2PEngine::take_offer(int src, ChannelCtrl* ch, uint32_t consumed, bool buf
   }
   const size_t total = ch->total;
   const auto dtype = static_cast<core::DType>(ch->dtype);
-  const uint64_t address = ch->address;
+  PeerBuffer message{.address = ch->address};
+  if (ch->part_heap >= 0) {
+    message.part = seg_.heap(src) + ch->part_heap;
+    message.lo = ch->part_lo;
+    message.hi = ch->part_hi;
+  }
   std::shared_ptr<P2POp> op;
   std::shared_ptr<Unexpected> buffer;
   uint32_t state = ChannelCtrl::kOffered;
@@ -457,7 +467,7 @@ bool P2PEngine::take_offer(int src, ChannelCtrl* ch, uint32_t consumed, bool buf
     std::string failed;
     if (into != nullptr) {
       try {
-        seg_.read_peer(src, into, address, total);
+        seg_.read_peer_buffer(src, message, into, 0, total);
       } catch (const DistBackendError& e) {
         failed = e.what();
       }

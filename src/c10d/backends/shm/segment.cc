@@ -17,6 +17,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "c10d/core/copy.h"
 #include "c10d/core/env.h"
 #include "c10d/core/exception.h"
 #include "c10d/net/host.h"
@@ -362,6 +363,23 @@ void Segment::read_peer(int r, void* local, uint64_t remote, size_t bytes) const
     remote += static_cast<uint64_t>(n);
     bytes -= static_cast<size_t>(n);
   }
+}
+
+void Segment::read_peer_buffer(int r, const PeerBuffer& b, char* dst, size_t off, size_t n) const {
+  size_t lo = off + n;
+  size_t hi = off + n;
+  if (b.part != nullptr) {
+    const char* heap_r = heap(r);
+    if (b.hi < b.lo || b.part < heap_r || b.hi - b.lo > layout_.heap_bytes ||
+        static_cast<size_t>(b.part - heap_r) > layout_.heap_bytes - (b.hi - b.lo)) {
+      throw DistBackendError(str_cat("shm: rank ", r, " published a buffer outside its heap"));
+    }
+    lo = std::clamp(b.lo, off, off + n);
+    hi = std::clamp(b.hi, lo, off + n);
+  }
+  if (lo > off) read_peer(r, dst, b.address + off, lo - off);
+  if (hi > lo) core::copy_bytes(dst + (lo - off), b.part + (lo - b.lo), hi - lo);
+  if (off + n > hi) read_peer(r, dst + (hi - off), b.address + hi, off + n - hi);
 }
 
 Segment::~Segment() {

@@ -157,6 +157,16 @@ static_assert(sizeof(SmallMessage) == kLine);
 // (Segment::cma), is offered whole instead: `address` is the sender's buffer, which the
 // receiver reads once (process_vm_readv) after taking the offer; the send completes when
 // `consumed` shows it read. `offer` settles a sender giving up against a receiver reading.
+// A buffer of rank r's as its peers read it: at `address` in r's address space, with bytes
+// [lo, hi) of it also mapped in every rank from `part` on (r's heap: a heap tensor, or the
+// pages of an ordinary buffer adopted into it, alias.h).
+struct PeerBuffer {
+  uint64_t address = 0;
+  const char* part = nullptr;
+  size_t lo = 0;
+  size_t hi = 0;
+};
+
 struct ChannelCtrl {
   enum Offer : uint32_t { kNone = 0, kOffered = 1, kTaken = 2, kWithdrawn = 3 };
   alignas(kLine) std::atomic<uint32_t> posted;
@@ -166,6 +176,11 @@ struct ChannelCtrl {
   uint64_t offset;   // of this chunk in the message
   uint64_t address;  // of an offered message in the sender (0: the data is in the channel)
   uint8_t dtype;     // of the message (core::DType): a receive of another dtype fails
+  // Bytes [part_lo, part_hi) of an offered message lie in the sender's heap from offset
+  // part_heap on (-1: none), where the receiver reads them in place.
+  int64_t part_heap;
+  uint64_t part_lo;
+  uint64_t part_hi;
   alignas(kLine) std::atomic<uint32_t> offer;
   alignas(kLine) std::atomic<uint32_t> consumed;
   alignas(kLine) std::atomic<uint32_t> small_consumed;
@@ -261,6 +276,10 @@ class Segment {
   // write counterpart: a rank never writes into a peer's memory (a peer that gave up on an
   // operation may have reused it).
   void read_peer(int r, void* local, uint64_t remote, size_t bytes) const;
+  // Copies bytes [off, off + n) of rank r's buffer `b` into `dst`: the mapped ones in place,
+  // the rest through the kernel (read_peer). Throws DistBackendError as read_peer does, and
+  // when `b` claims bytes outside r's heap.
+  void read_peer_buffer(int r, const PeerBuffer& b, char* dst, size_t off, size_t n) const;
 
  private:
   // Faults in rank r's headers, step metadata, ring and channels before the first operation.

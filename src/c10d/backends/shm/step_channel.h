@@ -238,14 +238,9 @@ class StepChannel {
 
   // Where rank r's buffer of an operation is: mapped here (it lies in r's shared heap) or
   // only at an address in r's own address space.
-  // Bytes [lo, hi) of it may also be mapped here, from `part` on: all of it when `mapped`,
-  // else the pages of an ordinary buffer that r moved into its heap (alias.h).
-  struct Where {
-    char* mapped = nullptr;
-    uint64_t address = 0;
-    char* part = nullptr;
-    size_t lo = 0;
-    size_t hi = 0;
+  // Bytes [lo, hi) of it may also be mapped here (PeerBuffer): all of it when `mapped`.
+  struct Where : PeerBuffer {
+    const char* mapped = nullptr;
   };
 
   static bool all_mapped(const std::vector<Where>& where) {
@@ -311,7 +306,6 @@ class StepChannel {
                             int mode);
 
   [[noreturn]] void peer_copy_failed(int r, const core::DistBackendError& e);
-  static void mapped_span(const Where& w, size_t off, size_t n, size_t& lo, size_t& hi);
 
   void note_cpu(SegmentHeader* h);
   bool peer_on_my_cpu(int r) const;
