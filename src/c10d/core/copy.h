@@ -8,7 +8,8 @@
 // plain vector loop. From 16 KiB, on CPUs with AVX2, copies take either a 32-byte load/store
 // loop or `rep movsb`, whichever a timing of both at the first such copy found faster (for
 // aliased destinations and for the others; C10D_COPY forces one): which one wins differs by
-// CPU (measurements in docs/design/shm.md#copy-kernels).
+// CPU (measurements in docs/design/shm.md#copy-kernels). Copies too large for the last-level
+// cache (from 3/8 of it: source and destination overflow it) take streaming stores.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +29,9 @@ void copy_bytes(void* dst, const void* src, size_t n);
 void stream_bytes(void* dst, const void* src, size_t n);
 
 namespace detail {
+
+// The size from which copy_bytes takes streaming stores.
+size_t stream_from();
 
 // Which copy copy_bytes runs from 16 KiB on AVX2 CPUs: `rep movsb` (true) or the vector loop,
 // for destinations 1-63 bytes past the source modulo 4 KiB and for the others. Tests switch it

@@ -55,5 +55,16 @@ TEST(CopyBytes, CopiesExactlyAtEveryDistance) {
 
 TEST(StreamBytes, CopiesExactlyAtEveryDistance) { expect_exact_copies(stream_bytes); }
 
+TEST(CopyBytes, CopiesBeyondTheCacheExactly) {
+  const size_t n = detail::stream_from() + 4099;
+  std::vector<unsigned char> src(n), dst(n + 128, 0xAB);
+  for (size_t i = 0; i < n; ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t shift : {size_t{0}, size_t{17}}) {
+    copy_bytes(dst.data() + shift, src.data(), n);
+    ASSERT_EQ(std::memcmp(dst.data() + shift, src.data(), n), 0) << "shift " << shift;
+    ASSERT_EQ(dst[shift + n], 0xAB) << "wrote past the end";
+  }
+}
+
 }  // namespace
 }  // namespace c10d::core
