@@ -1,13 +1,13 @@
 // Aliases: ordinary memory moved into a rank's shared heap, so that collectives on it take
 // the zero-copy path of tensors from ShmBackend::empty().
 //
-// adopt_into_heap() copies the whole pages inside the buffer of a collective about to run (an
-// all_reduce's or broadcast's tensor, the input of an all_gather, gather or all_to_all, which
-// nothing may write while the collective is in flight) into a block of the heap and maps that block
-// over the same addresses (MAP_FIXED | MAP_SHARED): the buffer keeps its address and contents,
-// and its pages are now ones the peers have mapped already. No byte outside that buffer is
-// copied or remapped, so writes to the rest of the array that owns it are never lost. The
-// bytes before the first page boundary and after the last stay where they were.
+// adopt_into_heap() copies the whole pages inside the buffer of an operation about to run (an
+// all_reduce's or broadcast's tensor, the input of an all_gather, gather or all_to_all, a
+// message sent: nothing may write it while the operation is in flight) into a block of the
+// heap and maps that block over the same addresses (MAP_FIXED | MAP_SHARED): the buffer keeps its
+// address and contents, and its pages are now ones the peers have mapped already. No byte outside
+// that buffer is copied or remapped, so writes to the rest of the array that owns it are never
+// lost. The bytes before the first page boundary and after the last stay where they were.
 //
 // An alias is a fact about the address space, checked before every use: find_alias() trusts
 // a record only while its first and last pages are still shared pages (/proc/self/pagemap);
@@ -46,7 +46,7 @@ struct AliasedPart {
   size_t heap_offset = 0;
 };
 
-// Moves the whole pages of [data, data + bytes), the buffer of a collective this thread is
+// Moves the whole pages of [data, data + bytes), the buffer of an operation this thread is
 // about to run, into `segment`'s heap (this rank's). False, with nothing changed, when they:
 // - are fewer than kPageAlignedBlockBytes (the heap aligns only such blocks to pages);
 // - overlap a live alias (records of pages no longer mapped from their block are dropped);

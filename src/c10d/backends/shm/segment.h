@@ -146,17 +146,6 @@ struct alignas(kLine) SmallMessage {
 };
 static_assert(sizeof(SmallMessage) == kLine);
 
-// Control block of the channel from sender s to receiver d, in s's segment. The sender writes
-// the fields and then bumps `posted`; the receiver copies the chunk and bumps `consumed`.
-// Small messages go through `small`, a ring of kSmallMessages lines that the receiver takes
-// in order (counting them in `small_consumed`), so a sender does not wait for each to be read.
-// The two never carry messages at once (a small one waits for the chunks before it to be
-// read, a chunked or offered one for the small ones before it), which keeps the order of
-// the messages of a pair.
-// A message of kDirectMessageBytes or more, where the peers can read each other's memory
-// (Segment::cma), is offered whole instead: `address` is the sender's buffer, which the
-// receiver reads once (process_vm_readv) after taking the offer; the send completes when
-// `consumed` shows it read. `offer` settles a sender giving up against a receiver reading.
 // A buffer of rank r's as its peers read it: at `address` in r's address space, with bytes
 // [lo, hi) of it also mapped in every rank from `part` on (r's heap: a heap tensor, or the
 // pages of an ordinary buffer adopted into it, alias.h).
@@ -167,6 +156,18 @@ struct PeerBuffer {
   size_t hi = 0;
 };
 
+// Control block of the channel from sender s to receiver d, in s's segment. The sender writes
+// the fields and then bumps `posted`; the receiver copies the chunk and bumps `consumed`.
+// Small messages go through `small`, a ring of kSmallMessages lines that the receiver takes
+// in order (counting them in `small_consumed`), so a sender does not wait for each to be read.
+// The two never carry messages at once (a small one waits for the chunks before it to be
+// read, a chunked or offered one for the small ones before it), which keeps the order of
+// the messages of a pair.
+// A message of kDirectMessageBytes or more, where the peers can read each other's memory
+// (Segment::cma), is offered whole instead: `address` is the sender's buffer, which the
+// receiver reads once after taking the offer (in place where it is mapped, part_*, the rest
+// through process_vm_readv); the send completes when `consumed` shows it read. `offer`
+// settles a sender giving up against a receiver reading.
 struct ChannelCtrl {
   enum Offer : uint32_t { kNone = 0, kOffered = 1, kTaken = 2, kWithdrawn = 3 };
   alignas(kLine) std::atomic<uint32_t> posted;
