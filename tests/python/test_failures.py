@@ -211,6 +211,28 @@ def test_random_mismatches_raise_on_every_rank(backend, world_size, rng):
     assert all("RANDOM_MISMATCHES_OK" in r.stdout for r in results), (scenarios, results)
 
 
+def test_hier_rank_alone_on_its_host_naming_another_root_there_raises():
+    # 3 ranks on hier: ranks 0 and 1 share a host, rank 2 is alone on its own. Rank 2 names
+    # root 0 where the others name root 1 (both on the first host): the step between hosts sees
+    # the same root host either way, and no host step compares rank 2's call with anyone's.
+    scenarios = []
+    for kind in ("reduce", "broadcast"):
+        call = {"kind": kind, "dtype": "int32", "n": 5, "op": "MAX", "root": 1}
+        changed = dict(call, root=0)
+        scenarios.append(
+            {"prefix": [], "call": call, "deviant": 2, "changed": changed, "what": "root"}
+        )
+    results = harness.run(
+        "random_mismatches",
+        3,
+        "hier",
+        env={"C10D_TEST_SCENARIOS": json.dumps(scenarios)},
+        timeout=120,
+    )
+    harness.check_all_ok(results)
+    assert all("RANDOM_MISMATCHES_OK" in r.stdout for r in results), results
+
+
 def test_shm_send_and_recv_of_different_dtypes_fail():
     results = harness.run("p2p_dtype_mismatch", 2, "shm", timeout=60)
     harness.check_all_ok(results)

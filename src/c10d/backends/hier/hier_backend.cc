@@ -371,6 +371,7 @@ void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout, uint64_t se
   if (ring_ && top.local_rank == carrier) {
     ring_->broadcast(t.data(), t.nbytes(), root_host, left_of(deadline, timeout), call);
   } else if (cross_ && top.local_rank == carrier) {
+    agree_between_hosts(call, carrier, left_of(deadline, timeout));
     bo.root_rank = root_host;
     bo.timeout = left_of(deadline, timeout);
     step(cross_, [&](pg::Backend& b) { return b.broadcast(whole, bo); });
@@ -390,21 +391,36 @@ void HierBackend::run_broadcast(Tensor& t, int root, Millis timeout, uint64_t se
 // unseen by the other hosts' ranks.
 void HierBackend::agree_on_host(const pg::Signature& call, Millis timeout) {
   if (!local_ || topology_.host_count() == 1) return;
+  agree(local_, topology_.local_size(), call, timeout,
+        [&](int l) { return topology_.hosts[topology_.host][l]; });
+}
+
+// The carriers' calls, compared before their step between hosts: that step sees only the
+// root's host, so a rank alone on its host that named another root on the same host (or a
+// carrier whose host agreed on another root there) would pass it.
+void HierBackend::agree_between_hosts(const pg::Signature& call, int carrier, Millis timeout) {
+  agree(cross_, topology_.host_count(), call, timeout,
+        [&](int h) { return topology_.hosts[h][carrier]; });
+}
+
+// One all-gather of the members' signatures over `group` (n members; rank_of(i): member i's
+// global rank): every member fails naming the first whose call differs from its own.
+void HierBackend::agree(const std::shared_ptr<pg::Backend>& group, int n, const pg::Signature& call,
+                        Millis timeout, const std::function<int(int)>& rank_of) {
   constexpr int64_t kWords = sizeof(pg::Signature) / sizeof(int64_t);
-  const int n = topology_.local_size();
   Tensor mine = Tensor::empty({kWords}, core::DType::kInt64);
   Tensor all = Tensor::empty({kWords * n}, core::DType::kInt64);
   std::memcpy(mine.data(), &call, sizeof call);
   pg::AllgatherOptions o;
   o.timeout = timeout;
   o.async_op = false;
-  step(local_, [&](pg::Backend& b) { return b.allgather_base(all, mine, o); });
+  step(group, [&](pg::Backend& b) { return b.allgather_base(all, mine, o); });
   const auto* records = static_cast<const pg::Signature*>(all.data());
-  for (int l = 0; l < n; ++l) {
-    if (records[l] == call) continue;
-    throw core::DistBackendError(
-        str_cat("hier ", call.str(), ": rank ", topology_.hosts[topology_.host][l], " called ",
-                records[l].str(), ": the ranks called different collectives"));
+  for (int i = 0; i < n; ++i) {
+    if (records[i] == call) continue;
+    throw core::DistBackendError(str_cat("hier ", call.str(), ": rank ", rank_of(i), " called ",
+                                         records[i].str(),
+                                         ": the ranks called different collectives"));
   }
 }
 
@@ -440,8 +456,8 @@ WorkPtr HierBackend::reduce(std::vector<Tensor>& tensors, const pg::ReduceOption
 void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis timeout,
                              uint64_t seq) {
   const core::Deadline deadline(timeout);  // for the whole operation
-  agree_on_host(pg::Signature(OpType::kReduce, seq).of(t).with(op).from(root),
-                left_of(deadline, timeout));
+  const pg::Signature call = pg::Signature(OpType::kReduce, seq).of(t).with(op).from(root);
+  agree_on_host(call, left_of(deadline, timeout));
   const Topology& top = topology_;
   const int root_host = host_of_[root], root_local = local_rank_of_[root];
   const int carrier = top.uniform() ? root_local : 0;
@@ -462,6 +478,7 @@ void HierBackend::run_reduce(Tensor& t, int root, const ReduceOp& op, Millis tim
     step(local_, [&](pg::Backend& b) { return b.reduce(mine, ro); });
   }
   if (cross_ && carries) {
+    agree_between_hosts(call, carrier, left_of(deadline, timeout));
     ro.root_rank = root_host;
     ro.timeout = left_of(deadline, timeout);
     step(cross_, [&](pg::Backend& b) { return b.reduce(mine, ro); });

@@ -103,6 +103,9 @@ class HierBackend : public pg::Backend {
   void run_broadcast(Tensor& t, int root, pg::Millis timeout, uint64_t seq);
   void run_reduce(Tensor& t, int root, const core::ReduceOp& op, pg::Millis timeout, uint64_t seq);
   void agree_on_host(const pg::Signature& call, pg::Millis timeout);
+  void agree_between_hosts(const pg::Signature& call, int carrier, pg::Millis timeout);
+  void agree(const std::shared_ptr<pg::Backend>& group, int n, const pg::Signature& call,
+             pg::Millis timeout, const std::function<int(int)>& rank_of);
   void settle_hosts(pg::Millis timeout);
   // All-reduces `t` (contiguous) with this rank's peers on the other hosts: the ring, or the
   // cross Gloo group when there is none.
