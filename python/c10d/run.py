@@ -29,11 +29,19 @@ from typing import Dict, List, Optional
 __all__ = ["main", "parse_args"]
 
 
-def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_port() -> int:
+    """A port free on every address, as the store's server listens on all of them ([::] with
+    IPv4 mapped in, or 0.0.0.0): a port free on one address only (::1) may be taken on
+    another, and the server's bind then fails."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind(("::", 0))
+            return s.getsockname()[1]
+    except OSError:  # no IPv6 here
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("0.0.0.0", 0))
+            return s.getsockname()[1]
 
 
 def _split_endpoint(endpoint: str, default_port: Optional[int]):
@@ -474,7 +482,7 @@ def _endpoint(args):
     if port is None or (port == 0 and single):
         # Port 0 asks for any free one, as torchrun's docs suggest for several single-node
         # jobs on one host.
-        port = _free_port(host) if single else 29500
+        port = _free_port() if single else 29500
     elif port == 0:
         raise SystemExit(
             "c10drun: port 0 (any free port) works for a single node only: the "
@@ -518,7 +526,7 @@ def _dynamic_rendezvous(args):
     if store is not None:
         node_rank = 0
         master_addr = args.local_addr or host
-        master_port = _free_port(master_addr if args.local_addr else "0.0.0.0")
+        master_port = _free_port()
         store.set(prefix + "master", f"{master_addr} {master_port}")
     else:
         store = _C.TCPStore(host, port, is_master=False, timeout=timeout)
