@@ -881,9 +881,9 @@ def test_a_node_that_reaches_the_rendezvous_store_before_its_host_counts_is_node
 
     real_free_port = run._free_port
 
-    def slow_free_port(host):  # only node 0 picks the workers' port: delay it past the other
+    def slow_free_port():  # only node 0 picks the workers' port: delay it past the other
         time.sleep(0.5)
-        return real_free_port(host)
+        return real_free_port()
 
     monkeypatch.setattr(run, "_free_port", slow_free_port)
     argv = [
