@@ -269,17 +269,31 @@ void adopt_reused(const InlineState& state, PyObject* array, const DenseView& vi
 }
 #endif
 
-// Adoption for the buffer `view` of an operation whose peers read it in place when it lies in
-// the shared heap: an all_reduce's or a broadcast's tensor, the input of an all_gather, gather
-// or all_to_all, a message sent.
-void adopt_if_reused(const InlineState& state, const Buffer& buffer, const DenseView& view) {
+// Adoption for `view`, the buffer of an operation of kind `type` that its peers read in place
+// when it lies in the shared heap: an all_reduce's or a broadcast's tensor, the input of an
+// all_gather, gather or all_to_all, a message sent. (A reduce's root and a reduce_scatter read
+// their peers' inputs through the slots.)
+void adopt_if_reused(const InlineState& state, OpType type, const Buffer& buffer,
+                     const DenseView& view) {
 #ifdef C10D_ADOPT_ARRAYS
+  switch (type) {
+    case OpType::kAllreduce:
+    case OpType::kBroadcast:
+    case OpType::kAllgather:
+    case OpType::kAllgatherBase:
+    case OpType::kGather:
+    case OpType::kAlltoallBase:
+    case OpType::kSend:
+      break;
+    default:
+      return;
+  }
   if (state.adopt_bytes != 0 && buffer.array != nullptr && state.adopter &&
       view.nbytes() >= state.adopt_bytes) {
     adopt_reused(state, buffer.array, view);
   }
 #else
-  (void)state, (void)buffer, (void)view;
+  (void)state, (void)type, (void)buffer, (void)view;
 #endif
 }
 
@@ -468,8 +482,7 @@ PyObject* in_place(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpTy
       !dense(args[0], true, buffer, op.input)) {
     Py_RETURN_FALSE;
   }
-  // A reduce's root reads its peers' inputs through the slots, not in place.
-  if (type != OpType::kReduce) adopt_if_reused(*state, buffer, op.input);
+  adopt_if_reused(*state, type, buffer, op.input);
   return run(*state, op);
 }
 
@@ -497,7 +510,7 @@ PyObject* output_input(PyObject* self, PyObject* const* args, Py_ssize_t nargs, 
       !dense(args[0], true, out, op.output) || !dense(args[1], false, in, op.input)) {
     Py_RETURN_FALSE;
   }
-  if (type != OpType::kReduceScatterBase) adopt_if_reused(*state, in, op.input);
+  adopt_if_reused(*state, type, in, op.input);
   return run(*state, op);
 }
 
@@ -537,7 +550,7 @@ PyObject* list_op(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpTyp
   }
   op.list = list.views;
   op.list_size = list.size;
-  if (gathers) adopt_if_reused(*state, mine, op.input);
+  if (gathers) adopt_if_reused(*state, type, mine, op.input);
   return run(*state, op);
 }
 
@@ -588,7 +601,7 @@ PyObject* p2p(PyObject* self, PyObject* const* args, Py_ssize_t nargs, OpType ty
       !dense(args[0], !send, buffer, view)) {
     Py_RETURN_FALSE;
   }
-  if (send) adopt_if_reused(*state, buffer, view);
+  adopt_if_reused(*state, type, buffer, view);
   const Held held{args[0], &buffer, &view};
   if (async) {
     // Other buffer-protocol exporters (bytearray, array.array) pin their memory only while
