@@ -14,7 +14,6 @@ namespace c10d::backends::shm {
 
 using core::DistBackendError;
 using core::detail::str_cat;
-using detail::copy;
 using detail::kDirectAllreduceFarBytes;
 
 // One two-sided step in which every rank publishes where [data, data + bytes) is.
@@ -24,13 +23,12 @@ const std::vector<StepChannel::Where>& StepChannel::locate(const void* data, siz
                                                            int path) {
   const uint32_t s = next_step();
   auto* meta = reinterpret_cast<int64_t*>(seg_.meta(rank_, s));
-  meta[0] = seg_.heap_offset(data, bytes);
+  const AliasedPart part = mapped_part(seg_, data, bytes);
+  meta[0] = part.hi > part.lo ? static_cast<int64_t>(part.heap_offset) : -1;
   meta[1] = static_cast<int64_t>(reinterpret_cast<uint64_t>(data));
   if (rank_ == 0) meta[2] = (far_ ? 1 : 0) | (path << 1);
-  const AliasedPart part = meta[0] >= 0 ? AliasedPart{} : find_alias(seg_, data, bytes);
-  meta[3] = part.hi > part.lo ? static_cast<int64_t>(part.heap_offset) : -1;
-  meta[4] = static_cast<int64_t>(part.lo);
-  meta[5] = static_cast<int64_t>(part.hi);
+  meta[3] = static_cast<int64_t>(part.lo);
+  meta[4] = static_cast<int64_t>(part.hi);
   sync(s);
   std::vector<Where>& where = where_;
   where.assign(size_, Where{});
@@ -39,12 +37,10 @@ const std::vector<StepChannel::Where>& StepChannel::locate(const void* data, siz
     Where& w = where[r];
     w.address = static_cast<uint64_t>(m[1]);
     if (m[0] >= 0) {
-      w.mapped = w.part = seg_.heap(r) + m[0];
-      w.hi = bytes;
-    } else if (m[3] >= 0) {
-      w.lo = static_cast<size_t>(m[4]);
-      w.hi = static_cast<size_t>(m[5]);
-      w.part = seg_.heap(r) + m[3];
+      w.part = seg_.heap(r) + m[0];
+      w.lo = static_cast<size_t>(m[3]);
+      w.hi = static_cast<size_t>(m[4]);
+      if (w.lo == 0 && w.hi == bytes) w.mapped = w.part;  // in the heap, or aliased whole
     }
   }
   const int64_t handed = reinterpret_cast<const int64_t*>(seg_.meta(0, s))[2];

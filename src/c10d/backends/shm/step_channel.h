@@ -236,9 +236,9 @@ class StepChannel {
     return own_core_ && seg_.cma() && bytes >= detail::kDirectMidBytes && bytes < end;
   }
 
-  // Where rank r's buffer of an operation is: mapped here (it lies in r's shared heap) or
-  // only at an address in r's own address space.
-  // Bytes [lo, hi) of it may also be mapped here (PeerBuffer): all of it when `mapped`.
+  // Where rank r's buffer of an operation is: at an address in r's own address space, with
+  // bytes [lo, hi) of it perhaps also mapped here (PeerBuffer); all of them when `mapped` (it
+  // lies in r's shared heap, or an alias covers it whole).
   struct Where : PeerBuffer {
     const char* mapped = nullptr;
   };
