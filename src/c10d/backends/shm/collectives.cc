@@ -233,11 +233,12 @@ namespace {
 
 // alltoall's direct path reads a peer's parts in place where they lie in its heap or an
 // alias (adopted arrays): each rank publishes the span its send parts cover and the part of
-// it that is mapped (base address, heap offset or -1, lo, hi, the span's length).
+// it that is mapped (base address, heap offset or -1, lo, hi, the span's length); without
+// `look_up`, none (heap offset -1).
 constexpr int kSpanWords = 5;
 
 void publish_span(StepChannel& ch, const std::vector<const char*>& send,
-                  const std::vector<size_t>& send_len, int64_t* words) {
+                  const std::vector<size_t>& send_len, bool look_up, int64_t* words) {
   uintptr_t lo = UINTPTR_MAX;
   uintptr_t hi = 0;
   for (int j = 0; j < ch.size(); ++j) {
@@ -248,7 +249,7 @@ void publish_span(StepChannel& ch, const std::vector<const char*>& send,
   words[0] = static_cast<int64_t>(lo);
   words[1] = -1;
   words[4] = hi > lo ? static_cast<int64_t>(hi - lo) : 0;
-  if (hi <= lo) return;
+  if (hi <= lo || !look_up) return;
   const AliasedPart part = mapped_part(ch.seg(), reinterpret_cast<const char*>(lo), hi - lo);
   if (part.hi <= part.lo) return;
   words[1] = static_cast<int64_t>(part.heap_offset);
@@ -302,11 +303,13 @@ void alltoall(StepChannel& ch, const std::vector<const char*>& send,
   uint32_t s = ch.next_step();
   auto* table = reinterpret_cast<uint64_t*>(seg.meta(rank, s));
   for (int j = 0; j < size; ++j) table[j] = send_len[j];
+  // Parts that all fit the first step are sent with it: their span is not worth a lookup.
+  const bool fits_first = *std::max_element(send_len.begin(), send_len.end()) <= small;
   if (addresses) {
     for (int j = 0; j < size; ++j) table[size + j] = reinterpret_cast<uint64_t>(send[j]);
-    publish_span(ch, send, send_len, reinterpret_cast<int64_t*>(table + 2 * size));
+    publish_span(ch, send, send_len, !fits_first, reinterpret_cast<int64_t*>(table + 2 * size));
   }
-  if (*std::max_element(send_len.begin(), send_len.end()) <= small) {
+  if (fits_first) {
     for (int j = 0; j < size; ++j) {
       if (j != rank) copy_shared(seg.in(rank, s) + j * quota, send[j], send_len[j]);
     }
