@@ -184,7 +184,7 @@ void copy_bytes(void* dst, const void* src, size_t n) {
 #if defined(__x86_64__)
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
-  if (n >= stream_from_bytes()) return stream_bytes(d, s, n);
+  if (n >= kVectorMin && n >= stream_from_bytes()) return stream_bytes(d, s, n);
   if (n >= kVectorMin && has_avx2()) {
     const uint8_t bits = kernel_bits().load(std::memory_order_relaxed);
     const bool string = (bits & (aliased(d, s) ? kStringAliased : kStringPlain)) != 0;
